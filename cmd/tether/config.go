@@ -1,0 +1,27 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tetherproxy/tether/config"
+)
+
+func newConfigCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "config", Short: "Work with configuration files"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "validate FILE",
+		Short: "Check a configuration file; name every bad key and value, exit non-zero if any",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := config.Load(args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d instances, mode %s)\n", args[0], len(c.Instances), c.Routing.Mode)
+			return nil
+		},
+	})
+	return cmd
+}

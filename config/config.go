@@ -1,0 +1,330 @@
+// Package config reads tether's TOML configuration, fills in defaults and
+// validates it. Errors name the key and the bad value.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Config is the whole file.
+type Config struct {
+	Server    Server     `toml:"server"`
+	Redis     Redis      `toml:"redis"`
+	Routing   Routing    `toml:"routing"`
+	Identity  Identity   `toml:"identity"`
+	Instances []Instance `toml:"instances"`
+}
+
+// Server holds listen addresses and logging.
+type Server struct {
+	ExtProcAddr string `toml:"extproc_addr"`
+	AdminAddr   string `toml:"admin_addr"`
+	// DebugHeaders adds x-tether-instance and x-tether-decision to responses.
+	DebugHeaders bool   `toml:"debug_headers"`
+	LogLevel     string `toml:"log_level"`
+	// DrainTimeout bounds how long SIGTERM waits for open ext_proc streams.
+	DrainTimeout Duration `toml:"drain_timeout"`
+}
+
+// Redis says where bindings live.
+type Redis struct {
+	// URL: redis://host:port/db, rediss://…, unix:///path, or "embedded".
+	URL string `toml:"url"`
+	// Timeout bounds each call on the request path.
+	Timeout Duration `toml:"timeout"`
+}
+
+// Routing is the decision policy. Key names follow the field's configs.
+type Routing struct {
+	Mode              string   `toml:"mode"`
+	StickyEnabled     *int     `toml:"sticky_enabled"`
+	MaxStickyDuration Duration `toml:"max_sticky_duration"`
+	IdleTimeout       Duration `toml:"idle_timeout"`
+	FallbackPolicy    string   `toml:"fallback_policy"`
+	// ClusterHeader is the request header Envoy routes on.
+	ClusterHeader string `toml:"cluster_header"`
+	// RandomSeed makes random routing reproducible (tests, benchmarks); 0
+	// seeds from the operating system.
+	RandomSeed uint64 `toml:"random_seed"`
+}
+
+// Identity names the headers that identify a caller.
+type Identity struct {
+	SessionHeader string `toml:"session_header"`
+	AuthHeader    string `toml:"auth_header"`
+	DeviceHeader  string `toml:"device_header"`
+	UserHeader    string `toml:"user_header"`
+	MaxValueBytes int    `toml:"max_value_bytes"`
+	// Secret keys the HMAC of identifiers. Prefer SecretEnv: a secret in a
+	// file is easy to leak.
+	Secret    string `toml:"secret"`
+	SecretEnv string `toml:"secret_env"`
+}
+
+// Instance is one model server.
+type Instance struct {
+	Name    string  `toml:"name"`
+	Address string  `toml:"address"`
+	Zone    string  `toml:"zone"`
+	Version string  `toml:"version"`
+	Weight  float64 `toml:"weight"`
+}
+
+// Modes.
+const (
+	ModeSticky = "sticky"
+	ModeRandom = "random"
+)
+
+// Defaults.
+const (
+	DefaultExtProcAddr       = "127.0.0.1:50051"
+	DefaultAdminAddr         = "127.0.0.1:8090"
+	DefaultRedisURL          = "embedded"
+	DefaultRedisTimeout      = 50 * time.Millisecond
+	DefaultIdleTimeout       = 30 * time.Minute
+	DefaultMaxStickyDuration = 1800 * time.Second
+	DefaultClusterHeader     = "x-tether-cluster"
+	DefaultSecretEnv         = "TETHER_IDENTITY_SECRET"
+	DefaultDrainTimeout      = 10 * time.Second
+	DefaultVersion           = "default"
+)
+
+// Default returns a configuration with every default filled in and no instances.
+func Default() Config {
+	var c Config
+	c.setDefaults()
+	return c
+}
+
+// Load reads, defaults and validates a file.
+func Load(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("read config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes TOML, fills in defaults and validates. Unknown keys are an
+// error: a misspelt key silently ignored is a production incident later.
+func Parse(data []byte) (Config, error) {
+	var c Config
+	md, err := toml.Decode(string(data), &c)
+	if err != nil {
+		var perr toml.ParseError
+		if errors.As(err, &perr) {
+			if perr.LastKey != "" {
+				return Config{}, fmt.Errorf("line %d: %s: %s", perr.Position.Line, perr.LastKey, perr.Message)
+			}
+			return Config{}, fmt.Errorf("line %d: %s", perr.Position.Line, perr.Message)
+		}
+		return Config{}, fmt.Errorf("parse: %w", err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		return Config{}, fmt.Errorf("unknown key %s", strings.Join(keys, ", "))
+	}
+	c.setDefaults()
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func (c *Config) setDefaults() {
+	str := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	dur := func(d *Duration, v time.Duration) {
+		if !d.set {
+			*d = Duration{D: v, set: true}
+		}
+	}
+	str(&c.Server.ExtProcAddr, DefaultExtProcAddr)
+	str(&c.Server.AdminAddr, DefaultAdminAddr)
+	str(&c.Server.LogLevel, "info")
+	dur(&c.Server.DrainTimeout, DefaultDrainTimeout)
+	str(&c.Redis.URL, DefaultRedisURL)
+	dur(&c.Redis.Timeout, DefaultRedisTimeout)
+	str(&c.Routing.Mode, ModeSticky)
+	if c.Routing.StickyEnabled == nil {
+		one := 1
+		c.Routing.StickyEnabled = &one
+	}
+	dur(&c.Routing.MaxStickyDuration, DefaultMaxStickyDuration)
+	dur(&c.Routing.IdleTimeout, DefaultIdleTimeout)
+	str(&c.Routing.FallbackPolicy, "gradual")
+	str(&c.Routing.ClusterHeader, DefaultClusterHeader)
+	str(&c.Identity.SessionHeader, "x-session-id")
+	str(&c.Identity.AuthHeader, "authorization")
+	str(&c.Identity.DeviceHeader, "x-device-id")
+	str(&c.Identity.UserHeader, "x-user-id")
+	str(&c.Identity.SecretEnv, DefaultSecretEnv)
+	if c.Identity.MaxValueBytes == 0 {
+		c.Identity.MaxValueBytes = 512
+	}
+	for i := range c.Instances {
+		in := &c.Instances[i]
+		str(&in.Version, DefaultVersion)
+		if in.Weight == 0 {
+			in.Weight = 1
+		}
+	}
+}
+
+// Sticky reports whether sessions are bound at all.
+func (r Routing) Sticky() bool {
+	return r.Mode == ModeSticky && (r.StickyEnabled == nil || *r.StickyEnabled != 0)
+}
+
+var (
+	headerName   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
+	envName      = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	instanceName = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
+)
+
+// Validate checks every value. It expects defaults to be filled in.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key string, val any, why string) {
+		errs = append(errs, fmt.Errorf("%s = %v: %s", key, quote(val), why))
+	}
+	for _, a := range []struct{ key, v string }{
+		{"server.extproc_addr", c.Server.ExtProcAddr}, {"server.admin_addr", c.Server.AdminAddr},
+	} {
+		if _, _, err := net.SplitHostPort(a.v); err != nil {
+			bad(a.key, a.v, "want host:port")
+		}
+	}
+	switch c.Server.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("server.log_level", c.Server.LogLevel, "want debug, info, warn or error")
+	}
+	if c.Server.DrainTimeout.D < 0 {
+		bad("server.drain_timeout", c.Server.DrainTimeout, "must not be negative")
+	}
+	if c.Redis.URL != "embedded" && !hasAnyPrefix(c.Redis.URL, "redis://", "rediss://", "unix://") {
+		bad("redis.url", redactURL(c.Redis.URL), `want redis://host:port/db, rediss://…, unix:///path or "embedded"`)
+	}
+	if c.Redis.Timeout.D < 0 {
+		bad("redis.timeout", c.Redis.Timeout, "must not be negative")
+	}
+	switch c.Routing.Mode {
+	case ModeSticky, ModeRandom:
+	default:
+		bad("routing.mode", c.Routing.Mode, `want "sticky" or "random"`)
+	}
+	if se := *c.Routing.StickyEnabled; se != 0 && se != 1 {
+		bad("routing.sticky_enabled", se, "want 0 or 1")
+	}
+	if c.Routing.MaxStickyDuration.D < 0 {
+		bad("routing.max_sticky_duration", c.Routing.MaxStickyDuration, "must not be negative (0 means no limit)")
+	}
+	if c.Routing.IdleTimeout.D < time.Second {
+		bad("routing.idle_timeout", c.Routing.IdleTimeout, "must be at least 1s")
+	}
+	switch c.Routing.FallbackPolicy {
+	case "gradual", "random", "none":
+	default:
+		bad("routing.fallback_policy", c.Routing.FallbackPolicy, `want "gradual", "random" or "none"`)
+	}
+	if !headerName.MatchString(c.Routing.ClusterHeader) || strings.HasPrefix(c.Routing.ClusterHeader, "x-envoy-") {
+		bad("routing.cluster_header", c.Routing.ClusterHeader, "want a lower-case header name that does not start with x-envoy-")
+	}
+	for _, h := range []struct{ key, v string }{
+		{"identity.session_header", c.Identity.SessionHeader}, {"identity.auth_header", c.Identity.AuthHeader},
+		{"identity.device_header", c.Identity.DeviceHeader}, {"identity.user_header", c.Identity.UserHeader},
+	} {
+		if !headerName.MatchString(h.v) {
+			bad(h.key, h.v, "want a lower-case header name")
+		}
+	}
+	if c.Identity.MaxValueBytes < 16 || c.Identity.MaxValueBytes > 8192 {
+		bad("identity.max_value_bytes", c.Identity.MaxValueBytes, "want 16 to 8192")
+	}
+	if c.Identity.Secret != "" && len(c.Identity.Secret) < 16 {
+		bad("identity.secret", "(hidden)", "must be at least 16 bytes")
+	}
+	if !envName.MatchString(c.Identity.SecretEnv) {
+		bad("identity.secret_env", c.Identity.SecretEnv, "want an environment variable name")
+	}
+	seen := map[string]int{}
+	for i, in := range c.Instances {
+		key := fmt.Sprintf("instances[%d]", i)
+		if !instanceName.MatchString(in.Name) {
+			bad(key+".name", in.Name, "want 1-63 lower-case letters, digits, '.', '_' or '-', starting and ending with a letter or digit")
+		} else if j, dup := seen[in.Name]; dup {
+			bad(key+".name", in.Name, fmt.Sprintf("duplicate of instances[%d]", j))
+		} else {
+			seen[in.Name] = i
+		}
+		if host, port, err := net.SplitHostPort(in.Address); err != nil || host == "" || port == "" {
+			bad(key+".address", in.Address, "want host:port")
+		}
+		if !(in.Weight > 0) || in.Weight > 1e6 {
+			bad(key+".weight", in.Weight, "want a number above 0 and at most 1e6")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// SecretBytes returns the identity secret: from the environment variable
+// named by secret_env when it is set, else from the file.
+func (i Identity) SecretBytes() []byte {
+	if i.SecretEnv != "" {
+		if v := os.Getenv(i.SecretEnv); v != "" {
+			return []byte(v)
+		}
+	}
+	return []byte(i.Secret)
+}
+
+func hasAnyPrefix(s string, prefixes ...string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func quote(v any) string {
+	if s, ok := v.(string); ok {
+		return fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprint(v)
+}
+
+// redactURL hides a password in a URL so it never reaches an error or a log.
+func redactURL(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		if i := strings.LastIndex(s, "@"); i >= 0 {
+			return "…@" + s[i+1:]
+		}
+		return s
+	}
+	if i := strings.LastIndex(rest, "@"); i >= 0 {
+		return scheme + "://…@" + rest[i+1:]
+	}
+	return s
+}

@@ -1,0 +1,164 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const good = `
+[routing]
+sticky_enabled = 1
+max_sticky_duration = 1800
+fallback_policy = "gradual"
+idle_timeout = "5m"
+
+[[instances]]
+name = "a100-1"
+address = "127.0.0.1:8001"
+zone = "z1"
+version = "v1"
+weight = 2
+
+[[instances]]
+name = "a100-2"
+address = "127.0.0.1:8002"
+`
+
+func TestParseGood(t *testing.T) {
+	c, err := Parse([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Routing.MaxStickyDuration.D != 1800*time.Second || c.Routing.IdleTimeout.D != 5*time.Minute {
+		t.Errorf("durations: %v %v", c.Routing.MaxStickyDuration, c.Routing.IdleTimeout)
+	}
+	if !c.Routing.Sticky() || c.Routing.FallbackPolicy != "gradual" {
+		t.Errorf("routing: %+v", c.Routing)
+	}
+	if c.Instances[1].Weight != 1 || c.Instances[1].Version != DefaultVersion {
+		t.Errorf("instance defaults not applied: %+v", c.Instances[1])
+	}
+	if c.Server.ExtProcAddr != DefaultExtProcAddr || c.Redis.URL != "embedded" || c.Redis.Timeout.D != DefaultRedisTimeout {
+		t.Errorf("server defaults: %+v %+v", c.Server, c.Redis)
+	}
+}
+
+func TestStickyDisabled(t *testing.T) {
+	c, err := Parse([]byte("[routing]\nsticky_enabled = 0\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Routing.Sticky() {
+		t.Fatal("sticky_enabled = 0 must turn sticky routing off")
+	}
+}
+
+func TestParseBad(t *testing.T) {
+	tests := []struct {
+		name, toml string
+		want       []string // every string must appear in the error
+	}{
+		{"syntax", "[routing\nmode = 1", []string{"line 2"}},
+		{"unknown key", "[routing]\nstiky_enabled = 1", []string{"routing.stiky_enabled"}},
+		{"unknown section", "[rooting]\nmode = \"sticky\"", []string{"rooting"}},
+		{"bad mode", `[routing]` + "\n" + `mode = "roundrobin"`, []string{"routing.mode", `"roundrobin"`}},
+		{"sticky_enabled 2", "[routing]\nsticky_enabled = 2", []string{"routing.sticky_enabled", "2"}},
+		{"fallback policy", "[routing]\nfallback_policy = \"panic\"", []string{"routing.fallback_policy", `"panic"`}},
+		{"negative max", "[routing]\nmax_sticky_duration = -5", []string{"routing.max_sticky_duration", "-5s"}},
+		{"bad duration string", "[routing]\nidle_timeout = \"soon\"", []string{"idle_timeout", `"soon"`}},
+		{"tiny idle", "[routing]\nidle_timeout = \"10ms\"", []string{"routing.idle_timeout", "10ms"}},
+		{"duration of wrong type", "[routing]\nidle_timeout = true", []string{"idle_timeout"}},
+		{"envoy header", "[routing]\ncluster_header = \"x-envoy-upstream\"", []string{"routing.cluster_header"}},
+		{"upper-case header", "[identity]\nsession_header = \"X-Session\"", []string{"identity.session_header"}},
+		{"short secret", "[identity]\nsecret = \"abc\"", []string{"identity.secret", "16 bytes"}},
+		{"redis scheme", "[redis]\nurl = \"http://:hunter2@h:1\"", []string{"redis.url"}},
+		{"bad listen", "[server]\nextproc_addr = \"50051\"", []string{"server.extproc_addr", `"50051"`}},
+		{"bad log level", "[server]\nlog_level = \"loud\"", []string{"server.log_level"}},
+		{"duplicate instance", "[[instances]]\nname = \"a\"\naddress = \"h:1\"\n[[instances]]\nname = \"a\"\naddress = \"h:2\"", []string{"instances[1].name", "duplicate of instances[0]"}},
+		{"instance name", "[[instances]]\nname = \"A B\"\naddress = \"h:1\"", []string{"instances[0].name", `"A B"`}},
+		{"instance address", "[[instances]]\nname = \"a\"\naddress = \"nowhere\"", []string{"instances[0].address", `"nowhere"`}},
+		{"instance weight", "[[instances]]\nname = \"a\"\naddress = \"h:1\"\nweight = -1", []string{"instances[0].weight", "-1"}},
+		{"instance weight NaN", "[[instances]]\nname = \"a\"\naddress = \"h:1\"\nweight = nan", []string{"instances[0].weight"}},
+		{"instance unknown key", "[[instances]]\nname = \"a\"\naddress = \"h:1\"\ngpu = \"a100\"", []string{"instances.gpu"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.toml))
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestErrorsNeverShowSecrets(t *testing.T) {
+	_, err := Parse([]byte("[identity]\nsecret = \"abc\"\n[redis]\nurl = \"http://user:hunter2@h:1\""))
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	for _, s := range []string{"hunter2", `"abc"`} {
+		if strings.Contains(err.Error(), s) {
+			t.Errorf("error %q shows a secret %q", err, s)
+		}
+	}
+}
+
+func TestSecretFromEnv(t *testing.T) {
+	t.Setenv("TETHER_TEST_SECRET", "from-the-environment-0123")
+	c, err := Parse([]byte("[identity]\nsecret = \"from-the-file-0123456789\"\nsecret_env = \"TETHER_TEST_SECRET\""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(c.Identity.SecretBytes()); got != "from-the-environment-0123" {
+		t.Fatalf("secret %q: the environment must win", got)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.toml")); err == nil {
+		t.Fatal("want an error for a missing file")
+	}
+	p := filepath.Join(t.TempDir(), "bad.toml")
+	if err := os.WriteFile(p, []byte("[routing]\nmode = \"x\""), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(p)
+	if err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "routing.mode") {
+		t.Fatalf("error %v should name the file and the key", err)
+	}
+}
+
+func TestLocalStackConfigIsValid(t *testing.T) {
+	c, err := Load(filepath.Join("..", "deploy", "local", "tether.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zones := map[string]int{}
+	for _, in := range c.Instances {
+		zones[in.Zone]++
+	}
+	if len(c.Instances) != 8 || len(zones) != 2 {
+		t.Fatalf("local stack: %d instances in %d zones, want 8 in 2", len(c.Instances), len(zones))
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(good))
+	f.Add([]byte("[routing]\nmax_sticky_duration = 1e300"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data)
+		if err == nil {
+			if err := c.Validate(); err != nil {
+				t.Fatalf("Parse accepted what Validate refuses: %v", err)
+			}
+		}
+	})
+}

@@ -1,0 +1,46 @@
+package config
+
+import (
+	"fmt"
+	"time"
+)
+
+// Duration accepts either an integer number of seconds (the field's style:
+// max_sticky_duration = 1800) or a Go duration string ("30m", "250ms").
+type Duration struct {
+	D   time.Duration
+	set bool
+}
+
+// Dur is a set Duration, for building configs in code.
+func Dur(d time.Duration) Duration { return Duration{D: d, set: true} }
+
+// UnmarshalTOML implements toml.Unmarshaler.
+func (d *Duration) UnmarshalTOML(v any) error {
+	switch x := v.(type) {
+	case int64:
+		if x > int64(1<<62/time.Second) || x < -int64(1<<62/time.Second) {
+			return fmt.Errorf("%d seconds is out of range", x)
+		}
+		*d = Duration{D: time.Duration(x) * time.Second, set: true}
+	case float64:
+		if x > float64(1<<62/time.Second) || x < -float64(1<<62/time.Second) || x != x {
+			return fmt.Errorf("%v seconds is out of range", x)
+		}
+		*d = Duration{D: time.Duration(x * float64(time.Second)), set: true}
+	case string:
+		p, err := time.ParseDuration(x)
+		if err != nil {
+			return fmt.Errorf("%q is not a duration (want seconds as a number, or like \"30m\", \"250ms\")", x)
+		}
+		*d = Duration{D: p, set: true}
+	default:
+		return fmt.Errorf("%v is not a duration", v)
+	}
+	return nil
+}
+
+// MarshalText shows the duration the way Go writes it.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.D.String()), nil }
+
+func (d Duration) String() string { return d.D.String() }

@@ -1,0 +1,269 @@
+package extproc_test
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/google/go-cmp/cmp"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/extproc"
+	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/store/memory"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type recorded struct {
+	mu        sync.Mutex
+	decisions []affinity.Kind
+	failures  []string
+	rejected  []identity.Reason
+	responses []string
+}
+
+func (r *recorded) Decision(id identity.Identity, d affinity.Decision, _ time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.decisions = append(r.decisions, d.Kind)
+	if id.Rejected != "" {
+		r.rejected = append(r.rejected, id.Rejected)
+	}
+}
+
+func (r *recorded) DecisionFailed(_ identity.Identity, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failures = append(r.failures, reason)
+}
+
+func (r *recorded) Response(instance string, code int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.responses = append(r.responses, instance+":"+strconv.Itoa(code))
+}
+
+// start serves the processor on a loopback listener and returns a client.
+func start(t *testing.T, instances []fleet.Instance, debug bool) (extprocv3.ExternalProcessorClient, *recorded) {
+	t.Helper()
+	ids, err := identity.New(identity.Config{Secret: []byte("0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorded{}
+	dec := affinity.New(memory.New(), fleet.New(instances), affinity.Policy{
+		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute, Max: time.Hour},
+	})
+	srv := extproc.New(ids, dec, rec, extproc.Options{ClusterHeader: "x-tether-cluster", DebugHeaders: debug, Logger: zerolog.Nop()})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, srv)
+	go gs.Serve(ln)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); gs.Stop() })
+	return extprocv3.NewExternalProcessorClient(conn), rec
+}
+
+func hdrs(kv ...string) *extprocv3.HttpHeaders {
+	m := &corev3.HeaderMap{}
+	for i := 0; i < len(kv); i += 2 {
+		m.Headers = append(m.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
+	}
+	return &extprocv3.HttpHeaders{Headers: m}
+}
+
+func reqHeaders(kv ...string) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: hdrs(kv...)}}
+}
+
+func respHeaders(kv ...string) *extprocv3.ProcessingRequest {
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: hdrs(kv...)}}
+}
+
+func set(kv ...string) *extprocv3.HeaderMutation {
+	m := &extprocv3.HeaderMutation{}
+	for i := 0; i < len(kv); i += 2 {
+		m.SetHeaders = append(m.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])}})
+	}
+	return m
+}
+
+// exchange sends msgs on one stream and returns the replies.
+func exchange(t *testing.T, c extprocv3.ExternalProcessorClient, msgs ...*extprocv3.ProcessingRequest) []*extprocv3.ProcessingResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := c.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*extprocv3.ProcessingResponse
+	for _, m := range msgs {
+		if err := s.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r)
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+var two = []fleet.Instance{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
+
+func TestRequestAndResponsePhases(t *testing.T) {
+	c, rec := start(t, two, true)
+	got := exchange(t, c,
+		reqHeaders(":path", "/v1/chat/completions", "x-session-id", "conv-1"),
+		respHeaders(":status", "200"),
+	)
+	cluster := string(got[0].GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()[0].GetHeader().GetRawValue())
+	name := strings.TrimPrefix(cluster, "inst-")
+	if name != "a" && name != "b" {
+		t.Fatalf("routing header %q", cluster)
+	}
+	want := fleet.Instance{Name: name}
+	wantReq := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
+			HeaderMutation:  set("x-tether-cluster", want.Cluster()),
+			ClearRouteCache: true,
+		}},
+	}}
+	if diff := cmp.Diff(wantReq, got[0], protocmp.Transform()); diff != "" {
+		t.Errorf("request-headers reply (-want +got):\n%s", diff)
+	}
+	wantResp := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
+			HeaderMutation: set("x-tether-instance", name, "x-tether-decision", "bind"),
+		}},
+	}}
+	if diff := cmp.Diff(wantResp, got[1], protocmp.Transform()); diff != "" {
+		t.Errorf("response-headers reply (-want +got):\n%s", diff)
+	}
+	// The same session again: a hit on the same instance.
+	again := exchange(t, c, reqHeaders("x-session-id", "conv-1"), respHeaders(":status", "503"))
+	if diff := cmp.Diff(got[0], again[0], protocmp.Transform()); diff != "" {
+		t.Errorf("second request routed elsewhere:\n%s", diff)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if diff := cmp.Diff([]affinity.Kind{affinity.KindBind, affinity.KindHit}, rec.decisions); diff != "" {
+		t.Errorf("decisions: %s", diff)
+	}
+	if diff := cmp.Diff([]string{name + ":200", name + ":503"}, rec.responses); diff != "" {
+		t.Errorf("responses: %s", diff)
+	}
+}
+
+func TestValueFieldIsReadToo(t *testing.T) {
+	c, rec := start(t, two, false)
+	req := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: "x-session-id", Value: "old-style"}}},
+	}}}
+	exchange(t, c, req)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if diff := cmp.Diff([]affinity.Kind{affinity.KindBind}, rec.decisions); diff != "" {
+		t.Errorf("a header in value (not raw_value) was not read: %s", diff)
+	}
+}
+
+func TestBadIdentityIsAnonymousAndCounted(t *testing.T) {
+	c, rec := start(t, two, true)
+	for _, kv := range [][]string{
+		{"x-session-id", strings.Repeat("x", 10<<10)},
+		{"x-session-id", "a\x01b"},
+		{"authorization", "Bearer"},
+	} {
+		got := exchange(t, c, reqHeaders(kv...), respHeaders(":status", "200"))
+		if got[0].GetRequestHeaders().GetResponse().GetHeaderMutation() == nil {
+			t.Fatalf("%s: no routing header", kv[0])
+		}
+		dec := got[1].GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()[1].GetHeader()
+		if string(dec.GetRawValue()) != "anonymous" {
+			t.Fatalf("%s: decision %q, want anonymous", kv[0], dec.GetRawValue())
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	want := []identity.Reason{identity.ReasonTooLong, identity.ReasonControlChars, identity.ReasonMalformedAuth}
+	if diff := cmp.Diff(want, rec.rejected); diff != "" {
+		t.Errorf("rejections: %s", diff)
+	}
+}
+
+func TestNoInstanceLeavesTheDefaultRoute(t *testing.T) {
+	c, rec := start(t, nil, true)
+	got := exchange(t, c, reqHeaders("x-session-id", "s"), respHeaders(":status", "200"))
+	if m := got[0].GetRequestHeaders().GetResponse(); m != nil {
+		t.Fatalf("want an empty headers reply, got %v", m)
+	}
+	if v := string(got[1].GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()[0].GetHeader().GetRawValue()); v != "none:no_instance" {
+		t.Fatalf("debug decision %q", v)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if diff := cmp.Diff([]string{"no_instance"}, rec.failures); diff != "" {
+		t.Error(diff)
+	}
+	if len(rec.responses) != 0 {
+		t.Errorf("a response without a decision was attributed: %v", rec.responses)
+	}
+}
+
+func TestOtherPhasesContinue(t *testing.T) {
+	c, _ := start(t, two, false)
+	got := exchange(t, c,
+		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{}}},
+		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{}}},
+		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}},
+		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{}}},
+		respHeaders(), // response headers without a request phase
+	)
+	if got[0].GetRequestBody() == nil || got[1].GetResponseBody() == nil || got[2].GetRequestTrailers() == nil ||
+		got[3].GetResponseTrailers() == nil || got[4].GetResponseHeaders() == nil {
+		t.Fatalf("replies do not match their phases: %v", got)
+	}
+}
+
+func TestEmptyRequestIsRefused(t *testing.T) {
+	c, _ := start(t, two, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := c.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&extprocv3.ProcessingRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("err = %v, want InvalidArgument", err)
+	}
+}

@@ -1,0 +1,68 @@
+// Package fleet holds the GPU instances tether routes to. It knows nothing of
+// Envoy, gRPC or Redis: the decision core reads it, the xDS and ext_proc edges
+// turn its instances into clusters and header values.
+package fleet
+
+import (
+	"sync/atomic"
+)
+
+// ClusterPrefix is the prefix of the Envoy cluster that serves one instance.
+const ClusterPrefix = "inst-"
+
+// Instance is one model server.
+type Instance struct {
+	Name    string
+	Address string // host:port
+	Zone    string
+	Version string
+	Weight  float64
+}
+
+// Cluster is the name of the Envoy cluster that holds only this instance.
+func (i Instance) Cluster() string { return ClusterPrefix + i.Name }
+
+// Fleet is the current set of instances. Readers get an immutable snapshot;
+// Replace swaps it atomically, so a decision never sees half an update.
+type Fleet struct {
+	cur atomic.Pointer[snapshot]
+}
+
+type snapshot struct {
+	all    []Instance
+	byName map[string]int
+}
+
+// New returns a fleet holding instances.
+func New(instances []Instance) *Fleet {
+	f := &Fleet{}
+	f.Replace(instances)
+	return f
+}
+
+// Replace installs a new set of instances.
+func (f *Fleet) Replace(instances []Instance) {
+	s := &snapshot{all: append([]Instance(nil), instances...), byName: make(map[string]int, len(instances))}
+	for i, in := range s.all {
+		s.byName[in.Name] = i
+	}
+	f.cur.Store(s)
+}
+
+// Healthy returns the instances that may take traffic. The slice is shared
+// and must not be modified. Health tracking arrives with the instance breaker;
+// until then every configured instance is healthy.
+func (f *Fleet) Healthy() []Instance { return f.cur.Load().all }
+
+// All returns every configured instance. The slice must not be modified.
+func (f *Fleet) All() []Instance { return f.cur.Load().all }
+
+// Lookup finds an instance by name.
+func (f *Fleet) Lookup(name string) (Instance, bool) {
+	s := f.cur.Load()
+	i, ok := s.byName[name]
+	if !ok {
+		return Instance{}, false
+	}
+	return s.all[i], true
+}

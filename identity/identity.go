@@ -1,0 +1,258 @@
+// Package identity works out who is calling from request headers: the
+// application's session id, else a bearer token, else a device (an explicit
+// device id, or a fingerprint of stable client headers, plus the user id),
+// else nobody. It returns an opaque key, never the raw value: every key is an
+// HMAC-SHA256 of the identifier under a server secret, so a Redis dump or a
+// log line cannot be turned back into a token or a user id.
+//
+// The package is pure: no I/O, no clock, no globals. It is safe for
+// concurrent use.
+package identity
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"hash"
+	"strings"
+	"sync"
+)
+
+// Source says which identifier a key came from, strongest first.
+type Source string
+
+const (
+	SourceSession   Source = "session"
+	SourceToken     Source = "token"
+	SourceDevice    Source = "device"
+	SourceAnonymous Source = "anonymous"
+)
+
+// Reason says why a present identifier was not used.
+type Reason string
+
+const (
+	ReasonNone          Reason = ""
+	ReasonTooLong       Reason = "too_long"
+	ReasonControlChars  Reason = "control_chars"
+	ReasonMalformedAuth Reason = "malformed_auth"
+)
+
+// Identity is the result of Extract.
+type Identity struct {
+	// Key is the opaque session key ("s:…", "t:…", "d:…"); empty when anonymous.
+	Key    string
+	Source Source
+	// Rejected is set when an identifier was present but unusable; the
+	// request is then anonymous. Header names which header it was.
+	Rejected Reason
+	Header   string
+}
+
+// Anonymous reports whether no usable identity was found.
+func (id Identity) Anonymous() bool { return id.Key == "" }
+
+// Headers gives the value of a request header by lower-case name ("" when absent).
+type Headers interface {
+	Get(name string) string
+}
+
+// Map is a Headers backed by a map with lower-case keys.
+type Map map[string]string
+
+// Get implements Headers.
+func (m Map) Get(name string) string { return m[name] }
+
+// Config names the headers and the secret. Header names are lower-case.
+type Config struct {
+	SessionHeader  string // default x-session-id
+	AuthHeader     string // default authorization
+	DeviceHeader   string // default x-device-id
+	UserHeader     string // default x-user-id
+	UserAgent      string // default user-agent
+	AcceptLanguage string // default accept-language
+	ForwardedFor   string // default x-forwarded-for
+	MaxValueBytes  int    // default 512
+	Secret         []byte // HMAC key; at least 16 bytes
+}
+
+// DefaultMaxValueBytes bounds an identifier's length.
+const DefaultMaxValueBytes = 512
+
+// ErrShortSecret is returned by New for a secret under 16 bytes.
+var ErrShortSecret = errors.New("identity secret must be at least 16 bytes")
+
+func (c *Config) setDefaults() {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+		*s = strings.ToLower(*s)
+	}
+	def(&c.SessionHeader, "x-session-id")
+	def(&c.AuthHeader, "authorization")
+	def(&c.DeviceHeader, "x-device-id")
+	def(&c.UserHeader, "x-user-id")
+	def(&c.UserAgent, "user-agent")
+	def(&c.AcceptLanguage, "accept-language")
+	def(&c.ForwardedFor, "x-forwarded-for")
+	if c.MaxValueBytes <= 0 {
+		c.MaxValueBytes = DefaultMaxValueBytes
+	}
+}
+
+// Extractor turns headers into an Identity.
+type Extractor struct {
+	cfg  Config
+	macs sync.Pool // of hash.Hash keyed with cfg.Secret
+}
+
+// New returns an Extractor. Unset header names take their defaults.
+func New(cfg Config) (*Extractor, error) {
+	if len(cfg.Secret) < 16 {
+		return nil, ErrShortSecret
+	}
+	cfg.setDefaults()
+	secret := append([]byte(nil), cfg.Secret...)
+	cfg.Secret = nil
+	e := &Extractor{cfg: cfg}
+	e.macs.New = func() any { return hmac.New(sha256.New, secret) }
+	return e, nil
+}
+
+// Extract finds the strongest identifier in h. An identifier that is present
+// but unusable (too long, control characters, a malformed bearer token) makes
+// the request anonymous rather than letting a weaker identifier stand in for
+// it: tether never guesses which conversation a broken request belongs to.
+func (e *Extractor) Extract(h Headers) Identity {
+	c := &e.cfg
+	if v := h.Get(c.SessionHeader); v != "" {
+		if r := e.check(v); r != ReasonNone {
+			return rejected(r, c.SessionHeader)
+		}
+		return Identity{Key: e.key('s', v), Source: SourceSession}
+	}
+	if v := h.Get(c.AuthHeader); v != "" {
+		token, ok, r := e.bearer(v)
+		if r != ReasonNone {
+			return rejected(r, c.AuthHeader)
+		}
+		if ok {
+			return Identity{Key: e.key('t', token), Source: SourceToken}
+		}
+		// Another scheme (Basic, Digest, …) is not a session identifier; go on.
+	}
+	return e.device(h)
+}
+
+// device keys a caller by an explicit device id, or by a fingerprint of
+// stable client headers; both are combined with the user id. A fingerprint
+// without a user id is too coarse (every user of one browser build shares
+// it), so it is not used alone.
+func (e *Extractor) device(h Headers) Identity {
+	c := &e.cfg
+	user := h.Get(c.UserHeader)
+	if user != "" {
+		if r := e.check(user); r != ReasonNone {
+			return rejected(r, c.UserHeader)
+		}
+	}
+	if dev := h.Get(c.DeviceHeader); dev != "" {
+		if r := e.check(dev); r != ReasonNone {
+			return rejected(r, c.DeviceHeader)
+		}
+		return Identity{Key: e.key('d', "id", dev, user), Source: SourceDevice}
+	}
+	if user == "" {
+		return Identity{Source: SourceAnonymous}
+	}
+	ua, lang := h.Get(c.UserAgent), h.Get(c.AcceptLanguage)
+	xff, _, _ := strings.Cut(h.Get(c.ForwardedFor), ",")
+	xff = strings.TrimSpace(xff)
+	for _, hv := range [...]struct{ name, v string }{{c.UserAgent, ua}, {c.AcceptLanguage, lang}, {c.ForwardedFor, xff}} {
+		if r := e.check(hv.v); r != ReasonNone {
+			return rejected(r, hv.name)
+		}
+	}
+	return Identity{Key: e.key('d', "fp", ua, lang, xff, user), Source: SourceDevice}
+}
+
+func rejected(r Reason, header string) Identity {
+	return Identity{Source: SourceAnonymous, Rejected: r, Header: header}
+}
+
+// check validates one header value used as (part of) an identity.
+func (e *Extractor) check(v string) Reason {
+	if len(v) > e.cfg.MaxValueBytes {
+		return ReasonTooLong
+	}
+	for i := 0; i < len(v); i++ {
+		if b := v[i]; b < 0x20 || b == 0x7f {
+			return ReasonControlChars
+		}
+	}
+	return ReasonNone
+}
+
+// bearer parses "Bearer <token>". ok is false for other schemes; a Bearer
+// header with a missing or malformed token (RFC 6750 b64token) is rejected.
+func (e *Extractor) bearer(v string) (token string, ok bool, r Reason) {
+	if r := e.check(v); r != ReasonNone {
+		return "", false, r
+	}
+	scheme, rest, _ := strings.Cut(strings.TrimSpace(v), " ")
+	if !strings.EqualFold(scheme, "bearer") {
+		return "", false, ReasonNone
+	}
+	token = strings.TrimSpace(rest)
+	if !isB64Token(token) {
+		return "", false, ReasonMalformedAuth
+	}
+	return token, true, ReasonNone
+}
+
+// isB64Token reports whether s matches 1*( ALPHA / DIGIT / "-" / "." / "_" /
+// "~" / "+" / "/" ) *"=".
+func isB64Token(s string) bool {
+	i := 0
+	for ; i < len(s); i++ {
+		b := s[i]
+		if !(b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' ||
+			b == '-' || b == '.' || b == '_' || b == '~' || b == '+' || b == '/') {
+			break
+		}
+	}
+	if i == 0 {
+		return false
+	}
+	for ; i < len(s); i++ {
+		if s[i] != '=' {
+			return false
+		}
+	}
+	return true
+}
+
+// key returns kind ":" base64url(HMAC(secret, kind, parts…)[:16]). Parts are
+// length-prefixed so ("ab","c") and ("a","bc") cannot collide.
+func (e *Extractor) key(kind byte, parts ...string) string {
+	m := e.macs.Get().(hash.Hash)
+	m.Reset()
+	var buf [8]byte
+	buf[0] = kind
+	m.Write(buf[:1])
+	for _, p := range parts {
+		n := len(p)
+		buf[0], buf[1], buf[2], buf[3] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
+		m.Write(buf[:4])
+		m.Write([]byte(p))
+	}
+	var sum [sha256.Size]byte
+	digest := m.Sum(sum[:0])
+	e.macs.Put(m)
+	out := make([]byte, 2+base64.RawURLEncoding.EncodedLen(16))
+	out[0], out[1] = kind, ':'
+	base64.RawURLEncoding.Encode(out[2:], digest[:16])
+	return string(out)
+}

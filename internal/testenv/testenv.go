@@ -1,0 +1,255 @@
+// Package testenv starts and finds the real components tests run against:
+// redis-server and Envoy. A missing component skips the test on a developer
+// machine and fails it under CI=true, so CI can never go green by skipping.
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+const (
+	startTimeout = 10 * time.Second
+	stopTimeout  = 10 * time.Second
+)
+
+// Require skips (or, under CI=true, fails) the test when err says a
+// component it needs is missing. A nil err means the component is there.
+func Require(t testing.TB, what string, err error) {
+	t.Helper()
+	if err == nil {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s is required under CI=true but unavailable: %v (install it with `make tools`)", what, err)
+		return
+	}
+	t.Skipf("%s unavailable, skipping: %v (install it with `make tools`)", what, err)
+}
+
+// RepoRoot is the directory holding go.mod, found by walking up from the
+// working directory (a test's working directory is its package directory).
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("repo root: %w", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("repo root: no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// EnvoyBin returns the Envoy binary: $ENVOY_BIN, else the one `make tools`
+// installs under .tools/envoy. It skips or fails the test (see Require)
+// when neither is executable.
+func EnvoyBin(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("ENVOY_BIN"); p != "" {
+		Require(t, "envoy", executable(p))
+		return p
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		Require(t, "envoy", err)
+		return ""
+	}
+	p := filepath.Join(root, ".tools", "envoy", "envoy", "_bin", "envoy")
+	Require(t, "envoy", executable(p))
+	return p
+}
+
+func executable(p string) error {
+	fi, err := os.Stat(p)
+	switch {
+	case err != nil:
+		return err
+	case fi.IsDir() || fi.Mode()&0o111 == 0:
+		return fmt.Errorf("%s is not an executable file", p)
+	}
+	return nil
+}
+
+// Redis is a redis-server process private to one test, listening only on a
+// unix socket.
+type Redis struct {
+	t      testing.TB
+	bin    string
+	dir    string
+	sock   string
+	client goredis.UniversalClient
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	out  *syncBuffer   // stdout and stderr of the current process
+	done chan struct{} // closed when the current process has exited
+}
+
+// RedisServer starts redis-server ($REDIS_SERVER_BIN, else from PATH) with
+// persistence off, waits until it answers PING and stops it when the test
+// ends. It skips or fails the test (see Require) when the binary is missing.
+func RedisServer(t testing.TB) *Redis {
+	t.Helper()
+	bin := os.Getenv("REDIS_SERVER_BIN")
+	var err error
+	if bin == "" {
+		bin, err = exec.LookPath("redis-server")
+	} else {
+		err = executable(bin)
+	}
+	Require(t, "redis-server", err)
+
+	// Unix socket paths are limited to about 100 bytes; t.TempDir() paths
+	// carry the test name and can exceed that.
+	dir, err := os.MkdirTemp("", "tr")
+	if err != nil {
+		t.Fatalf("redis-server: %v", err)
+	}
+	r := &Redis{t: t, bin: bin, dir: dir, sock: filepath.Join(dir, "r.sock")}
+	t.Cleanup(func() {
+		r.Stop()
+		if r.client != nil {
+			_ = r.client.Close()
+		}
+		_ = os.RemoveAll(dir)
+	})
+	r.client = goredis.NewClient(&goredis.Options{
+		Network:               "unix",
+		Addr:                  r.sock,
+		ContextTimeoutEnabled: true,
+	})
+	r.Start()
+	return r
+}
+
+// URL is the server's address as a store URL ("unix:///…/r.sock").
+func (r *Redis) URL() string { return "unix://" + r.sock }
+
+// Client is a client connected to the server, closed when the test ends. It
+// reconnects by itself after Stop and Start.
+func (r *Redis) Client() goredis.UniversalClient { return r.client }
+
+// Start starts the server (again, after Stop) on the same socket and waits
+// until it answers. The data set starts empty: persistence is off.
+func (r *Redis) Start() {
+	r.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		return
+	}
+	_ = os.Remove(r.sock) // a stale socket from a killed server
+	cmd := exec.Command(r.bin,
+		"--port", "0",
+		"--unixsocket", r.sock,
+		"--unixsocketperm", "700",
+		"--dir", r.dir,
+		"--save", "",
+		"--appendonly", "no",
+		"--daemonize", "no",
+		"--logfile", "",
+	)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	setDeathSignal(cmd)
+	if err := cmd.Start(); err != nil {
+		r.t.Fatalf("redis-server: start: %v", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	r.cmd, r.out, r.done = cmd, out, done
+
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if err := r.waitReady(ctx, done); err != nil {
+		_ = cmd.Process.Kill()
+		<-done
+		r.cmd = nil
+		r.t.Fatalf("redis-server did not become ready: %v\n%s", err, out.String())
+	}
+}
+
+// waitReady polls PING until it answers, the process dies or ctx ends.
+func (r *Redis) waitReady(ctx context.Context, done <-chan struct{}) error {
+	probe := goredis.NewClient(&goredis.Options{
+		Network:               "unix",
+		Addr:                  r.sock,
+		MaxRetries:            -1,
+		DialTimeout:           time.Second,
+		ContextTimeoutEnabled: true,
+	})
+	defer probe.Close()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := probe.Ping(ctx).Err()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("process exited: last ping: %w", err)
+		case <-ctx.Done():
+			return fmt.Errorf("%w: last ping: %v", ctx.Err(), err)
+		case <-tick.C:
+		}
+	}
+}
+
+// Stop stops the server (SIGTERM, then SIGKILL after a deadline) and waits
+// for it to exit. Stopping a stopped server does nothing.
+func (r *Redis) Stop() {
+	r.mu.Lock()
+	cmd, done := r.cmd, r.done
+	r.cmd = nil
+	r.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(stopTimeout):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// syncBuffer collects the process's output; the exec package copies stdout
+// and stderr on separate goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,119 @@
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fakeTB records what Require does instead of ending the test.
+type fakeTB struct {
+	testing.TB
+	fatal, skip string
+}
+
+func (f *fakeTB) Helper()                         {}
+func (f *fakeTB) Fatalf(format string, a ...any) { f.fatal = fmt.Sprintf(format, a...) }
+func (f *fakeTB) Skipf(format string, a ...any)  { f.skip = fmt.Sprintf(format, a...) }
+
+func TestRequire(t *testing.T) {
+	missing := errors.New("not in PATH")
+	tests := []struct {
+		name      string
+		ci        string
+		err       error
+		wantFatal bool
+		wantSkip  bool
+	}{
+		{"present", "true", nil, false, false},
+		{"missing locally skips", "", missing, false, true},
+		{"missing under CI fails", "true", missing, true, false},
+		{"CI must be exactly true", "1", missing, false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("CI", tt.ci)
+			f := &fakeTB{TB: t}
+			Require(f, "widget", tt.err)
+			if got := f.fatal != ""; got != tt.wantFatal {
+				t.Errorf("fatal = %q, want fatal: %v", f.fatal, tt.wantFatal)
+			}
+			if got := f.skip != ""; got != tt.wantSkip {
+				t.Errorf("skip = %q, want skip: %v", f.skip, tt.wantSkip)
+			}
+			for _, msg := range []string{f.fatal, f.skip} {
+				if msg != "" && (!strings.Contains(msg, "widget") || !strings.Contains(msg, "make tools")) {
+					t.Errorf("message %q should name the component and `make tools`", msg)
+				}
+			}
+		})
+	}
+}
+
+func TestEnvoyBinFromEnv(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "envoy")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("ENVOY_BIN", bin)
+	if got := EnvoyBin(t); got != bin {
+		t.Errorf("EnvoyBin() = %q, want %q", got, bin)
+	}
+
+	t.Setenv("CI", "true")
+	t.Setenv("ENVOY_BIN", filepath.Join(dir, "missing"))
+	f := &fakeTB{TB: t}
+	EnvoyBin(f)
+	if !strings.Contains(f.fatal, "envoy") {
+		t.Errorf("missing ENVOY_BIN under CI: fatal = %q, want a failure naming envoy", f.fatal)
+	}
+}
+
+func TestRepoRoot(t *testing.T) {
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "internal", "testenv")); err != nil {
+		t.Errorf("RepoRoot() = %q does not hold internal/testenv: %v", root, err)
+	}
+}
+
+func TestRedisServerStopStart(t *testing.T) {
+	r := RedisServer(t)
+	if !strings.HasPrefix(r.URL(), "unix:///") || len(r.sock) > 100 {
+		t.Errorf("URL() = %q, want a short unix:// socket path", r.URL())
+	}
+	ctx := t.Context()
+	c := r.Client()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+
+	r.Stop()
+	r.Stop() // idempotent
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING answered with the server stopped")
+	}
+
+	r.Start()
+	deadline := time.Now().Add(5 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = c.Ping(ctx).Err(); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("client did not reconnect after Start: %v", err)
+	}
+	if n, err := c.Exists(ctx, "k").Result(); err != nil || n != 0 {
+		t.Errorf("EXISTS k after restart = %d, %v; want 0 (no persistence)", n, err)
+	}
+}

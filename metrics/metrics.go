@@ -1,0 +1,88 @@
+// Package metrics holds tether's Prometheus collectors. The registry is
+// injected: nothing registers itself globally.
+package metrics
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/identity"
+)
+
+// Metrics records what the request path does.
+type Metrics struct {
+	requests          *prometheus.CounterVec
+	identityRejected  *prometheus.CounterVec
+	decisionErrors    *prometheus.CounterVec
+	storeErrors       prometheus.Counter
+	decisionSeconds   prometheus.Histogram
+	upstreamResponses *prometheus.CounterVec
+}
+
+// New creates the collectors and registers them with reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_requests_total",
+			Help: "Routing decisions by mode, decision (hit, bind, rebind, moved, random, anonymous, degraded) and identity source.",
+		}, []string{"mode", "decision", "source"}),
+		identityRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_identity_rejected_total",
+			Help: "Requests whose identifier was present but unusable (too long, control characters, malformed bearer token); they are routed as anonymous.",
+		}, []string{"header", "reason"}),
+		decisionErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_decision_errors_total",
+			Help: "Requests tether could not place; Envoy routes them on its default route.",
+		}, []string{"reason"}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_store_errors_total",
+			Help: "Binding store calls that failed; the request was placed by rendezvous hashing instead.",
+		}),
+		decisionSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tether_decision_duration_seconds",
+			Help:    "Time to decide a request's instance, store round trip included.",
+			Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3},
+		}),
+		upstreamResponses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_upstream_responses_total",
+			Help: "Response statuses seen per instance, by status class (2xx…5xx).",
+		}, []string{"upstream", "code"}),
+	}
+	reg.MustRegister(m.requests, m.identityRejected, m.decisionErrors, m.storeErrors, m.decisionSeconds, m.upstreamResponses)
+	return m
+}
+
+// Decision records one decision.
+func (m *Metrics) Decision(id identity.Identity, d affinity.Decision, took time.Duration) {
+	if id.Rejected != identity.ReasonNone {
+		m.identityRejected.WithLabelValues(id.Header, string(id.Rejected)).Inc()
+	}
+	if d.Err != nil {
+		m.storeErrors.Inc()
+	}
+	m.requests.WithLabelValues(string(d.Mode), string(d.Kind), string(id.Source)).Inc()
+	m.decisionSeconds.Observe(took.Seconds())
+}
+
+// DecisionFailed records a request that got no decision.
+func (m *Metrics) DecisionFailed(id identity.Identity, reason string) {
+	if id.Rejected != identity.ReasonNone {
+		m.identityRejected.WithLabelValues(id.Header, string(id.Rejected)).Inc()
+	}
+	m.decisionErrors.WithLabelValues(reason).Inc()
+}
+
+// Response records the status an instance answered with.
+func (m *Metrics) Response(instance string, status int) {
+	m.upstreamResponses.WithLabelValues(instance, statusClass(status)).Inc()
+}
+
+func statusClass(s int) string {
+	if s < 100 || s > 599 {
+		return "invalid"
+	}
+	return strconv.Itoa(s/100) + "xx"
+}

@@ -1,0 +1,236 @@
+// Package server assembles a running tether from a configuration: the
+// binding store, the decision core, the ext_proc gRPC server and the admin
+// HTTP server. cmd/tether parses flags and calls Run.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/extproc"
+	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/metrics"
+	redisstore "github.com/tetherproxy/tether/store/redis"
+)
+
+// Run serves until ctx ends, then drains open streams (bounded by
+// server.drain_timeout) and returns. It returns an error only when tether
+// cannot start or a listener fails.
+func Run(ctx context.Context, cfg config.Config, log zerolog.Logger) error {
+	secret, err := identitySecret(cfg, log)
+	if err != nil {
+		return err
+	}
+	ids, err := identity.New(identity.Config{
+		SessionHeader: cfg.Identity.SessionHeader,
+		AuthHeader:    cfg.Identity.AuthHeader,
+		DeviceHeader:  cfg.Identity.DeviceHeader,
+		UserHeader:    cfg.Identity.UserHeader,
+		MaxValueBytes: cfg.Identity.MaxValueBytes,
+		Secret:        secret,
+	})
+	if err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	store, err := redisstore.Open(ctx, cfg.Redis.URL, redisstore.Options{Timeout: cfg.Redis.Timeout.D})
+	if err != nil {
+		return fmt.Errorf("binding store: %w", err)
+	}
+	defer store.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rec := metrics.New(reg)
+
+	decider := affinity.New(store, fleet.New(Instances(cfg)), Policy(cfg), affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
+	processor := extproc.New(ids, decider, rec, extproc.Options{
+		ClusterHeader: cfg.Routing.ClusterHeader,
+		DebugHeaders:  cfg.Server.DebugHeaders,
+		Logger:        log,
+	})
+
+	grpcLn, err := net.Listen("tcp", cfg.Server.ExtProcAddr)
+	if err != nil {
+		return fmt.Errorf("ext_proc listener: %w", err)
+	}
+	adminLn, err := net.Listen("tcp", cfg.Server.AdminAddr)
+	if err != nil {
+		grpcLn.Close()
+		return fmt.Errorf("admin listener: %w", err)
+	}
+
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, processor)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+
+	ready := newReadiness(store)
+	admin := &http.Server{Handler: adminMux(reg, ready), ReadHeaderTimeout: 5 * time.Second}
+
+	errc := make(chan error, 2)
+	go func() { errc <- serveErr("ext_proc", gs.Serve(grpcLn)) }()
+	go func() { errc <- serveErr("admin", admin.Serve(adminLn)) }()
+	log.Info().Str("extproc", grpcLn.Addr().String()).Str("admin", adminLn.Addr().String()).
+		Str("mode", string(Policy(cfg).Mode)).Int("instances", len(cfg.Instances)).Msg("tether ready")
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	ready.drain()
+	hs.Shutdown()
+	log.Info().Dur("timeout", cfg.Server.DrainTimeout.D).Msg("draining ext_proc streams")
+	stopGRPC(gs, cfg.Server.DrainTimeout.D)
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = admin.Shutdown(sctx)
+	log.Info().Msg("tether stopped")
+	return runErr
+}
+
+// Instances turns the configured instances into the fleet's.
+func Instances(cfg config.Config) []fleet.Instance {
+	out := make([]fleet.Instance, len(cfg.Instances))
+	for i, in := range cfg.Instances {
+		out[i] = fleet.Instance{Name: in.Name, Address: in.Address, Zone: in.Zone, Version: in.Version, Weight: in.Weight}
+	}
+	return out
+}
+
+// Policy turns the routing section into the decision policy.
+func Policy(cfg config.Config) affinity.Policy {
+	mode := affinity.Random
+	if cfg.Routing.Sticky() {
+		mode = affinity.Sticky
+	}
+	return affinity.Policy{Mode: mode, Lifetime: affinity.Lifetime{
+		Idle: cfg.Routing.IdleTimeout.D,
+		Max:  cfg.Routing.MaxStickyDuration.D,
+	}}
+}
+
+// identitySecret returns the HMAC secret. Replicas sharing a Redis must
+// share it, or they would key the same caller differently; so it is
+// required unless the store is embedded (and dies with the process anyway).
+func identitySecret(cfg config.Config, log zerolog.Logger) ([]byte, error) {
+	if s := cfg.Identity.SecretBytes(); len(s) > 0 {
+		if len(s) < 16 {
+			return nil, fmt.Errorf("identity secret (from $%s or identity.secret) must be at least 16 bytes", cfg.Identity.SecretEnv)
+		}
+		return s, nil
+	}
+	if cfg.Redis.URL != "embedded" {
+		return nil, fmt.Errorf("identity secret missing: set $%s (or identity.secret); every replica sharing a Redis needs the same one", cfg.Identity.SecretEnv)
+	}
+	s := make([]byte, 32)
+	if _, err := rand.Read(s); err != nil {
+		return nil, fmt.Errorf("identity secret: %w", err)
+	}
+	log.Warn().Str("env", cfg.Identity.SecretEnv).Msg("no identity secret set; using a random one for this process (fine with the embedded store only)")
+	return s, nil
+}
+
+// randomSource returns the generator random routing draws from: seeded and
+// reproducible when seed is set, else from the runtime's per-thread source.
+func randomSource(seed uint64) func() uint64 {
+	if seed == 0 {
+		return mrand.Uint64
+	}
+	var mu sync.Mutex
+	r := mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	return func() uint64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return r.Uint64()
+	}
+}
+
+// stopGRPC lets open streams finish, then cuts them after timeout.
+func stopGRPC(gs *grpc.Server, timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		gs.Stop()
+		<-done
+	}
+}
+
+func serveErr(name string, err error) error {
+	if err == nil || errors.Is(err, http.ErrServerClosed) || errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return fmt.Errorf("%s server: %w", name, err)
+}
+
+// pinger is what readiness needs of the store.
+type pinger interface{ Ping(context.Context) error }
+
+type readiness struct {
+	store    pinger
+	mu       sync.Mutex
+	draining bool
+}
+
+func newReadiness(p pinger) *readiness { return &readiness{store: p} }
+
+func (r *readiness) drain() { r.mu.Lock(); r.draining = true; r.mu.Unlock() }
+
+// ServeHTTP answers /readyz. A store that does not answer leaves tether
+// ready but degraded: it still routes, by rendezvous hashing.
+func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.mu.Lock()
+	draining := r.draining
+	r.mu.Unlock()
+	body := map[string]string{"status": "ready", "store": "ok"}
+	code := http.StatusOK
+	if draining {
+		body["status"], code = "draining", http.StatusServiceUnavailable
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), time.Second)
+	defer cancel()
+	if err := r.store.Ping(ctx); err != nil {
+		body["store"] = "unreachable"
+		if !draining {
+			body["status"] = "degraded"
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+func adminMux(reg *prometheus.Registry, ready http.Handler) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("GET /readyz", ready)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	return mux
+}

@@ -1,0 +1,95 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/store/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, storetest.Harness{
+		New: func(*testing.T) affinity.Store { return New() },
+		// The store's clock is candidate.Since, which the suite moves itself.
+		Advance: func(*testing.T, time.Duration) {},
+	})
+}
+
+// TestSweepBoundsMemory checks that expired entries do not pile up when their
+// keys are never touched again: the map stays near the live set.
+func TestSweepBoundsMemory(t *testing.T) {
+	s := New()
+	ctx := t.Context()
+	lt := affinity.Lifetime{Idle: time.Second}
+	now := time.UnixMilli(1_750_000_000_000)
+	const total, live = 100_000, 100 // each key lives 100 calls' worth of time
+	for i := range total {
+		now = now.Add(lt.Idle / live)
+		if _, _, err := s.GetOrBind(ctx, fmt.Sprint(i), affinity.Binding{Instance: "a", Since: now}, lt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Len(); n > 2*minFullSweep {
+		t.Errorf("Len() = %d after %d one-off keys with about %d live, want at most %d", n, total, live, 2*minFullSweep)
+	}
+}
+
+// TestSampleSweep checks the incremental sweep alone: a map below the
+// full-sweep size still loses its expired entries as calls go by.
+func TestSampleSweep(t *testing.T) {
+	s := New()
+	ctx := t.Context()
+	lt := affinity.Lifetime{Idle: time.Second}
+	now := time.UnixMilli(1_750_000_000_000)
+	for i := range 500 {
+		if _, _, err := s.GetOrBind(ctx, fmt.Sprint(i), affinity.Binding{Instance: "a", Since: now}, lt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now = now.Add(time.Hour)
+	for range 100 * sampleEvery {
+		if _, _, err := s.GetOrBind(ctx, "hot", affinity.Binding{Instance: "a", Since: now}, lt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Len(); n != 1 {
+		t.Errorf("Len() = %d, want 1 (only the hot key is live)", n)
+	}
+}
+
+func BenchmarkGetOrBind(b *testing.B) {
+	lt := affinity.Lifetime{Idle: time.Hour, Max: time.Hour}
+	cand := affinity.Binding{Instance: "inst-a", Since: time.UnixMilli(1_750_000_000_000)}
+	ctx := context.Background()
+	b.Run("found", func(b *testing.B) {
+		s := New()
+		for b.Loop() {
+			if _, _, err := s.GetOrBind(ctx, "k", cand, lt); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("created", func(b *testing.B) {
+		s := New()
+		i := 0
+		for b.Loop() {
+			i++
+			if _, _, err := s.GetOrBind(ctx, fmt.Sprint(i), cand, lt); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("found-parallel", func(b *testing.B) {
+		s := New()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, _, err := s.GetOrBind(ctx, "k", cand, lt); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	})
+}

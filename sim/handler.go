@@ -82,13 +82,13 @@ func (h *handler) healthz(w http.ResponseWriter, _ *http.Request) {
 // answered and returns false.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	if r.ContentLength > MaxBodyBytes {
-		writeError(w, http.StatusRequestEntityTooLarge, tooLargeMessage(r.ContentLength), "", "request_too_large")
+		writeError(w, http.StatusRequestEntityTooLarge, tooLargeMessage(), "", "request_too_large")
 		return false
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
-		if mbe, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			writeError(w, http.StatusRequestEntityTooLarge, tooLargeMessage(mbe.Limit+1), "", "request_too_large")
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			writeError(w, http.StatusRequestEntityTooLarge, tooLargeMessage(), "", "request_too_large")
 			return false
 		}
 		writeError(w, http.StatusBadRequest, "Could not read the request body: "+err.Error(), "", "")
@@ -107,11 +107,8 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-func tooLargeMessage(n int64) string {
-	if n > MaxBodyBytes {
-		return fmt.Sprintf("Request body of %d bytes or more exceeds the limit of %d bytes.", n, MaxBodyBytes)
-	}
-	return fmt.Sprintf("Request body exceeds the limit of %d bytes.", MaxBodyBytes)
+func tooLargeMessage() string {
+	return fmt.Sprintf("Request body exceeds the limit of %d bytes (8 MiB).", MaxBodyBytes)
 }
 
 // wait blocks for d or until ctx ends, whichever comes first.

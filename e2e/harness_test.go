@@ -1,0 +1,420 @@
+//go:build e2e
+
+// Package e2e runs tether as users do: the real binary, real Envoy, real
+// redis-server, and emulated instances, all on loopback. Run with
+// `make test` (or go test -tags e2e ./e2e/).
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/envoy"
+	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/internal/testenv"
+	"github.com/tetherproxy/tether/sim"
+)
+
+// secret is the identity secret every tether in these tests shares.
+const secret = "e2e-identity-secret-0123456789"
+
+var tetherBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "tether-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	tetherBin = filepath.Join(dir, "tether")
+	if out, err := exec.Command("go", "build", "-o", tetherBin, "../cmd/tether").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build tether: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// startFleet serves n emulated instances in-process, half in each of two
+// zones, and returns them as config entries.
+func startFleet(t *testing.T, n int) []config.Instance {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	out := make([]config.Instance, n)
+	for i := range out {
+		zone := []string{"zone-a", "zone-b"}[i*2/n]
+		name := fmt.Sprintf("a100-%s-%d", zone[len(zone)-1:], i)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := sim.NewHandler(sim.Instance{Name: name, Latency: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = sim.Serve(ctx, ln, h) }()
+		out[i] = config.Instance{Name: name, Address: ln.Addr().String(), Zone: zone, Version: "v1", Weight: 1}
+	}
+	return out
+}
+
+// baseConfig is a tether config for instances on store redisURL, with
+// loopback listeners on free ports and debug headers on.
+func baseConfig(redisURL string, instances []config.Instance) config.Config {
+	c := config.Default()
+	c.Server.ExtProcAddr = "127.0.0.1:0"
+	c.Server.AdminAddr = "127.0.0.1:0"
+	c.Server.DebugHeaders = true
+	c.Server.DrainTimeout = config.Dur(5 * time.Second)
+	c.Redis.URL = redisURL
+	c.Redis.Timeout = config.Dur(time.Second) // -race CI machines are slow; outages are tested later
+	c.Instances = append([]config.Instance(nil), instances...)
+	return c
+}
+
+// tether is one running tether process.
+type tether struct {
+	t        *testing.T
+	cmd      *exec.Cmd
+	extproc  string
+	admin    string
+	logs     *lockedBuffer
+	exited   chan struct{}
+	stopOnce sync.Once
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startTether writes cfg to a file and runs `tether serve --config` on it.
+func startTether(t *testing.T, cfg config.Config) *tether {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tether.toml")
+	var b bytes.Buffer
+	if err := toml.NewEncoder(&b).Encode(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(tetherBin, "serve", "--config", path)
+	cmd.Env = append(os.Environ(), "TETHER_IDENTITY_SECRET="+secret)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &tether{t: t, cmd: cmd, logs: &lockedBuffer{}, exited: make(chan struct{})}
+	ready := make(chan [2]string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(p.logs, line)
+			var ev struct{ Message, Extproc, Admin string }
+			if json.Unmarshal([]byte(line), &ev) == nil && ev.Message == "tether ready" {
+				ready <- [2]string{ev.Extproc, ev.Admin}
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			t.Logf("tether logs:\n%s", p.logs)
+		}
+	})
+	select {
+	case addrs := <-ready:
+		p.extproc, p.admin = addrs[0], addrs[1]
+	case <-p.exited:
+		t.Fatalf("tether exited before it was ready:\n%s", p.logs)
+	case <-time.After(20 * time.Second):
+		t.Fatalf("tether not ready after 20s:\n%s", p.logs)
+	}
+	return p
+}
+
+// Stop sends SIGTERM and waits for a clean exit.
+func (p *tether) Stop() {
+	p.stopOnce.Do(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+			if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+				p.t.Errorf("tether exited with %d after SIGTERM:\n%s", code, p.logs)
+			}
+		case <-time.After(15 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+			p.t.Errorf("tether did not stop within 15s of SIGTERM")
+		}
+	})
+}
+
+// metric returns the sum of a counter's samples whose labels include all of
+// labels ("k=\"v\"" strings), from tether's /metrics.
+func (p *tether) metric(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(line, l)
+		}
+		if !ok {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// proxy is one running Envoy.
+type proxy struct {
+	url   string // http://127.0.0.1:port of the listener
+	admin string
+}
+
+// startEnvoy runs Envoy on the static bootstrap for cfg's instances, calling
+// the ext_proc servers at extproc, on ports Envoy picks itself.
+func startEnvoy(t *testing.T, cfg config.Config, extproc ...string) *proxy {
+	t.Helper()
+	bin := testenv.EnvoyBin(t)
+	var eps []envoy.Addr
+	for _, e := range extproc {
+		a, err := envoy.ParseAddr(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps = append(eps, a)
+	}
+	params, err := envoy.ParamsFromConfig(cfg, envoy.Addr{Host: "127.0.0.1"}, envoy.Addr{Host: "127.0.0.1"}, eps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	yaml, err := envoy.Static(params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfgPath, adminPath := filepath.Join(dir, "envoy.yaml"), filepath.Join(dir, "admin.addr")
+	if err := os.WriteFile(cfgPath, yaml, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	cmd := exec.Command(bin, "-c", cfgPath, "--admin-address-path", adminPath,
+		"--disable-hot-restart", "--concurrency", "2", "--log-level", "warn")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("envoy logs:\n%s", logs)
+		}
+	})
+	p := &proxy{}
+	waitFor(t, 30*time.Second, "envoy admin", func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("envoy exited:\n%s", logs)
+		default:
+		}
+		b, err := os.ReadFile(adminPath)
+		if err != nil || len(b) == 0 {
+			return false
+		}
+		p.admin = "http://" + strings.TrimSpace(string(b))
+		resp, err := http.Get(p.admin + "/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	var listeners struct {
+		ListenerStatuses []struct {
+			LocalAddress struct {
+				SocketAddress struct {
+					Address   string `json:"address"`
+					PortValue int    `json:"port_value"`
+				} `json:"socket_address"`
+			} `json:"local_address"`
+		} `json:"listener_statuses"`
+	}
+	getJSON(t, p.admin+"/listeners?format=json", &listeners)
+	if len(listeners.ListenerStatuses) != 1 {
+		t.Fatalf("envoy has %d listeners, want 1", len(listeners.ListenerStatuses))
+	}
+	sa := listeners.ListenerStatuses[0].LocalAddress.SocketAddress
+	p.url = fmt.Sprintf("http://%s", net.JoinHostPort(sa.Address, fmt.Sprint(sa.PortValue)))
+	return p
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// answer is what a client learns from one response.
+type answer struct {
+	status   int
+	instance string // x-instance, set by the emulated instance itself
+	decision string // x-tether-decision, set by tether ("" when tether was not involved)
+	tethered string // x-tether-instance
+}
+
+var client = &http.Client{
+	Timeout:   30 * time.Second,
+	Transport: &http.Transport{MaxIdleConnsPerHost: 64},
+}
+
+// chat sends one chat completion through Envoy with headers h.
+func chat(t *testing.T, p *proxy, h map[string]string) answer {
+	t.Helper()
+	a, err := tryChat(p, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func tryChat(p *proxy, h map[string]string) (answer, error) {
+	body := `{"model":"llama-3.1-8b","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}`
+	req, err := http.NewRequest(http.MethodPost, p.url+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range h {
+		req.Header.Set(k, v)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return answer{}, err
+	}
+	return answer{
+		status:   resp.StatusCode,
+		instance: resp.Header.Get("x-instance"),
+		decision: resp.Header.Get("x-tether-decision"),
+		tethered: resp.Header.Get("x-tether-instance"),
+	}, nil
+}
+
+// parallel runs fn(i) for i in [0,n) on workers goroutines.
+func parallel(n, workers int, fn func(i int)) {
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				fn(i)
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
+
+// extractor keys callers exactly as the tethers under test do.
+func extractor(t *testing.T) *identity.Extractor {
+	t.Helper()
+	e, err := identity.New(identity.Config{Secret: []byte(secret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}

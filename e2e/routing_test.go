@@ -1,0 +1,472 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/testenv"
+)
+
+// identities builds request headers for caller i of each identity source.
+var identities = []struct {
+	name    string
+	headers func(i int) map[string]string
+}{
+	{"session id", func(i int) map[string]string { return map[string]string{"x-session-id": fmt.Sprintf("conv-%d", i)} }},
+	{"bearer token", func(i int) map[string]string {
+		return map[string]string{"authorization": fmt.Sprintf("Bearer tok.%d.secret", i)}
+	}},
+	{"device and user", func(i int) map[string]string {
+		return map[string]string{"x-device-id": fmt.Sprintf("dev-%d", i), "x-user-id": fmt.Sprintf("user-%d", i)}
+	}},
+}
+
+func TestStickinessThroughEnvoy(t *testing.T) {
+	rds := testenv.RedisServer(t)
+	inst := startFleet(t, 8)
+	cfg := baseConfig(rds.URL(), inst)
+	tt := startTether(t, cfg)
+	px := startEnvoy(t, cfg, tt.extproc)
+
+	for _, id := range identities {
+		t.Run(id.name, func(t *testing.T) {
+			// 50 requests of one caller: one instance; the first binds, the
+			// rest hit, and the instance tether chose is the one that answered.
+			caller := id.headers(1_000_000)
+			var first answer
+			for i := 0; i < 50; i++ {
+				a := chat(t, px, caller)
+				if a.status != 200 || a.instance == "" || a.instance != a.tethered {
+					t.Fatalf("request %d: %+v", i, a)
+				}
+				want := "hit"
+				if i == 0 {
+					first, want = a, "bind"
+				}
+				if a.instance != first.instance || a.decision != want {
+					t.Fatalf("request %d went to %s (%s), first went to %s", i, a.instance, a.decision, first.instance)
+				}
+			}
+			// 200 callers: every instance used, none above twice the mean.
+			var mu sync.Mutex
+			perInstance := map[string]int{}
+			parallel(200, 16, func(i int) {
+				a := chat(t, px, id.headers(i))
+				if a.status != 200 || a.decision != "bind" {
+					t.Errorf("caller %d: %+v", i, a)
+				}
+				mu.Lock()
+				perInstance[a.instance]++
+				mu.Unlock()
+			})
+			mean := 200.0 / 8
+			for name, n := range perInstance {
+				if float64(n) > 2*mean {
+					t.Errorf("%s took %d of 200 sessions (mean %.0f)", name, n, mean)
+				}
+			}
+			if len(perInstance) != 8 {
+				t.Errorf("sessions reached %d of 8 instances: %v", len(perInstance), perInstance)
+			}
+			t.Logf("200 %s callers over 8 instances: %v", id.name, perInstance)
+		})
+	}
+
+	// Redis holds hashed keys only: no raw session id, token or user id.
+	keys, err := rds.Client().Keys(context.Background(), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 3*201 {
+		t.Errorf("redis holds %d keys, want %d bindings", len(keys), 3*201)
+	}
+	for _, k := range keys {
+		for _, raw := range []string{"conv-", "tok.", "secret", "dev-", "user-"} {
+			if strings.Contains(k, raw) {
+				t.Fatalf("redis key %q holds a raw identifier", k)
+			}
+		}
+	}
+}
+
+func TestTwoReplicasAgree(t *testing.T) {
+	rds := testenv.RedisServer(t)
+	inst := startFleet(t, 8)
+	cfgA := baseConfig(rds.URL(), inst)
+	// Replica B weighs the instances differently (as during a config
+	// rollout), so without the shared store the two would place most new
+	// sessions on different instances.
+	cfgB := baseConfig(rds.URL(), inst)
+	for i := range cfgB.Instances {
+		cfgB.Instances[i].Weight = float64(1 + 3*i)
+	}
+	a, b := startTether(t, cfgA), startTether(t, cfgB)
+	px := startEnvoy(t, cfgA, a.extproc, b.extproc)
+
+	const sessions, turns = 150, 6
+	var mu sync.Mutex
+	seen := map[int]map[string]bool{}
+	parallel(sessions*turns, 24, func(i int) {
+		s := i % sessions // each session's turns arrive concurrently
+		ans := chat(t, px, map[string]string{"x-session-id": fmt.Sprintf("race-%d", s)})
+		if ans.status != 200 || ans.decision == "" {
+			t.Errorf("session %d: %+v", s, ans)
+		}
+		mu.Lock()
+		if seen[s] == nil {
+			seen[s] = map[string]bool{}
+		}
+		seen[s][ans.instance] = true
+		mu.Unlock()
+	})
+	ids := extractor(t)
+	for s, set := range seen {
+		if len(set) != 1 {
+			t.Errorf("session %d was served by %d instances: %v", s, len(set), set)
+			continue
+		}
+		key := ids.Extract(mapHeaders{"x-session-id": fmt.Sprintf("race-%d", s)}).Key
+		bound, err := rds.Client().HGet(context.Background(), "tether:b:"+key, "i").Result()
+		if err != nil {
+			t.Fatalf("session %d: binding: %v", s, err)
+		}
+		for inst := range set {
+			if inst != bound {
+				t.Errorf("session %d served by %s but bound to %s", s, inst, bound)
+			}
+		}
+	}
+	ra, rb := a.metric(t, "tether_requests_total"), b.metric(t, "tether_requests_total")
+	if ra == 0 || rb == 0 || ra+rb != sessions*turns {
+		t.Fatalf("replica A decided %v and B %v requests, want both > 0 summing to %d", ra, rb, sessions*turns)
+	}
+	t.Logf("replica A decided %v requests, replica B %v; %d sessions, each on one instance", ra, rb, sessions)
+}
+
+type mapHeaders map[string]string
+
+func (m mapHeaders) Get(k string) string { return m[k] }
+
+func TestRandomModeIsUnbiased(t *testing.T) {
+	inst := startFleet(t, 8)
+	cfg := baseConfig("embedded", inst)
+	cfg.Routing.Mode = config.ModeRandom
+	cfg.Routing.RandomSeed = 20261130 // reproducible: the same draws whatever the request order
+	tt := startTether(t, cfg)
+	px := startEnvoy(t, cfg, tt.extproc)
+
+	const n = 4000
+	var mu sync.Mutex
+	counts := map[string]int{}
+	parallel(n, 16, func(i int) {
+		a := chat(t, px, map[string]string{"x-session-id": "same-session-every-time"})
+		if a.status != 200 || a.decision != "random" {
+			t.Errorf("request %d: %+v", i, a)
+		}
+		mu.Lock()
+		counts[a.instance]++
+		mu.Unlock()
+	})
+	chi2 := 0.0
+	for _, in := range inst {
+		d := float64(counts[in.Name]) - n/8.0
+		chi2 += d * d / (n / 8.0)
+	}
+	const crit = 18.475 // chi-square, 7 degrees of freedom, 1% level
+	t.Logf("random mode: %v, chi-square %.2f (1%% critical value %.3f)", counts, chi2, crit)
+	if chi2 > crit || math.IsNaN(chi2) {
+		t.Fatalf("split %v fails the chi-square test: %.2f > %.3f", counts, chi2, crit)
+	}
+}
+
+func TestStickyDisabledRoutesAtRandom(t *testing.T) {
+	inst := startFleet(t, 8)
+	cfg := baseConfig("embedded", inst)
+	off := 0
+	cfg.Routing.StickyEnabled = &off
+	tt := startTether(t, cfg)
+	px := startEnvoy(t, cfg, tt.extproc)
+	seen := map[string]bool{}
+	for i := 0; i < 80; i++ {
+		a := chat(t, px, map[string]string{"x-session-id": "one"})
+		if a.decision != "random" {
+			t.Fatalf("sticky_enabled = 0: decision %q", a.decision)
+		}
+		seen[a.instance] = true
+	}
+	if len(seen) < 4 {
+		t.Fatalf("80 requests of one session reached %d instances with sticky_enabled = 0", len(seen))
+	}
+}
+
+func TestRestartKeepsBindings(t *testing.T) {
+	rds := testenv.RedisServer(t)
+	inst := startFleet(t, 8)
+	cfg := baseConfig(rds.URL(), inst)
+	first := startTether(t, cfg)
+	px := startEnvoy(t, cfg, first.extproc)
+
+	bound := map[int]string{}
+	for s := 0; s < 100; s++ {
+		a := chat(t, px, map[string]string{"x-session-id": fmt.Sprintf("keep-%d", s)})
+		if a.decision != "bind" {
+			t.Fatalf("session %d: %+v", s, a)
+		}
+		bound[s] = a.instance
+	}
+	first.Stop()
+
+	// Restart on the same address with new weights: rendezvous hashing alone
+	// would now place many sessions elsewhere; only Redis keeps them.
+	cfg.Server.ExtProcAddr = first.extproc
+	for i := range cfg.Instances {
+		cfg.Instances[i].Weight = float64(1 + 5*(i%3))
+	}
+	startTether(t, cfg)
+	waitFor(t, 10*time.Second, "envoy to reach the restarted tether", func() bool {
+		a, err := tryChat(px, map[string]string{"x-session-id": "probe"})
+		return err == nil && a.decision != ""
+	})
+	for s, want := range bound {
+		a := chat(t, px, map[string]string{"x-session-id": fmt.Sprintf("keep-%d", s)})
+		if a.instance != want || a.decision != "hit" {
+			t.Fatalf("session %d after restart: %+v, want a hit on %s", s, a, want)
+		}
+	}
+}
+
+func TestTetherStoppedRequestsStillFlow(t *testing.T) {
+	inst := startFleet(t, 8)
+	cfg := baseConfig("embedded", inst)
+	tt := startTether(t, cfg)
+	px := startEnvoy(t, cfg, tt.extproc)
+	if a := chat(t, px, map[string]string{"x-session-id": "s"}); a.decision == "" {
+		t.Fatalf("tether not in the path: %+v", a)
+	}
+	tt.Stop()
+
+	for _, id := range identities {
+		t.Run(id.name, func(t *testing.T) {
+			caller := id.headers(7)
+			// A client may not pick its own cluster while tether is away:
+			// Envoy drops the routing header before routing.
+			caller["x-tether-cluster"] = "tether"
+			var first string
+			for i := 0; i < 30; i++ {
+				a := chat(t, px, caller)
+				if a.status != 200 || a.decision != "" {
+					t.Fatalf("request %d without tether: %+v", i, a)
+				}
+				if i == 0 {
+					first = a.instance
+				}
+				if a.instance != first {
+					t.Fatalf("without tether the session moved from %s to %s", first, a.instance)
+				}
+			}
+		})
+	}
+}
+
+func TestBadInputIsAnonymousAndCounted(t *testing.T) {
+	inst := startFleet(t, 8)
+	cfg := baseConfig("embedded", inst)
+	tt := startTether(t, cfg)
+	px := startEnvoy(t, cfg, tt.extproc)
+
+	tests := []struct {
+		name, header, value, reason string
+	}{
+		{"10 KB session id", "x-session-id", strings.Repeat("s", 10<<10), "too_long"},
+		// Envoy refuses most control bytes itself; a tab is legal in HTTP
+		// and reaches tether, which will not key a session on it.
+		{"control byte in session id", "x-session-id", "abc\tdef", "control_chars"},
+		{"bearer without a token", "authorization", "Bearer ", "malformed_auth"},
+		{"bearer with a quote", "authorization", `Bearer ab"cd`, "malformed_auth"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := tt.metric(t, "tether_identity_rejected_total", `reason="`+tc.reason+`"`)
+			a := chat(t, px, map[string]string{tc.header: tc.value})
+			if a.status != 200 || a.decision != "anonymous" {
+				t.Fatalf("got %+v, want 200 routed as anonymous", a)
+			}
+			after := tt.metric(t, "tether_identity_rejected_total", `header="`+tc.header+`"`, `reason="`+tc.reason+`"`)
+			if after != before+1 {
+				t.Fatalf("rejection counter went from %v to %v", before, after)
+			}
+		})
+	}
+	// No raw identifier in tether's logs.
+	if logs := tt.logs.String(); strings.Contains(logs, "ab\"cd") || strings.Contains(logs, strings.Repeat("s", 64)) {
+		t.Fatal("tether logged a raw identifier")
+	}
+}
+
+func TestConfigValidateNamesTheKey(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct{ name, toml, want string }{
+		{"bad mode", "[routing]\nmode = \"roundrobin\"\n", `routing.mode = "roundrobin"`},
+		{"misspelt key", "[routing]\nstiky_enabled = 1\n", "routing.stiky_enabled"},
+		{"negative duration", "[routing]\nmax_sticky_duration = -1\n", "routing.max_sticky_duration"},
+		{"syntax", "[routing\n", "line"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".toml")
+			if err := os.WriteFile(p, []byte(tc.toml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(tetherBin, "config", "validate", p).CombinedOutput()
+			if code := exitCode(err); code == 0 {
+				t.Fatalf("exit 0 for a broken file:\n%s", out)
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Fatalf("output does not name %q:\n%s", tc.want, out)
+			}
+		})
+	}
+	out, err := exec.Command(tetherBin, "config", "validate", "../deploy/local/tether.toml").CombinedOutput()
+	if err != nil {
+		t.Fatalf("the local stack's config does not validate: %v\n%s", err, out)
+	}
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+func TestOneRedisRoundTripPerRequest(t *testing.T) {
+	rds := testenv.RedisServer(t)
+	inst := startFleet(t, 8)
+	cfg := baseConfig(rds.URL(), inst)
+	tt := startTether(t, cfg)
+	px := startEnvoy(t, cfg, tt.extproc)
+	ctx := context.Background()
+	// Warm up the connection pool, then count from zero.
+	for i := 0; i < 5; i++ {
+		chat(t, px, map[string]string{"x-session-id": "warm"})
+	}
+	if err := rds.Client().ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mon := monitor(t, rds.URL())
+
+	const sessions, turns = 20, 5
+	for s := 0; s < sessions; s++ {
+		for i := 0; i < turns; i++ {
+			if a := chat(t, px, map[string]string{"x-session-id": fmt.Sprintf("rt-%d", s)}); a.decision == "" {
+				t.Fatalf("tether not in the path: %+v", a)
+			}
+		}
+	}
+	const n = sessions * turns
+
+	// MONITOR tells the commands clients sent from those a script ran: every
+	// command tether sent must be one of the n script calls.
+	fromClients := mon.commandsUntilSentinel(t, rds)
+	var other []string
+	for _, c := range fromClients {
+		if c != "evalsha" && c != "eval" {
+			other = append(other, c)
+		}
+	}
+	if len(fromClients) != n || len(other) > 0 {
+		t.Fatalf("%d requests: tether sent %d commands, of them not a script call: %v", n, len(fromClients), other)
+	}
+
+	// INFO commandstats counts the commands a script runs as well as the
+	// script call itself: the script calls are the round trips.
+	info, err := rds.Client().Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]int{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var c int
+		fmt.Sscanf(rest, "calls=%d", &c)
+		calls[strings.TrimPrefix(name, "cmdstat_")] = c
+	}
+	t.Logf("INFO commandstats for %d requests: %v", n, calls)
+	if got := calls["evalsha"] + calls["eval"]; got != n {
+		t.Fatalf("%d requests ran %d scripts, want one each", n, got)
+	}
+}
+
+// redisMonitor reads MONITOR output on a connection of its own.
+type redisMonitor struct {
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+func monitor(t *testing.T, url string) *redisMonitor {
+	t.Helper()
+	conn, err := net.Dial("unix", strings.TrimPrefix(url, "unix://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	m := &redisMonitor{conn: conn, r: bufio.NewReader(conn)}
+	if _, err := conn.Write([]byte("MONITOR\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := m.r.ReadString('\n'); err != nil || strings.TrimSpace(line) != "+OK" {
+		t.Fatalf("MONITOR: %q, %v", line, err)
+	}
+	return m
+}
+
+// commandsUntilSentinel sends a marker command and returns the names of the
+// commands clients sent before it; commands run by scripts are left out.
+func (m *redisMonitor) commandsUntilSentinel(t *testing.T, rds *testenv.Redis) []string {
+	t.Helper()
+	const sentinel = "tether-monitor-sentinel"
+	if err := rds.Client().Echo(context.Background(), sentinel).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_ = m.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var cmds []string
+	for {
+		line, err := m.r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("MONITOR: %v", err)
+		}
+		// +1700000000.123456 [0 unix:/tmp/r.sock] "evalsha" "…" …
+		_, rest, ok := strings.Cut(line, " [")
+		if !ok {
+			continue
+		}
+		src, args, _ := strings.Cut(rest, "] ")
+		if strings.Contains(args, sentinel) {
+			return cmds
+		}
+		if strings.HasSuffix(src, " lua") {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(args, `"`), `"`)
+		cmds = append(cmds, strings.ToLower(name))
+	}
+}

@@ -39,7 +39,9 @@ func (c *clock) add(d time.Duration) {
 
 var lifetime = affinity.Lifetime{Idle: 30 * time.Minute, Max: 1800 * time.Second}
 
-func session(s string) identity.Identity { return identity.Identity{Key: "s:" + s, Source: identity.SourceSession} }
+func session(s string) identity.Identity {
+	return identity.Identity{Key: "s:" + s, Source: identity.SourceSession}
+}
 
 func TestStickyLifecycle(t *testing.T) {
 	ctx := context.Background()

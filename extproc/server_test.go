@@ -59,7 +59,7 @@ func (r *recorded) Response(instance string, code int) {
 }
 
 // start serves the processor on a loopback listener and returns a client.
-func start(t *testing.T, instances []fleet.Instance, debug bool) (extprocv3.ExternalProcessorClient, *recorded) {
+func start(t testing.TB, instances []fleet.Instance, debug bool) (extprocv3.ExternalProcessorClient, *recorded) {
 	t.Helper()
 	ids, err := identity.New(identity.Config{Secret: []byte("0123456789abcdef")})
 	if err != nil {
@@ -265,5 +265,33 @@ func TestEmptyRequestIsRefused(t *testing.T) {
 	}
 	if _, err := s.Recv(); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("err = %v, want InvalidArgument", err)
+	}
+}
+
+// BenchmarkProcess is one request's whole ext_proc exchange over loopback
+// gRPC (request headers, then response headers) with the memory store: what
+// tether adds per request apart from the Redis round trip.
+func BenchmarkProcess(b *testing.B) {
+	c, _ := start(b, two, true)
+	msgs := []*extprocv3.ProcessingRequest{
+		reqHeaders(":method", "POST", ":path", "/v1/chat/completions", "x-session-id", "8f14e45f-ceea-467f", "user-agent", "bench"),
+		respHeaders(":status", "200"),
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		s, err := c.Process(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, m := range msgs {
+			if err := s.Send(m); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.Recv(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		_ = s.CloseSend()
 	}
 }

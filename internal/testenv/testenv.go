@@ -131,8 +131,11 @@ func RedisServer(t testing.TB) *Redis {
 		_ = os.RemoveAll(dir)
 	})
 	r.client = goredis.NewClient(&goredis.Options{
-		Network:               "unix",
-		Addr:                  r.sock,
+		Network: "unix",
+		Addr:    r.sock,
+		// Fail fast while the server is stopped (outage tests): one dial
+		// per attempt instead of five with back-off.
+		DialerRetries:         1,
 		ContextTimeoutEnabled: true,
 	})
 	r.Start()
@@ -194,7 +197,8 @@ func (r *Redis) waitReady(ctx context.Context, done <-chan struct{}) error {
 	probe := goredis.NewClient(&goredis.Options{
 		Network:               "unix",
 		Addr:                  r.sock,
-		MaxRetries:            -1,
+		MaxRetries:            -1, // this loop is the retry
+		DialerRetries:         1,
 		DialTimeout:           time.Second,
 		ContextTimeoutEnabled: true,
 	})

@@ -97,11 +97,15 @@ func TestRedisServerStopStart(t *testing.T) {
 
 	r.Stop()
 	r.Stop() // idempotent
+	pingStart := time.Now()
 	if err := c.Ping(ctx).Err(); err == nil {
 		t.Fatal("PING answered with the server stopped")
 	}
+	t.Logf("PING failed after %v with the server stopped", time.Since(pingStart))
 
+	start := time.Now()
 	r.Start()
+	t.Logf("restart took %v", time.Since(start))
 	deadline := time.Now().Add(5 * time.Second)
 	var err error
 	for time.Now().Before(deadline) {
@@ -113,6 +117,7 @@ func TestRedisServerStopStart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("client did not reconnect after Start: %v", err)
 	}
+	t.Logf("client reconnected %v after Start began", time.Since(start))
 	if n, err := c.Exists(ctx, "k").Result(); err != nil || n != 0 {
 		t.Errorf("EXISTS k after restart = %d, %v; want 0 (no persistence)", n, err)
 	}

@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -61,35 +60,5 @@ func TestSampleSweep(t *testing.T) {
 }
 
 func BenchmarkGetOrBind(b *testing.B) {
-	lt := affinity.Lifetime{Idle: time.Hour, Max: time.Hour}
-	cand := affinity.Binding{Instance: "inst-a", Since: time.UnixMilli(1_750_000_000_000)}
-	ctx := context.Background()
-	b.Run("found", func(b *testing.B) {
-		s := New()
-		for b.Loop() {
-			if _, _, err := s.GetOrBind(ctx, "k", cand, lt); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("created", func(b *testing.B) {
-		s := New()
-		i := 0
-		for b.Loop() {
-			i++
-			if _, _, err := s.GetOrBind(ctx, fmt.Sprint(i), cand, lt); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("found-parallel", func(b *testing.B) {
-		s := New()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, _, err := s.GetOrBind(ctx, "k", cand, lt); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	})
+	storetest.Benchmark(b, New())
 }

@@ -72,21 +72,22 @@ func parseURL(rawURL string) (*goredis.Options, error) {
 	if rawURL == "" {
 		return nil, fmt.Errorf("redis open: empty URL (%s)", wantURL)
 	}
+	if !strings.Contains(rawURL, "://") {
+		return nil, fmt.Errorf("redis open %q: missing URL scheme (%s)", redact(rawURL), wantURL)
+	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		detail := "malformed URL"
+		// url.Parse quotes the raw URL, and its detail can quote part of the
+		// userinfo: take the detail from parsing the redacted URL instead.
+		detail := "malformed user info"
 		var uerr *url.Error
-		// The inner message can quote part of the userinfo; show it only
-		// when there is none.
-		if errors.As(err, &uerr) && !strings.Contains(rawURL, "@") {
-			detail += ": " + uerr.Err.Error()
+		if _, rerr := url.Parse(redact(rawURL)); errors.As(rerr, &uerr) {
+			detail = uerr.Err.Error()
 		}
-		return nil, fmt.Errorf("redis open %q: %s (%s)", redact(rawURL), detail, wantURL)
+		return nil, fmt.Errorf("redis open %q: malformed URL: %s (%s)", redact(rawURL), detail, wantURL)
 	}
 	switch u.Scheme {
 	case "redis", "rediss", "unix":
-	case "":
-		return nil, fmt.Errorf("redis open %q: missing URL scheme (%s)", redact(rawURL), wantURL)
 	default:
 		return nil, fmt.Errorf("redis open %q: unsupported URL scheme %q (%s)", redact(rawURL), u.Scheme, wantURL)
 	}

@@ -346,7 +346,9 @@ func TestRedisDown(t *testing.T) {
 		t.Helper()
 		start := time.Now()
 		_, _, err := s.GetOrBind(t.Context(), "k", cand, lt)
-		return time.Since(start), err
+		took := time.Since(start)
+		t.Logf("GetOrBind took %v: err %v", took, err)
+		return took, err
 	}
 
 	t.Run("server stopped then restarted", func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -332,4 +333,47 @@ func Run(t *testing.T, h Harness) {
 			c.run(e)
 		})
 	}
+}
+
+// Benchmark measures GetOrBind on s: the Found path (one hot key) and the
+// Created path (a new key per call), serial and with b.RunParallel. It
+// reports no verdict; compare stores as ratios within one run.
+func Benchmark(b *testing.B, s affinity.Store) {
+	lt := affinity.Lifetime{Idle: time.Hour, Max: time.Hour}
+	cand := affinity.Binding{Instance: "inst-a", Since: start}
+	ctx := context.Background()
+	var seq atomic.Int64 // keys never repeat across sub-benchmark reruns
+	call := func(b *testing.B, key string, want affinity.Outcome) {
+		if _, out, err := s.GetOrBind(ctx, key, cand, lt); err != nil || out != want {
+			b.Fatalf("GetOrBind(%q) = %v, %v; want %v", key, out, err, want)
+		}
+	}
+	hot := fmt.Sprintf("bench/hot/%d", seq.Add(1))
+	if _, _, err := s.GetOrBind(ctx, hot, cand, lt); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("found", func(b *testing.B) {
+		for b.Loop() {
+			call(b, hot, affinity.Found)
+		}
+	})
+	b.Run("created", func(b *testing.B) {
+		for b.Loop() {
+			call(b, fmt.Sprintf("bench/new/%d", seq.Add(1)), affinity.Created)
+		}
+	})
+	b.Run("found-parallel", func(b *testing.B) {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				call(b, hot, affinity.Found)
+			}
+		})
+	})
+	b.Run("created-parallel", func(b *testing.B) {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				call(b, fmt.Sprintf("bench/new/%d", seq.Add(1)), affinity.Created)
+			}
+		})
+	})
 }

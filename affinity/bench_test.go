@@ -1,0 +1,93 @@
+package affinity_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/internal/testenv"
+	"github.com/tetherproxy/tether/store/memory"
+	redisstore "github.com/tetherproxy/tether/store/redis"
+)
+
+// BenchmarkDecide measures one sticky decision end to end in the decision
+// core: rendezvous placement plus the store's get-or-bind, for each store.
+// "hit" is a follow-up turn of a known session, "bind" a new session.
+// Compare stores within one run; absolute figures depend on the machine.
+func BenchmarkDecide(b *testing.B) {
+	stores := []struct {
+		name string
+		open func(b *testing.B) affinity.Store
+	}{
+		{"memory", func(*testing.B) affinity.Store { return memory.New() }},
+		{"miniredis", func(b *testing.B) affinity.Store { return openRedis(b, redisstore.Embedded) }},
+		{"redis-server", func(b *testing.B) affinity.Store { return openRedis(b, testenv.RedisServer(b).URL()) }},
+	}
+	for _, st := range stores {
+		b.Run(st.name, func(b *testing.B) {
+			s := st.open(b)
+			d := affinity.New(s, fleet.New(instances(8)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime})
+			ctx := context.Background()
+			b.Run("hit", func(b *testing.B) {
+				id := session("bench-hit")
+				if _, err := d.Decide(ctx, id); err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					if got, _ := d.Decide(ctx, id); got.Kind != affinity.KindHit {
+						b.Fatalf("decision %s", got.Kind)
+					}
+				}
+			})
+			b.Run("bind", func(b *testing.B) {
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					i++
+					if got, _ := d.Decide(ctx, session(fmt.Sprintf("%s-bind-%d", b.Name(), i))); got.Kind != affinity.KindBind {
+						b.Fatalf("decision %s", got.Kind)
+					}
+				}
+			})
+			b.Run("hit-parallel", func(b *testing.B) {
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						_, _ = d.Decide(ctx, session("bench-hit"))
+					}
+				})
+			})
+		})
+	}
+	b.Run("random", func(b *testing.B) {
+		d := affinity.New(memory.New(), fleet.New(instances(8)), affinity.Policy{Mode: affinity.Random})
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = d.Decide(context.Background(), session("x"))
+		}
+	})
+}
+
+func BenchmarkRendezvous(b *testing.B) {
+	for _, n := range []int{8, 64, 512} {
+		ins := instances(n)
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for b.Loop() {
+				affinity.Rendezvous("s:8f14e45fceea167a5a36dedd", ins)
+			}
+		})
+	}
+}
+
+func openRedis(b *testing.B, url string) affinity.Store {
+	b.Helper()
+	s, err := redisstore.Open(context.Background(), url, redisstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}

@@ -1,0 +1,48 @@
+package metrics
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/identity"
+)
+
+func TestRecords(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.Decision(identity.Identity{Source: identity.SourceAnonymous, Rejected: identity.ReasonTooLong, Header: "x-session-id"},
+		affinity.Decision{Mode: affinity.Sticky, Kind: affinity.KindAnonymous}, time.Millisecond)
+	m.Decision(identity.Identity{Key: "s:x", Source: identity.SourceSession},
+		affinity.Decision{Mode: affinity.Sticky, Kind: affinity.KindDegraded, Err: affinity.ErrNoInstance}, time.Millisecond)
+	m.DecisionFailed(identity.Identity{}, "no_instance")
+	for _, code := range []int{200, 201, 503, 0, 999} {
+		m.Response("a", code)
+	}
+	want := `
+# HELP tether_identity_rejected_total Requests whose identifier was present but unusable (too long, control characters, malformed bearer token); they are routed as anonymous.
+# TYPE tether_identity_rejected_total counter
+tether_identity_rejected_total{header="x-session-id",reason="too_long"} 1
+# HELP tether_store_errors_total Binding store calls that failed; the request was placed by rendezvous hashing instead.
+# TYPE tether_store_errors_total counter
+tether_store_errors_total 1
+# HELP tether_upstream_responses_total Response statuses seen per instance, by status class (2xx…5xx).
+# TYPE tether_upstream_responses_total counter
+tether_upstream_responses_total{code="2xx",upstream="a"} 2
+tether_upstream_responses_total{code="5xx",upstream="a"} 1
+tether_upstream_responses_total{code="invalid",upstream="a"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tether_identity_rejected_total", "tether_store_errors_total", "tether_upstream_responses_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.ToFloat64(m.requests.WithLabelValues("sticky", "anonymous", "anonymous")); n != 1 {
+		t.Errorf("anonymous decisions: %v", n)
+	}
+	if n := testutil.ToFloat64(m.decisionErrors.WithLabelValues("no_instance")); n != 1 {
+		t.Errorf("decision errors: %v", n)
+	}
+}

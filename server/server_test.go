@@ -1,0 +1,255 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tetherproxy/tether/config"
+)
+
+func TestMain(m *testing.M) {
+	// miniredis's and go-redis's pool goroutines end with Close; none may
+	// outlive Run.
+	goleak.VerifyTestMain(m)
+}
+
+// logWatcher collects log lines and reports the ready line's addresses.
+type logWatcher struct {
+	lines chan map[string]any
+}
+
+func (w logWatcher) Write(p []byte) (int, error) {
+	var m map[string]any
+	if json.Unmarshal(p, &m) == nil {
+		select {
+		case w.lines <- m:
+		default:
+		}
+	}
+	return len(p), nil
+}
+
+// run starts Run in the background and returns the ext_proc and admin
+// addresses, and a stop function that cancels and waits for Run's result.
+func run(t *testing.T, cfg config.Config) (extproc, admin string, stop func() error) {
+	t.Helper()
+	w := logWatcher{lines: make(chan map[string]any, 64)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg, zerolog.New(w)) }()
+	deadline := time.After(10 * time.Second)
+	for extproc == "" {
+		select {
+		case m := <-w.lines:
+			if m["message"] == "tether ready" {
+				extproc, admin = m["extproc"].(string), m["admin"].(string)
+			}
+		case err := <-done:
+			cancel()
+			t.Fatalf("Run returned before ready: %v", err)
+		case <-deadline:
+			cancel()
+			t.Fatal("not ready within 10s")
+		}
+	}
+	var stopped bool
+	var result error
+	stop = func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			select {
+			case result = <-done:
+			case <-time.After(15 * time.Second):
+				t.Fatal("Run did not return within 15s of cancel")
+			}
+		}
+		return result
+	}
+	t.Cleanup(func() { _ = stop() })
+	return extproc, admin, stop
+}
+
+func testConfig() config.Config {
+	c := config.Default()
+	c.Server.ExtProcAddr = "127.0.0.1:0"
+	c.Server.AdminAddr = "127.0.0.1:0"
+	c.Server.DrainTimeout = config.Dur(5 * time.Second)
+	c.Instances = []config.Instance{{Name: "a", Address: "127.0.0.1:1", Weight: 1, Version: "v1"}}
+	return c
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestAdminEndpoints(t *testing.T) {
+	_, admin, stop := run(t, testConfig())
+	if code, body := get(t, "http://"+admin+"/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("/healthz: %d %q", code, body)
+	}
+	if code, body := get(t, "http://"+admin+"/readyz"); code != 200 || !strings.Contains(body, `"status":"ready"`) || !strings.Contains(body, `"store":"ok"`) {
+		t.Errorf("/readyz: %d %q", code, body)
+	}
+	if code, body := get(t, "http://"+admin+"/metrics"); code != 200 || !strings.Contains(body, "tether_decision_duration_seconds") || !strings.Contains(body, "go_goroutines") {
+		t.Errorf("/metrics: %d, missing tether or runtime metrics", code)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestDrainLetsOpenStreamsFinish: after the context ends (SIGTERM), a
+// stream that is mid-request still gets its response-phase answer.
+func TestDrainLetsOpenStreamsFinish(t *testing.T) {
+	cfg := testConfig()
+	cfg.Server.DebugHeaders = true
+	extproc, admin, stop := run(t, cfg)
+	conn, err := grpc.NewClient(extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(r *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+		t.Helper()
+		if err := s.Send(r); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	hm := func(kv ...string) *extprocv3.HttpHeaders {
+		m := &corev3.HeaderMap{}
+		for i := 0; i < len(kv); i += 2 {
+			m.Headers = append(m.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
+		}
+		return &extprocv3.HttpHeaders{Headers: m}
+	}
+	r := send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: hm("x-session-id", "s")}})
+	if got := string(r.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()[0].GetHeader().GetRawValue()); got != "inst-a" {
+		t.Fatalf("routed to %q", got)
+	}
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	// Readiness turns to draining while the stream is open.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, body := get(t, "http://"+admin+"/readyz")
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "draining") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never said draining: %d %s", code, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r = send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: hm(":status", "200")}})
+	if hs := r.GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders(); len(hs) != 2 || !bytes.Equal(hs[1].GetHeader().GetRawValue(), []byte("bind")) {
+		t.Fatalf("response phase during drain: %v", r)
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != io.EOF {
+		t.Fatalf("stream end: %v", err)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after the last stream closed")
+	}
+}
+
+func TestStartupErrors(t *testing.T) {
+	t.Setenv("TETHER_IDENTITY_SECRET", "")
+	tests := []struct {
+		name string
+		edit func(*config.Config)
+		want string
+	}{
+		{"real redis without a secret", func(c *config.Config) { c.Redis.URL = "redis://127.0.0.1:1/0" }, "identity secret missing"},
+		{"short secret", func(c *config.Config) { c.Identity.Secret = "short" }, "at least 16 bytes"},
+		{"unreachable redis", func(c *config.Config) {
+			c.Redis.URL = "redis://:hunter2@127.0.0.1:1/0"
+			c.Identity.Secret = "0123456789abcdef0123"
+		}, "binding store"},
+		{"address in use", nil, "listener"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			if tc.edit != nil {
+				tc.edit(&cfg)
+			} else {
+				ext, _, _ := run(t, testConfig())
+				cfg.Server.ExtProcAddr = ext
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			err := Run(ctx, cfg, zerolog.Nop())
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Fatalf("error shows the Redis password: %v", err)
+			}
+		})
+	}
+}
+
+func TestEmbeddedWithoutSecretWarns(t *testing.T) {
+	t.Setenv("TETHER_IDENTITY_SECRET", "")
+	var logs bytes.Buffer
+	s, err := identitySecret(testConfig(), zerolog.New(&logs))
+	if err != nil || len(s) != 32 {
+		t.Fatalf("secret %d bytes, err %v", len(s), err)
+	}
+	if !strings.Contains(logs.String(), "no identity secret set") {
+		t.Fatalf("no warning logged: %s", logs.String())
+	}
+}
+
+func TestRandomSourceIsReproducible(t *testing.T) {
+	a, b := randomSource(7), randomSource(7)
+	for i := 0; i < 10; i++ {
+		if a() != b() {
+			t.Fatal("same seed, different draws")
+		}
+	}
+	if randomSource(0)() == randomSource(0)() {
+		t.Fatal("unseeded sources agree")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	goredis "github.com/redis/go-redis/v9"
@@ -46,23 +47,66 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 }
 
 func openEmbedded(ctx context.Context, opts Options) (*Store, error) {
-	m := miniredis.NewMiniRedis()
-	// miniredis normally expires keys only on FastForward; here TTLs must
-	// follow the wall clock like a real server's.
-	m.ClockTTL(true)
-	if err := m.StartAddr("127.0.0.1:0"); err != nil {
+	e, err := startEmbedded()
+	if err != nil {
 		return nil, fmt.Errorf("redis open embedded: %w", err)
 	}
-	client := goredis.NewClient(&goredis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
+	client := goredis.NewClient(&goredis.Options{Addr: e.m.Addr(), ContextTimeoutEnabled: true})
 	s, err := newStore(ctx, client, opts)
 	if err != nil {
 		_ = client.Close()
-		m.Close()
+		e.Close()
 		return nil, fmt.Errorf("redis open embedded: %w", err)
 	}
 	s.ownClient = true
-	s.embedded = m
+	s.embedded = e
 	return s, nil
+}
+
+// embeddedTick is how often the embedded server's TTLs advance: a binding
+// may outlive its idle timeout by up to this much.
+const embeddedTick = 500 * time.Millisecond
+
+// embeddedServer is an in-process miniredis whose TTLs follow the wall
+// clock. miniredis expires keys only when its clock is advanced, and every
+// advance walks all keys; advancing on each command (its ClockTTL mode)
+// made a decision cost grow with the number of live sessions, so a ticker
+// advances it twice a second instead.
+type embeddedServer struct {
+	m    *miniredis.Miniredis
+	stop chan struct{}
+	done chan struct{}
+}
+
+func startEmbedded() (*embeddedServer, error) {
+	m := miniredis.NewMiniRedis()
+	if err := m.StartAddr("127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	e := &embeddedServer{m: m, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		t := time.NewTicker(embeddedTick)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-e.stop:
+				return
+			case now := <-t.C:
+				m.FastForward(now.Sub(last))
+				last = now
+			}
+		}
+	}()
+	return e, nil
+}
+
+// Close stops the ticker and the server.
+func (e *embeddedServer) Close() {
+	close(e.stop)
+	<-e.done
+	e.m.Close()
 }
 
 // parseURL checks the scheme itself, so the error for a typo is clear, and

@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tetherproxy/tether/affinity"
@@ -105,7 +104,7 @@ type Store struct {
 
 	// Owned by the store only when Open built them.
 	ownClient bool
-	embedded  *miniredis.Miniredis
+	embedded  *embeddedServer
 	closeOnce sync.Once
 	closeErr  error
 }

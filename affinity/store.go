@@ -2,6 +2,8 @@ package affinity
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -56,4 +58,20 @@ type Store interface {
 	// bound at all), and returns the binding now stored: next on success, the
 	// binding another caller stored first otherwise.
 	Replace(ctx context.Context, key, old string, next Binding, lt Lifetime) (Binding, error)
+}
+
+// CheckBinding reports why b cannot be stored with lt. Every Store refuses
+// the same inputs with it, so they behave alike on bad input.
+func CheckBinding(b Binding, lt Lifetime) error {
+	switch {
+	case b.Instance == "":
+		return errors.New("empty instance name")
+	case b.Since.IsZero():
+		return errors.New("zero since time")
+	case lt.Idle <= 0:
+		return fmt.Errorf("idle lifetime must be positive, got %v", lt.Idle)
+	case lt.Max < 0:
+		return fmt.Errorf("max lifetime must not be negative, got %v", lt.Max)
+	}
+	return nil
 }

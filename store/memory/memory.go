@@ -10,7 +10,6 @@ package memory
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -60,7 +59,7 @@ func (s *Store) Len() int {
 
 // GetOrBind implements affinity.Store.
 func (s *Store) GetOrBind(ctx context.Context, key string, candidate affinity.Binding, lt affinity.Lifetime) (affinity.Binding, affinity.Outcome, error) {
-	if err := validate(candidate, lt); err != nil {
+	if err := affinity.CheckBinding(candidate, lt); err != nil {
 		return affinity.Binding{}, 0, fmt.Errorf("memory get-or-bind: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -87,7 +86,7 @@ func (s *Store) GetOrBind(ctx context.Context, key string, candidate affinity.Bi
 
 // Replace implements affinity.Store.
 func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Binding, lt affinity.Lifetime) (affinity.Binding, error) {
-	if err := validate(next, lt); err != nil {
+	if err := affinity.CheckBinding(next, lt); err != nil {
 		return affinity.Binding{}, fmt.Errorf("memory replace: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -133,20 +132,4 @@ func (s *Store) housekeep(now time.Time) {
 			break
 		}
 	}
-}
-
-// validate rejects inputs that would make a binding meaningless. The Redis
-// store applies the same rules, so both behave alike on bad input.
-func validate(b affinity.Binding, lt affinity.Lifetime) error {
-	switch {
-	case b.Instance == "":
-		return errors.New("empty instance name")
-	case b.Since.IsZero():
-		return errors.New("zero since time")
-	case lt.Idle <= 0:
-		return fmt.Errorf("idle lifetime must be positive, got %v", lt.Idle)
-	case lt.Max < 0:
-		return fmt.Errorf("max lifetime must not be negative, got %v", lt.Max)
-	}
-	return nil
 }

@@ -194,7 +194,7 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // GetOrBind implements affinity.Store in one EVALSHA.
 func (s *Store) GetOrBind(ctx context.Context, key string, candidate affinity.Binding, lt affinity.Lifetime) (affinity.Binding, affinity.Outcome, error) {
-	if err := validate(candidate, lt); err != nil {
+	if err := affinity.CheckBinding(candidate, lt); err != nil {
 		return affinity.Binding{}, 0, fmt.Errorf("redis get-or-bind: %w", err)
 	}
 	ctx, cancel := s.callContext(ctx)
@@ -217,7 +217,7 @@ func (s *Store) GetOrBind(ctx context.Context, key string, candidate affinity.Bi
 
 // Replace implements affinity.Store in one EVALSHA.
 func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Binding, lt affinity.Lifetime) (affinity.Binding, error) {
-	if err := validate(next, lt); err != nil {
+	if err := affinity.CheckBinding(next, lt); err != nil {
 		return affinity.Binding{}, fmt.Errorf("redis replace: %w", err)
 	}
 	ctx, cancel := s.callContext(ctx)
@@ -275,19 +275,4 @@ func parseReply(res []any, withOutcome bool) (affinity.Binding, affinity.Outcome
 // becomes PEXPIRE 0 (which deletes the key).
 func millis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
-}
-
-// validate applies the same input rules as store/memory.
-func validate(b affinity.Binding, lt affinity.Lifetime) error {
-	switch {
-	case b.Instance == "":
-		return errors.New("empty instance name")
-	case b.Since.IsZero():
-		return errors.New("zero since time")
-	case lt.Idle <= 0:
-		return fmt.Errorf("idle lifetime must be positive, got %v", lt.Idle)
-	case lt.Max < 0:
-		return fmt.Errorf("max lifetime must not be negative, got %v", lt.Max)
-	}
-	return nil
 }

@@ -39,8 +39,8 @@ bench: tools ## Go benchmarks of the decision path (memory store, miniredis, red
 	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/
 
 .PHONY: envoy-config
-envoy-config: ## Regenerate envoy/envoy-static.yaml from its template and deploy/local/tether.toml
-	$(GO) test ./envoy -run TestStaticFileMatchesTemplate -update
+envoy-config: ## Regenerate envoy/*.yaml and the xds golden files from the builder
+	$(GO) test ./xds -run 'TestEnvoyFiles|TestGoldenADSResources' -update
 
 .PHONY: clean
 clean: ## Remove build output (keeps .tools)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"sort"
 	"strings"
 	"time"
 
@@ -21,6 +22,14 @@ type Config struct {
 	Routing   Routing    `toml:"routing"`
 	Identity  Identity   `toml:"identity"`
 	Instances []Instance `toml:"instances"`
+
+	XDS              XDS              `toml:"xds"`
+	Envoy            Envoy            `toml:"envoy"`
+	OutlierDetection OutlierDetection `toml:"outlier_detection"`
+	CircuitBreakers  CircuitBreakers  `toml:"circuit_breakers"`
+
+	// xdsSet records that the file set xds.addr, possibly to "" (off).
+	xdsSet bool
 }
 
 // Server holds listen addresses and logging.
@@ -140,6 +149,7 @@ func Parse(data []byte) (Config, error) {
 		}
 		return Config{}, fmt.Errorf("unknown key %s", strings.Join(keys, ", "))
 	}
+	c.xdsSet = md.IsDefined("xds", "addr")
 	c.setDefaults()
 	if err := c.Validate(); err != nil {
 		return Config{}, err
@@ -181,6 +191,15 @@ func (c *Config) setDefaults() {
 	if c.Identity.MaxValueBytes == 0 {
 		c.Identity.MaxValueBytes = 512
 	}
+	if c.XDS.Addr == "" && !c.xdsSet {
+		c.XDS.Addr = DefaultXDSAddr
+	}
+	str(&c.Envoy.ListenerAddr, DefaultListenerAddr)
+	dur(&c.Envoy.MessageTimeout, DefaultMessageTimeout)
+	dur(&c.Envoy.RouteTimeout, DefaultRouteTimeout)
+	if c.Envoy.Retries == nil {
+		c.Envoy.Retries = u32(DefaultRetries)
+	}
 	for i := range c.Instances {
 		in := &c.Instances[i]
 		str(&in.Version, DefaultVersion)
@@ -197,6 +216,7 @@ func (r Routing) Sticky() bool {
 
 var (
 	headerName   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*$`)
+	versionName  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,63}$`)
 	envName      = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	instanceName = regexp.MustCompile(`^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$`)
 )
@@ -280,11 +300,24 @@ func (c *Config) Validate() error {
 		if host, port, err := net.SplitHostPort(in.Address); err != nil || host == "" || port == "" {
 			bad(key+".address", in.Address, "want host:port")
 		}
+		if !versionName.MatchString(in.Version) {
+			bad(key+".version", in.Version, "want 1-63 letters, digits, '.', '_' or '-'")
+		}
 		if !(in.Weight > 0) || in.Weight > 1e6 {
 			bad(key+".weight", in.Weight, "want a number above 0 and at most 1e6")
 		}
 	}
+	c.validateEnvoy(bad)
 	return errors.Join(errs...)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // SecretBytes returns the identity secret: from the environment variable

@@ -24,12 +24,13 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherproxy/tether/config"
-	"github.com/tetherproxy/tether/envoy"
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/sim"
+	"github.com/tetherproxy/tether/xds"
 )
 
 // secret is the identity secret every tether in these tests shares.
@@ -87,6 +88,7 @@ func baseConfig(redisURL string, instances []config.Instance) config.Config {
 	c.Server.AdminAddr = "127.0.0.1:0"
 	c.Server.DebugHeaders = true
 	c.Server.DrainTimeout = config.Dur(5 * time.Second)
+	c.XDS.Addr = "127.0.0.1:0"
 	c.Redis.URL = redisURL
 	c.Redis.Timeout = config.Dur(time.Second) // -race CI machines are slow; outages are tested later
 	c.Instances = append([]config.Instance(nil), instances...)
@@ -234,20 +236,29 @@ type proxy struct {
 // the ext_proc servers at extproc, on ports Envoy picks itself.
 func startEnvoy(t *testing.T, cfg config.Config, extproc ...string) *proxy {
 	t.Helper()
-	bin := testenv.EnvoyBin(t)
-	var eps []envoy.Addr
-	for _, e := range extproc {
-		a, err := envoy.ParseAddr(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps = append(eps, a)
-	}
-	params, err := envoy.ParamsFromConfig(cfg, envoy.Addr{Host: "127.0.0.1"}, envoy.Addr{Host: "127.0.0.1"}, eps...)
+	cfg.Envoy.ListenerAddr = "127.0.0.1:0"
+	b, err := xds.StaticBootstrap(cfg, extproc, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	yaml, err := envoy.Static(params)
+	return runEnvoy(t, b)
+}
+
+// startEnvoyADS runs Envoy on the ADS bootstrap alone: everything else comes
+// from tether's xDS server at ads.
+func startEnvoyADS(t *testing.T, ads string) *proxy {
+	t.Helper()
+	b, err := xds.ADSBootstrap("e2e-"+strings.ReplaceAll(t.Name(), "/", "-"), "127.0.0.1:0", ads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runEnvoy(t, b)
+}
+
+func runEnvoy(t *testing.T, bootstrap proto.Message) *proxy {
+	t.Helper()
+	bin := testenv.EnvoyBin(t)
+	yaml, err := xds.YAML(bootstrap, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,22 +308,25 @@ func startEnvoy(t *testing.T, cfg config.Config, extproc ...string) *proxy {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	var listeners struct {
-		ListenerStatuses []struct {
-			LocalAddress struct {
-				SocketAddress struct {
-					Address   string `json:"address"`
-					PortValue int    `json:"port_value"`
-				} `json:"socket_address"`
-			} `json:"local_address"`
-		} `json:"listener_statuses"`
-	}
-	getJSON(t, p.admin+"/listeners?format=json", &listeners)
-	if len(listeners.ListenerStatuses) != 1 {
-		t.Fatalf("envoy has %d listeners, want 1", len(listeners.ListenerStatuses))
-	}
-	sa := listeners.ListenerStatuses[0].LocalAddress.SocketAddress
-	p.url = fmt.Sprintf("http://%s", net.JoinHostPort(sa.Address, fmt.Sprint(sa.PortValue)))
+	waitFor(t, 30*time.Second, "envoy's listener", func() bool {
+		var listeners struct {
+			ListenerStatuses []struct {
+				LocalAddress struct {
+					SocketAddress struct {
+						Address   string `json:"address"`
+						PortValue int    `json:"port_value"`
+					} `json:"socket_address"`
+				} `json:"local_address"`
+			} `json:"listener_statuses"`
+		}
+		getJSON(t, p.admin+"/listeners?format=json", &listeners)
+		if len(listeners.ListenerStatuses) != 1 || listeners.ListenerStatuses[0].LocalAddress.SocketAddress.PortValue == 0 {
+			return false
+		}
+		sa := listeners.ListenerStatuses[0].LocalAddress.SocketAddress
+		p.url = fmt.Sprintf("http://%s", net.JoinHostPort(sa.Address, fmt.Sprint(sa.PortValue)))
+		return true
+	})
 	return p
 }
 

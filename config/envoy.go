@@ -1,0 +1,259 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"reflect"
+	"time"
+)
+
+// XDS is tether's bundled ADS server.
+type XDS struct {
+	// Addr is where Envoy's ADS stream connects; "" turns the server off
+	// (Envoy then runs from a static bootstrap such as envoy/envoy-static.yaml).
+	Addr string `toml:"addr"`
+}
+
+// Envoy holds what the generated Envoy resources need beyond the fleet.
+type Envoy struct {
+	// ListenerAddr is where Envoy takes client traffic.
+	ListenerAddr string `toml:"listener_addr"`
+	// ExtProcEndpoints are the tether replicas Envoy calls; empty means this
+	// process's server.extproc_addr.
+	ExtProcEndpoints []string `toml:"extproc_endpoints"`
+	// MessageTimeout bounds each ext_proc exchange; past it Envoy goes on
+	// without tether (failure_mode_allow) on the default route.
+	MessageTimeout Duration `toml:"message_timeout"`
+	// RouteTimeout bounds a whole LLM request, streaming included.
+	RouteTimeout Duration `toml:"route_timeout"`
+	// Retries is how many times Envoy retries a request that failed at the
+	// instance (connect failure, reset, 502/503/504) on a fallback host.
+	Retries *uint32 `toml:"retries"`
+	// DefaultVersion picks the pool the default route (tether unreachable)
+	// sends to; empty means the version with the most instances.
+	DefaultVersion string `toml:"default_version"`
+}
+
+// OutlierSettings are Envoy's outlier detection knobs. Unset fields inherit:
+// built-in defaults ← [outlier_detection] ← [outlier_detection.instances.NAME].
+type OutlierSettings struct {
+	Consecutive5xx                     *uint32   `toml:"consecutive_5xx"`
+	EnforcingConsecutive5xx            *uint32   `toml:"enforcing_consecutive_5xx"`
+	ConsecutiveGatewayFailure          *uint32   `toml:"consecutive_gateway_failure"`
+	EnforcingConsecutiveGatewayFailure *uint32   `toml:"enforcing_consecutive_gateway_failure"`
+	Interval                           *Duration `toml:"interval"`
+	BaseEjectionTime                   *Duration `toml:"base_ejection_time"`
+	MaxEjectionTime                    *Duration `toml:"max_ejection_time"`
+	MaxEjectionPercent                 *uint32   `toml:"max_ejection_percent"`
+	SuccessRateMinimumHosts            *uint32   `toml:"success_rate_minimum_hosts"`
+	SuccessRateRequestVolume           *uint32   `toml:"success_rate_request_volume"`
+	SuccessRateStdevFactor             *uint32   `toml:"success_rate_stdev_factor"`
+	EnforcingSuccessRate               *uint32   `toml:"enforcing_success_rate"`
+	FailurePercentageThreshold         *uint32   `toml:"failure_percentage_threshold"`
+	FailurePercentageMinimumHosts      *uint32   `toml:"failure_percentage_minimum_hosts"`
+	FailurePercentageRequestVolume     *uint32   `toml:"failure_percentage_request_volume"`
+	EnforcingFailurePercentage         *uint32   `toml:"enforcing_failure_percentage"`
+}
+
+// OutlierDetection is the [outlier_detection] section.
+type OutlierDetection struct {
+	OutlierSettings
+	Instances map[string]OutlierSettings `toml:"instances"`
+}
+
+// CircuitBreakerSettings are Envoy's per-cluster thresholds.
+type CircuitBreakerSettings struct {
+	MaxConnections     *uint32 `toml:"max_connections"`
+	MaxPendingRequests *uint32 `toml:"max_pending_requests"`
+	MaxRequests        *uint32 `toml:"max_requests"`
+	MaxRetries         *uint32 `toml:"max_retries"`
+}
+
+// CircuitBreakers is the [circuit_breakers] section.
+type CircuitBreakers struct {
+	CircuitBreakerSettings
+	Instances map[string]CircuitBreakerSettings `toml:"instances"`
+}
+
+// Defaults for the generated Envoy resources.
+const (
+	DefaultXDSAddr        = "127.0.0.1:18000"
+	DefaultListenerAddr   = "127.0.0.1:10000"
+	DefaultMessageTimeout = 200 * time.Millisecond
+	DefaultRouteTimeout   = 300 * time.Second
+	DefaultRetries        = 1
+)
+
+func u32(v uint32) *uint32 { return &v }
+func dur(d time.Duration) *Duration {
+	x := Dur(d)
+	return &x
+}
+
+// DefaultOutlier is tuned for LLM traffic: few, slow requests per host.
+//   - Gateway failures (502/503/504, connect failures, resets) eject after 3
+//     in a row: an overloaded or dead model server answers that way, and each
+//     failed request costs a user seconds.
+//   - Any 5xx ejects after 5 in a row: a model server's 500 is more often
+//     one bad prompt than a bad host.
+//   - Success-rate and failure-percentage detection are off: they need a
+//     request volume per interval (default 100) that a GPU instance serving
+//     a few requests a second reaches only on long intervals.
+//   - Ejection starts at 30 s (a model server restart takes longer than the
+//     5 s a web server might need) and is capped at 5 min.
+//   - At most half a cluster is ejected, so a fleet-wide problem (a bad
+//     model rollout) does not empty every cluster at once.
+func DefaultOutlier() OutlierSettings {
+	return OutlierSettings{
+		Consecutive5xx:                     u32(5),
+		EnforcingConsecutive5xx:            u32(100),
+		ConsecutiveGatewayFailure:          u32(3),
+		EnforcingConsecutiveGatewayFailure: u32(100),
+		Interval:                           dur(10 * time.Second),
+		BaseEjectionTime:                   dur(30 * time.Second),
+		MaxEjectionTime:                    dur(300 * time.Second),
+		MaxEjectionPercent:                 u32(50),
+		SuccessRateMinimumHosts:            u32(5),
+		SuccessRateRequestVolume:           u32(100),
+		SuccessRateStdevFactor:             u32(1900),
+		EnforcingSuccessRate:               u32(0),
+		FailurePercentageThreshold:         u32(85),
+		FailurePercentageMinimumHosts:      u32(5),
+		FailurePercentageRequestVolume:     u32(50),
+		EnforcingFailurePercentage:         u32(0),
+	}
+}
+
+// DefaultCircuitBreakers bound what Envoy sends one instance. Upstreams
+// speak HTTP/1.1, so connections are concurrent requests; a model server
+// batches 64–256 sequences, so 256 in flight and 512 queued in Envoy keep
+// a burst from piling unbounded onto one GPU while not refusing normal load.
+func DefaultCircuitBreakers() CircuitBreakerSettings {
+	return CircuitBreakerSettings{
+		MaxConnections:     u32(256),
+		MaxPendingRequests: u32(512),
+		MaxRequests:        u32(256),
+		MaxRetries:         u32(3),
+	}
+}
+
+// Outlier returns the effective settings for instance ("" for pool clusters).
+func (c *Config) Outlier(instance string) OutlierSettings {
+	out := DefaultOutlier()
+	overlay(&out, c.OutlierDetection.OutlierSettings)
+	if o, ok := c.OutlierDetection.Instances[instance]; ok && instance != "" {
+		overlay(&out, o)
+	}
+	return out
+}
+
+// Breakers returns the effective circuit breakers for instance ("" for
+// pool clusters).
+func (c *Config) Breakers(instance string) CircuitBreakerSettings {
+	out := DefaultCircuitBreakers()
+	overlay(&out, c.CircuitBreakers.CircuitBreakerSettings)
+	if o, ok := c.CircuitBreakers.Instances[instance]; ok && instance != "" {
+		overlay(&out, o)
+	}
+	return out
+}
+
+// overlay copies every non-nil pointer field of src onto dst (same struct
+// type of pointer fields).
+func overlay[T any](dst *T, src T) {
+	d, s := reflect.ValueOf(dst).Elem(), reflect.ValueOf(src)
+	for i := 0; i < s.NumField(); i++ {
+		if f := s.Field(i); f.Kind() == reflect.Pointer && !f.IsNil() {
+			d.Field(i).Set(f)
+		}
+	}
+}
+
+func (c *Config) validateEnvoy(bad func(key string, val any, why string)) {
+	if c.XDS.Addr != "" {
+		if _, _, err := net.SplitHostPort(c.XDS.Addr); err != nil {
+			bad("xds.addr", c.XDS.Addr, `want host:port, or "" to turn the ADS server off`)
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.Envoy.ListenerAddr); err != nil {
+		bad("envoy.listener_addr", c.Envoy.ListenerAddr, "want host:port")
+	}
+	for i, e := range c.Envoy.ExtProcEndpoints {
+		if host, port, err := net.SplitHostPort(e); err != nil || host == "" || port == "" || port == "0" {
+			bad(fmt.Sprintf("envoy.extproc_endpoints[%d]", i), e, "want host:port of a tether replica")
+		}
+	}
+	if c.Envoy.MessageTimeout.D <= 0 {
+		bad("envoy.message_timeout", c.Envoy.MessageTimeout, "must be positive")
+	}
+	if c.Envoy.RouteTimeout.D < 0 {
+		bad("envoy.route_timeout", c.Envoy.RouteTimeout, "must not be negative (0 means no timeout)")
+	}
+	if r := *c.Envoy.Retries; r > 5 {
+		bad("envoy.retries", r, "want 0 to 5")
+	}
+	if v := c.Envoy.DefaultVersion; v != "" {
+		found := false
+		for _, in := range c.Instances {
+			found = found || in.Version == v
+		}
+		if !found {
+			bad("envoy.default_version", v, "no instance has this version")
+		}
+	}
+	checkOutlier := func(key string, o OutlierSettings) {
+		for _, p := range []struct {
+			name string
+			v    *uint32
+		}{
+			{"max_ejection_percent", o.MaxEjectionPercent}, {"enforcing_consecutive_5xx", o.EnforcingConsecutive5xx},
+			{"enforcing_consecutive_gateway_failure", o.EnforcingConsecutiveGatewayFailure},
+			{"enforcing_success_rate", o.EnforcingSuccessRate}, {"enforcing_failure_percentage", o.EnforcingFailurePercentage},
+			{"failure_percentage_threshold", o.FailurePercentageThreshold},
+		} {
+			if p.v != nil && *p.v > 100 {
+				bad(key+"."+p.name, *p.v, "a percentage: want 0 to 100")
+			}
+		}
+		for _, p := range []struct {
+			name string
+			v    *Duration
+		}{{"interval", o.Interval}, {"base_ejection_time", o.BaseEjectionTime}, {"max_ejection_time", o.MaxEjectionTime}} {
+			if p.v != nil && p.v.D <= 0 {
+				bad(key+"."+p.name, *p.v, "must be positive")
+			}
+		}
+		for _, p := range []struct {
+			name string
+			v    *uint32
+		}{{"consecutive_5xx", o.Consecutive5xx}, {"consecutive_gateway_failure", o.ConsecutiveGatewayFailure}} {
+			if p.v != nil && *p.v == 0 {
+				bad(key+"."+p.name, 0, "must be at least 1 (use the enforcing_ percentage 0 to turn it off)")
+			}
+		}
+	}
+	checkOutlier("outlier_detection", c.OutlierDetection.OutlierSettings)
+	names := map[string]bool{}
+	for _, in := range c.Instances {
+		names[in.Name] = true
+	}
+	for _, name := range sortedKeys(c.OutlierDetection.Instances) {
+		key := fmt.Sprintf("outlier_detection.instances.%s", name)
+		if !names[name] {
+			bad(key, name, "no such instance")
+			continue
+		}
+		checkOutlier(key, c.OutlierDetection.Instances[name])
+		if eff := c.Outlier(name); eff.MaxEjectionTime.D < eff.BaseEjectionTime.D {
+			bad(key+".max_ejection_time", *eff.MaxEjectionTime, "must not be below base_ejection_time "+eff.BaseEjectionTime.String())
+		}
+	}
+	if eff := c.Outlier(""); eff.MaxEjectionTime.D < eff.BaseEjectionTime.D {
+		bad("outlier_detection.max_ejection_time", *eff.MaxEjectionTime, "must not be below base_ejection_time "+eff.BaseEjectionTime.String())
+	}
+	for _, name := range sortedKeys(c.CircuitBreakers.Instances) {
+		if !names[name] {
+			bad(fmt.Sprintf("circuit_breakers.instances.%s", name), name, "no such instance")
+		}
+	}
+}

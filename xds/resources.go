@@ -1,0 +1,443 @@
+// Package xds turns tether's configuration into Envoy resources and serves
+// them over ADS. One builder (Build) makes both what the ADS server sends and
+// the static bootstrap in envoy/envoy-static.yaml, so the two cannot drift.
+package xds
+
+import (
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	mutationv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	earlyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
+	prevhostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
+	prevprioritiesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/priority/previous_priorities/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/fleet"
+)
+
+// Resource names.
+const (
+	ListenerName   = "tether-llm"
+	RouteName      = "tether-llm"
+	ExtProcCluster = "tether-extproc"
+	PoolPrefix     = "pool-"
+)
+
+// Mode says how resources refer to each other.
+type Mode int
+
+const (
+	// ADS: clusters take endpoints by EDS and the listener takes routes by
+	// RDS, all over the one ADS stream, so an endpoint or route change does
+	// not rebuild a cluster or drain the listener.
+	ADS Mode = iota
+	// Static: endpoints and routes inline, for a bootstrap without xDS.
+	Static
+)
+
+// Resources is one consistent set of Envoy resources.
+type Resources struct {
+	Listener  *listenerv3.Listener
+	Routes    *routev3.RouteConfiguration
+	Clusters  []*clusterv3.Cluster
+	Endpoints []*endpointv3.ClusterLoadAssignment // ADS mode only
+}
+
+// Build makes the resources for cfg. extproc lists the tether replicas Envoy
+// calls (host:port each). cfg must be valid (config.Validate).
+//
+// Per instance X there is a cluster inst-X whose priority 0 is X alone,
+// priority 1 the other instances of X's model version in X's zone, and
+// priority 2 those in other zones, all ring-hashed on the session headers.
+// While X is healthy it gets all of inst-X's traffic; when Envoy ejects it
+// (outlier detection) or a request to it fails and is retried, the session
+// spills to a same-zone peer first, consistently per session. tether's own
+// decision moves bound sessions; this covers the seconds before it does,
+// and the time tether is unreachable.
+func Build(cfg config.Config, extproc []string, mode Mode) (*Resources, error) {
+	if len(extproc) == 0 {
+		return nil, fmt.Errorf("xds build: no ext_proc endpoint")
+	}
+	if len(cfg.Instances) == 0 {
+		return nil, fmt.Errorf("xds build: no instances")
+	}
+	b := &builder{cfg: cfg, mode: mode}
+	r := &Resources{}
+
+	ext, err := b.endpoints(ExtProcCluster, [][]string{extproc})
+	if err != nil {
+		return nil, err
+	}
+	r.Clusters = append(r.Clusters, b.extProcCluster(ext))
+	r.Endpoints = append(r.Endpoints, ext)
+
+	byVersion := map[string][]config.Instance{}
+	for _, in := range cfg.Instances {
+		byVersion[in.Version] = append(byVersion[in.Version], in)
+	}
+	for _, in := range cfg.Instances {
+		var zone, other []string
+		for _, peer := range byVersion[in.Version] {
+			switch {
+			case peer.Name == in.Name:
+			case peer.Zone == in.Zone:
+				zone = append(zone, peer.Address)
+			default:
+				other = append(other, peer.Address)
+			}
+		}
+		name := fleet.Instance{Name: in.Name}.Cluster()
+		cla, err := b.endpoints(name, [][]string{{in.Address}, zone, other})
+		if err != nil {
+			return nil, fmt.Errorf("xds build: instance %s: %w", in.Name, err)
+		}
+		r.Clusters = append(r.Clusters, b.modelCluster(name, in.Name, cla))
+		r.Endpoints = append(r.Endpoints, cla)
+	}
+	for _, v := range sortedVersions(byVersion) {
+		var addrs []string
+		for _, in := range byVersion[v] {
+			addrs = append(addrs, in.Address)
+		}
+		cla, err := b.endpoints(PoolPrefix+v, [][]string{addrs})
+		if err != nil {
+			return nil, fmt.Errorf("xds build: pool %s: %w", v, err)
+		}
+		r.Clusters = append(r.Clusters, b.modelCluster(PoolPrefix+v, "", cla))
+		r.Endpoints = append(r.Endpoints, cla)
+	}
+
+	r.Routes = b.routes(defaultVersion(cfg, byVersion))
+	if r.Listener, err = b.listener(r.Routes); err != nil {
+		return nil, err
+	}
+	if b.err != nil {
+		return nil, b.err
+	}
+	if mode == Static {
+		r.Endpoints = nil
+	}
+	return r, nil
+}
+
+type builder struct {
+	cfg  config.Config
+	mode Mode
+	err  error
+}
+
+// endpoints makes a load assignment with one priority per address group;
+// empty groups are skipped so priorities stay contiguous.
+func (b *builder) endpoints(cluster string, groups [][]string) (*endpointv3.ClusterLoadAssignment, error) {
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: cluster}
+	for _, g := range groups {
+		if len(g) == 0 {
+			continue
+		}
+		loc := &endpointv3.LocalityLbEndpoints{Priority: uint32(len(cla.Endpoints))}
+		for _, a := range g {
+			sa, err := socketAddress(a)
+			if err != nil {
+				return nil, err
+			}
+			loc.LbEndpoints = append(loc.LbEndpoints, &endpointv3.LbEndpoint{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: sa}},
+			})
+		}
+		cla.Endpoints = append(cla.Endpoints, loc)
+	}
+	return cla, nil
+}
+
+// discovery points a cluster at its endpoints: inline, or EDS over ADS.
+func (b *builder) discovery(c *clusterv3.Cluster, cla *endpointv3.ClusterLoadAssignment) {
+	if b.mode == Static {
+		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC}
+		c.LoadAssignment = cla
+		return
+	}
+	c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
+	c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource()}
+}
+
+func (b *builder) extProcCluster(cla *endpointv3.ClusterLoadAssignment) *clusterv3.Cluster {
+	c := &clusterv3.Cluster{
+		Name:           ExtProcCluster,
+		ConnectTimeout: durationpb.New(250 * time.Millisecond),
+	}
+	http2(b, c)
+	b.discovery(c, cla)
+	return c
+}
+
+// http2 makes a cluster speak HTTP/2 upstream, as gRPC needs.
+func http2(b *builder, c *clusterv3.Cluster) {
+	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{
+		"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": b.any(&upstreamhttpv3.HttpProtocolOptions{
+			UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+				ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
+					ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+						Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
+					},
+				},
+			},
+		}),
+	}
+}
+
+// modelCluster is an instance cluster (instance != "") or a version pool.
+func (b *builder) modelCluster(name, instance string, cla *endpointv3.ClusterLoadAssignment) *clusterv3.Cluster {
+	c := &clusterv3.Cluster{
+		Name:             name,
+		ConnectTimeout:   durationpb.New(time.Second),
+		LbPolicy:         clusterv3.Cluster_RING_HASH,
+		OutlierDetection: outlier(b.cfg.Outlier(instance)),
+		CircuitBreakers:  breakers(b.cfg.Breakers(instance)),
+	}
+	b.discovery(c, cla)
+	return c
+}
+
+func outlier(o config.OutlierSettings) *clusterv3.OutlierDetection {
+	u := func(p *uint32) *wrapperspb.UInt32Value { return wrapperspb.UInt32(*p) }
+	d := func(p *config.Duration) *durationpb.Duration { return durationpb.New(p.D) }
+	return &clusterv3.OutlierDetection{
+		Consecutive_5Xx:                    u(o.Consecutive5xx),
+		EnforcingConsecutive_5Xx:           u(o.EnforcingConsecutive5xx),
+		ConsecutiveGatewayFailure:          u(o.ConsecutiveGatewayFailure),
+		EnforcingConsecutiveGatewayFailure: u(o.EnforcingConsecutiveGatewayFailure),
+		Interval:                           d(o.Interval),
+		BaseEjectionTime:                   d(o.BaseEjectionTime),
+		MaxEjectionTime:                    d(o.MaxEjectionTime),
+		MaxEjectionPercent:                 u(o.MaxEjectionPercent),
+		SuccessRateMinimumHosts:            u(o.SuccessRateMinimumHosts),
+		SuccessRateRequestVolume:           u(o.SuccessRateRequestVolume),
+		SuccessRateStdevFactor:             u(o.SuccessRateStdevFactor),
+		EnforcingSuccessRate:               u(o.EnforcingSuccessRate),
+		FailurePercentageThreshold:         u(o.FailurePercentageThreshold),
+		FailurePercentageMinimumHosts:      u(o.FailurePercentageMinimumHosts),
+		FailurePercentageRequestVolume:     u(o.FailurePercentageRequestVolume),
+		EnforcingFailurePercentage:         u(o.EnforcingFailurePercentage),
+	}
+}
+
+func breakers(cb config.CircuitBreakerSettings) *clusterv3.CircuitBreakers {
+	return &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
+		Priority:           corev3.RoutingPriority_DEFAULT,
+		MaxConnections:     wrapperspb.UInt32(*cb.MaxConnections),
+		MaxPendingRequests: wrapperspb.UInt32(*cb.MaxPendingRequests),
+		MaxRequests:        wrapperspb.UInt32(*cb.MaxRequests),
+		MaxRetries:         wrapperspb.UInt32(*cb.MaxRetries),
+	}}}
+}
+
+// routes: requests tether marked go to the cluster it named; the rest (tether
+// unreachable or undecided) to the default version's pool. Both hash on the
+// caller's identity headers, strongest first, so a session keeps to one
+// host of whichever cluster serves it.
+func (b *builder) routes(defaultVersion string) *routev3.RouteConfiguration {
+	id := b.cfg.Identity
+	hash := []*routev3.RouteAction_HashPolicy{
+		headerHash(id.SessionHeader, true),
+		headerHash(id.AuthHeader, true),
+		headerHash(id.DeviceHeader, false),
+		headerHash(id.UserHeader, true),
+	}
+	action := func(target func(*routev3.RouteAction)) *routev3.Route_Route {
+		ra := &routev3.RouteAction{
+			Timeout:     durationpb.New(b.cfg.Envoy.RouteTimeout.D),
+			HashPolicy:  hash,
+			RetryPolicy: b.retryPolicy(),
+		}
+		target(ra)
+		return &routev3.Route_Route{Route: ra}
+	}
+	header := b.cfg.Routing.ClusterHeader
+	return &routev3.RouteConfiguration{
+		Name: RouteName,
+		VirtualHosts: []*routev3.VirtualHost{{
+			Name:    "llm",
+			Domains: []string{"*"},
+			Routes: []*routev3.Route{
+				{
+					Name: "tether",
+					Match: &routev3.RouteMatch{
+						PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
+						Headers: []*routev3.HeaderMatcher{{
+							Name:                 header,
+							HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
+						}},
+					},
+					Action: action(func(ra *routev3.RouteAction) {
+						ra.ClusterSpecifier = &routev3.RouteAction_ClusterHeader{ClusterHeader: header}
+					}),
+				},
+				{
+					Name:  "default",
+					Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+					Action: action(func(ra *routev3.RouteAction) {
+						ra.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: PoolPrefix + defaultVersion}
+					}),
+				},
+			},
+		}},
+	}
+}
+
+func headerHash(name string, terminal bool) *routev3.RouteAction_HashPolicy {
+	return &routev3.RouteAction_HashPolicy{
+		PolicySpecifier: &routev3.RouteAction_HashPolicy_Header_{Header: &routev3.RouteAction_HashPolicy_Header{HeaderName: name}},
+		Terminal:        terminal,
+	}
+}
+
+// retryPolicy retries a request that failed at the instance on another
+// priority (the same-zone peers, then other zones) and another host. Only
+// failures before the response started are retried, so a streamed answer is
+// never duplicated.
+func (b *builder) retryPolicy() *routev3.RetryPolicy {
+	n := *b.cfg.Envoy.Retries
+	if n == 0 {
+		return nil
+	}
+	return &routev3.RetryPolicy{
+		RetryOn:    "connect-failure,refused-stream,reset,gateway-error",
+		NumRetries: wrapperspb.UInt32(n),
+		RetryPriority: &routev3.RetryPolicy_RetryPriority{
+			Name:       "envoy.retry_priorities.previous_priorities",
+			ConfigType: &routev3.RetryPolicy_RetryPriority_TypedConfig{TypedConfig: b.any(&prevprioritiesv3.PreviousPrioritiesConfig{UpdateFrequency: 1})},
+		},
+		RetryHostPredicate: []*routev3.RetryPolicy_RetryHostPredicate{{
+			Name:       "envoy.retry_host_predicates.previous_hosts",
+			ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{TypedConfig: b.any(&prevhostsv3.PreviousHostsPredicate{})},
+		}},
+		HostSelectionRetryMaxAttempts: 3,
+	}
+}
+
+func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.Listener, error) {
+	addr, err := socketAddress(b.cfg.Envoy.ListenerAddr)
+	if err != nil {
+		return nil, fmt.Errorf("xds build: envoy.listener_addr: %w", err)
+	}
+	m := &hcmv3.HttpConnectionManager{
+		StatPrefix: "llm",
+		// A client must not pick its own cluster: the routing header is
+		// dropped before any filter or route sees it.
+		EarlyHeaderMutationExtensions: []*corev3.TypedExtensionConfig{{
+			Name: "envoy.http.early_header_mutation.header_mutation",
+			TypedConfig: b.any(&earlyv3.HeaderMutation{Mutations: []*mutationv3.HeaderMutation{{
+				Action: &mutationv3.HeaderMutation_Remove{Remove: b.cfg.Routing.ClusterHeader},
+			}}}),
+		}},
+		HttpFilters: []*hcmv3.HttpFilter{
+			{Name: "envoy.filters.http.ext_proc", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.any(b.extProcFilter())}},
+			{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.any(&routerv3.Router{})}},
+		},
+	}
+	if b.mode == Static {
+		m.RouteSpecifier = &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: routes}
+	} else {
+		m.RouteSpecifier = &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: RouteName, ConfigSource: adsSource()}}
+	}
+	return &listenerv3.Listener{
+		Name:    ListenerName,
+		Address: addr,
+		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
+			Name:       "envoy.filters.network.http_connection_manager",
+			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: b.any(m)},
+		}}}},
+	}, nil
+}
+
+// extProcFilter: request and response headers only, and Envoy goes on
+// without tether when it is down or slower than message_timeout.
+func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
+	return &extprocv3.ExternalProcessor{
+		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+			EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcCluster},
+		}},
+		FailureModeAllow: true,
+		MessageTimeout:   durationpb.New(b.cfg.Envoy.MessageTimeout.D),
+		ProcessingMode: &extprocv3.ProcessingMode{
+			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
+			ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
+			RequestBodyMode:     extprocv3.ProcessingMode_NONE,
+			ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
+			RequestTrailerMode:  extprocv3.ProcessingMode_SKIP,
+			ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
+		},
+	}
+}
+
+func adsSource() *corev3.ConfigSource {
+	return &corev3.ConfigSource{
+		ResourceApiVersion:    corev3.ApiVersion_V3,
+		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+	}
+}
+
+func socketAddress(hostport string) (*corev3.Address, error) {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return nil, fmt.Errorf("address %q: %w", hostport, err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("address %q: want host:port", hostport)
+	}
+	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address:       host,
+		PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(p)},
+	}}}, nil
+}
+
+// defaultVersion is the configured one, else the version with the most
+// instances (ties: the lowest name), so the default route is deterministic.
+func defaultVersion(cfg config.Config, byVersion map[string][]config.Instance) string {
+	if cfg.Envoy.DefaultVersion != "" {
+		return cfg.Envoy.DefaultVersion
+	}
+	best := ""
+	for _, v := range sortedVersions(byVersion) {
+		if best == "" || len(byVersion[v]) > len(byVersion[best]) {
+			best = v
+		}
+	}
+	return best
+}
+
+func sortedVersions(m map[string][]config.Instance) []string {
+	out := make([]string, 0, len(m))
+	for v := range m {
+		out = append(out, v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// any packs m; the first failure is kept and returned by Build.
+func (b *builder) any(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil && b.err == nil {
+		b.err = fmt.Errorf("xds build: pack %T: %w", m, err)
+	}
+	return a
+}

@@ -80,11 +80,11 @@ type Identity struct {
 
 // Instance is one model server.
 type Instance struct {
-	Name    string  `toml:"name"`
-	Address string  `toml:"address"`
-	Zone    string  `toml:"zone"`
-	Version string  `toml:"version"`
-	Weight  float64 `toml:"weight"`
+	Name    string  `toml:"name" json:"name"`
+	Address string  `toml:"address" json:"address"`
+	Zone    string  `toml:"zone" json:"zone"`
+	Version string  `toml:"version" json:"version"`
+	Weight  float64 `toml:"weight" json:"weight"`
 }
 
 // Modes.

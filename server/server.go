@@ -31,12 +31,25 @@ import (
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/metrics"
 	redisstore "github.com/tetherproxy/tether/store/redis"
+	"github.com/tetherproxy/tether/xds"
 )
+
+// Options are what Run needs besides the configuration.
+type Options struct {
+	Logger zerolog.Logger
+	// ConfigPath, when set, is watched: a change to the file updates the
+	// fleet and the Envoy resources while tether runs.
+	ConfigPath string
+	// Overrides re-applies command-line flags to every configuration read
+	// from ConfigPath, so a reload does not undo them.
+	Overrides func(*config.Config)
+}
 
 // Run serves until ctx ends, then drains open streams (bounded by
 // server.drain_timeout) and returns. It returns an error only when tether
 // cannot start or a listener fails.
-func Run(ctx context.Context, cfg config.Config, log zerolog.Logger) error {
+func Run(ctx context.Context, cfg config.Config, opts Options) error {
+	log := opts.Logger
 	secret, err := identitySecret(cfg, log)
 	if err != nil {
 		return err
@@ -58,55 +71,128 @@ func Run(ctx context.Context, cfg config.Config, log zerolog.Logger) error {
 	}
 	defer store.Close()
 
+	ls, err := listen(cfg)
+	if err != nil {
+		return err
+	}
+	defer ls.close()
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rec := metrics.New(reg)
 
-	decider := affinity.New(store, fleet.New(Instances(cfg)), Policy(cfg), affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
+	sctx, stopStreams := context.WithCancel(context.Background())
+	defer stopStreams()
+	var ads *xds.Server
+	if ls.xds != nil {
+		ads = xds.NewServer(sctx, log, reg)
+	}
+	extprocEndpoints := cfg.Envoy.ExtProcEndpoints
+	if len(extprocEndpoints) == 0 {
+		extprocEndpoints = []string{ls.extproc.Addr().String()}
+	}
+	rt := newRuntime(extprocEndpoints, ads, log, reg)
+	if _, err := rt.apply(ctx, cfg, "start"); err != nil {
+		return err
+	}
+
+	decider := affinity.New(store, rt.fleet, Policy(cfg), affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
 	processor := extproc.New(ids, decider, rec, extproc.Options{
 		ClusterHeader: cfg.Routing.ClusterHeader,
 		DebugHeaders:  cfg.Server.DebugHeaders,
 		Logger:        log,
 	})
 
-	grpcLn, err := net.Listen("tcp", cfg.Server.ExtProcAddr)
-	if err != nil {
-		return fmt.Errorf("ext_proc listener: %w", err)
-	}
-	adminLn, err := net.Listen("tcp", cfg.Server.AdminAddr)
-	if err != nil {
-		grpcLn.Close()
-		return fmt.Errorf("admin listener: %w", err)
-	}
-
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, processor)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
+	var xs *grpc.Server
+	if ads != nil {
+		xs = grpc.NewServer()
+		ads.Register(xs)
+	}
 
 	ready := newReadiness(store)
-	admin := &http.Server{Handler: adminMux(reg, ready), ReadHeaderTimeout: 5 * time.Second}
+	admin := &http.Server{Handler: adminMux(reg, ready, rt), ReadHeaderTimeout: 5 * time.Second}
 
-	errc := make(chan error, 2)
-	go func() { errc <- serveErr("ext_proc", gs.Serve(grpcLn)) }()
-	go func() { errc <- serveErr("admin", admin.Serve(adminLn)) }()
-	log.Info().Str("extproc", grpcLn.Addr().String()).Str("admin", adminLn.Addr().String()).
-		Str("mode", string(Policy(cfg).Mode)).Int("instances", len(cfg.Instances)).Msg("tether ready")
+	errc := make(chan error, 4)
+	go func() { errc <- serveErr("ext_proc", gs.Serve(ls.extproc)) }()
+	go func() { errc <- serveErr("admin", admin.Serve(ls.admin)) }()
+	if xs != nil {
+		go func() { errc <- serveErr("xds", xs.Serve(ls.xds)) }()
+	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		if opts.ConfigPath != "" {
+			if err := watchConfig(wctx, opts.ConfigPath, log, func() { reloadFile(wctx, rt, opts) }); err != nil {
+				log.Error().Err(err).Msg("config file not watched; changes need a restart or the admin API")
+			}
+		}
+	}()
+	ev := log.Info().Str("extproc", ls.extproc.Addr().String()).Str("admin", ls.admin.Addr().String())
+	if ls.xds != nil {
+		ev = ev.Str("xds", ls.xds.Addr().String())
+	}
+	ev.Str("mode", string(Policy(cfg).Mode)).Int("instances", len(cfg.Instances)).Msg("tether ready")
 
 	var runErr error
 	select {
 	case <-ctx.Done():
 	case runErr = <-errc:
 	}
+	stopWatch()
+	<-watchDone
 	ready.drain()
 	hs.Shutdown()
 	log.Info().Dur("timeout", cfg.Server.DrainTimeout.D).Msg("draining ext_proc streams")
 	stopGRPC(gs, cfg.Server.DrainTimeout.D)
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	if xs != nil {
+		stopStreams() // ADS streams never end by themselves
+		stopGRPC(xs, time.Second)
+	}
+	hctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_ = admin.Shutdown(sctx)
+	_ = admin.Shutdown(hctx)
 	log.Info().Msg("tether stopped")
 	return runErr
+}
+
+// listeners are tether's sockets, opened before anything serves so a busy
+// port fails the start cleanly.
+type listeners struct {
+	extproc, admin, xds net.Listener // xds is nil when the ADS server is off
+}
+
+func listen(cfg config.Config) (*listeners, error) {
+	ls := &listeners{}
+	var err error
+	if ls.extproc, err = net.Listen("tcp", cfg.Server.ExtProcAddr); err != nil {
+		return nil, fmt.Errorf("ext_proc listener: %w", err)
+	}
+	if ls.admin, err = net.Listen("tcp", cfg.Server.AdminAddr); err != nil {
+		ls.close()
+		return nil, fmt.Errorf("admin listener: %w", err)
+	}
+	if cfg.XDS.Addr != "" {
+		if ls.xds, err = net.Listen("tcp", cfg.XDS.Addr); err != nil {
+			ls.close()
+			return nil, fmt.Errorf("xds listener: %w", err)
+		}
+	}
+	return ls, nil
+}
+
+// close closes every listener still open; servers close theirs on stop,
+// and a second close is harmless.
+func (ls *listeners) close() {
+	for _, l := range []net.Listener{ls.extproc, ls.admin, ls.xds} {
+		if l != nil {
+			_ = l.Close()
+		}
+	}
 }
 
 // Instances turns the configured instances into the fleet's.
@@ -224,7 +310,7 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_ = json.NewEncoder(w).Encode(body)
 }
 
-func adminMux(reg *prometheus.Registry, ready http.Handler) *http.ServeMux {
+func adminMux(reg *prometheus.Registry, ready http.Handler, rt *runtime) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
@@ -232,5 +318,6 @@ func adminMux(reg *prometheus.Registry, ready http.Handler) *http.ServeMux {
 	})
 	mux.Handle("GET /readyz", ready)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	rt.routes(mux)
 	return mux
 }

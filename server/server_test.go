@@ -49,7 +49,7 @@ func run(t *testing.T, cfg config.Config) (extproc, admin string, stop func() er
 	w := logWatcher{lines: make(chan map[string]any, 64)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, zerolog.New(w)) }()
+	go func() { done <- Run(ctx, cfg, Options{Logger: zerolog.New(w)}) }()
 	deadline := time.After(10 * time.Second)
 	for extproc == "" {
 		select {
@@ -87,6 +87,7 @@ func testConfig() config.Config {
 	c := config.Default()
 	c.Server.ExtProcAddr = "127.0.0.1:0"
 	c.Server.AdminAddr = "127.0.0.1:0"
+	c.XDS.Addr = "127.0.0.1:0"
 	c.Server.DrainTimeout = config.Dur(5 * time.Second)
 	c.Instances = []config.Instance{{Name: "a", Address: "127.0.0.1:1", Weight: 1, Version: "v1"}}
 	return c
@@ -219,7 +220,7 @@ func TestStartupErrors(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
-			err := Run(ctx, cfg, zerolog.Nop())
+			err := Run(ctx, cfg, Options{Logger: zerolog.Nop()})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want it to mention %q", err, tc.want)
 			}

@@ -12,14 +12,30 @@ import (
 
 func newServeCmd() *cobra.Command {
 	var (
-		path                             string
-		redisURL, extprocAddr, adminAddr string
+		path                                      string
+		redisURL, extprocAddr, adminAddr, xdsAddr string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the ext_proc server Envoy calls, and the admin server",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			flags := cmd.Flags()
+			// Flags win over the file, at start and on every reload.
+			overrides := func(c *config.Config) {
+				if flags.Changed("redis") {
+					c.Redis.URL = redisURL
+				}
+				if flags.Changed("extproc-addr") {
+					c.Server.ExtProcAddr = extprocAddr
+				}
+				if flags.Changed("admin-addr") {
+					c.Server.AdminAddr = adminAddr
+				}
+				if flags.Changed("xds-addr") {
+					c.XDS.Addr = xdsAddr
+				}
+			}
 			cfg := config.Default()
 			if path != "" {
 				var err error
@@ -27,20 +43,15 @@ func newServeCmd() *cobra.Command {
 					return err
 				}
 			}
-			flags := cmd.Flags()
-			if flags.Changed("redis") {
-				cfg.Redis.URL = redisURL
-			}
-			if flags.Changed("extproc-addr") {
-				cfg.Server.ExtProcAddr = extprocAddr
-			}
-			if flags.Changed("admin-addr") {
-				cfg.Server.AdminAddr = adminAddr
-			}
+			overrides(&cfg)
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			return server.Run(cmd.Context(), cfg, newLogger(cfg.Server.LogLevel))
+			return server.Run(cmd.Context(), cfg, server.Options{
+				Logger:     newLogger(cfg.Server.LogLevel),
+				ConfigPath: path,
+				Overrides:  overrides,
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -48,6 +59,7 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&redisURL, "redis", "", `binding store: redis://host:port/db, rediss://…, unix:///path, or "embedded" (overrides redis.url)`)
 	f.StringVar(&extprocAddr, "extproc-addr", "", "ext_proc gRPC listen address (overrides server.extproc_addr)")
 	f.StringVar(&adminAddr, "admin-addr", "", "admin HTTP listen address (overrides server.admin_addr)")
+	f.StringVar(&xdsAddr, "xds-addr", "", `ADS server listen address, "" for none (overrides xds.addr)`)
 	return cmd
 }
 

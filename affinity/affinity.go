@@ -7,6 +7,7 @@ package affinity
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -38,6 +39,10 @@ const (
 
 // ErrNoInstance means the fleet has no healthy instance.
 var ErrNoInstance = errors.New("no healthy instance")
+
+// ErrFleetMismatch means the store holds a binding to an instance this
+// replica's fleet does not have.
+var ErrFleetMismatch = errors.New("session bound to an instance unknown to this replica")
 
 // Policy is the part of the configuration the decision reads.
 type Policy struct {
@@ -107,7 +112,7 @@ func (d *Decider) sticky(ctx context.Context, key string, healthy []fleet.Instan
 	cand := Binding{Instance: place.Name, Since: d.now()}
 	b, out, err := d.store.GetOrBind(ctx, key, cand, d.policy.Lifetime)
 	if err != nil {
-		return Decision{Instance: place, Mode: Sticky, Kind: KindDegraded, Err: err}, nil
+		return d.storeFailed(ctx, place, err)
 	}
 	kind := KindHit
 	switch out {
@@ -123,12 +128,25 @@ func (d *Decider) sticky(ctx context.Context, key string, healthy []fleet.Instan
 	// the session, unless another replica already did.
 	b, err = d.store.Replace(ctx, key, b.Instance, cand, d.policy.Lifetime)
 	if err != nil {
-		return Decision{Instance: place, Mode: Sticky, Kind: KindDegraded, Err: err}, nil
+		return d.storeFailed(ctx, place, err)
 	}
 	if in, ok := find(healthy, b.Instance); ok {
 		return Decision{Instance: in, Mode: Sticky, Kind: KindMoved}, nil
 	}
-	return Decision{Instance: place, Mode: Sticky, Kind: KindMoved}, nil
+	// Another replica moved the session to an instance this one does not
+	// know (their fleets differ, as during a rollout): route by our own
+	// placement for now, and say so.
+	return Decision{Instance: place, Mode: Sticky, Kind: KindDegraded, Err: fmt.Errorf("%w: %s", ErrFleetMismatch, b.Instance)}, nil
+}
+
+// storeFailed places by rendezvous hashing when the store fails, unless the
+// request itself is gone (Envoy's message timeout, a client that left):
+// that is not the store's fault and nobody waits for the answer.
+func (d *Decider) storeFailed(ctx context.Context, place fleet.Instance, err error) (Decision, error) {
+	if ctx.Err() != nil {
+		return Decision{}, ctx.Err()
+	}
+	return Decision{Instance: place, Mode: Sticky, Kind: KindDegraded, Err: err}, nil
 }
 
 func find(instances []fleet.Instance, name string) (fleet.Instance, bool) {

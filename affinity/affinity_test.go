@@ -316,3 +316,54 @@ func TestConcurrentDecisionsAgree(t *testing.T) {
 		}
 	}
 }
+
+// blockingStore waits until the caller gives up.
+type blockingStore struct{}
+
+func (blockingStore) GetOrBind(ctx context.Context, _ string, _ affinity.Binding, _ affinity.Lifetime) (affinity.Binding, affinity.Outcome, error) {
+	<-ctx.Done()
+	return affinity.Binding{}, 0, ctx.Err()
+}
+
+func (blockingStore) Replace(ctx context.Context, _ string, _ string, _ affinity.Binding, _ affinity.Lifetime) (affinity.Binding, error) {
+	<-ctx.Done()
+	return affinity.Binding{}, ctx.Err()
+}
+
+func TestCanceledRequestIsNotAStoreFailure(t *testing.T) {
+	d := affinity.New(blockingStore{}, fleet.New(instances(8)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	got, err := d.Decide(ctx, session("x"))
+	if !errors.Is(err, context.DeadlineExceeded) || got.Kind != "" {
+		t.Fatalf("got %+v, %v; want no decision and the context's error", got, err)
+	}
+}
+
+
+func TestUnknownInstanceFromAnotherReplicaIsDegraded(t *testing.T) {
+	st := memory.New()
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	// Another replica bound the session to gpu-9, which this one lacks.
+	if _, _, err := st.GetOrBind(ctx, "s:x", affinity.Binding{Instance: "gpu-9", Since: now}, lifetime); err != nil {
+		t.Fatal(err)
+	}
+	race := &replaceLoser{Store: st, winner: "gpu-10"}
+	d := affinity.New(race, fleet.New(instances(8)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, affinity.WithClock(func() time.Time { return now }))
+	got, err := d.Decide(ctx, session("x"))
+	if err != nil || got.Kind != affinity.KindDegraded || !errors.Is(got.Err, affinity.ErrFleetMismatch) {
+		t.Fatalf("got %+v, %v; want degraded with ErrFleetMismatch", got, err)
+	}
+}
+
+// replaceLoser makes every Replace lose to winner, as if another replica
+// (with a different fleet) moved the session first.
+type replaceLoser struct {
+	*memory.Store
+	winner string
+}
+
+func (r *replaceLoser) Replace(ctx context.Context, key, _ string, next affinity.Binding, lt affinity.Lifetime) (affinity.Binding, error) {
+	return r.Store.Replace(ctx, key, "gpu-9", affinity.Binding{Instance: r.winner, Since: next.Since}, lt)
+}

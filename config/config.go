@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"regexp"
 	"sort"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // Config is the whole file.
@@ -242,11 +244,17 @@ func (c *Config) Validate() error {
 	if c.Server.DrainTimeout.D < 0 {
 		bad("server.drain_timeout", c.Server.DrainTimeout, "must not be negative")
 	}
-	if c.Redis.URL != "embedded" && !hasAnyPrefix(c.Redis.URL, "redis://", "rediss://", "unix://") {
-		bad("redis.url", redactURL(c.Redis.URL), `want redis://host:port/db, rediss://…, unix:///path or "embedded"`)
+	if c.Redis.URL != "embedded" {
+		// Only the scheme is shown: the rest may hold a password.
+		scheme, _, _ := strings.Cut(c.Redis.URL, "://")
+		if _, err := goredis.ParseURL(c.Redis.URL); err != nil {
+			bad("redis.url", scheme+"://…", `not a Redis URL: want redis://host:port/db, rediss://…, unix:///path or "embedded"`)
+		}
 	}
-	if c.Redis.Timeout.D < 0 {
-		bad("redis.timeout", c.Redis.Timeout, "must not be negative")
+	// A store call must end well inside Envoy's ext_proc message timeout:
+	// past that Envoy routes on without tether, and the answer is wasted.
+	if c.Redis.Timeout.D < time.Millisecond || c.Redis.Timeout.D >= c.Envoy.MessageTimeout.D {
+		bad("redis.timeout", c.Redis.Timeout, "want at least 1ms and below envoy.message_timeout "+c.Envoy.MessageTimeout.String())
 	}
 	switch c.Routing.Mode {
 	case ModeSticky, ModeRandom:
@@ -256,8 +264,8 @@ func (c *Config) Validate() error {
 	if se := *c.Routing.StickyEnabled; se != 0 && se != 1 {
 		bad("routing.sticky_enabled", se, "want 0 or 1")
 	}
-	if c.Routing.MaxStickyDuration.D < 0 {
-		bad("routing.max_sticky_duration", c.Routing.MaxStickyDuration, "must not be negative (0 means no limit)")
+	if d := c.Routing.MaxStickyDuration.D; d != 0 && d < time.Second {
+		bad("routing.max_sticky_duration", c.Routing.MaxStickyDuration, "want 0 (no limit) or at least 1s")
 	}
 	if c.Routing.IdleTimeout.D < time.Second {
 		bad("routing.idle_timeout", c.Routing.IdleTimeout, "must be at least 1s")
@@ -267,15 +275,25 @@ func (c *Config) Validate() error {
 	default:
 		bad("routing.fallback_policy", c.Routing.FallbackPolicy, `want "gradual", "random" or "none"`)
 	}
-	if !headerName.MatchString(c.Routing.ClusterHeader) || strings.HasPrefix(c.Routing.ClusterHeader, "x-envoy-") {
-		bad("routing.cluster_header", c.Routing.ClusterHeader, "want a lower-case header name that does not start with x-envoy-")
+	if strings.HasPrefix(c.Routing.ClusterHeader, "x-envoy-") {
+		bad("routing.cluster_header", c.Routing.ClusterHeader, "Envoy reserves x-envoy- headers")
 	}
+	// Envoy strips the routing header from client requests, so it must not
+	// be one that carries identity or that Envoy itself needs.
+	used := map[string]string{"host": "HTTP", "content-length": "HTTP", "content-type": "HTTP",
+		"user-agent": "the device fingerprint", "accept-language": "the device fingerprint", "x-forwarded-for": "the device fingerprint"}
 	for _, h := range []struct{ key, v string }{
 		{"identity.session_header", c.Identity.SessionHeader}, {"identity.auth_header", c.Identity.AuthHeader},
 		{"identity.device_header", c.Identity.DeviceHeader}, {"identity.user_header", c.Identity.UserHeader},
+		{"routing.cluster_header", c.Routing.ClusterHeader},
 	} {
-		if !headerName.MatchString(h.v) {
+		switch {
+		case !headerName.MatchString(h.v):
 			bad(h.key, h.v, "want a lower-case header name")
+		case used[h.v] != "":
+			bad(h.key, h.v, "already used by "+used[h.v])
+		default:
+			used[h.v] = h.key
 		}
 	}
 	if c.Identity.MaxValueBytes < 16 || c.Identity.MaxValueBytes > 8192 {
@@ -297,8 +315,8 @@ func (c *Config) Validate() error {
 		} else {
 			seen[in.Name] = i
 		}
-		if host, port, err := net.SplitHostPort(in.Address); err != nil || host == "" || port == "" {
-			bad(key+".address", in.Address, "want host:port")
+		if err := ipPort(in.Address); err != nil {
+			bad(key+".address", in.Address, err.Error())
 		}
 		if !versionName.MatchString(in.Version) {
 			bad(key+".version", in.Version, "want 1-63 letters, digits, '.', '_' or '-'")
@@ -331,13 +349,17 @@ func (i Identity) SecretBytes() []byte {
 	return []byte(i.Secret)
 }
 
-func hasAnyPrefix(s string, prefixes ...string) bool {
-	for _, p := range prefixes {
-		if strings.HasPrefix(s, p) {
-			return true
-		}
+// ipPort checks an upstream address: Envoy's static and EDS endpoints take
+// an IP address, not a host name, and a real port.
+func ipPort(s string) error {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return errors.New("want IP:port (host names are not resolved; use the instance's IP)")
 	}
-	return false
+	if ap.Port() == 0 {
+		return errors.New("want a port from 1 to 65535")
+	}
+	return nil
 }
 
 func quote(v any) string {
@@ -345,19 +367,4 @@ func quote(v any) string {
 		return fmt.Sprintf("%q", s)
 	}
 	return fmt.Sprint(v)
-}
-
-// redactURL hides a password in a URL so it never reaches an error or a log.
-func redactURL(s string) string {
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		if i := strings.LastIndex(s, "@"); i >= 0 {
-			return "…@" + s[i+1:]
-		}
-		return s
-	}
-	if i := strings.LastIndex(rest, "@"); i >= 0 {
-		return scheme + "://…@" + rest[i+1:]
-	}
-	return s
 }

@@ -77,12 +77,38 @@ func TestParseBad(t *testing.T) {
 		{"redis scheme", "[redis]\nurl = \"http://:hunter2@h:1\"", []string{"redis.url"}},
 		{"bad listen", "[server]\nextproc_addr = \"50051\"", []string{"server.extproc_addr", `"50051"`}},
 		{"bad log level", "[server]\nlog_level = \"loud\"", []string{"server.log_level"}},
-		{"duplicate instance", "[[instances]]\nname = \"a\"\naddress = \"h:1\"\n[[instances]]\nname = \"a\"\naddress = \"h:2\"", []string{"instances[1].name", "duplicate of instances[0]"}},
-		{"instance name", "[[instances]]\nname = \"A B\"\naddress = \"h:1\"", []string{"instances[0].name", `"A B"`}},
+		{"duplicate instance", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\n[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:2\"", []string{"instances[1].name", "duplicate of instances[0]"}},
+		{"instance name", "[[instances]]\nname = \"A B\"\naddress = \"10.0.0.1:1\"", []string{"instances[0].name", `"A B"`}},
 		{"instance address", "[[instances]]\nname = \"a\"\naddress = \"nowhere\"", []string{"instances[0].address", `"nowhere"`}},
-		{"instance weight", "[[instances]]\nname = \"a\"\naddress = \"h:1\"\nweight = -1", []string{"instances[0].weight", "-1"}},
-		{"instance weight NaN", "[[instances]]\nname = \"a\"\naddress = \"h:1\"\nweight = nan", []string{"instances[0].weight"}},
-		{"instance unknown key", "[[instances]]\nname = \"a\"\naddress = \"h:1\"\ngpu = \"a100\"", []string{"instances.gpu"}},
+		{"instance weight", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\nweight = -1", []string{"instances[0].weight", "-1"}},
+		{"instance weight NaN", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\nweight = nan", []string{"instances[0].weight"}},
+		{"instance unknown key", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\ngpu = \"a100\"", []string{"instances.gpu"}},
+		{"host name address", "[[instances]]\nname = \"a\"\naddress = \"gpu-1.internal:8000\"", []string{"instances[0].address", "IP:port"}},
+		{"address without port", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1\"", []string{"instances[0].address", `"10.0.0.1"`}},
+		{"port 0", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:0\"", []string{"instances[0].address", "port"}},
+		{"port too big", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:99999\"", []string{"instances[0].address"}},
+		{"bad version", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\nversion = \"v 1\"", []string{"instances[0].version"}},
+		{"redis db not a number", "[redis]\nurl = \"redis://127.0.0.1:6379/notadb\"", []string{"redis.url"}},
+		{"redis timeout zero", "[redis]\ntimeout = 0", []string{"redis.timeout"}},
+		{"redis timeout above envoy's", "[redis]\ntimeout = \"300ms\"", []string{"redis.timeout", "envoy.message_timeout"}},
+		{"tiny max sticky", "[routing]\nmax_sticky_duration = 0.0001", []string{"routing.max_sticky_duration"}},
+		{"cluster header is the auth header", "[routing]\ncluster_header = \"authorization\"", []string{"routing.cluster_header", "identity.auth_header"}},
+		{"session header is host", "[identity]\nsession_header = \"host\"", []string{"identity.session_header", "HTTP"}},
+		{"xds addr", "[xds]\naddr = \"18000\"", []string{"xds.addr"}},
+		{"listener host name", "[envoy]\nlistener_addr = \"localhost:10000\"", []string{"envoy.listener_addr"}},
+		{"extproc endpoint", "[envoy]\nextproc_endpoints = [\"tether:50051\"]", []string{"envoy.extproc_endpoints[0]"}},
+		{"message timeout", "[envoy]\nmessage_timeout = \"-1s\"", []string{"envoy.message_timeout"}},
+		{"retries", "[envoy]\nretries = 9", []string{"envoy.retries"}},
+		{"unknown default version", "[envoy]\ndefault_version = \"v9\"", []string{"envoy.default_version"}},
+		{"negative ejection time", "[outlier_detection]\nbase_ejection_time = \"-30s\"", []string{"outlier_detection.base_ejection_time", "-30s"}},
+		{"percent above 100", "[outlier_detection]\nmax_ejection_percent = 150", []string{"outlier_detection.max_ejection_percent", "150"}},
+		{"consecutive 0", "[outlier_detection]\nconsecutive_5xx = 0", []string{"outlier_detection.consecutive_5xx"}},
+		{"negative count", "[outlier_detection]\nconsecutive_5xx = -1", []string{"consecutive_5xx"}},
+		{"max below base", "[outlier_detection]\nbase_ejection_time = \"60s\"\nmax_ejection_time = \"30s\"", []string{"outlier_detection.max_ejection_time"}},
+		{"override for unknown instance", "[outlier_detection.instances.gpu-9]\nconsecutive_5xx = 2", []string{"outlier_detection.instances.gpu-9", "no such instance"}},
+		{"breaker for unknown instance", "[circuit_breakers.instances.gpu-9]\nmax_requests = 2", []string{"circuit_breakers.instances.gpu-9", "no such instance"}},
+		{"override with bad value", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\n[outlier_detection.instances.a]\ninterval = \"0s\"", []string{"outlier_detection.instances.a.interval"}},
+		{"unknown outlier key", "[outlier_detection]\nconsecutive_500 = 3", []string{"outlier_detection.consecutive_500"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -100,7 +126,7 @@ func TestParseBad(t *testing.T) {
 }
 
 func TestErrorsNeverShowSecrets(t *testing.T) {
-	_, err := Parse([]byte("[identity]\nsecret = \"abc\"\n[redis]\nurl = \"http://user:hunter2@h:1\""))
+	_, err := Parse([]byte("[identity]\nsecret = \"abc\"\n[redis]\nurl = \"redis://h:1/x?password=hunter2\""))
 	if err == nil {
 		t.Fatal("want an error")
 	}
@@ -108,6 +134,54 @@ func TestErrorsNeverShowSecrets(t *testing.T) {
 		if strings.Contains(err.Error(), s) {
 			t.Errorf("error %q shows a secret %q", err, s)
 		}
+	}
+}
+
+func TestOverridesInherit(t *testing.T) {
+	c, err := Parse([]byte(`
+[outlier_detection]
+consecutive_gateway_failure = 2
+[outlier_detection.instances.a]
+consecutive_5xx = 9
+[circuit_breakers]
+max_requests = 100
+[circuit_breakers.instances.a]
+max_connections = 7
+[[instances]]
+name = "a"
+address = "10.0.0.1:1"
+[[instances]]
+name = "b"
+address = "10.0.0.2:1"
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := c.Outlier("a"), c.Outlier("b")
+	if *a.Consecutive5xx != 9 || *b.Consecutive5xx != 5 || *a.ConsecutiveGatewayFailure != 2 || *b.ConsecutiveGatewayFailure != 2 {
+		t.Errorf("outlier: a 5xx=%d gw=%d, b 5xx=%d gw=%d", *a.Consecutive5xx, *a.ConsecutiveGatewayFailure, *b.Consecutive5xx, *b.ConsecutiveGatewayFailure)
+	}
+	if *a.BaseEjectionTime != Dur(30*time.Second) {
+		t.Errorf("unset field did not take the default: %v", *a.BaseEjectionTime)
+	}
+	ca, cb := c.Breakers("a"), c.Breakers("b")
+	if *ca.MaxConnections != 7 || *cb.MaxConnections != 256 || *ca.MaxRequests != 100 || *cb.MaxRequests != 100 {
+		t.Errorf("breakers: a conn=%d req=%d, b conn=%d req=%d", *ca.MaxConnections, *ca.MaxRequests, *cb.MaxConnections, *cb.MaxRequests)
+	}
+	// Defaults are copies: changing one result must not change the next.
+	*a.Consecutive5xx = 1
+	if *c.Outlier("a").Consecutive5xx != 9 {
+		t.Error("Outlier returned shared state")
+	}
+}
+
+func TestXDSCanBeTurnedOff(t *testing.T) {
+	c, err := Parse([]byte("[xds]\naddr = \"\""))
+	if err != nil || c.XDS.Addr != "" {
+		t.Fatalf("addr %q, err %v: an explicit empty xds.addr turns ADS off", c.XDS.Addr, err)
+	}
+	if d := Default(); d.XDS.Addr != DefaultXDSAddr {
+		t.Fatalf("default xds.addr %q", d.XDS.Addr)
 	}
 }
 

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"reflect"
 	"time"
 )
@@ -158,13 +159,16 @@ func (c *Config) Breakers(instance string) CircuitBreakerSettings {
 	return out
 }
 
-// overlay copies every non-nil pointer field of src onto dst (same struct
-// type of pointer fields).
+// overlay copies the value of every non-nil pointer field of src onto dst
+// (a struct of pointer fields), into fresh pointers: the result shares no
+// state with the configuration.
 func overlay[T any](dst *T, src T) {
 	d, s := reflect.ValueOf(dst).Elem(), reflect.ValueOf(src)
 	for i := 0; i < s.NumField(); i++ {
 		if f := s.Field(i); f.Kind() == reflect.Pointer && !f.IsNil() {
-			d.Field(i).Set(f)
+			v := reflect.New(f.Elem().Type())
+			v.Elem().Set(f.Elem())
+			d.Field(i).Set(v)
 		}
 	}
 }
@@ -175,12 +179,12 @@ func (c *Config) validateEnvoy(bad func(key string, val any, why string)) {
 			bad("xds.addr", c.XDS.Addr, `want host:port, or "" to turn the ADS server off`)
 		}
 	}
-	if _, _, err := net.SplitHostPort(c.Envoy.ListenerAddr); err != nil {
-		bad("envoy.listener_addr", c.Envoy.ListenerAddr, "want host:port")
+	if _, err := netip.ParseAddrPort(c.Envoy.ListenerAddr); err != nil {
+		bad("envoy.listener_addr", c.Envoy.ListenerAddr, "want IP:port")
 	}
 	for i, e := range c.Envoy.ExtProcEndpoints {
-		if host, port, err := net.SplitHostPort(e); err != nil || host == "" || port == "" || port == "0" {
-			bad(fmt.Sprintf("envoy.extproc_endpoints[%d]", i), e, "want host:port of a tether replica")
+		if err := ipPort(e); err != nil {
+			bad(fmt.Sprintf("envoy.extproc_endpoints[%d]", i), e, err.Error())
 		}
 	}
 	if c.Envoy.MessageTimeout.D <= 0 {

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -58,6 +59,15 @@ func TestMain(m *testing.M) {
 // zones, and returns them as config entries.
 func startFleet(t *testing.T, n int) []config.Instance {
 	t.Helper()
+	inst, _ := startFaultyFleet(t, n)
+	return inst
+}
+
+// startFaultyFleet is startFleet plus a switch per instance that makes it
+// answer every request with 503, as an overloaded model server does.
+func startFaultyFleet(t *testing.T, n int) ([]config.Instance, map[string]*atomic.Bool) {
+	t.Helper()
+	broken := map[string]*atomic.Bool{}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
@@ -73,11 +83,21 @@ func startFleet(t *testing.T, n int) []config.Instance {
 		if err != nil {
 			t.Fatal(err)
 		}
+		off := &atomic.Bool{}
+		broken[name] = off
+		faulty := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if off.Load() {
+				w.Header().Set("x-instance", name)
+				http.Error(w, "overloaded", http.StatusServiceUnavailable)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = sim.Serve(ctx, ln, h) }()
+		go func() { defer wg.Done(); _ = sim.Serve(ctx, ln, faulty) }()
 		out[i] = config.Instance{Name: name, Address: ln.Addr().String(), Zone: zone, Version: "v1", Weight: 1}
 	}
-	return out
+	return out, broken
 }
 
 // baseConfig is a tether config for instances on store redisURL, with
@@ -90,7 +110,10 @@ func baseConfig(redisURL string, instances []config.Instance) config.Config {
 	c.Server.DrainTimeout = config.Dur(5 * time.Second)
 	c.XDS.Addr = "127.0.0.1:0"
 	c.Redis.URL = redisURL
-	c.Redis.Timeout = config.Dur(time.Second) // -race CI machines are slow; outages are tested later
+	// -race CI machines are slow: give Envoy and the store room, keeping
+	// the store's timeout inside Envoy's.
+	c.Envoy.MessageTimeout = config.Dur(time.Second)
+	c.Redis.Timeout = config.Dur(500 * time.Millisecond)
 	c.Instances = append([]config.Instance(nil), instances...)
 	return c
 }
@@ -101,6 +124,8 @@ type tether struct {
 	cmd      *exec.Cmd
 	extproc  string
 	admin    string
+	xds      string // "" when the ADS server is off
+	path     string // the config file it watches
 	logs     *lockedBuffer
 	exited   chan struct{}
 	stopOnce sync.Once
@@ -127,13 +152,7 @@ func (l *lockedBuffer) String() string {
 func startTether(t *testing.T, cfg config.Config) *tether {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "tether.toml")
-	var b bytes.Buffer
-	if err := toml.NewEncoder(&b).Encode(cfg); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, path, cfg)
 	cmd := exec.Command(tetherBin, "serve", "--config", path)
 	cmd.Env = append(os.Environ(), "TETHER_IDENTITY_SECRET="+secret)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -144,17 +163,17 @@ func startTether(t *testing.T, cfg config.Config) *tether {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &tether{t: t, cmd: cmd, logs: &lockedBuffer{}, exited: make(chan struct{})}
-	ready := make(chan [2]string, 1)
+	p := &tether{t: t, cmd: cmd, path: path, logs: &lockedBuffer{}, exited: make(chan struct{})}
+	ready := make(chan [3]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			line := sc.Text()
 			fmt.Fprintln(p.logs, line)
-			var ev struct{ Message, Extproc, Admin string }
+			var ev struct{ Message, Extproc, Admin, XDS string }
 			if json.Unmarshal([]byte(line), &ev) == nil && ev.Message == "tether ready" {
-				ready <- [2]string{ev.Extproc, ev.Admin}
+				ready <- [3]string{ev.Extproc, ev.Admin, ev.XDS}
 			}
 		}
 		_, _ = io.Copy(io.Discard, stderr)
@@ -169,13 +188,35 @@ func startTether(t *testing.T, cfg config.Config) *tether {
 	})
 	select {
 	case addrs := <-ready:
-		p.extproc, p.admin = addrs[0], addrs[1]
+		p.extproc, p.admin, p.xds = addrs[0], addrs[1], addrs[2]
 	case <-p.exited:
 		t.Fatalf("tether exited before it was ready:\n%s", p.logs)
 	case <-time.After(20 * time.Second):
 		t.Fatalf("tether not ready after 20s:\n%s", p.logs)
 	}
 	return p
+}
+
+// writeConfig writes cfg as TOML, atomically (write, then rename), as
+// editors and config management do.
+func writeConfig(t *testing.T, path string, cfg config.Config) {
+	t.Helper()
+	var b bytes.Buffer
+	if err := toml.NewEncoder(&b).Encode(cfg); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, path, b.Bytes())
+}
+
+func writeFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Stop sends SIGTERM and waits for a clean exit.

@@ -120,7 +120,7 @@ func TestTwoReplicasAgree(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[int]map[string]bool{}
 	parallel(sessions*turns, 24, func(i int) {
-		s := i % sessions // each session's turns arrive concurrently
+		s := i / turns // a session's turns are consecutive, so they are in flight together
 		ans := chat(t, px, map[string]string{"x-session-id": fmt.Sprintf("race-%d", s)})
 		if ans.status != 200 || ans.decision == "" {
 			t.Errorf("session %d: %+v", s, ans)
@@ -260,22 +260,31 @@ func TestTetherStoppedRequestsStillFlow(t *testing.T) {
 
 	for _, id := range identities {
 		t.Run(id.name, func(t *testing.T) {
-			caller := id.headers(7)
-			// A client may not pick its own cluster while tether is away:
-			// Envoy drops the routing header before routing.
-			caller["x-tether-cluster"] = "tether"
-			var first string
-			for i := 0; i < 30; i++ {
-				a := chat(t, px, caller)
-				if a.status != 200 || a.decision != "" {
-					t.Fatalf("request %d without tether: %+v", i, a)
+			// Each caller stays on one instance, and callers spread over the
+			// pool (the ring hashes on their headers, not on nothing).
+			spread := map[string]bool{}
+			for c := 0; c < 40; c++ {
+				caller := id.headers(c)
+				// A client may not pick its own cluster while tether is away:
+				// Envoy drops the routing header before routing.
+				caller["x-tether-cluster"] = "tether-extproc"
+				var first string
+				for i := 0; i < 5; i++ {
+					a := chat(t, px, caller)
+					if a.status != 200 || a.decision != "" {
+						t.Fatalf("caller %d request %d without tether: %+v", c, i, a)
+					}
+					if i == 0 {
+						first = a.instance
+					}
+					if a.instance != first {
+						t.Fatalf("without tether caller %d moved from %s to %s", c, first, a.instance)
+					}
 				}
-				if i == 0 {
-					first = a.instance
-				}
-				if a.instance != first {
-					t.Fatalf("without tether the session moved from %s to %s", first, a.instance)
-				}
+				spread[first] = true
+			}
+			if len(spread) < 5 {
+				t.Fatalf("40 callers reached only %d of 8 instances without tether", len(spread))
 			}
 		})
 	}
@@ -284,6 +293,7 @@ func TestTetherStoppedRequestsStillFlow(t *testing.T) {
 func TestBadInputIsAnonymousAndCounted(t *testing.T) {
 	inst := startFleet(t, 8)
 	cfg := baseConfig("embedded", inst)
+	cfg.Server.LogLevel = "debug" // every per-request line, to check none holds a raw identifier
 	tt := startTether(t, cfg)
 	px := startEnvoy(t, cfg, tt.extproc)
 
@@ -299,20 +309,28 @@ func TestBadInputIsAnonymousAndCounted(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			before := tt.metric(t, "tether_identity_rejected_total", `reason="`+tc.reason+`"`)
+			labels := []string{`header="` + tc.header + `"`, `reason="` + tc.reason + `"`}
+			before := tt.metric(t, "tether_identity_rejected_total", labels...)
 			a := chat(t, px, map[string]string{tc.header: tc.value})
 			if a.status != 200 || a.decision != "anonymous" {
 				t.Fatalf("got %+v, want 200 routed as anonymous", a)
 			}
-			after := tt.metric(t, "tether_identity_rejected_total", `header="`+tc.header+`"`, `reason="`+tc.reason+`"`)
+			after := tt.metric(t, "tether_identity_rejected_total", labels...)
 			if after != before+1 {
 				t.Fatalf("rejection counter went from %v to %v", before, after)
 			}
 		})
 	}
-	// No raw identifier in tether's logs.
-	if logs := tt.logs.String(); strings.Contains(logs, "ab\"cd") || strings.Contains(logs, strings.Repeat("s", 64)) {
-		t.Fatal("tether logged a raw identifier")
+	// A good request too, so the debug log has a routed line to check.
+	chat(t, px, map[string]string{"x-session-id": "conv-secret-4711", "authorization": "Bearer tok-secret-4711"})
+	logs := tt.logs.String()
+	if !strings.Contains(logs, `"message":"routed"`) {
+		t.Fatal("no per-request debug line: the check below would prove nothing")
+	}
+	for _, raw := range []string{"secret-4711", `ab\"cd`, strings.Repeat("s", 64)} {
+		if strings.Contains(logs, raw) {
+			t.Fatalf("tether logged a raw identifier (%q)", raw)
+		}
 	}
 }
 

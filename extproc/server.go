@@ -58,11 +58,15 @@ type Server struct {
 	decider Decider
 	rec     Recorder
 	opts    Options
+	// warn logs per-request trouble (a store outage fails every request)
+	// at most a few lines a second; the metrics count every one.
+	warn zerolog.Logger
 }
 
 // New returns a Server.
 func New(ids Identifier, decider Decider, rec Recorder, opts Options) *Server {
-	return &Server{ids: ids, decider: decider, rec: rec, opts: opts}
+	warn := opts.Logger.Sample(&zerolog.BurstSampler{Burst: 5, Period: time.Second})
+	return &Server{ids: ids, decider: decider, rec: rec, opts: opts, warn: warn}
 }
 
 // exchange is what one stream (one HTTP request) remembers between phases.
@@ -111,16 +115,16 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	if err != nil {
 		ex.failure = failureReason(err)
 		s.rec.DecisionFailed(id, ex.failure)
-		s.opts.Logger.Warn().Err(err).Str("request_id", h.Get("x-request-id")).Msg("no decision; Envoy uses its default route")
+		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("no decision; Envoy uses its default route")
 		return passRequest()
 	}
 	s.rec.Decision(id, d, time.Since(start))
 	ex.decided, ex.decision = true, d
 	if d.Err != nil {
-		s.opts.Logger.Warn().Err(d.Err).Str("session", id.Key).Msg("binding store failed; placed by rendezvous hashing")
+		s.warn.Warn().Err(d.Err).Str("session", id.Key).Msg("binding store failed; placed by rendezvous hashing")
 	}
 	if e := s.opts.Logger.Debug(); e.Enabled() {
-		e.Str("request_id", h.Get("x-request-id")).Str("session", id.Key).Str("source", string(id.Source)).
+		e.Str("request_id", requestID(h)).Str("session", id.Key).Str("source", string(id.Source)).
 			Str("instance", d.Instance.Name).Str("decision", string(d.Kind)).Msg("routed")
 	}
 	return routeTo(s.opts.ClusterHeader, d.Instance.Cluster())
@@ -152,6 +156,16 @@ func failureReason(err error) string {
 		return "canceled"
 	}
 	return "error"
+}
+
+// requestID is Envoy's x-request-id for logs, cut short: a client can send
+// its own, of any length.
+func requestID(h headers) string {
+	id := h.Get("x-request-id")
+	if len(id) > 64 {
+		id = id[:64]
+	}
+	return id
 }
 
 // headers reads Envoy's header list without copying it into a map: a

@@ -65,12 +65,11 @@ type Resources struct {
 //
 // Per instance X there is a cluster inst-X whose priority 0 is X alone,
 // priority 1 the other instances of X's model version in X's zone, and
-// priority 2 those in other zones, all ring-hashed on the session headers.
-// While X is healthy it gets all of inst-X's traffic; when Envoy ejects it
-// (outlier detection) or a request to it fails and is retried, the session
-// spills to a same-zone peer first, consistently per session. tether's own
-// decision moves bound sessions; this covers the seconds before it does,
-// and the time tether is unreachable.
+// priority 2 those in other zones. While X is healthy it gets all of
+// inst-X's traffic; when a request to X fails before its response starts,
+// Envoy retries it on a same-zone peer, and once outlier detection ejects X
+// its traffic goes to those peers directly. tether's own decision is what
+// moves bound sessions for good; this covers the requests in between.
 func Build(cfg config.Config, extproc []string, mode Mode) (*Resources, error) {
 	if len(extproc) == 0 {
 		return nil, fmt.Errorf("xds build: no ext_proc endpoint")
@@ -203,11 +202,22 @@ func http2(b *builder, c *clusterv3.Cluster) {
 }
 
 // modelCluster is an instance cluster (instance != "") or a version pool.
+//
+// A pool hashes on the session headers (RING_HASH), so sessions stay
+// together when tether is unreachable. An instance cluster sends everything
+// to its priority 0 (the instance) while it is healthy; its fallback
+// priorities use LEAST_REQUEST because Envoy's hashing balancers ignore the
+// retry plugins that move a failed attempt to the next priority and another
+// host, and a spill should go to the least busy peer anyway.
 func (b *builder) modelCluster(name, instance string, cla *endpointv3.ClusterLoadAssignment) *clusterv3.Cluster {
+	lb := clusterv3.Cluster_RING_HASH
+	if instance != "" {
+		lb = clusterv3.Cluster_LEAST_REQUEST
+	}
 	c := &clusterv3.Cluster{
 		Name:             name,
 		ConnectTimeout:   durationpb.New(time.Second),
-		LbPolicy:         clusterv3.Cluster_RING_HASH,
+		LbPolicy:         lb,
 		OutlierDetection: outlier(b.cfg.Outlier(instance)),
 		CircuitBreakers:  breakers(b.cfg.Breakers(instance)),
 	}

@@ -351,3 +351,51 @@ func TestAdminAPIAddsAndRemovesInstances(t *testing.T) {
 		t.Fatalf("DELETE of an unknown instance: %d, want 404", resp.StatusCode)
 	}
 }
+
+// TestLoneInstanceHasNoFallback shows what docs/envoy.md says of a model
+// version with a single instance: Envoy cannot route around it. With the
+// default max_ejection_percent (50) it does not even eject it (the one host
+// is 100% of the cluster: ejections_overflow); with 100 it ejects it, the
+// cluster drops into panic mode and sends traffic to it anyway.
+func TestLoneInstanceHasNoFallback(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		maxEjectionPct uint32
+		stat           string
+	}{
+		{"default max_ejection_percent", 50, "outlier_detection.ejections_overflow"},
+		{"max_ejection_percent 100", 100, "lb_healthy_panic"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inst, broken := startFaultyFleet(t, 8)
+			inst[7].Version = "v2" // the only v2 instance
+			lone := inst[7].Name
+			cfg := baseConfig("embedded", inst)
+			pct := tc.maxEjectionPct
+			cfg.OutlierDetection.Instances = map[string]config.OutlierSettings{lone: {MaxEjectionPercent: &pct}}
+			_, px := startXDS(t, cfg)
+			var session string
+			for i := 0; session == "" && i < 500; i++ {
+				s := fmt.Sprintf("lone-%d", i)
+				if a := chat(t, px, map[string]string{"x-session-id": s}); a.instance == lone {
+					session = s
+				}
+			}
+			if session == "" {
+				t.Fatal("no session landed on the lone instance")
+			}
+			broken[lone].Store(true)
+			failed := 0
+			for i := 0; i < 10; i++ {
+				if a := chat(t, px, map[string]string{"x-session-id": session}); a.status != 200 {
+					failed++
+				}
+			}
+			n := px.stat(t, "cluster.inst-"+lone+"."+tc.stat)
+			t.Logf("%d of 10 requests failed; %s = %d", failed, tc.stat, n)
+			if failed != 10 || n < 1 {
+				t.Fatalf("want every request failing and %s > 0; got %d failed, %d", tc.stat, failed, n)
+			}
+		})
+	}
+}

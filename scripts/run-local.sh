@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The local stack on embedded defaults: eight emulated A100 instances, tether
-# with its in-process store, and Envoy on 127.0.0.1:10000. Ctrl-C stops
-# everything this script started.
+# with its in-process store and its ADS server, and Envoy on 127.0.0.1:10000
+# started from envoy/bootstrap-xds.yaml (ENVOY_CONFIG=envoy/envoy-static.yaml
+# runs it without xDS). Ctrl-C stops everything this script started.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -26,7 +27,7 @@ trap stop INT TERM EXIT
 pids+=($!)
 "$tether" serve --config "$config" 2>"$logs/tether.log" &
 pids+=($!)
-"$envoy" -c envoy/envoy-static.yaml --disable-hot-restart --log-level warn 2>"$logs/envoy.log" &
+"$envoy" -c "${ENVOY_CONFIG:-envoy/bootstrap-xds.yaml}" --disable-hot-restart --log-level warn 2>"$logs/envoy.log" &
 pids+=($!)
 
 wait_http() { # url what
@@ -47,8 +48,9 @@ wait_http http://127.0.0.1:8101/healthz emulator
 cat <<MSG
 
 tether local stack is up (logs: $logs)
-  Envoy      http://127.0.0.1:10000   (admin http://127.0.0.1:9901)
-  tether     ext_proc 127.0.0.1:50051, admin http://127.0.0.1:8090 (/healthz /readyz /metrics)
+  Envoy      http://127.0.0.1:10000   (admin http://127.0.0.1:9901), configured by tether over ADS
+  tether     ext_proc 127.0.0.1:50051, ADS 127.0.0.1:18000, admin http://127.0.0.1:8090
+             (/healthz /readyz /metrics /v1/instances /v1/xds); edit $config and Envoy follows
   instances  a100-east-1..4 (us-east-1a), a100-west-1..4 (us-west-2b) on 127.0.0.1:8101-8104, 8201-8204
 
 Try it (run it twice: the same session lands on the same instance):

@@ -236,3 +236,19 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestReadmeExample keeps the README's configuration example valid.
+func TestReadmeExample(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "```toml\n")
+	if !ok {
+		t.Fatal("README has no toml example")
+	}
+	example, _, _ := strings.Cut(rest, "```")
+	if _, err := Parse([]byte(example)); err != nil {
+		t.Fatalf("README example: %v", err)
+	}
+}

@@ -295,3 +295,41 @@ func BenchmarkProcess(b *testing.B) {
 		_ = s.CloseSend()
 	}
 }
+
+// goneDecider fails as a decision does when Envoy gave up on the request.
+type goneDecider struct{}
+
+func (goneDecider) Decide(context.Context, identity.Identity) (affinity.Decision, error) {
+	return affinity.Decision{}, context.Canceled
+}
+
+func TestCanceledDecisionIsCountedAsSuch(t *testing.T) {
+	ids, err := identity.New(identity.Config{Secret: []byte("0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorded{}
+	srv := extproc.New(ids, goneDecider{}, rec, extproc.Options{ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop()})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, srv)
+	go gs.Serve(ln)
+	defer gs.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	got := exchange(t, extprocv3.NewExternalProcessorClient(conn), reqHeaders("x-session-id", "s"))
+	if got[0].GetRequestHeaders().GetResponse() != nil {
+		t.Fatalf("want a plain continue, got %v", got[0])
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if diff := cmp.Diff([]string{"canceled"}, rec.failures); diff != "" {
+		t.Error(diff)
+	}
+}

@@ -340,7 +340,6 @@ func TestCanceledRequestIsNotAStoreFailure(t *testing.T) {
 	}
 }
 
-
 func TestUnknownInstanceFromAnotherReplicaIsDegraded(t *testing.T) {
 	st := memory.New()
 	ctx := context.Background()

@@ -3,10 +3,10 @@
 package e2e
 
 import (
-	"io"
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"

@@ -6,35 +6,68 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 )
 
-// handler is one emulated instance. It holds no mutable state: every request
-// is independent, so one handler serves any number of connections.
+// handler is one emulated instance. Requests are independent of each other
+// except through the latency model (a KV cache), the fault settings and the
+// counters, all safe for concurrent use.
 type handler struct {
 	name    string
 	latency LatencyModel
 	log     zerolog.Logger
 	routes  map[string]route
+	now     func() time.Time
+	// sleep waits d or until ctx ends (wait); tests replace it to record
+	// the waits instead.
+	sleep func(ctx context.Context, d time.Duration) error
+
+	rndMu sync.Mutex
+	rnd   *rand.Rand
+
+	faults   atomic.Pointer[Faults]
+	inFlight atomic.Int64
+	counters counters
 }
 
-type route struct {
-	method string // GET routes also answer HEAD
-	serve  http.HandlerFunc
+// counters are the handler's part of GET /admin/stats.
+type counters struct {
+	requests, injectedErrors, cancelled          atomic.Int64
+	promptTokens, cachedTokens, completionTokens atomic.Int64
 }
 
-func (rt route) allows(method string) bool {
-	return method == rt.method || (rt.method == http.MethodGet && method == http.MethodHead)
+func (c *counters) reset() {
+	for _, v := range []*atomic.Int64{&c.requests, &c.injectedErrors, &c.cancelled, &c.promptTokens, &c.cachedTokens, &c.completionTokens} {
+		v.Store(0)
+	}
+}
+
+// route maps the methods a path answers to their handlers; a GET handler
+// also answers HEAD.
+type route map[string]http.HandlerFunc
+
+func (rt route) handler(method string) http.HandlerFunc {
+	if method == http.MethodHead {
+		method = http.MethodGet
+	}
+	return rt[method]
 }
 
 func (rt route) allowHeader() string {
-	if rt.method == http.MethodGet {
-		return "GET, HEAD"
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if rt.handler(m) != nil {
+			allow = append(allow, m)
+		}
 	}
-	return rt.method
+	return strings.Join(allow, ", ")
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -52,17 +85,24 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Msg("request")
 	}()
 
+	if h.faults.Load().Down && !strings.HasPrefix(r.URL.Path, adminPrefix) {
+		writeError(sw, http.StatusServiceUnavailable,
+			fmt.Sprintf("Instance %s is down (fault injected through %s).", h.name, pathFaults), "", "instance_down")
+		return
+	}
 	rt, ok := h.routes[r.URL.Path]
-	switch {
-	case !ok:
+	if !ok {
 		writeError(sw, http.StatusNotFound, fmt.Sprintf("Invalid URL (%s %s)", r.Method, r.URL.Path), "", "unknown_url")
-	case !rt.allows(r.Method):
+		return
+	}
+	serve := rt.handler(r.Method)
+	if serve == nil {
 		sw.Header().Set("Allow", rt.allowHeader())
 		writeError(sw, http.StatusMethodNotAllowed,
 			fmt.Sprintf("Method %s is not allowed for %s; use %s", r.Method, r.URL.Path, rt.allowHeader()), "", "method_not_allowed")
-	default:
-		rt.serve(sw, r)
+		return
 	}
+	serve(sw, r)
 }
 
 // models answers GET /v1/models.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -35,11 +36,20 @@ func newServer(t *testing.T, in Instance) *httptest.Server {
 // do sends one request and returns the response with its body read.
 func do(t *testing.T, srv *httptest.Server, method, path string, body io.Reader) (*http.Response, []byte) {
 	t.Helper()
+	return doHeaders(t, srv, method, path, body, nil)
+}
+
+// doHeaders is do with extra request headers.
+func doHeaders(t *testing.T, srv *httptest.Server, method, path string, body io.Reader, header map[string]string) (*http.Response, []byte) {
+	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), method, srv.URL+path, body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
 	resp, err := srv.Client().Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
@@ -338,9 +348,11 @@ func (m *recordingModel) requests() []Request {
 }
 
 func TestLatencyModel(t *testing.T) {
+	clock := time.Date(2026, 5, 4, 3, 2, 1, 0, time.UTC)
 	tests := []struct {
 		name       string
 		path, body string
+		header     map[string]string
 		cost       Cost
 		want       Request
 		wantCached int
@@ -350,15 +362,32 @@ func TestLatencyModel(t *testing.T) {
 			body: `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello there you"}],"max_tokens":2}`,
 			cost: Cost{CachedTokens: 4},
 			want: Request{Instance: "gpu-b", Endpoint: "/v1/chat/completions", Model: "m",
-				Prompt: "be brief\nhello there you", PromptTokens: 5, CompletionTokens: 2},
+				Prompt: "be brief\nhello there you", PromptTokens: 5, CompletionTokens: 2,
+				Completion: "served by", Arrived: clock},
 			wantCached: 4,
+		},
+		{
+			name: "chat with a session", path: "/v1/chat/completions",
+			body:   `{"messages":[{"role":"user","content":"hi"}]}`,
+			header: map[string]string{"X-Session-Id": "conv-7"},
+			want: Request{Instance: "gpu-b", Endpoint: "/v1/chat/completions", Model: DefaultModel,
+				Prompt: "hi", PromptTokens: 1, CompletionTokens: 3,
+				Completion: "served by gpu-b", Session: "conv-7", Arrived: clock},
+		},
+		{
+			name: "ignore_eos answers the whole max_tokens", path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"user","content":"hi"}],"max_tokens":7,"ignore_eos":true}`,
+			want: Request{Instance: "gpu-b", Endpoint: "/v1/chat/completions", Model: DefaultModel,
+				Prompt: "hi", PromptTokens: 1, CompletionTokens: 7,
+				Completion: "served by gpu-b served by gpu-b served", Arrived: clock},
 		},
 		{
 			name: "streamed completions, cached tokens clamped to the prompt", path: "/v1/completions",
 			body: `{"prompt":["one","two three"],"stream":true,"stream_options":{"include_usage":true}}`,
 			cost: Cost{CachedTokens: 1000},
 			want: Request{Instance: "gpu-b", Endpoint: "/v1/completions", Model: DefaultModel,
-				Prompt: "one\ntwo three", PromptTokens: 3, CompletionTokens: 6, Stream: true},
+				Prompt: "one\ntwo three", PromptTokens: 3, CompletionTokens: 6, Stream: true,
+				Completion: "served by gpu-b", Arrived: clock},
 			wantCached: 3,
 		},
 		{
@@ -366,17 +395,23 @@ func TestLatencyModel(t *testing.T) {
 			body: `{"prompt":"x"}`,
 			cost: Cost{CachedTokens: -1},
 			want: Request{Instance: "gpu-b", Endpoint: "/v1/completions", Model: DefaultModel,
-				Prompt: "x", PromptTokens: 1, CompletionTokens: 3},
+				Prompt: "x", PromptTokens: 1, CompletionTokens: 3, Completion: "served by gpu-b", Arrived: clock},
 			wantCached: 0,
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &recordingModel{cost: tc.cost}
-			srv := newServer(t, Instance{Name: "gpu-b", LatencyModel: m})
-			resp, body := do(t, srv, "POST", tc.path, strings.NewReader(tc.body))
+			srv := newServer(t, Instance{Name: "gpu-b", LatencyModel: m, Now: func() time.Time { return clock }})
+			resp, body := doHeaders(t, srv, "POST", tc.path, strings.NewReader(tc.body), tc.header)
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			if got, want := resp.Header.Get(CachedTokensHeader), strconv.Itoa(tc.wantCached); got != want {
+				t.Errorf("%s = %q, want %q", CachedTokensHeader, got, want)
+			}
+			if got := resp.Header.Get(QueueDepthHeader); got != "0" {
+				t.Errorf("%s = %q, want 0", QueueDepthHeader, got)
 			}
 			if diff := cmp.Diff([]Request{tc.want}, m.requests()); diff != "" {
 				t.Errorf("model saw (-want +got):\n%s", diff)

@@ -1,15 +1,23 @@
 // Package sim emulates the GPU instances tether routes to: small
-// OpenAI-compatible HTTP servers that answer chat and text completions after a
-// configurable latency and say, in the generated text, in the
-// system_fingerprint and in the x-instance header, which instance served the
-// request. The local stack, the e2e tests and the benchmarks run them in place
-// of real model servers.
+// OpenAI-compatible HTTP servers that answer chat and text completions and
+// say, in the generated text, in the system_fingerprint and in the x-instance
+// header, which instance served the request. The local stack, the e2e tests
+// and the benchmarks run them in place of real model servers.
+//
+// How long an instance works on a request is the business of its
+// LatencyModel: Fixed waits the same time for every request; GPU keeps a
+// prefix KV cache (KVCache) and prices prefill, decode and queueing by the
+// figures measured on an H200 (ProfileH200) or derived from them for an A100
+// (ProfileA100, an estimate). Each instance also takes fault injection and
+// reports its counters through /admin/ endpoints.
 //
 // sim belongs to no part of the data path and imports none of it.
 package sim
 
 import (
+	crand "crypto/rand"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"time"
 
@@ -36,6 +44,20 @@ const (
 	// answer, errors included.
 	InstanceHeader = "x-instance"
 
+	// CachedTokensHeader is the response header of a completion answer that
+	// gives the prompt tokens served from the KV cache (the same number as
+	// usage.prompt_tokens_details.cached_tokens).
+	CachedTokensHeader = "x-kv-cached-tokens"
+
+	// QueueDepthHeader is the response header of a completion answer that
+	// gives the number of completion requests the instance was already
+	// working on when the request arrived.
+	QueueDepthHeader = "x-queue-depth"
+
+	// SessionHeader is the request header whose value a latency model
+	// receives as Request.Session: the KV cache counts conversations by it.
+	SessionHeader = "x-session-id"
+
 	// maxNameLen bounds an instance name (it travels in a response header).
 	maxNameLen = 253
 )
@@ -53,11 +75,21 @@ type Instance struct {
 	Latency time.Duration
 
 	// LatencyModel, when set, decides the work per request instead of
-	// Latency. It is the plug for the KV-cache cost model.
+	// Latency: NewGPU gives the calibrated model with a KV cache. A model
+	// that keeps state (StatefulModel) must serve one instance only.
 	LatencyModel LatencyModel
 
 	// Logger receives one debug line per request. The zero value discards.
 	Logger zerolog.Logger
+
+	// Now is the clock that stamps Request.Arrived and the created field
+	// of answers. Nil means time.Now.
+	Now func() time.Time
+
+	// Rand is the random source of injected errors (POST /admin/faults).
+	// Nil means a source seeded from crypto/rand. The handler serialises
+	// its draws.
+	Rand rand.Source
 }
 
 // Validate reports the first problem with the configuration.
@@ -103,16 +135,33 @@ func NewHandler(in Instance) (http.Handler, error) {
 		}
 		lm = Fixed(d)
 	}
+	now := in.Now
+	if now == nil {
+		now = time.Now
+	}
+	src := in.Rand
+	if src == nil {
+		var seed [32]byte
+		_, _ = crand.Read(seed[:]) // never fails (crypto/rand.Read)
+		src = rand.NewChaCha8(seed)
+	}
 	h := &handler{
 		name:    in.Name,
 		latency: lm,
 		log:     in.Logger,
+		now:     now,
+		rnd:     rand.New(src),
+		sleep:   wait,
 	}
+	h.faults.Store(noFaults())
 	h.routes = map[string]route{
-		"/v1/chat/completions": {method: http.MethodPost, serve: h.chatCompletions},
-		"/v1/completions":      {method: http.MethodPost, serve: h.completions},
-		"/v1/models":           {method: http.MethodGet, serve: h.models},
-		"/healthz":             {method: http.MethodGet, serve: h.healthz},
+		pathChat:        {http.MethodPost: h.chatCompletions},
+		pathCompletions: {http.MethodPost: h.completions},
+		"/v1/models":    {http.MethodGet: h.models},
+		"/healthz":      {http.MethodGet: h.healthz},
+		pathFaults:      {http.MethodGet: h.getFaults, http.MethodPost: h.setFaults, http.MethodDelete: h.clearFaults},
+		pathStats:       {http.MethodGet: h.getStats},
+		pathReset:       {http.MethodPost: h.reset},
 	}
 	return h, nil
 }
@@ -128,18 +177,37 @@ type Request struct {
 	PromptTokens     int
 	CompletionTokens int // tokens the answer will carry, all choices together
 	Stream           bool
+
+	// Completion is the text of the answer (of one choice). A cache model
+	// stores its blocks after the prompt's: the next turn of a
+	// conversation carries it.
+	Completion string
+	// Session is the value of the x-session-id request header, or empty.
+	Session string
+	// Arrived is when the request arrived, by the instance's clock.
+	Arrived time.Time
+	// InFlight is the number of completion requests the instance was
+	// already working on when this one arrived (the x-queue-depth header).
+	InFlight int
 }
 
 // Cost is a LatencyModel's verdict on one request.
 type Cost struct {
-	// Wait is how long the instance works before it answers (before the
-	// first byte of a streamed answer). The wait ends early when the request
-	// is cancelled.
+	// Wait is how long the instance works before it answers: before the
+	// first byte of a streamed answer, which carries the first token. The
+	// wait ends early when the request is cancelled.
 	Wait time.Duration
+	// Decode is how long the rest of the answer takes after Wait: a
+	// streamed answer paces its remaining chunks evenly over it, a whole
+	// answer is written after Wait+Decode.
+	Decode time.Duration
 	// CachedTokens is the number of prompt tokens served from the KV cache,
-	// reported as usage.prompt_tokens_details.cached_tokens. It is clamped
-	// to [0, PromptTokens].
+	// reported as usage.prompt_tokens_details.cached_tokens and in the
+	// x-kv-cached-tokens header. It is clamped to [0, PromptTokens].
 	CachedTokens int
+	// Queued is the part of Wait spent waiting for other requests (for the
+	// record; the handler waits Wait).
+	Queued time.Duration
 }
 
 // LatencyModel decides how long an instance works on a request. Cost is

@@ -19,6 +19,7 @@ type chatRequest struct {
 	N                   *int           `json:"n"`
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
+	IgnoreEOS           bool           `json:"ignore_eos"` // vLLM's extension: answer exactly the token limit
 }
 
 type chatMessage struct {
@@ -38,6 +39,7 @@ type completionRequest struct {
 	N             *int            `json:"n"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
+	IgnoreEOS     bool            `json:"ignore_eos"`
 }
 
 type streamOptions struct {
@@ -53,6 +55,7 @@ type job struct {
 	maxTokens    int
 	stream       bool
 	includeUsage bool
+	ignoreEOS    bool // answer exactly maxTokens words
 }
 
 // prompt is the text the prompt tokens were counted on.
@@ -108,6 +111,7 @@ func (r chatRequest) job() (job, *reqError) {
 		maxTokens:    maxTokens,
 		stream:       r.Stream,
 		includeUsage: r.Stream && r.StreamOptions != nil && r.StreamOptions.IncludeUsage,
+		ignoreEOS:    r.IgnoreEOS,
 	}, nil
 }
 
@@ -135,6 +139,7 @@ func (r completionRequest) job() (job, *reqError) {
 		maxTokens:    maxTokens,
 		stream:       r.Stream,
 		includeUsage: r.Stream && r.StreamOptions != nil && r.StreamOptions.IncludeUsage,
+		ignoreEOS:    r.IgnoreEOS,
 	}, nil
 }
 

@@ -81,6 +81,7 @@ type Option func(*serveConfig)
 
 type serveConfig struct {
 	template         Instance // Name is taken from each Spec
+	newModel         func(name string) (LatencyModel, error)
 	allowNonLoopback bool
 	onListen         func(name string, addr net.Addr)
 }
@@ -92,9 +93,17 @@ func WithLatency(d time.Duration) Option {
 }
 
 // WithLatencyModel sets the latency model of every instance; it replaces
-// WithLatency.
+// WithLatency. Every instance shares m: give a model with state (a KV
+// cache, such as GPU) through WithModelFactory instead.
 func WithLatencyModel(m LatencyModel) Option {
 	return func(c *serveConfig) { c.template.LatencyModel = m }
+}
+
+// WithModelFactory gives each instance its own latency model, made by
+// newModel with the instance's name: the way to serve a fleet of GPU models,
+// each with its own KV cache. It replaces WithLatency and WithLatencyModel.
+func WithModelFactory(newModel func(name string) (LatencyModel, error)) Option {
+	return func(c *serveConfig) { c.newModel = newModel }
 }
 
 // WithLogger sets the logger: one info line per instance at start, one
@@ -144,6 +153,13 @@ func ServeAll(ctx context.Context, specs []Spec, opts ...Option) error {
 			return fmt.Errorf("sim: instance name %q is used twice", sp.Name)
 		}
 		seen[sp.Name] = true
+		if cfg.newModel != nil {
+			m, err := cfg.newModel(sp.Name)
+			if err != nil {
+				return fmt.Errorf("sim: instance %q: %w", sp.Name, err)
+			}
+			in.LatencyModel, in.Latency = m, 0
+		}
 		h, err := NewHandler(in)
 		if err != nil {
 			return err

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -204,6 +205,56 @@ func TestServeAll(t *testing.T) {
 			_ = c.Close()
 			t.Errorf("%s still accepts connections on %s after ServeAll returned", name, addr)
 		}
+	}
+}
+
+func TestServeAllWithModelFactory(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	made := map[string]*GPU{}
+	var mu sync.Mutex
+	boundc := make(chan string, 2)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		errc <- ServeAll(ctx, []Spec{{Name: "gpu-a", Addr: "127.0.0.1:0"}, {Name: "gpu-b", Addr: "127.0.0.1:0"}},
+			WithModelFactory(func(name string) (LatencyModel, error) {
+				g, err := NewGPU(GPUConfig{Profile: ProfileH200(), TimeScale: 0.001})
+				mu.Lock()
+				defer mu.Unlock()
+				made[name] = g
+				return g, err
+			}),
+			OnListen(func(_ string, addr net.Addr) { boundc <- addr.String() }))
+	}()
+	for range 2 {
+		select {
+		case addr := <-boundc:
+			_, b := get(t, "http://"+addr+"/admin/stats")
+			var s Stats
+			if err := json.Unmarshal(b, &s); err != nil || s.Model == nil || s.Model.Profile != "h200" {
+				t.Errorf("%s: stats %s (%v)", addr, b, err)
+			}
+		case err := <-errc:
+			t.Fatalf("ServeAll returned early: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("instances did not start")
+		}
+	}
+	mu.Lock()
+	if len(made) != 2 || made["gpu-a"] == made["gpu-b"] {
+		t.Errorf("one model per instance: %v", made)
+	}
+	mu.Unlock()
+	cancel()
+	if err := waitErr(t, errc, "ServeAll"); err != nil {
+		t.Fatal(err)
+	}
+
+	err := ServeAll(t.Context(), []Spec{{Name: "a", Addr: "127.0.0.1:0"}},
+		WithModelFactory(func(string) (LatencyModel, error) { return nil, errors.New("no GPU") }))
+	if err == nil || !strings.Contains(err.Error(), `instance "a": no GPU`) {
+		t.Errorf("failing factory: %v", err)
 	}
 }
 

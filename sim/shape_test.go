@@ -245,3 +245,52 @@ func TestShapesMatchTheOpenAIClient(t *testing.T) {
 		}
 	})
 }
+
+// TestShapesWithTheGPUModel checks the answers of an instance with the KV
+// cache model, whose usage reports cached tokens, against the same client
+// types.
+func TestShapesWithTheGPUModel(t *testing.T) {
+	g, err := NewGPU(GPUConfig{Profile: ProfileA100(), TimeScale: 0.0001})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(t, Instance{Name: "gpu-o", LatencyModel: g})
+	system := strings.Repeat("You are a careful assistant. ", 20) // 100 tokens: 6 blocks
+	chat := func(user string, extra string) string {
+		return `{"model":"m","messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"` + user + `"}]` + extra + `}`
+	}
+	do(t, srv, "POST", "/v1/chat/completions", strings.NewReader(chat("warm up", "")))
+
+	t.Run("chat.completion", func(t *testing.T) {
+		resp, b := do(t, srv, "POST", "/v1/chat/completions", strings.NewReader(chat("hello world", `,"max_tokens":20,"ignore_eos":true`)))
+		requirePaths(t, b, chatPaths...)
+		var c oaChatCompletion
+		strictDecode(t, b, &c)
+		if c.Usage.PromptTokens != 102 || c.Usage.PromptTokensDetails.CachedTokens != 96 || c.Usage.CompletionTokens != 20 ||
+			c.Choices[0].FinishReason != "length" || resp.Header.Get(CachedTokensHeader) != "96" {
+			t.Errorf("chat completion %+v, %s=%q", c, CachedTokensHeader, resp.Header.Get(CachedTokensHeader))
+		}
+	})
+	t.Run("chat.completion.chunk", func(t *testing.T) {
+		_, b := do(t, srv, "POST", "/v1/chat/completions", strings.NewReader(chat("stream it", `,"stream":true,"stream_options":{"include_usage":true}`)))
+		events := parseSSE(t, b)
+		var last oaChatCompletionChunk
+		for _, ev := range events[:len(events)-1] {
+			last = oaChatCompletionChunk{}
+			strictDecode(t, []byte(ev), &last)
+		}
+		requirePaths(t, []byte(events[len(events)-2]), append(chunkPaths, usagePaths...)...)
+		if last.Usage == nil || last.Usage.PromptTokensDetails.CachedTokens != 96 {
+			t.Errorf("last chunk usage %+v", last.Usage)
+		}
+	})
+	t.Run("text_completion", func(t *testing.T) {
+		_, b := do(t, srv, "POST", "/v1/completions", strings.NewReader(`{"model":"m","prompt":"`+system+` go on"}`))
+		requirePaths(t, b, completionPaths...)
+		var c oaCompletion
+		strictDecode(t, b, &c)
+		if c.Usage == nil || c.Usage.PromptTokensDetails.CachedTokens != 96 {
+			t.Errorf("completion usage %+v", c.Usage)
+		}
+	})
+}

@@ -282,11 +282,13 @@ func TestXDSRefusesBadConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			refusedBefore := tt.metric(t, "tether_config_reloads_total", `result="invalid"`)
 			writeConfig(t, tt.path, tc.cfg)
-			waitFor(t, 10*time.Second, "the refusal", func() bool {
-				return tt.metric(t, "tether_config_reloads_total", `result="invalid"`) > refusedBefore
+			// Wait for the refusal that names this file's fault (a late event
+			// of the previous write may reload first).
+			waitFor(t, 10*time.Second, "a refusal naming "+tc.want, func() bool {
+				return strings.Contains(tt.logs.String(), tc.want)
 			})
-			if !strings.Contains(tt.logs.String(), tc.want) {
-				t.Fatalf("tether's log does not name %q", tc.want)
+			if n := tt.metric(t, "tether_config_reloads_total", `result="invalid"`); n <= refusedBefore {
+				t.Fatalf("refusals counted: %v, before %v", n, refusedBefore)
 			}
 			if v := tt.xdsState(t).Version; v != good {
 				t.Fatalf("version changed to %s after a refused config", v)

@@ -47,8 +47,10 @@ func newServeCmd() *cobra.Command {
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
+			log := newLogger(cfg.Server.LogLevel)
+			setRedisLogger(log)
 			return server.Run(cmd.Context(), cfg, server.Options{
-				Logger:     newLogger(cfg.Server.LogLevel),
+				Logger:     log,
 				ConfigPath: path,
 				Overrides:  overrides,
 			})

@@ -202,6 +202,11 @@ func (c *Config) setDefaults() {
 	if c.Envoy.Retries == nil {
 		c.Envoy.Retries = u32(DefaultRetries)
 	}
+	if c.Envoy.ExtProc == nil {
+		on := true
+		c.Envoy.ExtProc = &on
+	}
+	str(&c.Envoy.PoolLB, "ring_hash")
 	for i := range c.Instances {
 		in := &c.Instances[i]
 		str(&in.Version, DefaultVersion)

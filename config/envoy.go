@@ -33,6 +33,15 @@ type Envoy struct {
 	// DefaultVersion picks the pool the default route (tether unreachable)
 	// sends to; empty means the version with the most instances.
 	DefaultVersion string `toml:"default_version"`
+	// ExtProc puts tether's ext_proc filter in Envoy's listener. Turning it
+	// off leaves tether as a control plane only: every request takes the
+	// default route to the pool, balanced by PoolLB. The benchmarks use it
+	// to measure Envoy's own balancing with the same clusters.
+	ExtProc *bool `toml:"ext_proc"`
+	// PoolLB balances the model-version pools: "ring_hash" (default: on the
+	// session headers, so sessions stay together without tether),
+	// "round_robin" or "least_request".
+	PoolLB string `toml:"pool_lb"`
 }
 
 // OutlierSettings are Envoy's outlier detection knobs. Unset fields inherit:
@@ -192,6 +201,11 @@ func (c *Config) validateEnvoy(bad func(key string, val any, why string)) {
 	}
 	if c.Envoy.RouteTimeout.D < 0 {
 		bad("envoy.route_timeout", c.Envoy.RouteTimeout, "must not be negative (0 means no timeout)")
+	}
+	switch c.Envoy.PoolLB {
+	case "ring_hash", "round_robin", "least_request":
+	default:
+		bad("envoy.pool_lb", c.Envoy.PoolLB, `want "ring_hash", "round_robin" or "least_request"`)
 	}
 	if r := *c.Envoy.Retries; r > 5 {
 		bad("envoy.retries", r, "want 0 to 5")

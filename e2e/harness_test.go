@@ -109,6 +109,7 @@ func baseConfig(redisURL string, instances []config.Instance) config.Config {
 	c.Server.DebugHeaders = true
 	c.Server.DrainTimeout = config.Dur(5 * time.Second)
 	c.XDS.Addr = "127.0.0.1:0"
+	c.Envoy.ListenerAddr = "127.0.0.1:0"
 	c.Redis.URL = redisURL
 	// -race CI machines are slow: give Envoy and the store room, keeping
 	// the store's timeout inside Envoy's.

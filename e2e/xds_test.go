@@ -77,8 +77,6 @@ func (p *tether) xdsState(t *testing.T) xdsState {
 // only the ADS bootstrap.
 func startXDS(t *testing.T, cfg config.Config) (*tether, *proxy) {
 	t.Helper()
-	cfg.XDS.Addr = "127.0.0.1:0"
-	cfg.Envoy.ListenerAddr = "127.0.0.1:0"
 	tt := startTether(t, cfg)
 	if tt.xds == "" {
 		t.Fatal("tether started without its ADS server")

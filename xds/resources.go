@@ -186,6 +186,12 @@ func (b *builder) extProcCluster(cla *endpointv3.ClusterLoadAssignment) *cluster
 	return c
 }
 
+var poolLB = map[string]clusterv3.Cluster_LbPolicy{
+	"ring_hash":     clusterv3.Cluster_RING_HASH,
+	"round_robin":   clusterv3.Cluster_ROUND_ROBIN,
+	"least_request": clusterv3.Cluster_LEAST_REQUEST,
+}
+
 // http2 makes a cluster speak HTTP/2 upstream, as gRPC needs.
 func http2(b *builder, c *clusterv3.Cluster) {
 	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{
@@ -210,7 +216,7 @@ func http2(b *builder, c *clusterv3.Cluster) {
 // retry plugins that move a failed attempt to the next priority and another
 // host, and a spill should go to the least busy peer anyway.
 func (b *builder) modelCluster(name, instance string, cla *endpointv3.ClusterLoadAssignment) *clusterv3.Cluster {
-	lb := clusterv3.Cluster_RING_HASH
+	lb := poolLB[b.cfg.Envoy.PoolLB]
 	if instance != "" {
 		lb = clusterv3.Cluster_LEAST_REQUEST
 	}
@@ -357,11 +363,15 @@ func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.List
 				Action: &mutationv3.HeaderMutation_Remove{Remove: b.cfg.Routing.ClusterHeader},
 			}}}),
 		}},
-		HttpFilters: []*hcmv3.HttpFilter{
-			{Name: "envoy.filters.http.ext_proc", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.any(b.extProcFilter())}},
-			{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.any(&routerv3.Router{})}},
-		},
 	}
+	if *b.cfg.Envoy.ExtProc {
+		m.HttpFilters = append(m.HttpFilters, &hcmv3.HttpFilter{
+			Name: "envoy.filters.http.ext_proc", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.any(b.extProcFilter())},
+		})
+	}
+	m.HttpFilters = append(m.HttpFilters, &hcmv3.HttpFilter{
+		Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.any(&routerv3.Router{})},
+	})
 	if b.mode == Static {
 		m.RouteSpecifier = &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: routes}
 	} else {

@@ -201,3 +201,23 @@ func TestBuildRefuses(t *testing.T) {
 		t.Errorf("bad ext_proc endpoint: err = %v", err)
 	}
 }
+
+func TestControlPlaneOnly(t *testing.T) {
+	cfg := loadConfig(t, "testdata/fleet.toml")
+	off := false
+	cfg.Envoy.ExtProc = &off
+	cfg.Envoy.PoolLB = "round_robin"
+	r, err := Build(cfg, []string{"127.0.0.1:50051"}, Static)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := string(stableJSON(t, r.Listener))
+	if strings.Contains(j, "ext_proc") {
+		t.Error("ext_proc filter present with envoy.ext_proc = false")
+	}
+	for _, c := range r.Clusters {
+		if strings.HasPrefix(c.Name, PoolPrefix) && c.LbPolicy.String() != "ROUND_ROBIN" {
+			t.Errorf("%s: lb %s, want ROUND_ROBIN", c.Name, c.LbPolicy)
+		}
+	}
+}

@@ -35,8 +35,12 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e ./e2e/...
 
 .PHONY: bench
-bench: tools ## Go benchmarks of the decision path (memory store, miniredis, redis-server)
-	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/
+bench: tools build ## Benchmark suite through real Envoy and redis-server (~15 min): writes BENCHMARKS.md and docs/bench/*.png
+	bin/tether bench --envoy $(ENVOY_BIN) --scale full --out BENCHMARKS.md --charts docs/bench
+
+.PHONY: bench-go
+bench-go: tools ## Go benchmarks of the decision path (memory store, miniredis, redis-server)
+	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/ ./sim/...
 
 .PHONY: envoy-config
 envoy-config: ## Regenerate envoy/*.yaml and the xds golden files from the builder

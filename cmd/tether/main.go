@@ -30,6 +30,8 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(
 		newServeCmd(),
 		newEmulateCmd(),
+		newLoadgenCmd(),
+		newBenchCmd(),
 		newConfigCmd(),
 	)
 	return root

@@ -1,0 +1,179 @@
+// Package bench is `tether bench`: the benchmark suite that runs real Envoy,
+// real redis-server and tether side by side with emulated GPU instances, and
+// writes the results into BENCHMARKS.md with charts. Three scenarios:
+//
+//   - overhead: what Envoy + tether adds to Envoy alone, on a zero-latency
+//     backend;
+//   - quality: the field's traffic mix against eight emulated A100s in two
+//     zones, routed by Envoy round robin, Envoy ring hash, tether random and
+//     tether sticky;
+//   - churn: an instance killed and restored and one added during a run,
+//     Envoy ring hash against tether sticky.
+//
+// Every server listens on loopback; every load loop is bounded in time.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/tetherproxy/tether/config"
+)
+
+// Scale sets how long and how hard each scenario runs.
+type Scale struct {
+	Name string
+	// Overhead: open-loop rate and duration for latency; closed-loop
+	// workers and duration for throughput.
+	OverheadRate     float64
+	OverheadDuration time.Duration
+	OverheadWorkers  int
+	// Quality and churn: the workload replay.
+	Rate       float64       // new requests per second
+	Duration   time.Duration // per policy
+	ThinkScale float64       // multiplies the workload's think times
+	TimeScale  float64       // emulated GPU time: 1 is real time
+}
+
+// Full is what `make bench` runs (about 12 minutes).
+var Full = Scale{
+	Name: "full", OverheadRate: 300, OverheadDuration: 10 * time.Second, OverheadWorkers: 32,
+	Rate: 6, Duration: 90 * time.Second, ThinkScale: 0.2, TimeScale: 1,
+}
+
+// Smoke is the short version the test command runs so the suite cannot
+// rot: the same code, seconds instead of minutes.
+var Smoke = Scale{
+	Name: "smoke", OverheadRate: 100, OverheadDuration: 2 * time.Second, OverheadWorkers: 8,
+	Rate: 8, Duration: 8 * time.Second, ThinkScale: 0.02, TimeScale: 0.05,
+}
+
+// Options configure a run.
+type Options struct {
+	TetherBin, EnvoyBin, RedisBin string
+	Scale                         Scale
+	Seed                          uint64
+	Log                           io.Writer // progress lines
+	// Only, when set, runs just these scenarios ("overhead", "quality", "churn").
+	Only map[string]bool
+}
+
+// Report is one run's results.
+type Report struct {
+	Started  time.Time
+	Scale    Scale
+	Overhead []OverheadRow
+	Quality  []QualityRow
+	Churn    []ChurnRow
+}
+
+// secret is the identity secret of the tethers a run starts.
+const secret = "tether-bench-identity-secret-0123"
+
+// Run runs the scenarios in order and returns what they measured.
+func Run(ctx context.Context, opts Options) (*Report, error) {
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	dir, err := os.MkdirTemp("", "tether-bench")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	r := &Report{Started: time.Now(), Scale: opts.Scale}
+	want := func(s string) bool { return len(opts.Only) == 0 || opts.Only[s] }
+	if want("overhead") {
+		if r.Overhead, err = runOverhead(ctx, opts, dir); err != nil {
+			return r, fmt.Errorf("overhead: %w", err)
+		}
+	}
+	if want("quality") {
+		if r.Quality, err = runQuality(ctx, opts, dir); err != nil {
+			return r, fmt.Errorf("quality: %w", err)
+		}
+	}
+	if want("churn") {
+		if r.Churn, err = runChurn(ctx, opts, dir); err != nil {
+			return r, fmt.Errorf("churn: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// baseConfig is a tether config for instances: loopback listeners on
+// ports the kernel picks, ADS on, the default Envoy settings.
+func baseConfig(instances []config.Instance) config.Config {
+	c := config.Default()
+	c.Server.ExtProcAddr = "127.0.0.1:0"
+	c.Server.AdminAddr = "127.0.0.1:0"
+	c.Server.LogLevel = "info" // the ready line is at info
+	c.Server.DebugHeaders = true
+	c.XDS.Addr = "127.0.0.1:0"
+	c.Envoy.ListenerAddr = "127.0.0.1:0"
+	c.Instances = instances
+	return c
+}
+
+// policy is one way of routing the same traffic.
+type policy struct {
+	name  string
+	store bool // needs redis-server
+	edit  func(*config.Config)
+}
+
+func envoyOnly(lb string) func(*config.Config) {
+	return func(c *config.Config) {
+		off := false
+		c.Envoy.ExtProc = &off
+		c.Envoy.PoolLB = lb
+	}
+}
+
+var (
+	policyRoundRobin = policy{name: "Envoy round robin", edit: envoyOnly("round_robin")}
+	policyRingHash   = policy{name: "Envoy ring hash", edit: envoyOnly("ring_hash")}
+	policyRandom     = policy{name: "tether random", edit: func(c *config.Config) { c.Routing.Mode = config.ModeRandom }}
+	policySticky     = policy{name: "tether sticky", store: true, edit: func(*config.Config) {}}
+)
+
+// stack is tether (+ redis-server) and an Envoy configured by it.
+type stack struct {
+	redis  *redisServer
+	tether *tetherProc
+	envoy  *envoyProc
+}
+
+func startStack(ctx context.Context, opts Options, dir string, p policy, instances []config.Instance) (*stack, error) {
+	cfg := baseConfig(instances)
+	p.edit(&cfg)
+	s := &stack{}
+	var err error
+	if p.store {
+		if s.redis, err = startRedis(ctx, opts.RedisBin, dir); err != nil {
+			return nil, err
+		}
+		cfg.Redis.URL = s.redis.url
+	}
+	if s.tether, err = startTether(ctx, opts.TetherBin, dir, secret, cfg); err != nil {
+		s.close()
+		return nil, err
+	}
+	if s.envoy, err = startEnvoy(ctx, opts.EnvoyBin, dir, s.tether.xds); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *stack) close() {
+	if s.envoy != nil {
+		s.envoy.stop()
+	}
+	if s.tether != nil {
+		s.tether.stop()
+	}
+	s.redis.close()
+}

@@ -1,0 +1,134 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The overhead scenario's own load: tiny requests, so what is measured is
+// the proxy path, not the model.
+
+const tinyBody = `{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`
+
+var client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 256}}
+
+// send posts one tiny request for session s.
+func send(ctx context.Context, url, s string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(tinyBody))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("x-session-id", s)
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// session names: ten requests per session, so sticky routing sees nine
+// hits for each new binding.
+func sessionFor(worker, i int) string { return fmt.Sprintf("ovh-%d-%d", worker, i/10) }
+
+// fixedRate sends rate requests a second for d (open loop: arrivals do
+// not wait for answers; at most maxInFlight are outstanding, the rest are
+// counted as dropped) and returns the latencies of the successful ones.
+func fixedRate(ctx context.Context, url string, rate float64, d time.Duration) (lat []time.Duration, failed, dropped int) {
+	const maxInFlight = 512
+	var mu sync.Mutex
+	var inflight atomic.Int64
+	var wg sync.WaitGroup
+	interval := time.Duration(float64(time.Second) / rate)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	end := time.After(d)
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return lat, failed, dropped
+		case <-end:
+			wg.Wait()
+			return lat, failed, dropped
+		case <-t.C:
+		}
+		if inflight.Load() >= maxInFlight {
+			dropped++
+			continue
+		}
+		inflight.Add(1)
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			defer inflight.Add(-1)
+			start := time.Now()
+			err := send(ctx, url, sessionFor(i%64, i/64))
+			took := time.Since(start)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed++
+				return
+			}
+			lat = append(lat, took)
+		}(i)
+	}
+}
+
+// closedLoop runs workers that each send as fast as answers come back,
+// for d, and returns the requests completed and failed.
+func closedLoop(ctx context.Context, url string, workers int, d time.Duration) (ok, failed int64) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var okN, failN atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				if err := send(ctx, url, sessionFor(1000+w, i)); err != nil {
+					if ctx.Err() == nil {
+						failN.Add(1)
+					}
+					continue
+				}
+				okN.Add(1)
+			}
+		}(w)
+	}
+	wg.Wait()
+	return okN.Load(), failN.Load()
+}
+
+// percentile of sorted durations, q in [0,1].
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted))+0.5) - 1
+	if i < 0 {
+		i = 0
+	}
+	if i >= len(sorted) {
+		i = len(sorted) - 1
+	}
+	return sorted[i]
+}
+
+func sortDurations(d []time.Duration) {
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+}

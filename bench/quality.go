@@ -1,0 +1,110 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/loadgen"
+	"github.com/tetherproxy/tether/sim"
+	"github.com/tetherproxy/tether/sim/workload"
+)
+
+// QualityRow is one routing policy on the field's mix.
+type QualityRow struct {
+	Policy     string
+	HitRate    float64 // cached / prompt tokens
+	P50, P99   time.Duration
+	Continuity float64 // follow-ups on the previous turn's instance
+	Imbalance  float64 // max / mean requests per instance
+	// GPUSecondsPer1kOutput is the emulated GPU time spent per 1,000
+	// output tokens: the cost figure.
+	GPUSecondsPer1kOutput float64
+	Requests, Failed      int
+}
+
+// a100Fleet starts eight emulated A100 instances, four in each of two zones.
+func a100Fleet(sc Scale, n int) (*simFleet, []config.Instance, error) {
+	f := newSimFleet(func(string) (sim.LatencyModel, error) {
+		return sim.NewGPU(sim.GPUConfig{Profile: sim.ProfileA100(), TimeScale: sc.TimeScale})
+	})
+	var out []config.Instance
+	for i := 0; i < n; i++ {
+		zone := []string{"zone-a", "zone-b"}[i%2]
+		in, err := f.add(fmt.Sprintf("a100-%d", i), zone, "v1")
+		if err != nil {
+			f.close()
+			return nil, nil, err
+		}
+		out = append(out, in)
+	}
+	return f, out, nil
+}
+
+func runQuality(ctx context.Context, opts Options, dir string) ([]QualityRow, error) {
+	fleet, instances, err := a100Fleet(opts.Scale, 8)
+	if err != nil {
+		return nil, err
+	}
+	defer fleet.close()
+	var rows []QualityRow
+	for _, p := range []policy{policyRoundRobin, policyRingHash, policyRandom, policySticky} {
+		fmt.Fprintf(opts.Log, "quality: %s (%s)\n", p.name, opts.Scale.Duration)
+		if err := fleet.reset(ctx); err != nil {
+			return rows, err
+		}
+		st, err := startStack(ctx, opts, dir, p, instances)
+		if err != nil {
+			return rows, fmt.Errorf("%s: %w", p.name, err)
+		}
+		res, err := replay(ctx, opts, st.envoy.url, instances)
+		st.close()
+		if err != nil {
+			return rows, fmt.Errorf("%s: %w", p.name, err)
+		}
+		stats, err := fleet.stats(ctx)
+		if err != nil {
+			return rows, err
+		}
+		rows = append(rows, qualityRow(p.name, res.Summary, stats))
+	}
+	return rows, nil
+}
+
+// replay runs the workload against url at the scale's rate and duration.
+func replay(ctx context.Context, opts Options, url string, instances []config.Instance) (*loadgen.Result, error) {
+	names := make([]string, len(instances))
+	for i, in := range instances {
+		names[i] = in.Name
+	}
+	return loadgen.Run(ctx, loadgen.Options{
+		Target:     url,
+		Workload:   workload.Config{Seed: opts.Seed},
+		Rate:       opts.Scale.Rate,
+		Duration:   opts.Scale.Duration,
+		Drain:      30 * time.Second,
+		ThinkScale: opts.Scale.ThinkScale,
+		Instances:  names,
+	})
+}
+
+func qualityRow(name string, s loadgen.Summary, stats []sim.Stats) QualityRow {
+	var gpu float64
+	var out int64
+	for _, st := range stats {
+		if st.Model != nil {
+			gpu += st.Model.PrefillGPUSeconds + st.Model.DecodeGPUSeconds
+		}
+		out += st.CompletionTokens
+	}
+	row := QualityRow{
+		Policy: name, HitRate: s.KVHitRate, P50: s.Latency.P50, P99: s.Latency.P99,
+		Continuity: s.Continuity, Imbalance: s.LoadImbalance,
+		Requests: s.Requests, Failed: s.Failed + s.Dropped + s.Cancelled,
+	}
+	if out > 0 {
+		row.GPUSecondsPer1kOutput = gpu / float64(out) * 1000
+	}
+	return row
+}

@@ -1,0 +1,180 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+)
+
+// Markers delimit the part of BENCHMARKS.md a run rewrites; the rest of
+// the file (the Go benchmarks of the decision path) is kept.
+const (
+	MarkerStart = "<!-- tether bench: start -->"
+	MarkerEnd   = "<!-- tether bench: end -->"
+)
+
+// Meta describes where and how a run happened.
+type Meta struct {
+	Command, Commit, Machine string
+}
+
+// Markdown renders the report between the markers.
+func (r *Report) Markdown(m Meta, charts []string) string {
+	var b strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	w("%s\n## Through Envoy: overhead, routing quality, churn\n\n", MarkerStart)
+	w("```sh\n%s\n```\n\n", m.Command)
+	w("Run of %s, commit %s, %s, scale %q. All servers on loopback on this one machine: the load\n",
+		r.Started.UTC().Format("2006-01-02 15:04 MST"), m.Commit, m.Machine, r.Scale.Name)
+	w("generator, Envoy, tether, redis-server and the emulated instances share its cores, so compare\n")
+	w("rows of one table, not absolute figures.\n\n")
+
+	if len(r.Overhead) > 0 {
+		base := r.Overhead[0]
+		w("### Overhead on a zero-latency backend\n\n")
+		w("Four instances that answer at once. Latency at %.0f requests/s (open loop, %s); throughput with\n",
+			r.Scale.OverheadRate, r.Scale.OverheadDuration)
+		w("%d closed-loop clients (%s). \"Envoy alone\" has the same clusters with tether off the request path.\n\n",
+			r.Scale.OverheadWorkers, r.Scale.OverheadDuration)
+		w("| configuration | p50 | p99 | added p50 | added p99 | throughput | vs Envoy alone | tether CPU per request | failed |\n")
+		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, o := range r.Overhead {
+			cpu := "–"
+			if o.TetherCPUPerRequest > 0 {
+				cpu = fmt.Sprintf("%d µs", o.TetherCPUPerRequest.Microseconds())
+			}
+			ratio := 0.0
+			if base.Throughput > 0 {
+				ratio = o.Throughput / base.Throughput
+			}
+			w("| %s | %s | %s | %s | %s | %.0f/s | %.2f | %s | %d |\n", o.Name, ms(o.P50), ms(o.P99),
+				ms(o.P50-base.P50), ms(o.P99-base.P99), o.Throughput, ratio, cpu, o.Failed)
+		}
+		w("\n")
+	}
+	if len(r.Quality) > 0 {
+		w("### Routing quality: the field's mix on eight emulated A100s\n\n")
+		w("%s\n\n", qualityPreamble(r.Scale))
+		w("| policy | KV hit rate | p50 | p99 | session continuity | load imbalance (max/mean) | GPU-s per 1k output tokens | requests | failed |\n")
+		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, q := range r.Quality {
+			w("| %s | %.1f%% | %s | %s | %.1f%% | %.2f | %.2f | %d | %d |\n", q.Policy, 100*q.HitRate, ms(q.P50), ms(q.P99),
+				100*q.Continuity, q.Imbalance, q.GPUSecondsPer1kOutput, q.Requests, q.Failed)
+		}
+		w("\n")
+	}
+	if len(r.Churn) > 0 {
+		w("### Churn: an instance killed and restored, one added\n\n")
+		w("%s\n\n", churnPreamble(r.Scale))
+		w("| policy | phase | requests | failed | follow-ups moved | KV hit rate |\n")
+		w("|---|---|---:|---:|---:|---:|\n")
+		for _, c := range r.Churn {
+			w("| %s | %s | %d | %d | %d of %d | %.1f%% |\n", c.Policy, c.Phase, c.Requests, c.Failed, c.Moved, c.FollowUps, 100*c.HitRate)
+		}
+		w("\n")
+	}
+	for _, c := range charts {
+		w("![%s](%s)\n\n", strings.TrimSuffix(filepath.Base(c), ".png"), c)
+	}
+	w("%s\n", notes)
+	w("%s\n", MarkerEnd)
+	return b.String()
+}
+
+const notes = `What is emulated, and what that means for these numbers:
+
+- The instances are tether's emulator (sim/), not GPUs. Their latency follows a cost model fitted to
+  one H200 measurement (../shared/calibration/): a per-request floor, prefill per uncached token,
+  decode per output token slowing with the batch, prefills queueing behind each other. The A100
+  profile is derived from the H200 figures by datasheet ratios (prefill about 3.2× slower, decode
+  2.4×): an estimate, not a measurement.
+- Their KV cache is a prefix-block cache (16-token blocks, chained hashes, LRU, at most 20
+  conversations per instance), as serving engines' automatic prefix caching works. Hit rate is
+  cached prompt tokens over all prompt tokens, as the instances report them.
+- Tokens are whitespace-separated words of generated text, not a real tokenizer.
+- The workload follows the field's mix (30% long documents, 20% multi-turn conversations, 50% short
+  queries, each opening with one of four shared application system prompts) with shortened think
+  times; it is synthetic, deterministic from its seed, and the same for every policy.
+- The field's reference figures for this experiment are 62% (random) against 89% (sticky) KV hit
+  rate and 218 ms against 189 ms P99; the table above is ours, from this emulation.`
+
+func qualityPreamble(s Scale) string {
+	return fmt.Sprintf("Eight emulated A100 instances in two zones (emulated time ×%g). The same seeded workload for every\n"+
+		"policy, %.0f requests/s of new work for %s (think times ×%g), caches emptied between policies.\n"+
+		"Continuity: follow-up turns served by the instance of the previous turn. GPU-seconds: the\n"+
+		"emulated GPU time the instances spent (prefill plus each request's share of decode steps).",
+		s.TimeScale, s.Rate, s.Duration, s.ThinkScale)
+}
+
+func churnPreamble(s Scale) string {
+	return fmt.Sprintf("The quality workload for %s; at 1/4 of the run one instance is killed (connections refused),\n"+
+		"at 1/2 it is restored with an empty cache, at 3/4 a ninth instance is added. A follow-up is\n"+
+		"\"moved\" when another instance than the previous turn's served it.", s.Duration)
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+}
+
+// Charts writes PNG bar charts into dir and returns their paths.
+func (r *Report) Charts(dir string) ([]string, error) {
+	if len(r.Quality) == 0 {
+		return nil, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var names []string
+	var hit, p99 plotter.Values
+	for _, q := range r.Quality {
+		names = append(names, q.Policy)
+		hit = append(hit, 100*q.HitRate)
+		p99 = append(p99, float64(q.P99)/float64(time.Millisecond))
+	}
+	var out []string
+	for _, c := range []struct {
+		file, title, ylabel string
+		v                   plotter.Values
+	}{
+		{"kv-hit-rate.png", "KV-cache hit rate by policy", "cached / prompt tokens (%)", hit},
+		{"p99-latency.png", "P99 latency by policy", "milliseconds", p99},
+	} {
+		p := plot.New()
+		p.Title.Text = c.title
+		p.Y.Label.Text = c.ylabel
+		bars, err := plotter.NewBarChart(c.v, vg.Points(40))
+		if err != nil {
+			return out, err
+		}
+		p.Add(bars)
+		p.NominalX(names...)
+		path := filepath.Join(dir, c.file)
+		if err := p.Save(7*vg.Inch, 4*vg.Inch, path); err != nil {
+			return out, err
+		}
+		out = append(out, path)
+	}
+	return out, nil
+}
+
+// WriteInto replaces the marked section of the file at path (or appends
+// it), keeping everything else.
+func WriteInto(path, section string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	s := string(old)
+	if i, j := strings.Index(s, MarkerStart), strings.Index(s, MarkerEnd); i >= 0 && j > i {
+		s = s[:i] + section + s[j+len(MarkerEnd)+1:]
+	} else {
+		s = strings.TrimRight(s, "\n") + "\n\n" + section
+	}
+	return os.WriteFile(path, []byte(s), 0o644)
+}

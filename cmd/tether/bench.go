@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tetherproxy/tether/bench"
+)
+
+func newBenchCmd() *cobra.Command {
+	var (
+		envoyBin, redisBin, out, charts, scale string
+		seed                                   uint64
+		only                                   []string
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Run the benchmark suite through real Envoy and redis-server; write BENCHMARKS.md and charts",
+		Long: `Runs three scenarios on this machine, all on loopback: the overhead of Envoy + tether over
+Envoy alone, routing quality (KV-cache hit rate, latency, continuity, imbalance, GPU cost) of Envoy
+round robin, Envoy ring hash, tether random and tether sticky on eight emulated A100 instances, and
+churn (an instance killed, restored, another added). The results replace the marked section of
+--out and the charts go to --charts.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var sc bench.Scale
+			switch scale {
+			case "full":
+				sc = bench.Full
+			case "smoke":
+				sc = bench.Smoke
+			default:
+				return fmt.Errorf("--scale %q: want full or smoke", scale)
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			if redisBin == "" {
+				if redisBin, err = exec.LookPath("redis-server"); err != nil {
+					return fmt.Errorf("redis-server not found (install it with make tools, or give --redis-server): %w", err)
+				}
+			}
+			sel := map[string]bool{}
+			for _, s := range only {
+				switch s {
+				case "overhead", "quality", "churn":
+					sel[s] = true
+				default:
+					return fmt.Errorf("--only %q: want overhead, quality or churn", s)
+				}
+			}
+			rep, err := bench.Run(cmd.Context(), bench.Options{
+				TetherBin: self, EnvoyBin: envoyBin, RedisBin: redisBin,
+				Scale: sc, Seed: seed, Log: cmd.ErrOrStderr(), Only: sel,
+			})
+			if err != nil {
+				return err
+			}
+			paths, err := rep.Charts(charts)
+			if err != nil {
+				return err
+			}
+			rel := make([]string, len(paths))
+			for i, p := range paths {
+				if rel[i], err = filepath.Rel(filepath.Dir(out), p); err != nil {
+					rel[i] = p
+				}
+			}
+			meta := bench.Meta{
+				Command: "make bench   # tether bench --scale " + scale,
+				Commit:  gitCommit(),
+				Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
+			}
+			if err := bench.WriteInto(out, rep.Markdown(meta, rel)); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s and %d charts in %s\n", out, len(paths), charts)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&envoyBin, "envoy", ".tools/envoy/envoy/_bin/envoy", "Envoy binary")
+	f.StringVar(&redisBin, "redis-server", "", "redis-server binary (default: from PATH)")
+	f.StringVar(&out, "out", "BENCHMARKS.md", "file whose marked section the results replace")
+	f.StringVar(&charts, "charts", "docs/bench", "directory for PNG charts")
+	f.StringVar(&scale, "scale", "full", "full (about 12 minutes) or smoke (seconds)")
+	f.Uint64Var(&seed, "seed", 1, "workload seed")
+	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, churn")
+	return cmd
+}
+
+// gitCommit is the short commit of the working tree, or "unknown".
+func gitCommit() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	c := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+		c += "+changes"
+	}
+	return c
+}

@@ -32,7 +32,7 @@ type Scale struct {
 	OverheadDuration time.Duration
 	OverheadWorkers  int
 	// Quality and churn: the workload replay.
-	Rate       float64       // new requests per second
+	Rate       float64       // requests per second, follow-up turns included
 	Duration   time.Duration // per policy
 	ThinkScale float64       // multiplies the workload's think times
 	TimeScale  float64       // emulated GPU time: 1 is real time
@@ -119,9 +119,10 @@ func baseConfig(instances []config.Instance) config.Config {
 
 // policy is one way of routing the same traffic.
 type policy struct {
-	name  string
-	store bool // needs redis-server
-	edit  func(*config.Config)
+	name    string
+	store   bool // needs redis-server
+	offPath bool // tether only serves Envoy's configuration
+	edit    func(*config.Config)
 }
 
 func envoyOnly(lb string) func(*config.Config) {
@@ -133,8 +134,8 @@ func envoyOnly(lb string) func(*config.Config) {
 }
 
 var (
-	policyRoundRobin = policy{name: "Envoy round robin", edit: envoyOnly("round_robin")}
-	policyRingHash   = policy{name: "Envoy ring hash", edit: envoyOnly("ring_hash")}
+	policyRoundRobin = policy{name: "Envoy round robin", offPath: true, edit: envoyOnly("round_robin")}
+	policyRingHash   = policy{name: "Envoy ring hash", offPath: true, edit: envoyOnly("ring_hash")}
 	policyRandom     = policy{name: "tether random", edit: func(c *config.Config) { c.Routing.Mode = config.ModeRandom }}
 	policySticky     = policy{name: "tether sticky", store: true, edit: func(*config.Config) {}}
 )
@@ -166,6 +167,16 @@ func startStack(ctx context.Context, opts Options, dir string, p policy, instanc
 		return nil, err
 	}
 	return s, nil
+}
+
+// cpuSeconds is the CPU tether and redis-server (when there is one) have used.
+func (s *stack) cpuSeconds() (float64, error) {
+	t, err := s.tether.cpuSeconds()
+	if err != nil || s.redis == nil {
+		return t, err
+	}
+	r, err := s.redis.cpuSeconds()
+	return t + r, err
 }
 
 func (s *stack) close() {

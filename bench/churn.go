@@ -3,17 +3,24 @@ package bench
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/tetherproxy/tether/loadgen"
+	"github.com/tetherproxy/tether/sim/workload"
 )
 
 // ChurnRow is one phase of the churn scenario for one policy.
 type ChurnRow struct {
 	Policy, Phase    string
 	Requests, Failed int
+	// Moved of FollowUps: follow-up turns of identified callers (anonymous
+	// ones are routed at random by every policy) that another instance than
+	// the previous turn's served.
 	Moved, FollowUps int
-	HitRate          float64
+	// VictimServed counts answers from the instance that is killed.
+	VictimServed int
+	HitRate      float64
 }
 
 // runChurn replays the workload while the fleet changes: at 1/4 of the run
@@ -47,43 +54,34 @@ func churnOnce(ctx context.Context, opts Options, dir string, p policy) ([]Churn
 
 	d := opts.Scale.Duration
 	victim := instances[1].Name
-	events := make(chan error, 1)
+	// The fleet changes on a schedule while the workload runs; the
+	// goroutine ends before the fleet closes, whatever happens.
+	ectx, stopEvents := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var eventErr error
+	wg.Add(1)
 	go func() {
-		events <- func() error {
-			steps := []struct {
-				at time.Duration
-				do func() error
-			}{
-				{d / 4, func() error { return fleet.kill(victim) }},
-				{d / 2, func() error { return fleet.restore(victim) }},
-				{3 * d / 4, func() error {
-					in, err := fleet.add("a100-8", "zone-a", "v1")
-					if err != nil {
-						return err
-					}
-					return postJSON(ctx, "http://"+st.tether.admin+"/v1/instances", in)
-				}},
-			}
-			start := time.Now()
-			for _, s := range steps {
-				select {
-				case <-ctx.Done():
-					return ctx.Err()
-				case <-time.After(time.Until(start.Add(s.at))):
-				}
-				if err := s.do(); err != nil {
+		defer wg.Done()
+		eventErr = churnEvents(ectx, d, []func() error{
+			func() error { return fleet.kill(victim) },
+			func() error { return fleet.restore(victim) },
+			func() error {
+				in, err := fleet.add("a100-8", "zone-a", "v1")
+				if err != nil {
 					return err
 				}
-			}
-			return nil
-		}()
+				return postJSON(ectx, "http://"+st.tether.admin+"/v1/instances", in)
+			},
+		})
 	}()
 	res, err := replay(ctx, opts, st.envoy.url, instances)
+	stopEvents()
+	wg.Wait()
 	if err != nil {
 		return nil, err
 	}
-	if err := <-events; err != nil {
-		return nil, err
+	if eventErr != nil {
+		return nil, eventErr
 	}
 	phases := []struct {
 		name     string
@@ -96,33 +94,58 @@ func churnOnce(ctx context.Context, opts Options, dir string, p policy) ([]Churn
 	}
 	var rows []ChurnRow
 	for _, ph := range phases {
-		rows = append(rows, churnPhase(p.name, ph.name, res.Records, ph.from, ph.to))
+		rows = append(rows, churnPhase(p.name, ph.name, victim, res.Records, ph.from, ph.to))
 	}
 	return rows, nil
 }
 
-// churnPhase sums the records that started in [from, to). A follow-up is
-// moved when an instance other than its previous turn's served it.
-func churnPhase(policy, phase string, recs []loadgen.Record, from, to time.Duration) ChurnRow {
+// churnEvents runs steps at 1/4, 2/4, 3/4… of d.
+func churnEvents(ctx context.Context, d time.Duration, steps []func() error) error {
+	start := time.Now()
+	for i, step := range steps {
+		at := start.Add(time.Duration(i+1) * d / time.Duration(len(steps)+1))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Until(at)):
+		}
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// churnPhase sums the requests that ended in [from, to): an answer belongs
+// to the fleet as it was when the answer came (a request in flight at a
+// kill and retried elsewhere by Envoy counts after the kill). Dropped and
+// cancelled requests (the load generator's, not the fleet's) are left out.
+func churnPhase(policy, phase, victim string, recs []loadgen.Record, from, to time.Duration) ChurnRow {
 	row := ChurnRow{Policy: policy, Phase: phase}
 	last := map[string]string{} // conversation → instance of its previous OK turn
 	var prompt, cached int64
 	for _, r := range recs {
+		if r.Outcome != loadgen.OK && r.Outcome != loadgen.Failed {
+			continue
+		}
 		prev, seen := last[r.Conversation]
 		if r.Outcome == loadgen.OK {
 			last[r.Conversation] = r.Instance
 		}
-		if r.Start < from || r.Start >= to {
+		if end := r.Start + r.Latency; end < from || end >= to {
 			continue
 		}
 		row.Requests++
-		if r.Outcome != loadgen.OK {
+		if r.Outcome == loadgen.Failed {
 			row.Failed++
 			continue
 		}
+		if r.Instance == victim {
+			row.VictimServed++
+		}
 		prompt += int64(r.PromptTokens)
 		cached += int64(r.CachedTokens)
-		if r.Turn > 0 && seen {
+		if r.Turn > 0 && seen && r.Identity != workload.IdentityAnonymous {
 			row.FollowUps++
 			if prev != r.Instance {
 				row.Moved++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"sort"
 	"strings"
@@ -17,10 +18,14 @@ import (
 
 const tinyBody = `{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`
 
-var client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 256}}
+// newLoadClient is the overhead scenario's client; one per run, closed
+// with it.
+func newLoadClient() *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 256}}
+}
 
 // send posts one tiny request for session s.
-func send(ctx context.Context, url, s string) error {
+func send(ctx context.Context, client *http.Client, url, s string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(tinyBody))
 	if err != nil {
 		return err
@@ -45,25 +50,24 @@ func sessionFor(worker, i int) string { return fmt.Sprintf("ovh-%d-%d", worker, 
 
 // fixedRate sends rate requests a second for d (open loop: arrivals do
 // not wait for answers; at most maxInFlight are outstanding, the rest are
-// counted as dropped) and returns the latencies of the successful ones.
-func fixedRate(ctx context.Context, url string, rate float64, d time.Duration) (lat []time.Duration, failed, dropped int) {
+// counted as dropped) and returns the latencies of the successful ones,
+// each measured from the moment it was scheduled, so a sender that falls
+// behind shows as latency rather than hiding it.
+func fixedRate(ctx context.Context, client *http.Client, url string, rate float64, d time.Duration) (lat []time.Duration, failed, dropped int) {
 	const maxInFlight = 512
 	var mu sync.Mutex
 	var inflight atomic.Int64
 	var wg sync.WaitGroup
 	interval := time.Duration(float64(time.Second) / rate)
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	end := time.After(d)
+	begin := time.Now()
 	for i := 0; ; i++ {
-		select {
-		case <-ctx.Done():
+		due := begin.Add(time.Duration(i) * interval)
+		if due.Sub(begin) >= d || ctx.Err() != nil {
 			wg.Wait()
 			return lat, failed, dropped
-		case <-end:
-			wg.Wait()
-			return lat, failed, dropped
-		case <-t.C:
+		}
+		if wait := time.Until(due); wait > 0 {
+			time.Sleep(wait)
 		}
 		if inflight.Load() >= maxInFlight {
 			dropped++
@@ -74,9 +78,8 @@ func fixedRate(ctx context.Context, url string, rate float64, d time.Duration) (
 		go func(i int) {
 			defer wg.Done()
 			defer inflight.Add(-1)
-			start := time.Now()
-			err := send(ctx, url, sessionFor(i%64, i/64))
-			took := time.Since(start)
+			err := send(ctx, client, url, sessionFor(i%64, i/64))
+			took := time.Since(due)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -90,7 +93,7 @@ func fixedRate(ctx context.Context, url string, rate float64, d time.Duration) (
 
 // closedLoop runs workers that each send as fast as answers come back,
 // for d, and returns the requests completed and failed.
-func closedLoop(ctx context.Context, url string, workers int, d time.Duration) (ok, failed int64) {
+func closedLoop(ctx context.Context, client *http.Client, url string, workers int, d time.Duration) (ok, failed int64) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var okN, failN atomic.Int64
@@ -100,7 +103,7 @@ func closedLoop(ctx context.Context, url string, workers int, d time.Duration) (
 		go func(w int) {
 			defer wg.Done()
 			for i := 0; ctx.Err() == nil; i++ {
-				if err := send(ctx, url, sessionFor(1000+w, i)); err != nil {
+				if err := send(ctx, client, url, sessionFor(1000+w, i)); err != nil {
 					if ctx.Err() == nil {
 						failN.Add(1)
 					}
@@ -114,19 +117,14 @@ func closedLoop(ctx context.Context, url string, workers int, d time.Duration) (
 	return okN.Load(), failN.Load()
 }
 
-// percentile of sorted durations, q in [0,1].
+// percentile of sorted durations, q in (0,1], by nearest rank
+// (ceil(q·n)), the definition loadgen uses too.
 func percentile(sorted []time.Duration, q float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0
 	}
-	i := int(q*float64(len(sorted))+0.5) - 1
-	if i < 0 {
-		i = 0
-	}
-	if i >= len(sorted) {
-		i = len(sorted) - 1
-	}
-	return sorted[i]
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
 func sortDurations(d []time.Duration) {

@@ -13,12 +13,13 @@ import (
 type OverheadRow struct {
 	Name string
 	// At a fixed open-loop rate:
-	P50, P99 time.Duration
-	Failed   int
-	// Closed loop, as fast as answers come back:
+	P50, P99        time.Duration
+	Failed, Dropped int
+	// Closed loop at a fixed number of clients, as fast as answers come
+	// back: the throughput at that concurrency, not a proven maximum.
 	Throughput float64 // requests per second
-	// CPU seconds tether used per request in the closed loop (0 for Envoy
-	// alone, where tether is not on the path).
+	// CPU tether (and redis-server, for sticky) used per request in the
+	// closed loop; 0 for Envoy alone, where tether is not on the path.
 	TetherCPUPerRequest time.Duration
 }
 
@@ -38,7 +39,7 @@ func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, 
 	}
 	sc := opts.Scale
 	var rows []OverheadRow
-	for _, p := range []policy{{name: "Envoy alone", edit: envoyOnly("round_robin")}, policyRandom, policySticky} {
+	for _, p := range []policy{{name: "Envoy alone", edit: envoyOnly("round_robin"), offPath: true}, policyRandom, policySticky} {
 		fmt.Fprintf(opts.Log, "overhead: %s\n", p.name)
 		row, err := overheadOnce(ctx, opts, dir, p, instances, sc)
 		if err != nil {
@@ -55,25 +56,27 @@ func overheadOnce(ctx context.Context, opts Options, dir string, p policy, insta
 		return OverheadRow{}, err
 	}
 	defer st.close()
+	client := newLoadClient()
+	defer client.CloseIdleConnections()
 	// Warm connections and bindings.
-	closedLoop(ctx, st.envoy.url, 4, 500*time.Millisecond)
+	closedLoop(ctx, client, st.envoy.url, 4, 500*time.Millisecond)
 
-	lat, failed, _ := fixedRate(ctx, st.envoy.url, sc.OverheadRate, sc.OverheadDuration)
+	lat, failed, dropped := fixedRate(ctx, client, st.envoy.url, sc.OverheadRate, sc.OverheadDuration)
 	sortDurations(lat)
-	row := OverheadRow{Name: p.name, P50: percentile(lat, 0.5), P99: percentile(lat, 0.99), Failed: failed}
+	row := OverheadRow{Name: p.name, P50: percentile(lat, 0.5), P99: percentile(lat, 0.99), Failed: failed, Dropped: dropped}
 
-	cpu0, err := st.tether.cpuSeconds()
+	cpu0, err := st.cpuSeconds()
 	if err != nil {
 		return row, err
 	}
-	ok, bad := closedLoop(ctx, st.envoy.url, sc.OverheadWorkers, sc.OverheadDuration)
-	cpu1, err := st.tether.cpuSeconds()
+	ok, bad := closedLoop(ctx, client, st.envoy.url, sc.OverheadWorkers, sc.OverheadDuration)
+	cpu1, err := st.cpuSeconds()
 	if err != nil {
 		return row, err
 	}
 	row.Failed += int(bad)
 	row.Throughput = float64(ok) / sc.OverheadDuration.Seconds()
-	if p.edit != nil && ok > 0 && p.name != "Envoy alone" {
+	if !p.offPath && ok > 0 {
 		row.TetherCPUPerRequest = time.Duration((cpu1 - cpu0) / float64(ok) * float64(time.Second))
 	}
 	return row, nil

@@ -102,13 +102,14 @@ func (p *proc) cpuSeconds() (float64, error) {
 	return (ut + st) / 100, nil // USER_HZ is 100 on Linux
 }
 
-// poll calls cond until it holds, the process exits, or the deadline passes.
-func poll(ctx context.Context, p *proc, d time.Duration, what string, cond func() bool) error {
+// poll calls cond (with a context bounded by d) until it holds, the
+// process exits, or the deadline passes.
+func poll(ctx context.Context, p *proc, d time.Duration, what string, cond func(context.Context) bool) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
-	for !cond() {
+	for !cond(ctx) {
 		if p != nil && p.exited() {
 			return fmt.Errorf("%s exited while waiting for %s:\n%s", p.name, what, tail(p.out.String(), 2000))
 		}
@@ -146,7 +147,7 @@ func startRedis(ctx context.Context, bin, dir string) (*redisServer, error) {
 		return nil, err
 	}
 	r := &redisServer{proc: p, url: "unix://" + sock, client: goredis.NewClient(&goredis.Options{Network: "unix", Addr: sock})}
-	if err := poll(ctx, p, 10*time.Second, "redis-server", func() bool { return r.client.Ping(ctx).Err() == nil }); err != nil {
+	if err := poll(ctx, p, 10*time.Second, "redis-server", func(ctx context.Context) bool { return r.client.Ping(ctx).Err() == nil }); err != nil {
 		r.close()
 		return nil, err
 	}
@@ -207,7 +208,7 @@ func startTether(ctx context.Context, bin, dir, secret string, cfg config.Config
 		_ = cmd.Wait()
 		close(p.done)
 	}()
-	err = poll(ctx, p, 20*time.Second, "tether ready", func() bool { mu.Lock(); defer mu.Unlock(); return t.admin != "" })
+	err = poll(ctx, p, 20*time.Second, "tether ready", func(context.Context) bool { mu.Lock(); defer mu.Unlock(); return t.admin != "" })
 	if err != nil {
 		t.stop()
 		return nil, err
@@ -242,7 +243,7 @@ func startEnvoy(ctx context.Context, bin, dir, ads string) (*envoyProc, error) {
 		return nil, err
 	}
 	e := &envoyProc{proc: p}
-	err = poll(ctx, p, 30*time.Second, "envoy listener", func() bool {
+	err = poll(ctx, p, 30*time.Second, "envoy listener", func(ctx context.Context) bool {
 		a, err := os.ReadFile(adminPath)
 		if err != nil || len(a) == 0 {
 			return false
@@ -275,12 +276,16 @@ func startEnvoy(ctx context.Context, bin, dir, ads string) (*envoyProc, error) {
 	return e, nil
 }
 
+// adminClient talks to admin endpoints (Envoy's, tether's, the
+// instances'); a hung one fails the call instead of the run.
+var adminClient = &http.Client{Timeout: 5 * time.Second}
+
 func getJSON(ctx context.Context, url string, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := adminClient.Do(req)
 	if err != nil {
 		return err
 	}
@@ -303,7 +308,7 @@ func postJSON(ctx context.Context, url string, body any) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := adminClient.Do(req)
 	if err != nil {
 		return err
 	}

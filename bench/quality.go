@@ -13,11 +13,18 @@ import (
 
 // QualityRow is one routing policy on the field's mix.
 type QualityRow struct {
-	Policy     string
-	HitRate    float64 // cached / prompt tokens
-	P50, P99   time.Duration
-	Continuity float64 // follow-ups on the previous turn's instance
-	Imbalance  float64 // max / mean requests per instance
+	Policy  string
+	HitRate float64 // cached / prompt tokens
+	// TTFT is the time to the first token (streamed answers): the part of
+	// latency a KV-cache hit shortens. Latency is end to end, mostly decode.
+	TTFTP50, TTFTP99       time.Duration
+	LatencyP50, LatencyP99 time.Duration
+	Continuity             float64 // follow-ups on the previous turn's instance
+	// Imbalance is max / mean emulated GPU-seconds per instance: work, not
+	// request counts (a 16k-token document is not a 20-token query).
+	Imbalance float64
+	// GPUBusy is the emulated GPU time spent over the time the fleet had.
+	GPUBusy float64
 	// GPUSecondsPer1kOutput is the emulated GPU time spent per 1,000
 	// output tokens: the cost figure.
 	GPUSecondsPer1kOutput float64
@@ -67,7 +74,7 @@ func runQuality(ctx context.Context, opts Options, dir string) ([]QualityRow, er
 		if err != nil {
 			return rows, err
 		}
-		rows = append(rows, qualityRow(p.name, res.Summary, stats))
+		rows = append(rows, qualityRow(p.name, res.Summary, stats, opts.Scale))
 	}
 	return rows, nil
 }
@@ -86,25 +93,35 @@ func replay(ctx context.Context, opts Options, url string, instances []config.In
 		Drain:      30 * time.Second,
 		ThinkScale: opts.Scale.ThinkScale,
 		Instances:  names,
+		Stream:     true,
 	})
 }
 
-func qualityRow(name string, s loadgen.Summary, stats []sim.Stats) QualityRow {
-	var gpu float64
+func qualityRow(name string, s loadgen.Summary, stats []sim.Stats, sc Scale) QualityRow {
+	row := QualityRow{
+		Policy: name, HitRate: s.KVHitRate,
+		TTFTP50: s.TTFB.P50, TTFTP99: s.TTFB.P99, LatencyP50: s.Latency.P50, LatencyP99: s.Latency.P99,
+		Continuity: s.Continuity,
+		Requests:   s.Requests, Failed: s.Failed + s.Dropped + s.Cancelled,
+	}
+	var total, most float64
 	var out int64
 	for _, st := range stats {
+		gpu := 0.0
 		if st.Model != nil {
-			gpu += st.Model.PrefillGPUSeconds + st.Model.DecodeGPUSeconds
+			gpu = st.Model.PrefillGPUSeconds + st.Model.DecodeGPUSeconds
 		}
+		total += gpu
+		most = max(most, gpu)
 		out += st.CompletionTokens
 	}
-	row := QualityRow{
-		Policy: name, HitRate: s.KVHitRate, P50: s.Latency.P50, P99: s.Latency.P99,
-		Continuity: s.Continuity, Imbalance: s.LoadImbalance,
-		Requests: s.Requests, Failed: s.Failed + s.Dropped + s.Cancelled,
+	if len(stats) > 0 && total > 0 {
+		row.Imbalance = most / (total / float64(len(stats)))
+		// Emulated time runs 1/TimeScale times faster than the wall clock.
+		row.GPUBusy = total / (float64(len(stats)) * sc.Duration.Seconds() / sc.TimeScale)
 	}
 	if out > 0 {
-		row.GPUSecondsPer1kOutput = gpu / float64(out) * 1000
+		row.GPUSecondsPer1kOutput = total / float64(out) * 1000
 	}
 	return row
 }

@@ -38,12 +38,14 @@ func (r *Report) Markdown(m Meta, charts []string) string {
 	if len(r.Overhead) > 0 {
 		base := r.Overhead[0]
 		w("### Overhead on a zero-latency backend\n\n")
-		w("Four instances that answer at once. Latency at %.0f requests/s (open loop, %s); throughput with\n",
+		w("Four instances that answer at once. Latency at %.0f requests/s (open loop, %s, timed from each\n",
 			r.Scale.OverheadRate, r.Scale.OverheadDuration)
-		w("%d closed-loop clients (%s). \"Envoy alone\" has the same clusters with tether off the request path.\n\n",
+		w("request's scheduled send); throughput with %d closed-loop clients (%s), which is the rate at that\n",
 			r.Scale.OverheadWorkers, r.Scale.OverheadDuration)
-		w("| configuration | p50 | p99 | added p50 | added p99 | throughput | vs Envoy alone | tether CPU per request | failed |\n")
-		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("concurrency, not a proven maximum. Envoy runs one worker thread. \"Envoy alone\" has the same clusters\n")
+		w("with tether off the request path.\n\n")
+		w("| configuration | p50 | p99 | added p50 | added p99 | throughput at %d clients | vs Envoy alone | tether (+redis) CPU per request | failed | dropped |\n", r.Scale.OverheadWorkers)
+		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, o := range r.Overhead {
 			cpu := "–"
 			if o.TetherCPUPerRequest > 0 {
@@ -53,29 +55,30 @@ func (r *Report) Markdown(m Meta, charts []string) string {
 			if base.Throughput > 0 {
 				ratio = o.Throughput / base.Throughput
 			}
-			w("| %s | %s | %s | %s | %s | %.0f/s | %.2f | %s | %d |\n", o.Name, ms(o.P50), ms(o.P99),
-				ms(o.P50-base.P50), ms(o.P99-base.P99), o.Throughput, ratio, cpu, o.Failed)
+			w("| %s | %s | %s | %s | %s | %.0f/s | %.2f | %s | %d | %d |\n", o.Name, ms(o.P50), ms(o.P99),
+				ms(o.P50-base.P50), ms(o.P99-base.P99), o.Throughput, ratio, cpu, o.Failed, o.Dropped)
 		}
 		w("\n")
 	}
 	if len(r.Quality) > 0 {
 		w("### Routing quality: the field's mix on eight emulated A100s\n\n")
 		w("%s\n\n", qualityPreamble(r.Scale))
-		w("| policy | KV hit rate | p50 | p99 | session continuity | load imbalance (max/mean) | GPU-s per 1k output tokens | requests | failed |\n")
-		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("| policy | KV hit rate | TTFT p50 | TTFT p99 | latency p50 | latency p99 | session continuity | GPU-time imbalance (max/mean) | GPU busy | GPU-s per 1k output tokens | requests | failed |\n")
+		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, q := range r.Quality {
-			w("| %s | %.1f%% | %s | %s | %.1f%% | %.2f | %.2f | %d | %d |\n", q.Policy, 100*q.HitRate, ms(q.P50), ms(q.P99),
-				100*q.Continuity, q.Imbalance, q.GPUSecondsPer1kOutput, q.Requests, q.Failed)
+			w("| %s | %.1f%% | %s | %s | %s | %s | %.1f%% | %.2f | %.0f%% | %.2f | %d | %d |\n", q.Policy, 100*q.HitRate,
+				ms(q.TTFTP50), ms(q.TTFTP99), ms(q.LatencyP50), ms(q.LatencyP99),
+				100*q.Continuity, q.Imbalance, 100*q.GPUBusy, q.GPUSecondsPer1kOutput, q.Requests, q.Failed)
 		}
 		w("\n")
 	}
 	if len(r.Churn) > 0 {
 		w("### Churn: an instance killed and restored, one added\n\n")
 		w("%s\n\n", churnPreamble(r.Scale))
-		w("| policy | phase | requests | failed | follow-ups moved | KV hit rate |\n")
-		w("|---|---|---:|---:|---:|---:|\n")
+		w("| policy | phase | requests | failed | identified follow-ups moved | answered by the killed instance | KV hit rate |\n")
+		w("|---|---|---:|---:|---:|---:|---:|\n")
 		for _, c := range r.Churn {
-			w("| %s | %s | %d | %d | %d of %d | %.1f%% |\n", c.Policy, c.Phase, c.Requests, c.Failed, c.Moved, c.FollowUps, 100*c.HitRate)
+			w("| %s | %s | %d | %d | %d of %d | %d | %.1f%% |\n", c.Policy, c.Phase, c.Requests, c.Failed, c.Moved, c.FollowUps, c.VictimServed, 100*c.HitRate)
 		}
 		w("\n")
 	}
@@ -102,13 +105,18 @@ const notes = `What is emulated, and what that means for these numbers:
   queries, each opening with one of four shared application system prompts) with shortened think
   times; it is synthetic, deterministic from its seed, and the same for every policy.
 - The field's reference figures for this experiment are 62% (random) against 89% (sticky) KV hit
-  rate and 218 ms against 189 ms P99; the table above is ours, from this emulation.`
+  rate and 218 ms against 189 ms P99. The tables above are ours, from this emulation; the field did not
+  say which latency its P99 is, so compare our TTFT and end-to-end figures with it only loosely.`
 
 func qualityPreamble(s Scale) string {
 	return fmt.Sprintf("Eight emulated A100 instances in two zones (emulated time ×%g). The same seeded workload for every\n"+
-		"policy, %.0f requests/s of new work for %s (think times ×%g), caches emptied between policies.\n"+
-		"Continuity: follow-up turns served by the instance of the previous turn. GPU-seconds: the\n"+
-		"emulated GPU time the instances spent (prefill plus each request's share of decode steps).",
+		"policy: %.0f requests/s, follow-up turns included, for %s (think times ×%g), streamed answers;\n"+
+		"caches emptied between policies and not warmed first. TTFT is the time to the first token, the part\n"+
+		"of latency a KV-cache hit shortens; end-to-end latency is mostly decode, which routing does not\n"+
+		"change. Continuity: follow-up turns served by the instance of the previous turn (anonymous callers\n"+
+		"are routed at random by every policy). GPU-seconds: the emulated GPU time the instances spent\n"+
+		"(prefill, plus each decode step divided among the requests in flight on the instance); GPU busy is\n"+
+		"that over the fleet's time.",
 		s.TimeScale, s.Rate, s.Duration, s.ThinkScale)
 }
 
@@ -135,7 +143,7 @@ func (r *Report) Charts(dir string) ([]string, error) {
 	for _, q := range r.Quality {
 		names = append(names, q.Policy)
 		hit = append(hit, 100*q.HitRate)
-		p99 = append(p99, float64(q.P99)/float64(time.Millisecond))
+		p99 = append(p99, float64(q.TTFTP99)/float64(time.Millisecond))
 	}
 	var out []string
 	for _, c := range []struct {
@@ -143,7 +151,7 @@ func (r *Report) Charts(dir string) ([]string, error) {
 		v                   plotter.Values
 	}{
 		{"kv-hit-rate.png", "KV-cache hit rate by policy", "cached / prompt tokens (%)", hit},
-		{"p99-latency.png", "P99 latency by policy", "milliseconds", p99},
+		{"ttft-p99.png", "P99 time to first token by policy", "milliseconds", p99},
 	} {
 		p := plot.New()
 		p.Title.Text = c.title
@@ -172,7 +180,8 @@ func WriteInto(path, section string) error {
 	}
 	s := string(old)
 	if i, j := strings.Index(s, MarkerStart), strings.Index(s, MarkerEnd); i >= 0 && j > i {
-		s = s[:i] + section + s[j+len(MarkerEnd)+1:]
+		rest := strings.TrimPrefix(s[j+len(MarkerEnd):], "\n")
+		s = s[:i] + section + rest
 	} else {
 		s = strings.TrimRight(s, "\n") + "\n\n" + section
 	}

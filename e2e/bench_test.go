@@ -36,14 +36,24 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("tables: %d overhead, %d quality, %d churn rows", len(rep.Overhead), len(rep.Quality), len(rep.Churn))
 	}
 	for _, o := range rep.Overhead {
-		if o.Throughput <= 0 || o.Failed != 0 || o.P50 <= 0 {
+		if o.Throughput <= 0 || o.Failed != 0 || o.Dropped != 0 || o.P50 <= 0 {
 			t.Errorf("overhead %+v", o)
+		}
+		if (o.Name == "Envoy alone") != (o.TetherCPUPerRequest == 0) {
+			t.Errorf("overhead %s: tether CPU per request %v", o.Name, o.TetherCPUPerRequest)
+		}
+	}
+	for _, c := range rep.Churn {
+		// The killed instance answers nothing while it is down, and the
+		// rest of the fleet takes its traffic.
+		if c.Phase == "instance killed" && (c.VictimServed != 0 || c.Requests == 0) {
+			t.Errorf("churn %+v", c)
 		}
 	}
 	byName := map[string]bench.QualityRow{}
 	for _, q := range rep.Quality {
 		byName[q.Policy] = q
-		if q.Requests == 0 || q.Failed > q.Requests/20 {
+		if q.Requests == 0 || q.Failed > q.Requests/20 || q.TTFTP50 <= 0 || q.GPUBusy <= 0 {
 			t.Errorf("quality %+v", q)
 		}
 	}

@@ -140,12 +140,15 @@ func (g *GPU) Cost(r Request) Cost {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 
-	cached := g.cache.Match(hashes[:lookup], r.Arrived) * BlockSize
-	prefill := p.Prefill(promptTokens-cached, cached)
+	// Prefills run one at a time: this one starts when the GPU is free, and
+	// looks the cache up then, so it finds what the prefills queued ahead
+	// of it computed (a shared system prompt, say).
 	start := r.Arrived
 	if g.prefillFree.After(start) {
 		start = g.prefillFree
 	}
+	cached := g.cache.Match(hashes[:lookup], start) * BlockSize
+	prefill := p.Prefill(promptTokens-cached, cached)
 	prefillEnd := start.Add(g.scale(prefill))
 	g.prefillFree = prefillEnd
 

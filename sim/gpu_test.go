@@ -196,13 +196,27 @@ func TestGPUCostSemantics(t *testing.T) {
 			}
 		}
 	})
-	t.Run("blocks serve once their prefill is done", func(t *testing.T) {
+	t.Run("a prefill queued behind another finds what that one computed", func(t *testing.T) {
 		g := newGPU(t, GPUConfig{Profile: p})
 		first := g.Cost(Request{Prompt: join(sys, text("a", 100)), Arrived: t0})
+		// Arrives while the first prefill runs: it queues (prefills run one
+		// at a time) and starts once the shared prefix is in the cache.
 		during := g.Cost(Request{Prompt: join(sys, text("b", 100)), Arrived: t0.Add(first.Wait - time.Microsecond)})
 		after := g.Cost(Request{Prompt: join(sys, text("c", 100)), Arrived: t0.Add(time.Hour)})
-		if during.CachedTokens != 0 || after.CachedTokens != 1024 {
-			t.Errorf("cached during the first prefill %d, after %d; want 0, 1024", during.CachedTokens, after.CachedTokens)
+		if during.Queued <= 0 || during.CachedTokens != 1024 || after.CachedTokens != 1024 {
+			t.Errorf("queued %v with %d cached, later %d cached; want queued with 1024, then 1024", during.Queued, during.CachedTokens, after.CachedTokens)
+		}
+	})
+	t.Run("answer blocks serve once the decode is done", func(t *testing.T) {
+		g := newGPU(t, GPUConfig{Profile: p})
+		prompt := join(sys, text("q", 100))
+		answer := text("ans", 320)
+		first := g.Cost(Request{Prompt: prompt, Completion: answer, CompletionTokens: 320, Arrived: t0})
+		next := join(prompt, answer, text("q2", 20))
+		mid := g.Cost(Request{Prompt: next, Arrived: t0.Add(first.Wait + first.Decode/2)})
+		late := g.Cost(Request{Prompt: next, Arrived: t0.Add(time.Hour)})
+		if mid.CachedTokens >= late.CachedTokens {
+			t.Errorf("mid-decode %d cached, after %d: the answer's blocks served before they existed", mid.CachedTokens, late.CachedTokens)
 		}
 	})
 	t.Run("the next turn hits the previous answer", func(t *testing.T) {

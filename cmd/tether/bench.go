@@ -47,6 +47,9 @@ churn (an instance killed, restored, another added). The results replace the mar
 					return fmt.Errorf("redis-server not found (install it with make tools, or give --redis-server): %w", err)
 				}
 			}
+			if len(only) > 0 && !cmd.Flags().Changed("out") {
+				return fmt.Errorf("--only makes a partial report, which would replace the full one in %s: give --out FILE", out)
+			}
 			sel := map[string]bool{}
 			for _, s := range only {
 				switch s {

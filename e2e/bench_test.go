@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,9 @@ import (
 
 	"github.com/tetherproxy/tether/bench"
 	"github.com/tetherproxy/tether/internal/testenv"
+	"github.com/tetherproxy/tether/sim"
+	"github.com/tetherproxy/tether/sim/workload"
+	"github.com/tetherproxy/tether/simulate"
 )
 
 // TestBenchSmoke runs the whole benchmark suite at its smoke scale, so the
@@ -61,6 +65,7 @@ func TestBenchSmoke(t *testing.T) {
 	if sticky.Continuity <= random.Continuity || sticky.HitRate < random.HitRate {
 		t.Errorf("sticky (continuity %.2f, hit %.2f) not ahead of random (%.2f, %.2f)", sticky.Continuity, sticky.HitRate, random.Continuity, random.HitRate)
 	}
+	crossCheck(t, rep)
 	dir := t.TempDir()
 	charts, err := rep.Charts(filepath.Join(dir, "charts"))
 	if err != nil || len(charts) != 2 {
@@ -87,4 +92,39 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("BENCHMARKS.md after two writes:\n%s", b)
 	}
 	t.Logf("smoke report:\n%s", md)
+}
+
+// crossCheck runs tether simulate on the smoke scale's workload and checks
+// it agrees with what the same workload measured through real Envoy: hit
+// rates within a few points, continuity within a few more (the issue's
+// cross-check of the discrete-event simulation).
+func crossCheck(t *testing.T, rep *bench.Report) {
+	t.Helper()
+	sc := bench.Smoke
+	for _, q := range rep.Quality {
+		p, ok := map[string]simulate.Policy{
+			"Envoy round robin": simulate.RoundRobin, "Envoy ring hash": simulate.RingHash,
+			"tether random": simulate.Random, "tether sticky": simulate.Sticky,
+		}[q.Policy]
+		if !ok {
+			t.Fatalf("no simulated policy for %q", q.Policy)
+		}
+		res, err := simulate.Run(context.Background(), simulate.Options{
+			Policy: p, Instances: 8, Zones: 2, Profile: sim.ProfileA100(), TimeScale: sc.TimeScale,
+			Workload: workload.Config{Seed: 7}, Rate: sc.Rate, Duration: sc.Duration, ThinkScale: sc.ThinkScale,
+			Stream: true, Seed: 7,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hit, cont := res.Summary.KVHitRate, res.Summary.Continuity
+		t.Logf("%s: hit rate %.1f%% real, %.1f%% simulated; continuity %.1f%% real, %.1f%% simulated",
+			q.Policy, 100*q.HitRate, 100*hit, 100*q.Continuity, 100*cont)
+		// Continuity of the random policies depends on which draws each run
+		// makes; only the deterministic ones are compared on it.
+		deterministic := p == simulate.Sticky || p == simulate.RingHash
+		if math.Abs(hit-q.HitRate) > 0.06 || (deterministic && math.Abs(cont-q.Continuity) > 0.12) {
+			t.Errorf("%s: simulation disagrees with the real run", q.Policy)
+		}
+	}
 }

@@ -32,6 +32,7 @@ func newRootCmd() *cobra.Command {
 		newEmulateCmd(),
 		newLoadgenCmd(),
 		newBenchCmd(),
+		newSimulateCmd(),
 		newConfigCmd(),
 	)
 	return root

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"os"
 	"strings"
 	"time"
 
@@ -72,7 +69,7 @@ See loadgen/README.md.`,
 				return err
 			}
 			if fl.jsonOut != "" {
-				if err := writeResultJSON(fl.jsonOut, cmd.OutOrStdout(), res); err != nil {
+				if err := writeJSONFile(fl.jsonOut, cmd.OutOrStdout(), res); err != nil {
 					return err
 				}
 			}
@@ -146,28 +143,4 @@ func loadgenOptions(fl *loadgenFlags) (loadgen.Options, error) {
 		return loadgen.Options{}, err
 	}
 	return opts, nil
-}
-
-// writeResultJSON writes res to path, or to stdout when path is "-".
-func writeResultJSON(path string, stdout io.Writer, res *loadgen.Result) error {
-	encode := func(w io.Writer) error {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
-	}
-	if path == "-" {
-		return encode(stdout)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("--json: %w", err)
-	}
-	if err := encode(f); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("--json %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("--json %s: %w", path, err)
-	}
-	return nil
 }

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -272,7 +270,9 @@ func runSimulations(ctx context.Context, stdout, stderr io.Writer, fl *simulateF
 			return err
 		}
 		if fl.jsonOut != "" {
-			if err := writeSimulateJSON(fl.jsonOut, stdout, done); err != nil {
+			if err := writeJSONFile(fl.jsonOut, stdout, struct {
+				Results []*simulate.Result `json:"results"`
+			}{done}); err != nil {
 				return err
 			}
 		}
@@ -342,33 +342,6 @@ func inFlightCap(n int) string {
 
 func simMs(d time.Duration) string {
 	return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
-}
-
-// writeSimulateJSON writes {"results": [...]} to path, or to stdout when
-// path is "-".
-func writeSimulateJSON(path string, stdout io.Writer, results []*simulate.Result) error {
-	encode := func(w io.Writer) error {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
-			Results []*simulate.Result `json:"results"`
-		}{results})
-	}
-	if path == "-" {
-		return encode(stdout)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("--json: %w", err)
-	}
-	if err := encode(f); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("--json %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("--json %s: %w", path, err)
-	}
-	return nil
 }
 
 // simulateProgress draws one bar for all the policies: the simulated time

@@ -23,6 +23,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/xds"
 )
 
@@ -30,29 +31,12 @@ import (
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *syncbuf.Buffer
 	done chan struct{}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func start(name string, bin string, args ...string) (*proc, error) {
-	p := &proc{name: name, cmd: exec.Command(bin, args...), out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{name: name, cmd: exec.Command(bin, args...), out: &syncbuf.Buffer{}, done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
@@ -184,7 +168,7 @@ func startTether(ctx context.Context, bin, dir, secret string, cfg config.Config
 	if err != nil {
 		return nil, err
 	}
-	p := &proc{name: "tether", cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{name: "tether", cmd: cmd, out: &syncbuf.Buffer{}, done: make(chan struct{})}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start tether: %w", err)

@@ -29,6 +29,7 @@ import (
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/sim"
 	"github.com/tetherproxy/tether/xds"
@@ -127,26 +128,9 @@ type tether struct {
 	admin    string
 	xds      string // "" when the ADS server is off
 	path     string // the config file it watches
-	logs     *lockedBuffer
+	logs     *syncbuf.Buffer
 	exited   chan struct{}
 	stopOnce sync.Once
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startTether writes cfg to a file and runs `tether serve --config` on it.
@@ -164,7 +148,7 @@ func startTether(t *testing.T, cfg config.Config) *tether {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &tether{t: t, cmd: cmd, path: path, logs: &lockedBuffer{}, exited: make(chan struct{})}
+	p := &tether{t: t, cmd: cmd, path: path, logs: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	ready := make(chan [3]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -309,7 +293,7 @@ func runEnvoy(t *testing.T, bootstrap proto.Message) *proxy {
 	if err := os.WriteFile(cfgPath, yaml, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	cmd := exec.Command(bin, "-c", cfgPath, "--admin-address-path", adminPath,
 		"--disable-hot-restart", "--concurrency", "2", "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = logs, logs

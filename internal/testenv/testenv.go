@@ -4,7 +4,6 @@
 package testenv
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +16,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tetherproxy/tether/internal/syncbuf"
 )
 
 const (
@@ -98,8 +99,8 @@ type Redis struct {
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	out  *syncBuffer   // stdout and stderr of the current process
-	done chan struct{} // closed when the current process has exited
+	out  *syncbuf.Buffer // stdout and stderr of the current process
+	done chan struct{}   // closed when the current process has exited
 }
 
 // RedisServer starts redis-server ($REDIS_SERVER_BIN, else from PATH) with
@@ -169,7 +170,7 @@ func (r *Redis) Start() {
 		"--daemonize", "no",
 		"--logfile", "",
 	)
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	setDeathSignal(cmd)
 	if err := cmd.Start(); err != nil {
@@ -237,23 +238,4 @@ func (r *Redis) Stop() {
 		_ = cmd.Process.Kill()
 		<-done
 	}
-}
-
-// syncBuffer collects the process's output; the exec package copies stdout
-// and stderr on separate goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

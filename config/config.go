@@ -24,14 +24,18 @@ type Config struct {
 	Routing   Routing    `toml:"routing"`
 	Identity  Identity   `toml:"identity"`
 	Instances []Instance `toml:"instances"`
+	// Versions split new sessions between model versions ([[versions]]).
+	Versions []Version `toml:"versions"`
 
 	XDS              XDS              `toml:"xds"`
 	Envoy            Envoy            `toml:"envoy"`
 	OutlierDetection OutlierDetection `toml:"outlier_detection"`
 	CircuitBreakers  CircuitBreakers  `toml:"circuit_breakers"`
 
-	// xdsSet records that the file set xds.addr, possibly to "" (off).
-	xdsSet bool
+	// xdsSet records that the file set xds.addr, possibly to "" (off);
+	// epsilonSet and queueDepthSet that it set those keys, possibly to 0
+	// (refused, and off).
+	xdsSet, epsilonSet, queueDepthSet bool
 }
 
 // Server holds listen addresses and logging.
@@ -55,6 +59,8 @@ type Redis struct {
 
 // Routing is the decision policy. Key names follow the field's configs.
 type Routing struct {
+	// Mode is sticky, random or hybrid (the rules decide; random when none
+	// matches).
 	Mode              string   `toml:"mode"`
 	StickyEnabled     *int     `toml:"sticky_enabled"`
 	MaxStickyDuration Duration `toml:"max_sticky_duration"`
@@ -65,6 +71,32 @@ type Routing struct {
 	// RandomSeed makes random routing reproducible (tests, benchmarks); 0
 	// seeds from the operating system.
 	RandomSeed uint64 `toml:"random_seed"`
+
+	// AdaptiveSticky (0 or 1) lets a sticky session move off an instance
+	// that is saturated (see the saturation keys) unless its rule gives it
+	// high priority.
+	AdaptiveSticky int `toml:"adaptive_sticky"`
+	// VersionAffinity says whether a session may change model version:
+	// strict, prefer (only when none of its version is healthy) or none.
+	VersionAffinity string `toml:"version_affinity"`
+	// CanaryByHeader names the request header whose value "always" or
+	// "never" opts a session into or out of the canary versions; "" (the
+	// default) lets no client choose.
+	CanaryByHeader string `toml:"canary_by_header"`
+	// BoundedLoadEpsilon is the slack of bounded-load placement: a new
+	// session skips an instance whose sessions reach (1+ε) × its share.
+	BoundedLoadEpsilon float64 `toml:"bounded_load_epsilon"`
+	// TierHeader names the request header that rules' tiers match.
+	TierHeader string `toml:"tier_header"`
+	// An instance is saturated when it has SaturationInFlight requests in
+	// flight or reports a queue of SaturationQueueDepth (in the
+	// QueueDepthHeader response header); 0 turns a threshold off.
+	SaturationInFlight   int    `toml:"saturation_inflight"`
+	SaturationQueueDepth int    `toml:"saturation_queue_depth"`
+	QueueDepthHeader     string `toml:"queue_depth_header"`
+	// Rules override the policy for the requests they match; the first
+	// matching rule wins.
+	Rules []Rule `toml:"rules"`
 }
 
 // Identity names the headers that identify a caller.
@@ -87,12 +119,35 @@ type Instance struct {
 	Zone    string  `toml:"zone" json:"zone"`
 	Version string  `toml:"version" json:"version"`
 	Weight  float64 `toml:"weight" json:"weight"`
+	// KVSessions is how many conversations' KV cache the instance holds;
+	// placement never counts it overloaded below that. 0 means the default.
+	KVSessions int `toml:"kv_sessions" json:"kv_sessions"`
+	// Pool is "" (on-demand) or "spot" (may be reclaimed at short notice).
+	Pool string `toml:"pool" json:"pool"`
 }
 
-// Modes.
+// SetDefaults fills in the instance's unset version, weight and
+// kv_sessions. Parse calls it; so must code that builds an instance
+// (the admin API) before validating it.
+func (in *Instance) SetDefaults() {
+	if in.Version == "" {
+		in.Version = DefaultVersion
+	}
+	if in.Weight == 0 {
+		in.Weight = 1
+	}
+	if in.KVSessions == 0 {
+		in.KVSessions = DefaultKVSessions
+	}
+}
+
+// Modes. Hybrid is for routing.mode only, adaptive for a rule's mode only
+// (globally it is routing.adaptive_sticky).
 const (
-	ModeSticky = "sticky"
-	ModeRandom = "random"
+	ModeSticky   = "sticky"
+	ModeRandom   = "random"
+	ModeHybrid   = "hybrid"   // the rules decide; a request no rule matches is routed at random
+	ModeAdaptive = "adaptive" // sticky, but a session moves off a saturated instance
 )
 
 // Defaults.
@@ -107,6 +162,14 @@ const (
 	DefaultSecretEnv         = "TETHER_IDENTITY_SECRET"
 	DefaultDrainTimeout      = 10 * time.Second
 	DefaultVersion           = "default"
+	DefaultKVSessions        = 20
+	MaxKVSessions            = 100000
+	DefaultVersionAffinity   = VersionPrefer
+	DefaultEpsilon           = 0.25
+	DefaultTierHeader        = "x-user-tier"
+	DefaultQueueDepth        = 4
+	DefaultQueueDepthHeader  = "x-queue-depth"
+	DefaultTimezone          = "UTC"
 )
 
 // Default returns a configuration with every default filled in and no instances.
@@ -152,6 +215,8 @@ func Parse(data []byte) (Config, error) {
 		return Config{}, fmt.Errorf("unknown key %s", strings.Join(keys, ", "))
 	}
 	c.xdsSet = md.IsDefined("xds", "addr")
+	c.epsilonSet = md.IsDefined("routing", "bounded_load_epsilon")
+	c.queueDepthSet = md.IsDefined("routing", "saturation_queue_depth")
 	c.setDefaults()
 	if err := c.Validate(); err != nil {
 		return Config{}, err
@@ -185,6 +250,20 @@ func (c *Config) setDefaults() {
 	dur(&c.Routing.IdleTimeout, DefaultIdleTimeout)
 	str(&c.Routing.FallbackPolicy, "gradual")
 	str(&c.Routing.ClusterHeader, DefaultClusterHeader)
+	str(&c.Routing.VersionAffinity, DefaultVersionAffinity)
+	if c.Routing.BoundedLoadEpsilon == 0 && !c.epsilonSet {
+		c.Routing.BoundedLoadEpsilon = DefaultEpsilon
+	}
+	str(&c.Routing.TierHeader, DefaultTierHeader)
+	if c.Routing.SaturationQueueDepth == 0 && !c.queueDepthSet {
+		c.Routing.SaturationQueueDepth = DefaultQueueDepth
+	}
+	str(&c.Routing.QueueDepthHeader, DefaultQueueDepthHeader)
+	for i := range c.Routing.Rules {
+		if r := &c.Routing.Rules[i]; r.Hours != "" || len(r.Days) > 0 {
+			str(&r.Timezone, DefaultTimezone)
+		}
+	}
 	str(&c.Identity.SessionHeader, "x-session-id")
 	str(&c.Identity.AuthHeader, "authorization")
 	str(&c.Identity.DeviceHeader, "x-device-id")
@@ -208,11 +287,7 @@ func (c *Config) setDefaults() {
 	}
 	str(&c.Envoy.PoolLB, "ring_hash")
 	for i := range c.Instances {
-		in := &c.Instances[i]
-		str(&in.Version, DefaultVersion)
-		if in.Weight == 0 {
-			in.Weight = 1
-		}
+		c.Instances[i].SetDefaults()
 	}
 }
 
@@ -262,9 +337,9 @@ func (c *Config) Validate() error {
 		bad("redis.timeout", c.Redis.Timeout, "want at least 1ms and below envoy.message_timeout "+c.Envoy.MessageTimeout.String())
 	}
 	switch c.Routing.Mode {
-	case ModeSticky, ModeRandom:
+	case ModeSticky, ModeRandom, ModeHybrid:
 	default:
-		bad("routing.mode", c.Routing.Mode, `want "sticky" or "random"`)
+		bad("routing.mode", c.Routing.Mode, `want "sticky", "random" or "hybrid"`)
 	}
 	if se := *c.Routing.StickyEnabled; se != 0 && se != 1 {
 		bad("routing.sticky_enabled", se, "want 0 or 1")
@@ -290,9 +365,12 @@ func (c *Config) Validate() error {
 	for _, h := range []struct{ key, v string }{
 		{"identity.session_header", c.Identity.SessionHeader}, {"identity.auth_header", c.Identity.AuthHeader},
 		{"identity.device_header", c.Identity.DeviceHeader}, {"identity.user_header", c.Identity.UserHeader},
-		{"routing.cluster_header", c.Routing.ClusterHeader},
+		{"routing.cluster_header", c.Routing.ClusterHeader}, {"routing.tier_header", c.Routing.TierHeader},
+		{"routing.canary_by_header", c.Routing.CanaryByHeader},
 	} {
 		switch {
+		case h.v == "" && h.key == "routing.canary_by_header":
+			// off
 		case !headerName.MatchString(h.v):
 			bad(h.key, h.v, "want a lower-case header name")
 		case used[h.v] != "":
@@ -301,6 +379,10 @@ func (c *Config) Validate() error {
 			used[h.v] = h.key
 		}
 	}
+	if !headerName.MatchString(c.Routing.QueueDepthHeader) {
+		bad("routing.queue_depth_header", c.Routing.QueueDepthHeader, "want a lower-case header name")
+	}
+	c.validateRouting(bad)
 	if c.Identity.MaxValueBytes < 16 || c.Identity.MaxValueBytes > 8192 {
 		bad("identity.max_value_bytes", c.Identity.MaxValueBytes, "want 16 to 8192")
 	}
@@ -328,6 +410,15 @@ func (c *Config) Validate() error {
 		}
 		if !(in.Weight > 0) || in.Weight > 1e6 {
 			bad(key+".weight", in.Weight, "want a number above 0 and at most 1e6")
+		}
+		// 0 is the default (kv_sessions left out); Parse and SetDefaults fill it in.
+		if in.KVSessions < 0 || in.KVSessions > MaxKVSessions {
+			bad(key+".kv_sessions", in.KVSessions, fmt.Sprintf("want 1 to %d", MaxKVSessions))
+		}
+		switch in.Pool {
+		case "", PoolSpot:
+		default:
+			bad(key+".pool", in.Pool, `want "" (on-demand) or "spot"`)
 		}
 	}
 	c.validateEnvoy(bad)

@@ -227,6 +227,7 @@ func TestLocalStackConfigIsValid(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(good))
 	f.Add([]byte("[routing]\nmax_sticky_duration = 1e300"))
+	f.Add([]byte(routingExample))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse(data)
 		if err == nil {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	_ "time/tzdata" // routing.rules time zones on hosts without zoneinfo
 
 	"github.com/spf13/cobra"
 )

@@ -27,7 +27,6 @@ import (
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/extproc"
-	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/metrics"
 	redisstore "github.com/tetherproxy/tether/store/redis"
@@ -193,27 +192,6 @@ func (ls *listeners) close() {
 			_ = l.Close()
 		}
 	}
-}
-
-// Instances turns the configured instances into the fleet's.
-func Instances(cfg config.Config) []fleet.Instance {
-	out := make([]fleet.Instance, len(cfg.Instances))
-	for i, in := range cfg.Instances {
-		out[i] = fleet.Instance{Name: in.Name, Address: in.Address, Zone: in.Zone, Version: in.Version, Weight: in.Weight}
-	}
-	return out
-}
-
-// Policy turns the routing section into the decision policy.
-func Policy(cfg config.Config) affinity.Policy {
-	mode := affinity.Random
-	if cfg.Routing.Sticky() {
-		mode = affinity.Sticky
-	}
-	return affinity.Policy{Mode: mode, Lifetime: affinity.Lifetime{
-		Idle: cfg.Routing.IdleTimeout.D,
-		Max:  cfg.Routing.MaxStickyDuration.D,
-	}}
 }
 
 // identitySecret returns the HMAC secret. Replicas sharing a Redis must

@@ -1,0 +1,102 @@
+package server
+
+import (
+	"fmt"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/fleet"
+)
+
+// Instances turns the configured instances into the fleet's. Unset
+// version, weight and kv_sessions take their defaults.
+func Instances(cfg config.Config) []fleet.Instance {
+	out := make([]fleet.Instance, len(cfg.Instances))
+	for i, in := range cfg.Instances {
+		in.SetDefaults()
+		out[i] = fleet.Instance{
+			Name: in.Name, Address: in.Address, Zone: in.Zone, Version: in.Version, Weight: in.Weight,
+			KVSessions: in.KVSessions, Pool: in.Pool,
+		}
+	}
+	return out
+}
+
+// Policy turns the routing section and [[versions]] into the decision
+// policy. cfg must have passed config.Validate: a rule it cannot parse is a
+// programming error, and Policy panics rather than route on a rule that
+// matches more (or less) than the operator wrote.
+func Policy(cfg config.Config) affinity.Policy {
+	r := cfg.Routing
+	p := affinity.Policy{
+		Mode:     policyMode(r),
+		Adaptive: r.AdaptiveSticky == 1,
+		Lifetime: affinity.Lifetime{
+			Idle: r.IdleTimeout.D,
+			Max:  r.MaxStickyDuration.D,
+		},
+		VersionAffinity: versionAffinity[r.VersionAffinity],
+		CanaryHeader:    r.CanaryByHeader,
+		Epsilon:         r.BoundedLoadEpsilon,
+		Saturation:      affinity.Saturation{InFlight: r.SaturationInFlight, QueueDepth: r.SaturationQueueDepth},
+		TierHeader:      r.TierHeader,
+	}
+	for _, v := range cfg.Versions {
+		p.Versions = append(p.Versions, affinity.VersionWeight{Name: v.Name, Weight: v.Weight, Canary: v.Canary})
+	}
+	for i, rule := range r.Rules {
+		re, err := rule.Pattern()
+		if err != nil {
+			panic(fmt.Sprintf("server.Policy: routing.rules[%d] (%s): %v: the configuration was not validated", i, rule.Name, err))
+		}
+		w, err := rule.Window()
+		if err != nil {
+			panic(fmt.Sprintf("server.Policy: routing.rules[%d] (%s): %v: the configuration was not validated", i, rule.Name, err))
+		}
+		var win *affinity.Window
+		if w != nil {
+			win = &affinity.Window{From: w.From, To: w.To, Days: w.Days, Location: w.Location}
+		}
+		p.Rules = append(p.Rules, affinity.Rule{
+			Name:       rule.Name,
+			PathPrefix: rule.PathPrefix,
+			Header:     rule.Header,
+			Value:      rule.Value,
+			Regex:      re,
+			Tiers:      append([]string(nil), rule.Tiers...),
+			Window:     win,
+			Mode:       ruleMode[rule.Mode],
+			Idle:       rule.IdleTimeout.D,
+			Priority:   priority[rule.Priority],
+			Version:    rule.Version,
+		})
+	}
+	return p
+}
+
+// policyMode is the mode for requests no rule matches. sticky_enabled = 0
+// turns sticky and hybrid routing into random, as it always has; so does a
+// mode Validate would refuse (binding nothing is the safe way to be wrong).
+func policyMode(r config.Routing) affinity.Mode {
+	switch {
+	case r.Sticky():
+		return affinity.Sticky
+	case r.Mode == config.ModeHybrid && (r.StickyEnabled == nil || *r.StickyEnabled != 0):
+		return affinity.Hybrid
+	}
+	return affinity.Random
+}
+
+// The configuration's spellings and the policy's, side by side; the
+// configuration validated every key, so a lookup always finds one.
+var (
+	ruleMode = map[string]affinity.Mode{
+		"": "", config.ModeSticky: affinity.Sticky, config.ModeRandom: affinity.Random, config.ModeAdaptive: affinity.Adaptive,
+	}
+	versionAffinity = map[string]affinity.VersionAffinity{
+		config.VersionStrict: affinity.Strict, config.VersionPrefer: affinity.Prefer, config.VersionNone: affinity.AnyVersion,
+	}
+	priority = map[string]affinity.Priority{
+		"": "", config.PriorityNormal: affinity.Normal, config.PriorityHigh: affinity.High,
+	}
+)

@@ -9,18 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetherproxy/tether/fleet"
-	"github.com/tetherproxy/tether/identity"
-)
-
-// Mode is the routing policy.
-type Mode string
-
-const (
-	Sticky Mode = "sticky"
-	Random Mode = "random"
 )
 
 // Kind says how a decision was reached; it is what x-tether-decision shows
@@ -31,7 +23,10 @@ const (
 	KindHit       Kind = "hit"       // an existing binding was used
 	KindBind      Kind = "bind"      // a new session was placed and bound
 	KindRebind    Kind = "rebind"    // the binding outlived max_sticky_duration and was placed again
-	KindMoved     Kind = "moved"     // the bound instance left the fleet; the session was placed again
+	KindMoved     Kind = "moved"     // the bound instance left the fleet (or changed model); the session was placed again
+	KindMigrated  Kind = "migrated"  // an operator migrated the session to another model version
+	KindDrained   Kind = "drained"   // an operator drained the session's instance
+	KindSpilled   Kind = "spilled"   // adaptive: the session's instance was saturated; it moved to its next choice
 	KindRandom    Kind = "random"    // random mode (or sticky disabled)
 	KindAnonymous Kind = "anonymous" // no usable identity: routed at random
 	KindDegraded  Kind = "degraded"  // the store failed: placed by rendezvous hashing without it
@@ -40,15 +35,13 @@ const (
 // ErrNoInstance means the fleet has no healthy instance.
 var ErrNoInstance = errors.New("no healthy instance")
 
+// ErrNoVersion means a session under strict version affinity has no
+// healthy instance of its model version.
+var ErrNoVersion = errors.New("no healthy instance of the session's model version")
+
 // ErrFleetMismatch means the store holds a binding to an instance this
 // replica's fleet does not have.
 var ErrFleetMismatch = errors.New("session bound to an instance unknown to this replica")
-
-// Policy is the part of the configuration the decision reads.
-type Policy struct {
-	Mode     Mode
-	Lifetime Lifetime
-}
 
 // Fleet is what the decision needs to know about instances.
 type Fleet interface {
@@ -58,8 +51,9 @@ type Fleet interface {
 // Decision is the outcome for one request.
 type Decision struct {
 	Instance fleet.Instance
-	Mode     Mode
+	Mode     Mode // Sticky, Adaptive or Random: how this request was routed
 	Kind     Kind
+	Rule     string // the rule that matched, "" for none
 	// Err is the store error behind a degraded decision, for logging.
 	Err error
 }
@@ -68,7 +62,8 @@ type Decision struct {
 type Decider struct {
 	store  Store
 	fleet  Fleet
-	policy Policy
+	load   *Load
+	policy atomic.Pointer[Policy]
 	now    func() time.Time
 	rand   func() uint64
 }
@@ -83,70 +78,334 @@ func WithClock(now func() time.Time) Option { return func(d *Decider) { d.now = 
 // for concurrent use.
 func WithRand(r func() uint64) Option { return func(d *Decider) { d.rand = r } }
 
+// WithLoad gives the decider the fleet's load: bounded-load placement,
+// adaptive saturation and drained instances use it. Without it every
+// instance counts as idle.
+func WithLoad(l *Load) Option { return func(d *Decider) { d.load = l } }
+
 // New returns a Decider.
 func New(store Store, f Fleet, p Policy, opts ...Option) *Decider {
-	d := &Decider{store: store, fleet: f, policy: p, now: time.Now, rand: rand.Uint64}
+	d := &Decider{store: store, fleet: f, now: time.Now, rand: rand.Uint64}
 	for _, o := range opts {
 		o(d)
 	}
+	if d.load == nil {
+		d.load = NewLoad(nil, "")
+	}
+	d.SetPolicy(p)
 	return d
 }
 
-// Decide picks the instance for a request from caller id.
-func (d *Decider) Decide(ctx context.Context, id identity.Identity) (Decision, error) {
-	healthy := d.fleet.Healthy()
+// SetPolicy replaces the policy; decisions already under way finish with
+// the old one.
+func (d *Decider) SetPolicy(p Policy) {
+	if p.Epsilon <= 0 {
+		p.Epsilon = 0.25
+	}
+	d.policy.Store(&p)
+}
+
+// Policy returns the policy in force.
+func (d *Decider) Policy() Policy { return *d.policy.Load() }
+
+// Load returns the load view the decider uses.
+func (d *Decider) Load() *Load { return d.load }
+
+// Decide picks the instance for a request. A decision counts as a request
+// in flight to its instance until Finish.
+func (d *Decider) Decide(ctx context.Context, req Request) (Decision, error) {
+	p := d.policy.Load()
+	healthy := d.available()
 	if len(healthy) == 0 {
 		return Decision{}, ErrNoInstance
 	}
+	now := d.now()
+	c := p.resolve(req, now)
+	var dec Decision
+	var err error
 	switch {
-	case d.policy.Mode != Sticky:
-		return d.random(healthy, KindRandom), nil
-	case id.Anonymous():
-		return d.random(healthy, KindAnonymous), nil
+	case c.mode == Random:
+		dec = d.random(p, req, c, healthy, KindRandom)
+	case req.ID.Anonymous():
+		dec = d.random(p, req, c, healthy, KindAnonymous)
+	default:
+		dec, err = d.sticky(ctx, p, req, c, healthy, now)
 	}
-	return d.sticky(ctx, id.Key, healthy)
+	if err != nil {
+		return Decision{}, err
+	}
+	dec.Rule = c.rule
+	d.load.Begin(dec.Instance.Name)
+	return dec, nil
 }
 
-func (d *Decider) sticky(ctx context.Context, key string, healthy []fleet.Instance) (Decision, error) {
-	place := Rendezvous(key, healthy)
-	cand := Binding{Instance: place.Name, Since: d.now()}
-	b, out, err := d.store.GetOrBind(ctx, key, cand, d.policy.Lifetime)
-	if err != nil {
-		return d.storeFailed(ctx, place, err)
+// Finish ends the request dec routed: status is the instance's answer (0
+// when none came), queue the queue depth it reported (known false when it
+// did not).
+func (d *Decider) Finish(dec Decision, queue int, known bool) {
+	d.load.End(dec.Instance.Name, queue, known)
+}
+
+// available is the healthy instances minus the drained ones.
+func (d *Decider) available() []fleet.Instance {
+	healthy := d.fleet.Healthy()
+	for i, in := range healthy {
+		if d.load.Drained(in.Name) {
+			out := append([]fleet.Instance(nil), healthy[:i]...)
+			for _, in := range healthy[i+1:] {
+				if !d.load.Drained(in.Name) {
+					out = append(out, in)
+				}
+			}
+			return out
+		}
 	}
+	return healthy
+}
+
+func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, healthy []fleet.Instance, now time.Time) (Decision, error) {
+	key := req.ID.Key
+	mode := Sticky
+	if c.adaptive {
+		mode = Adaptive
+	}
+	cands := stickyCandidates(p.versionOf(c, d.rand), healthy)
+	place := d.place(key, cands, p.Epsilon)
+	lt := Lifetime{Idle: c.idle, Max: p.Lifetime.Max}
+	res, err := d.store.GetOrBind(ctx, Lookup{
+		Key: key, Aliases: req.ID.Aliases, Candidate: Binding{Instance: place.Name, Version: place.Version, Since: now}, Lifetime: lt,
+	})
+	if err != nil {
+		return d.storeFailed(ctx, key, cands, mode, err)
+	}
+	b := res.Binding
 	kind := KindHit
-	switch out {
+	switch res.Outcome {
 	case Created:
 		kind = KindBind
+		d.load.Placed(b.Instance, "")
 	case Renewed:
 		kind = KindRebind
+		d.load.Placed(b.Instance, "")
 	}
-	if in, ok := find(healthy, b.Instance); ok {
-		return Decision{Instance: in, Mode: Sticky, Kind: kind}, nil
+	in, ok := find(healthy, b.Instance)
+	// Why the session must leave its instance, if it must.
+	switch {
+	case res.Move.Version != "" && res.Move.Version != b.Version:
+		kind = KindMigrated
+	case res.Move.Off != "" && res.Move.Off == b.Instance:
+		kind = KindDrained
+	case !ok:
+		kind = KindMoved
+	case b.Version != "" && in.Version != b.Version && p.VersionAffinity != AnyVersion:
+		// The instance now serves another model: its KV cache is no use.
+		kind = KindMoved
+	case c.adaptive && c.priority != High && d.load.Saturated(in.Name, p.Saturation):
+		kind = KindSpilled
+	default:
+		return Decision{Instance: in, Mode: mode, Kind: kind}, nil
 	}
-	// The binding names an instance that is no longer in the fleet: move
-	// the session, unless another replica already did.
-	b, err = d.store.Replace(ctx, key, b.Instance, cand, d.policy.Lifetime)
+	next, err := d.relocate(p, req, c, key, b, res.Move, kind, healthy)
+	if errors.Is(err, errStay) {
+		return Decision{Instance: in, Mode: mode, Kind: KindHit}, nil
+	}
 	if err != nil {
-		return d.storeFailed(ctx, place, err)
+		return Decision{}, err
 	}
-	if in, ok := find(healthy, b.Instance); ok {
-		return Decision{Instance: in, Mode: Sticky, Kind: KindMoved}, nil
+	nb, err := d.store.Replace(ctx, res.Key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now}, lt)
+	if err != nil {
+		return d.storeFailed(ctx, key, cands, mode, err)
+	}
+	if nb.Instance == next.Name {
+		d.load.Placed(next.Name, b.Instance)
+	}
+	if in, ok := find(healthy, nb.Instance); ok {
+		return Decision{Instance: in, Mode: mode, Kind: kind}, nil
 	}
 	// Another replica moved the session to an instance this one does not
 	// know (their fleets differ, as during a rollout): route by our own
-	// placement for now, and say so.
-	return Decision{Instance: place, Mode: Sticky, Kind: KindDegraded, Err: fmt.Errorf("%w: %s", ErrFleetMismatch, b.Instance)}, nil
+	// choice for now, and say so.
+	return Decision{Instance: next, Mode: mode, Kind: KindDegraded, Err: fmt.Errorf("%w: %s", ErrFleetMismatch, nb.Instance)}, nil
+}
+
+// errStay: the session keeps its instance (a saturated instance with no
+// unsaturated alternative).
+var errStay = errors.New("stay")
+
+// relocate chooses where a session bound as b goes when it must leave its
+// instance for reason kind.
+func (d *Decider) relocate(p *Policy, req Request, c choice, key string, b Binding, mv Move, kind Kind, healthy []fleet.Instance) (fleet.Instance, error) {
+	others := without(healthy, b.Instance)
+	var cands []fleet.Instance
+	switch {
+	case kind == KindMigrated:
+		cands = ofVersion(others, mv.Version)
+		if len(cands) == 0 {
+			// Nothing of the target version is up: the move waits for the next turn.
+			if _, ok := find(healthy, b.Instance); ok {
+				return fleet.Instance{}, errStay
+			}
+		}
+	case kind == KindSpilled:
+		for _, in := range others {
+			if (b.Version == "" || in.Version == b.Version) && !d.load.Saturated(in.Name, p.Saturation) {
+				cands = append(cands, in)
+			}
+		}
+		if len(cands) == 0 {
+			return fleet.Instance{}, errStay
+		}
+		// The next choice in the session's own ranking, so every replica
+		// spills a session the same way and it comes back when it can.
+		return Rendezvous(key, avoidSpot(cands)), nil
+	case b.Version == "" || p.VersionAffinity == AnyVersion:
+		cands = stickyCandidates(p.versionOf(c, d.rand), others)
+	default:
+		cands = ofVersion(others, b.Version)
+		if len(cands) == 0 && p.VersionAffinity == Prefer {
+			cands = stickyCandidates(p.versionOf(c, d.rand), others)
+		}
+	}
+	if len(cands) == 0 {
+		if p.VersionAffinity == Strict && b.Version != "" && kind != KindMigrated {
+			return fleet.Instance{}, fmt.Errorf("%w %q", ErrNoVersion, b.Version)
+		}
+		return fleet.Instance{}, ErrNoInstance
+	}
+	return d.place(key, avoidSpot(cands), p.Epsilon), nil
 }
 
 // storeFailed places by rendezvous hashing when the store fails, unless the
 // request itself is gone (Envoy's message timeout, a client that left):
-// that is not the store's fault and nobody waits for the answer.
-func (d *Decider) storeFailed(ctx context.Context, place fleet.Instance, err error) (Decision, error) {
+// that is not the store's fault and nobody waits for the answer. Plain
+// rendezvous, without the load bound, is where most sessions already are.
+func (d *Decider) storeFailed(ctx context.Context, key string, cands []fleet.Instance, mode Mode, err error) (Decision, error) {
 	if ctx.Err() != nil {
 		return Decision{}, ctx.Err()
 	}
-	return Decision{Instance: place, Mode: Sticky, Kind: KindDegraded, Err: err}, nil
+	return Decision{Instance: Rendezvous(key, cands), Mode: mode, Kind: KindDegraded, Err: err}, nil
+}
+
+// random picks an instance with probability proportional to its weight,
+// among the instances of the request's version, spot ones first.
+func (d *Decider) random(p *Policy, req Request, c choice, healthy []fleet.Instance, kind Kind) Decision {
+	cands := healthy
+	if v := p.versionOf(c, d.rand); v != "" {
+		if of := ofVersion(healthy, v); len(of) > 0 {
+			cands = of
+		}
+	}
+	cands = preferSpot(cands)
+	total := 0.0
+	for _, in := range cands {
+		total += in.Weight
+	}
+	// 53 random bits give a uniform float in [0,1).
+	x := float64(d.rand()>>11) / (1 << 53) * total
+	pick := cands[len(cands)-1]
+	for _, in := range cands {
+		if x < in.Weight {
+			pick = in
+			break
+		}
+		x -= in.Weight
+	}
+	return Decision{Instance: pick, Mode: Random, Kind: kind}
+}
+
+// place is bounded-load rendezvous placement: the highest-ranked instance
+// whose active sessions are below its bound, max(⌈(1+ε)·(A+1)·w/W⌉,
+// kv_sessions), where A is the active sessions and W the weight of all
+// candidates. Below its KV capacity an instance always qualifies: its
+// cache has room, and keeping the hash's choice keeps replicas (and tether
+// without Redis) in agreement. When every instance is at its bound the
+// hash's first choice takes the session.
+func (d *Decider) place(key string, cands []fleet.Instance, eps float64) fleet.Instance {
+	if len(cands) == 1 {
+		return cands[0]
+	}
+	active := make([]int, len(cands))
+	total, weight := 0, 0.0
+	for i, in := range cands {
+		active[i] = d.load.Active(in.Name)
+		total += active[i]
+		weight += in.Weight
+	}
+	order := ranking(key, cands)
+	for _, i := range order {
+		in := cands[i]
+		bound := max(ceil((1+eps)*float64(total+1)*in.Weight/weight), in.KVSessions)
+		if active[i] < bound {
+			return in
+		}
+	}
+	return cands[order[0]]
+}
+
+func ceil(x float64) int {
+	n := int(x)
+	if float64(n) < x {
+		n++
+	}
+	return n
+}
+
+// stickyCandidates is where a session of version v may be placed: the
+// healthy instances of v (all of them when v is "" or has none), on-demand
+// before spot.
+func stickyCandidates(v string, healthy []fleet.Instance) []fleet.Instance {
+	cands := healthy
+	if v != "" {
+		if of := ofVersion(healthy, v); len(of) > 0 {
+			cands = of
+		}
+	}
+	return avoidSpot(cands)
+}
+
+// avoidSpot drops spot instances unless nothing else is left.
+func avoidSpot(in []fleet.Instance) []fleet.Instance { return pool(in, false) }
+
+// preferSpot keeps only spot instances when there are any.
+func preferSpot(in []fleet.Instance) []fleet.Instance { return pool(in, true) }
+
+func pool(in []fleet.Instance, spot bool) []fleet.Instance {
+	n := 0
+	for _, i := range in {
+		if i.Spot() == spot {
+			n++
+		}
+	}
+	if n == 0 || n == len(in) {
+		return in
+	}
+	out := make([]fleet.Instance, 0, n)
+	for _, i := range in {
+		if i.Spot() == spot {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func ofVersion(in []fleet.Instance, v string) []fleet.Instance {
+	var out []fleet.Instance
+	for _, i := range in {
+		if i.Version == v {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func without(in []fleet.Instance, name string) []fleet.Instance {
+	out := make([]fleet.Instance, 0, len(in))
+	for _, i := range in {
+		if i.Name != name {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 func find(instances []fleet.Instance, name string) (fleet.Instance, bool) {
@@ -158,21 +417,111 @@ func find(instances []fleet.Instance, name string) (fleet.Instance, bool) {
 	return fleet.Instance{}, false
 }
 
-// random picks an instance with probability proportional to its weight.
-func (d *Decider) random(healthy []fleet.Instance, kind Kind) Decision {
-	total := 0.0
-	for _, in := range healthy {
-		total += in.Weight
-	}
-	// 53 random bits give a uniform float in [0,1).
-	x := float64(d.rand()>>11) / (1 << 53) * total
-	pick := healthy[len(healthy)-1]
-	for _, in := range healthy {
-		if x < in.Weight {
-			pick = in
-			break
-		}
-		x -= in.Weight
-	}
-	return Decision{Instance: pick, Mode: d.policy.Mode, Kind: kind}
+// choice is what the policy and the matching rule say for one request.
+type choice struct {
+	rule     string
+	mode     Mode // Sticky or Random
+	adaptive bool
+	priority Priority
+	idle     time.Duration
+	version  string // the rule's version, "" for none
+	canary   string // the canary header's value
+	cohort   string // what canary cohorts hash: the user, else the session
 }
+
+// resolve applies the first matching rule to the policy.
+func (p *Policy) resolve(req Request, now time.Time) choice {
+	c := choice{mode: p.Mode, adaptive: p.Adaptive, priority: Normal, idle: p.Lifetime.Idle,
+		canary: req.header(p.CanaryHeader), cohort: req.ID.Cohort}
+	if c.cohort == "" {
+		c.cohort = req.ID.Key
+	}
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		if !r.matches(req, p.TierHeader, now) {
+			continue
+		}
+		c.rule = r.Name
+		switch r.Mode {
+		case Sticky, Random:
+			c.mode, c.adaptive = r.Mode, false
+		case Adaptive:
+			c.mode, c.adaptive = Sticky, true
+		}
+		if r.Idle > 0 {
+			c.idle = r.Idle
+		}
+		if r.Priority != "" {
+			c.priority = r.Priority
+		}
+		c.version = r.Version
+		break
+	}
+	if c.mode == Hybrid {
+		// Hybrid's unmatched traffic is the edge: random.
+		c.mode = Random
+	}
+	if c.mode == Random {
+		c.adaptive = false
+	}
+	return c
+}
+
+// versionOf is the model version a new session (or a random request)
+// starts on: the rule's, else by the [[versions]] weights over a hash of
+// the cohort, so a user is consistently in or out of a canary. A canary
+// header "always" or "never" restricts the choice to or away from the
+// canary versions. Requests without a cohort (anonymous) draw from draw.
+func (p *Policy) versionOf(c choice, draw func() uint64) string {
+	if c.version != "" {
+		return c.version
+	}
+	if len(p.Versions) == 0 {
+		return ""
+	}
+	var set []VersionWeight
+	switch c.canary {
+	case "always", "never":
+		want := c.canary == "always"
+		for _, v := range p.Versions {
+			if v.Canary == want {
+				set = append(set, v)
+			}
+		}
+	}
+	if len(set) == 0 {
+		set = p.Versions
+	}
+	// Canaries first: raising a canary's weight only adds users to it.
+	ordered := make([]VersionWeight, 0, len(set))
+	total := 0.0
+	for pass := range 2 {
+		for _, v := range set {
+			if v.Canary == (pass == 0) {
+				ordered = append(ordered, v)
+				total += v.Weight
+			}
+		}
+	}
+	if total == 0 {
+		// A forced canary with weight 0: the first one.
+		return ordered[0].Name
+	}
+	var u float64
+	if c.cohort != "" {
+		u = unit(mix64(fnv64(c.cohort) ^ 0x63616e617279)) // "canary"
+	} else {
+		u = unit(draw())
+	}
+	x := u * total
+	for _, v := range ordered {
+		if x < v.Weight {
+			return v.Name
+		}
+		x -= v.Weight
+	}
+	return ordered[len(ordered)-1].Name
+}
+
+// unit maps 64 random bits to [0,1).
+func unit(h uint64) float64 { return float64(h>>11) / (1 << 53) }

@@ -39,8 +39,8 @@ func (c *clock) add(d time.Duration) {
 
 var lifetime = affinity.Lifetime{Idle: 30 * time.Minute, Max: 1800 * time.Second}
 
-func session(s string) identity.Identity {
-	return identity.Identity{Key: "s:" + s, Source: identity.SourceSession}
+func session(s string) affinity.Request {
+	return affinity.Request{ID: identity.Identity{Key: "s:" + s, Source: identity.SourceSession}}
 }
 
 func TestStickyLifecycle(t *testing.T) {
@@ -129,8 +129,8 @@ type failingStore struct{}
 
 var errDown = errors.New("connection refused")
 
-func (failingStore) GetOrBind(context.Context, string, affinity.Binding, affinity.Lifetime) (affinity.Binding, affinity.Outcome, error) {
-	return affinity.Binding{}, 0, errDown
+func (failingStore) GetOrBind(context.Context, affinity.Lookup) (affinity.Result, error) {
+	return affinity.Result{}, errDown
 }
 
 func (failingStore) Replace(context.Context, string, string, affinity.Binding, affinity.Lifetime) (affinity.Binding, error) {
@@ -154,11 +154,11 @@ func TestRandomRouting(t *testing.T) {
 	tests := []struct {
 		name   string
 		policy affinity.Policy
-		id     identity.Identity
+		id     affinity.Request
 		kind   affinity.Kind
 	}{
 		{"random mode", affinity.Policy{Mode: affinity.Random}, session("a"), affinity.KindRandom},
-		{"anonymous under sticky", affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, identity.Identity{Source: identity.SourceAnonymous}, affinity.KindAnonymous},
+		{"anonymous under sticky", affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, affinity.Request{ID: identity.Identity{Source: identity.SourceAnonymous}}, affinity.KindAnonymous},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -220,7 +220,7 @@ func TestRandomIsUnbiased(t *testing.T) {
 				const n = 4000
 				counts := make([]int, len(ins))
 				for i := 0; i < n; i++ {
-					got, _ := d.Decide(context.Background(), identity.Identity{})
+					got, _ := d.Decide(context.Background(), affinity.Request{})
 					var idx int
 					fmt.Sscanf(got.Instance.Name, "gpu-%d", &idx)
 					counts[idx]++
@@ -320,9 +320,9 @@ func TestConcurrentDecisionsAgree(t *testing.T) {
 // blockingStore waits until the caller gives up.
 type blockingStore struct{}
 
-func (blockingStore) GetOrBind(ctx context.Context, _ string, _ affinity.Binding, _ affinity.Lifetime) (affinity.Binding, affinity.Outcome, error) {
+func (blockingStore) GetOrBind(ctx context.Context, _ affinity.Lookup) (affinity.Result, error) {
 	<-ctx.Done()
-	return affinity.Binding{}, 0, ctx.Err()
+	return affinity.Result{}, ctx.Err()
 }
 
 func (blockingStore) Replace(ctx context.Context, _ string, _ string, _ affinity.Binding, _ affinity.Lifetime) (affinity.Binding, error) {
@@ -345,7 +345,7 @@ func TestUnknownInstanceFromAnotherReplicaIsDegraded(t *testing.T) {
 	ctx := context.Background()
 	now := time.Unix(1_700_000_000, 0)
 	// Another replica bound the session to gpu-9, which this one lacks.
-	if _, _, err := st.GetOrBind(ctx, "s:x", affinity.Binding{Instance: "gpu-9", Since: now}, lifetime); err != nil {
+	if _, err := st.GetOrBind(ctx, affinity.Lookup{Key: "s:x", Candidate: affinity.Binding{Instance: "gpu-9", Since: now}, Lifetime: lifetime}); err != nil {
 		t.Fatal(err)
 	}
 	race := &replaceLoser{Store: st, winner: "gpu-10"}

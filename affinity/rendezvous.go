@@ -2,6 +2,8 @@ package affinity
 
 import (
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/tetherproxy/tether/fleet"
 )
@@ -16,15 +18,20 @@ func Rendezvous(key string, healthy []fleet.Instance) fleet.Instance {
 	kh := fnv64(key)
 	best, bestScore := 0, math.Inf(-1)
 	for i, in := range healthy {
-		h := mix64(kh ^ fnv64(in.Name))
-		// u in (0,1): 53 bits, never 0 or 1.
-		u := (float64(h>>11) + 0.5) / (1 << 53)
-		score := -in.Weight / math.Log(u)
+		score := score(kh, in)
 		if score > bestScore || (score == bestScore && in.Name < healthy[best].Name) {
 			best, bestScore = i, score
 		}
 	}
 	return healthy[best]
+}
+
+// score is in's weighted rendezvous score for a key hashing to kh.
+func score(kh uint64, in fleet.Instance) float64 {
+	h := mix64(kh ^ fnv64(in.Name))
+	// u in (0,1): 53 bits, never 0 or 1.
+	u := (float64(h>>11) + 0.5) / (1 << 53)
+	return -in.Weight / math.Log(u)
 }
 
 // fnv64 is FNV-1a; stable across processes and versions, unlike maphash.
@@ -45,4 +52,26 @@ func mix64(x uint64) uint64 {
 	x *= 0x94d049bb133111eb
 	x ^= x >> 31
 	return x
+}
+
+// ranking returns the indexes of instances in descending rendezvous order
+// for key: ranking(key, in)[0] is Rendezvous's choice.
+func ranking(key string, instances []fleet.Instance) []int {
+	kh := fnv64(key)
+	scores := make([]float64, len(instances))
+	order := make([]int, len(instances))
+	for i, in := range instances {
+		scores[i] = score(kh, in)
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		switch {
+		case scores[a] > scores[b]:
+			return -1
+		case scores[a] < scores[b]:
+			return 1
+		}
+		return strings.Compare(instances[a].Name, instances[b].Name)
+	})
+	return order
 }

@@ -7,9 +7,11 @@ import (
 	"time"
 )
 
-// Binding ties a session key to one instance.
+// Binding ties a session key to one instance and the model version the
+// session runs on.
 type Binding struct {
 	Instance string    // instance name
+	Version  string    // model version the session started on (or was migrated to); may be empty
 	Since    time.Time // when the session was (last) placed; max_sticky_duration counts from here
 }
 
@@ -43,20 +45,62 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
+// Move is an operator's request, stored with a binding, that the session be
+// placed again at its next turn. Replace clears it.
+type Move struct {
+	Version string // move to this model version (blue-green migration)
+	Off     string // move off this instance (drain)
+}
+
+// Pending reports whether a move was requested.
+func (m Move) Pending() bool { return m.Version != "" || m.Off != "" }
+
+// Lookup is one GetOrBind request.
+type Lookup struct {
+	// Key is the strongest identity key of the request.
+	Key string
+	// Aliases are the weaker keys the request also carried. Each is linked
+	// to the session for the session's idle lifetime, so a later request
+	// that carries only one of them finds the same session.
+	Aliases []string
+	// Candidate is stored when the session has no binding (or it outlived
+	// Lifetime.Max). Candidate.Since is "now" for the store.
+	Candidate Binding
+	Lifetime  Lifetime
+}
+
+// Result is what GetOrBind returns.
+type Result struct {
+	// Key is the session key the binding is stored under: Lookup.Key, or
+	// the key Lookup.Key is linked to when it is an alias. Replace takes it.
+	Key     string
+	Binding Binding
+	Outcome Outcome
+	// Move is a pending operator move (only on Found).
+	Move Move
+}
+
 // Store keeps session bindings. Keys are already hashed by the identity
 // package; a store may prefix them but never sees a raw identifier.
 //
-// Both methods are atomic: two callers racing on the same key observe one
-// winner and both return the winner's binding. Each is one round trip to a
-// remote store. A missing key is not an error.
+// Both methods are atomic per session: two callers racing on the same key
+// observe one winner and both return the winner's binding. A missing key
+// is not an error.
+//
+// A store also keeps, per instance, an index of the sessions bound to it
+// (members expire with the sessions), so that active sessions can be
+// counted and an instance's sessions found (SessionIndex).
 type Store interface {
-	// GetOrBind returns the binding of key, refreshing its idle timeout. When
-	// there is none, or it is older than lt.Max measured at candidate.Since,
-	// candidate is stored and returned.
-	GetOrBind(ctx context.Context, key string, candidate Binding, lt Lifetime) (Binding, Outcome, error)
+	// GetOrBind resolves l.Key (following an alias link when l.Key has
+	// one), links l.Aliases to the resolved key, and returns its binding,
+	// refreshing its idle timeout. When there is none, or it is older than
+	// l.Lifetime.Max measured at l.Candidate.Since, the candidate is stored
+	// and returned. A hit is one round trip to a remote store.
+	GetOrBind(ctx context.Context, l Lookup) (Result, error)
 	// Replace moves key to next if it is still bound to instance old (or not
-	// bound at all), and returns the binding now stored: next on success, the
-	// binding another caller stored first otherwise.
+	// bound at all), clears any pending Move, and returns the binding now
+	// stored: next on success, the binding another caller stored first
+	// otherwise. key is a Result.Key, never an alias.
 	Replace(ctx context.Context, key, old string, next Binding, lt Lifetime) (Binding, error)
 }
 
@@ -74,4 +118,57 @@ func CheckBinding(b Binding, lt Lifetime) error {
 		return fmt.Errorf("max lifetime must not be negative, got %v", lt.Max)
 	}
 	return nil
+}
+
+// Session is one stored session, for operators (tether sessions show).
+type Session struct {
+	Key     string        // the session key (after following an alias)
+	Binding Binding       //
+	Move    Move          // pending operator move
+	TTL     time.Duration // until the binding expires if unused
+}
+
+// MarkFilter selects the sessions Mark acts on.
+type MarkFilter struct {
+	Instance string // sessions in this instance's index
+	Version  string // only those whose binding records this version ("" any)
+	Limit    int    // mark at most this many (0: all)
+}
+
+// SessionIndex is what operations need beyond the hot path: reading one
+// session, counting the sessions per instance, and asking sessions to move.
+type SessionIndex interface {
+	// Show returns the session stored under key (following an alias link).
+	// ok is false when there is none.
+	Show(ctx context.Context, key string, now time.Time) (s Session, ok bool, err error)
+	// Mark stores m as a pending move on the sessions selected by f that
+	// have no pending move yet, and returns how many it marked and how many
+	// selected sessions are still unmarked after it.
+	Mark(ctx context.Context, f MarkFilter, m Move, now time.Time) (marked, remaining int, err error)
+}
+
+// LoadReport is what one tether replica tells the others about the
+// requests it has in flight and the queue depth instances last reported to it.
+type LoadReport struct {
+	Replica  string
+	InFlight map[string]int // instance → requests this replica has in flight to it
+	Queue    map[string]int // instance → queue depth it last reported (absent: none known)
+}
+
+// LoadState is the fleet's load as all replicas see it together.
+type LoadState struct {
+	Active   map[string]int  // instance → active sessions (from the session index)
+	InFlight map[string]int  // instance → requests in flight, summed over the other live replicas
+	Queue    map[string]int  // instance → the highest queue depth any live replica last saw
+	Drained  map[string]bool // instances an operator is draining
+}
+
+// LoadSyncer exchanges load with the other replicas through the store.
+type LoadSyncer interface {
+	// SyncLoad publishes r (valid for ttl) and returns the load of every
+	// instance in instances, with the other live replicas' reports summed
+	// (r itself is left out of InFlight).
+	SyncLoad(ctx context.Context, r LoadReport, instances []string, ttl time.Duration, now time.Time) (LoadState, error)
+	// SetDrained adds or removes an instance from the drained set.
+	SetDrained(ctx context.Context, instance string, drained bool) error
 }

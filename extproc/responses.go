@@ -3,6 +3,7 @@ package extproc
 import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 )
 
 // This file is the one place that builds ext_proc replies, so Envoy's rules
@@ -74,4 +75,17 @@ func continueOther(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingRespon
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 	}
 	return nil
+}
+
+// refuse answers the request-headers phase with an immediate reply: Envoy
+// sends status and body to the client without routing the request.
+func refuse(status int, body string) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+		ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
+			Body:    []byte(body),
+			Headers: setHeaders(header{"content-type", "text/plain"}),
+			Details: "tether_refused",
+		},
+	}}
 }

@@ -26,9 +26,12 @@ type Identifier interface {
 	Extract(identity.Headers) identity.Identity
 }
 
-// Decider picks the instance.
+// Decider picks the instance, and hears how the request ended.
 type Decider interface {
-	Decide(context.Context, identity.Identity) (affinity.Decision, error)
+	Decide(context.Context, affinity.Request) (affinity.Decision, error)
+	// Finish is called once per decision: queue is the queue depth the
+	// instance reported (known false when it did not, or never answered).
+	Finish(d affinity.Decision, queue int, known bool)
 }
 
 // Recorder counts what happens.
@@ -41,6 +44,7 @@ type Recorder interface {
 // Options configure the Server.
 type Options struct {
 	ClusterHeader string // request header Envoy routes on
+	QueueHeader   string // response header in which instances report their queue depth
 	DebugHeaders  bool   // add x-tether-instance / x-tether-decision to responses
 	Logger        zerolog.Logger
 }
@@ -72,6 +76,7 @@ func New(ids Identifier, decider Decider, rec Recorder, opts Options) *Server {
 // exchange is what one stream (one HTTP request) remembers between phases.
 type exchange struct {
 	decided  bool
+	finished bool // the decider heard how the request ended
 	decision affinity.Decision
 	failure  string
 }
@@ -80,6 +85,11 @@ type exchange struct {
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
 	var ex exchange
+	defer func() {
+		if ex.decided && !ex.finished { // the stream ended before the instance answered
+			s.decider.Finish(ex.decision, 0, false)
+		}
+	}()
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
@@ -111,10 +121,16 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	h := headers(msg.GetHeaders().GetHeaders())
 	id := s.ids.Extract(h)
 	start := time.Now()
-	d, err := s.decider.Decide(ctx, id)
+	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(":path"), Headers: h})
 	if err != nil {
 		ex.failure = failureReason(err)
 		s.rec.DecisionFailed(id, ex.failure)
+		if errors.Is(err, affinity.ErrNoVersion) {
+			// Strict version affinity: the default route would change the
+			// session's model, so the request is refused instead.
+			s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: no instance of the session's model version")
+			return refuse(503, err.Error()+" (version_affinity = \"strict\")\n")
+		}
 		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("no decision; Envoy uses its default route")
 		return passRequest()
 	}
@@ -132,9 +148,13 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 
 // onResponseHeaders records the instance's status and adds debug headers.
 func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, ex *exchange) *extprocv3.ProcessingResponse {
-	if ex.decided {
-		code, _ := strconv.Atoi(headers(msg.GetHeaders().GetHeaders()).Get(":status"))
+	if ex.decided && !ex.finished {
+		h := headers(msg.GetHeaders().GetHeaders())
+		code, _ := strconv.Atoi(h.Get(":status"))
 		s.rec.Response(ex.decision.Instance.Name, code)
+		queue, err := strconv.Atoi(h.Get(s.opts.QueueHeader))
+		s.decider.Finish(ex.decision, queue, err == nil && queue >= 0 && s.opts.QueueHeader != "")
+		ex.finished = true
 	}
 	if !s.opts.DebugHeaders {
 		return annotateResponse()
@@ -152,6 +172,8 @@ func failureReason(err error) string {
 	switch {
 	case errors.Is(err, affinity.ErrNoInstance):
 		return "no_instance"
+	case errors.Is(err, affinity.ErrNoVersion):
+		return "no_version"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return "canceled"
 	}

@@ -299,7 +299,9 @@ func BenchmarkProcess(b *testing.B) {
 // goneDecider fails as a decision does when Envoy gave up on the request.
 type goneDecider struct{}
 
-func (goneDecider) Decide(context.Context, identity.Identity) (affinity.Decision, error) {
+func (goneDecider) Finish(affinity.Decision, int, bool) {}
+
+func (goneDecider) Decide(context.Context, affinity.Request) (affinity.Decision, error) {
 	return affinity.Decision{}, context.Canceled
 }
 

@@ -17,7 +17,20 @@ type Instance struct {
 	Zone    string
 	Version string
 	Weight  float64
+	// KVSessions is the number of conversations whose KV cache the
+	// instance keeps: below it, placement never counts the instance as
+	// overloaded.
+	KVSessions int
+	// Pool is "" (on-demand) or PoolSpot.
+	Pool string
 }
+
+// PoolSpot marks instances that may be reclaimed at short notice: random
+// traffic prefers them, sticky sessions avoid them.
+const PoolSpot = "spot"
+
+// Spot reports whether the instance is in the spot pool.
+func (i Instance) Spot() bool { return i.Pool == PoolSpot }
 
 // Cluster is the name of the Envoy cluster that holds only this instance.
 func (i Instance) Cluster() string { return ClusterPrefix + i.Name }

@@ -48,6 +48,16 @@ type Identity struct {
 	// request is then anonymous. Header names which header it was.
 	Rejected Reason
 	Header   string
+	// Aliases are the keys of the weaker identifiers the request also
+	// carried (a token and a device sent with a session id, a device sent
+	// with a token). The store links them to the session, so a later
+	// request with only one of them finds it. Invalid weaker identifiers
+	// are left out, not rejected.
+	Aliases []string
+	// Cohort is a keyed hash of the user id ("u:…"), empty without one.
+	// Canary cohorts hash it, so a user is in or out of a canary across all
+	// of their sessions.
+	Cohort string
 }
 
 // Anonymous reports whether no usable identity was found.
@@ -127,23 +137,59 @@ func New(cfg Config) (*Extractor, error) {
 // it: tether never guesses which conversation a broken request belongs to.
 func (e *Extractor) Extract(h Headers) Identity {
 	c := &e.cfg
+	id := e.strongest(h)
+	if id.Anonymous() {
+		return id
+	}
+	if user := h.Get(c.UserHeader); user != "" && e.check(user) == ReasonNone {
+		id.Cohort = e.key('u', user)
+	}
+	return id
+}
+
+// strongest returns the identity of the strongest identifier, with the
+// weaker ones as aliases.
+func (e *Extractor) strongest(h Headers) Identity {
+	c := &e.cfg
 	if v := h.Get(c.SessionHeader); v != "" {
 		if r := e.check(v); r != ReasonNone {
 			return rejected(r, c.SessionHeader)
 		}
-		return Identity{Key: e.key('s', v), Source: SourceSession}
+		id := Identity{Key: e.key('s', v), Source: SourceSession}
+		if tok, ok := e.token(h); ok {
+			id.Aliases = append(id.Aliases, tok.Key)
+		}
+		if dev := e.device(h); !dev.Anonymous() {
+			id.Aliases = append(id.Aliases, dev.Key)
+		}
+		return id
 	}
-	if v := h.Get(c.AuthHeader); v != "" {
-		token, ok, r := e.bearer(v)
-		if r != ReasonNone {
-			return rejected(r, c.AuthHeader)
+	if tok, ok := e.token(h); ok || tok.Rejected != ReasonNone {
+		if dev := e.device(h); ok && !dev.Anonymous() {
+			tok.Aliases = []string{dev.Key}
 		}
-		if ok {
-			return Identity{Key: e.key('t', token), Source: SourceToken}
-		}
-		// Another scheme (Basic, Digest, …) is not a session identifier; go on.
+		return tok
 	}
 	return e.device(h)
+}
+
+// token keys a bearer token. ok is false when there is none; a present but
+// malformed one is returned rejected (ok false, Rejected set). Another
+// scheme (Basic, Digest, …) is not a session identifier and gives !ok.
+func (e *Extractor) token(h Headers) (Identity, bool) {
+	c := &e.cfg
+	v := h.Get(c.AuthHeader)
+	if v == "" {
+		return Identity{}, false
+	}
+	token, ok, r := e.bearer(v)
+	if r != ReasonNone {
+		return rejected(r, c.AuthHeader), false
+	}
+	if !ok {
+		return Identity{}, false
+	}
+	return Identity{Key: e.key('t', token), Source: SourceToken}, true
 }
 
 // device keys a caller by an explicit device id, or by a fingerprint of

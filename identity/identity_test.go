@@ -188,3 +188,34 @@ func BenchmarkExtract(b *testing.B) {
 		})
 	}
 }
+
+func TestAliasesAndCohort(t *testing.T) {
+	e := newExtractor(t)
+	tok := e.Extract(Map{"authorization": "Bearer abc"}).Key
+	dev := e.Extract(Map{"x-device-id": "d1", "x-user-id": "u1"}).Key
+	full := e.Extract(Map{"x-session-id": "conv-1", "authorization": "Bearer abc", "x-device-id": "d1", "x-user-id": "u1"})
+	if full.Source != SourceSession || len(full.Aliases) != 2 || full.Aliases[0] != tok || full.Aliases[1] != dev {
+		t.Errorf("session + token + device: %+v; want aliases [%s %s]", full, tok, dev)
+	}
+	if full.Cohort == "" || !strings.HasPrefix(full.Cohort, "u:") {
+		t.Errorf("cohort = %q, want a u: key", full.Cohort)
+	}
+	if other := e.Extract(Map{"x-session-id": "conv-2", "x-user-id": "u1"}); other.Cohort != full.Cohort {
+		t.Errorf("same user, another session: cohort %q, want %q", other.Cohort, full.Cohort)
+	}
+	if strings.Contains(full.Cohort, "u1") {
+		t.Errorf("cohort %q holds the raw user id", full.Cohort)
+	}
+	tokDev := e.Extract(Map{"authorization": "Bearer abc", "x-device-id": "d1", "x-user-id": "u1"})
+	if tokDev.Key != tok || len(tokDev.Aliases) != 1 || tokDev.Aliases[0] != dev {
+		t.Errorf("token + device: %+v; want key %s alias %s", tokDev, tok, dev)
+	}
+	// A broken weaker identifier is left out, not a reason to reject.
+	broken := e.Extract(Map{"x-session-id": "conv-1", "authorization": "Bearer a\"b", "x-device-id": "d\x01", "x-user-id": "u1"})
+	if broken.Anonymous() || len(broken.Aliases) != 0 {
+		t.Errorf("session with broken token and device: %+v; want the session, no aliases", broken)
+	}
+	if only := e.Extract(Map{"x-session-id": "conv-1"}); len(only.Aliases) != 0 || only.Cohort != "" {
+		t.Errorf("session alone: %+v; want no aliases, no cohort", only)
+	}
+}

@@ -20,6 +20,8 @@ type Metrics struct {
 	storeErrors       prometheus.Counter
 	decisionSeconds   prometheus.Histogram
 	upstreamResponses *prometheus.CounterVec
+	loadSyncFailures  prometheus.Counter
+	indexErrors       prometheus.Counter
 }
 
 // New creates the collectors and registers them with reg.
@@ -27,7 +29,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_requests_total",
-			Help: "Routing decisions by mode, decision (hit, bind, rebind, moved, random, anonymous, degraded) and identity source.",
+			Help: "Routing decisions by mode (sticky, adaptive, random), decision (hit, bind, rebind, moved, migrated, drained, spilled, random, anonymous, degraded) and identity source.",
 		}, []string{"mode", "decision", "source"}),
 		identityRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_identity_rejected_total",
@@ -50,8 +52,17 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "tether_upstream_responses_total",
 			Help: "Response statuses seen per instance, by status class (2xx…5xx).",
 		}, []string{"upstream", "code"}),
+		loadSyncFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_load_sync_failures_total",
+			Help: "Failed exchanges of load (sessions per instance, requests in flight, drained instances) with the other replicas; placement used the last view.",
+		}),
+		indexErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_session_index_errors_total",
+			Help: "Failed writes to the per-instance session index; the binding itself was stored, active-session counts may lag.",
+		}),
 	}
-	reg.MustRegister(m.requests, m.identityRejected, m.decisionErrors, m.storeErrors, m.decisionSeconds, m.upstreamResponses)
+	reg.MustRegister(m.requests, m.identityRejected, m.decisionErrors, m.storeErrors, m.decisionSeconds, m.upstreamResponses,
+		m.loadSyncFailures, m.indexErrors)
 	return m
 }
 
@@ -86,3 +97,9 @@ func statusClass(s int) string {
 	}
 	return strconv.Itoa(s/100) + "xx"
 }
+
+// LoadSyncFailures counts failed load exchanges with the other replicas.
+func (m *Metrics) LoadSyncFailures() prometheus.Counter { return m.loadSyncFailures }
+
+// IndexError counts a failed session index write.
+func (m *Metrics) IndexError(error) { m.indexErrors.Inc() }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/xds"
@@ -32,6 +33,16 @@ type runtime struct {
 	version string      // of the Envoy resources in force
 	log     zerolog.Logger
 	reloads *prometheus.CounterVec
+	// policy receives the routing policy of every configuration applied
+	// after setPolicy: rules, versions and weights change without a restart.
+	policy func(affinity.Policy)
+}
+
+// setPolicy registers the decider's SetPolicy.
+func (r *runtime) setPolicy(f func(affinity.Policy)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.policy = f
 }
 
 func newRuntime(extproc []string, ads *xds.Server, log zerolog.Logger, reg prometheus.Registerer) *runtime {
@@ -77,7 +88,8 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 	if version, err = xds.Version(res); err != nil {
 		return "", r.refuse(source, err)
 	}
-	if version == r.version && reflect.DeepEqual(next.Instances, r.cfg.Instances) {
+	if version == r.version && reflect.DeepEqual(next.Instances, r.cfg.Instances) &&
+		reflect.DeepEqual(next.Routing, r.cfg.Routing) && reflect.DeepEqual(next.Versions, r.cfg.Versions) {
 		r.reloads.WithLabelValues(source, "unchanged").Inc()
 		return version, nil
 	}
@@ -106,6 +118,9 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 		}
 	}
 	r.fleet.Replace(now)
+	if r.policy != nil {
+		r.policy(Policy(next))
+	}
 	r.cfg, r.version = next, version
 	r.reloads.WithLabelValues(source, "applied").Inc()
 	r.log.Info().Str("source", source).Str("version", version).Int("instances", len(now)).Msg("configuration applied")
@@ -125,7 +140,10 @@ func (r *runtime) warnRestartOnly(next config.Config) {
 		old, next any
 	}{
 		{"server", r.cfg.Server, next.Server}, {"redis", r.cfg.Redis, next.Redis},
-		{"routing", r.cfg.Routing, next.Routing}, {"identity", r.cfg.Identity, next.Identity},
+		{"routing.cluster_header", r.cfg.Routing.ClusterHeader, next.Routing.ClusterHeader},
+		{"routing.queue_depth_header", r.cfg.Routing.QueueDepthHeader, next.Routing.QueueDepthHeader},
+		{"routing.random_seed", r.cfg.Routing.RandomSeed, next.Routing.RandomSeed},
+		{"identity", r.cfg.Identity, next.Identity},
 		{"xds", r.cfg.XDS, next.XDS},
 	} {
 		if !reflect.DeepEqual(s.old, s.next) {

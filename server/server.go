@@ -95,9 +95,12 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return err
 	}
 
-	decider := affinity.New(store, rt.fleet, Policy(cfg), affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
+	load := affinity.NewLoad(store, replicaName())
+	decider := affinity.New(store, rt.fleet, Policy(cfg), affinity.WithLoad(load), affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
+	rt.setPolicy(decider.SetPolicy)
 	processor := extproc.New(ids, decider, rec, extproc.Options{
 		ClusterHeader: cfg.Routing.ClusterHeader,
+		QueueHeader:   cfg.Routing.QueueDepthHeader,
 		DebugHeaders:  cfg.Server.DebugHeaders,
 		Logger:        log,
 	})
@@ -122,9 +125,13 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		go func() { errc <- serveErr("xds", xs.Serve(ls.xds)) }()
 	}
 	wctx, stopWatch := context.WithCancel(ctx)
-	watchDone := make(chan struct{})
+	watchDone := make(chan struct{}, 2)
 	go func() {
-		defer close(watchDone)
+		defer func() { watchDone <- struct{}{} }()
+		syncLoad(wctx, load, rt.fleet, log, rec.LoadSyncFailures())
+	}()
+	go func() {
+		defer func() { watchDone <- struct{}{} }()
 		if opts.ConfigPath != "" {
 			if err := watchConfig(wctx, opts.ConfigPath, log, func() { reloadFile(wctx, rt, opts) }); err != nil {
 				log.Error().Err(err).Msg("config file not watched; changes need a restart or the admin API")
@@ -143,6 +150,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	case runErr = <-errc:
 	}
 	stopWatch()
+	<-watchDone
 	<-watchDone
 	ready.drain()
 	hs.Shutdown()

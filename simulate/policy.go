@@ -110,10 +110,12 @@ func (t *tetherRouter) prepare(c *conversation) {
 }
 
 func (t *tetherRouter) route(ctx context.Context, c *conversation) (int, affinity.Kind, error) {
-	d, err := t.decider.Decide(ctx, c.id)
+	d, err := t.decider.Decide(ctx, affinity.Request{ID: c.id})
 	if err != nil {
 		return 0, "", fmt.Errorf("simulate: decide: %w", err)
 	}
+	// The simulation models no requests in flight as tether sees them.
+	t.decider.Finish(d, 0, false)
 	i, ok := t.index[d.Instance.Name]
 	if !ok {
 		return 0, "", fmt.Errorf("simulate: decision names unknown instance %q", d.Instance.Name)

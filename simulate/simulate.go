@@ -10,6 +10,7 @@
 package simulate
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -267,6 +268,8 @@ func (r *runner) buildFleet() error {
 			Zone:    zoneName(i % o.Zones),
 			Version: "v1",
 			Weight:  1,
+			// The emulator's cache keeps this many conversations.
+			KVSessions: cmp.Or(o.Cache.MaxConversations, sim.DefaultMaxConversations),
 		}}
 		if o.Exact {
 			gpu, err := sim.NewGPU(sim.GPUConfig{Profile: o.Profile, TimeScale: o.TimeScale, Cache: o.Cache})

@@ -1,0 +1,179 @@
+package affinity
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tetherproxy/tether/identity"
+)
+
+// Mode is the routing policy.
+type Mode string
+
+const (
+	Sticky Mode = "sticky"
+	Random Mode = "random"
+	// Hybrid: rules decide; a request no rule matches is routed at random
+	// (core traffic sticky, edge traffic random, as the rules say).
+	Hybrid Mode = "hybrid"
+	// Adaptive: sticky, but a session whose instance is saturated moves to
+	// its next choice unless it is high-priority. As a rule's mode only;
+	// globally it is Sticky with Policy.Adaptive.
+	Adaptive Mode = "adaptive"
+)
+
+// VersionAffinity says whether a session may change model version.
+type VersionAffinity string
+
+const (
+	// Strict: a session never changes version; with no healthy instance of
+	// its version it gets no instance (ErrNoVersion) until an operator
+	// migrates it.
+	Strict VersionAffinity = "strict"
+	// Prefer: a session changes version only when no instance of its
+	// version is healthy.
+	Prefer VersionAffinity = "prefer"
+	// AnyVersion: versions do not constrain moves.
+	AnyVersion VersionAffinity = "none"
+)
+
+// Priority is a request's priority under adaptive routing.
+type Priority string
+
+const (
+	Normal Priority = "normal"
+	High   Priority = "high" // never moved off a saturated instance
+)
+
+// Policy is the part of the configuration the decision reads. It is
+// immutable once handed to a Decider; SetPolicy swaps it whole.
+type Policy struct {
+	// Mode for requests no rule matches: Sticky, Random or Hybrid.
+	Mode Mode
+	// Adaptive makes Sticky (global or a rule's) adaptive.
+	Adaptive bool
+	Lifetime Lifetime
+	Rules    []Rule
+	// Versions split new sessions between model versions. Empty: a new
+	// session takes the version of the instance it is placed on.
+	Versions        []VersionWeight
+	VersionAffinity VersionAffinity
+	// CanaryHeader, when set, names the request header whose value
+	// "always" or "never" forces or excludes the canary versions.
+	CanaryHeader string
+	// Epsilon is the bounded-load slack: a new session skips an instance
+	// whose active sessions reach (1+Epsilon) × its weighted share.
+	Epsilon float64
+	// Saturation says when an instance counts as saturated (adaptive).
+	Saturation Saturation
+	// TierHeader names the request header carrying the user tier that
+	// rules match with Rule.Tiers.
+	TierHeader string
+}
+
+// VersionWeight is one [[versions]] entry.
+type VersionWeight struct {
+	Name   string
+	Weight float64
+	Canary bool
+}
+
+// Saturation thresholds; 0 disables one.
+type Saturation struct {
+	InFlight   int // requests in flight to the instance, across replicas
+	QueueDepth int // queue depth the instance last reported
+}
+
+// Rule matches requests and overrides the policy for them. Every set match
+// field must match; the first matching rule wins.
+type Rule struct {
+	Name       string
+	PathPrefix string
+	Header     string         // header name, lower case
+	Value      string         // exact value of Header
+	Regex      *regexp.Regexp // or a pattern the value of Header matches
+	Tiers      []string       // the request's tier (Policy.TierHeader) is one of these
+	Window     *Window        // the request arrives within this time window
+
+	Mode     Mode          // "" keeps the policy's mode
+	Idle     time.Duration // 0 keeps the policy's idle timeout
+	Priority Priority      // "" is Normal
+	Version  string        // "" lets Versions decide; else new sessions of this rule start on it
+}
+
+// Window is a daily time window, for example peak hours.
+type Window struct {
+	From, To time.Duration  // since local midnight; To < From wraps past midnight
+	Days     []time.Weekday // empty: every day
+	Location *time.Location
+}
+
+// Contains reports whether t falls inside the window.
+func (w *Window) Contains(t time.Time) bool {
+	loc := w.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	t = t.In(loc)
+	day := t.Weekday()
+	h, m, s := t.Clock()
+	tod := time.Duration(h)*time.Hour + time.Duration(m)*time.Minute + time.Duration(s)*time.Second
+	if w.To < w.From && tod < w.To {
+		// The part after midnight belongs to the window that began the day before.
+		day = (day + 6) % 7
+	}
+	if len(w.Days) > 0 && !slices.Contains(w.Days, day) {
+		return false
+	}
+	if w.From <= w.To {
+		return tod >= w.From && tod < w.To
+	}
+	return tod >= w.From || tod < w.To
+}
+
+// Request is what the decision knows of one HTTP request.
+type Request struct {
+	ID      identity.Identity
+	Path    string
+	Headers identity.Headers // may be nil
+}
+
+func (r Request) header(name string) string {
+	if r.Headers == nil || name == "" {
+		return ""
+	}
+	return r.Headers.Get(name)
+}
+
+// matches reports whether rule applies to req at now.
+func (rule *Rule) matches(req Request, tierHeader string, now time.Time) bool {
+	if rule.PathPrefix != "" && !strings.HasPrefix(req.Path, rule.PathPrefix) {
+		return false
+	}
+	if rule.Header != "" {
+		v := req.header(rule.Header)
+		switch {
+		case rule.Regex != nil:
+			if !rule.Regex.MatchString(v) {
+				return false
+			}
+		case rule.Value != "":
+			if v != rule.Value {
+				return false
+			}
+		default:
+			if v == "" {
+				return false
+			}
+		}
+	}
+	if len(rule.Tiers) > 0 && !slices.Contains(rule.Tiers, req.header(tierHeader)) {
+		return false
+	}
+	if rule.Window != nil && !rule.Window.Contains(now) {
+		return false
+	}
+	return true
+}

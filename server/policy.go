@@ -23,10 +23,10 @@ func Instances(cfg config.Config) []fleet.Instance {
 }
 
 // Policy turns the routing section and [[versions]] into the decision
-// policy. cfg must have passed config.Validate: a rule it cannot parse is a
-// programming error, and Policy panics rather than route on a rule that
-// matches more (or less) than the operator wrote.
-func Policy(cfg config.Config) affinity.Policy {
+// policy. cfg should have passed config.Validate; a rule that still does
+// not parse is an error rather than a rule that matches more (or less)
+// than the operator wrote.
+func Policy(cfg config.Config) (affinity.Policy, error) {
 	r := cfg.Routing
 	p := affinity.Policy{
 		Mode:     policyMode(r),
@@ -47,15 +47,20 @@ func Policy(cfg config.Config) affinity.Policy {
 	for i, rule := range r.Rules {
 		re, err := rule.Pattern()
 		if err != nil {
-			panic(fmt.Sprintf("server.Policy: routing.rules[%d] (%s): %v: the configuration was not validated", i, rule.Name, err))
+			return affinity.Policy{}, fmt.Errorf("routing.rules[%d] (%s): %w", i, rule.Name, err)
 		}
 		w, err := rule.Window()
 		if err != nil {
-			panic(fmt.Sprintf("server.Policy: routing.rules[%d] (%s): %v: the configuration was not validated", i, rule.Name, err))
+			return affinity.Policy{}, fmt.Errorf("routing.rules[%d] (%s): %w", i, rule.Name, err)
 		}
 		var win *affinity.Window
 		if w != nil {
 			win = &affinity.Window{From: w.From, To: w.To, Days: w.Days, Location: w.Location}
+		}
+		mode := ruleMode[rule.Mode]
+		if !stickyOn(r) && mode != "" {
+			// sticky_enabled = 0 is the switch that turns binding off everywhere.
+			mode = affinity.Random
 		}
 		p.Rules = append(p.Rules, affinity.Rule{
 			Name:       rule.Name,
@@ -65,14 +70,16 @@ func Policy(cfg config.Config) affinity.Policy {
 			Regex:      re,
 			Tiers:      append([]string(nil), rule.Tiers...),
 			Window:     win,
-			Mode:       ruleMode[rule.Mode],
+			Mode:       mode,
 			Idle:       rule.IdleTimeout.D,
 			Priority:   priority[rule.Priority],
 			Version:    rule.Version,
 		})
 	}
-	return p
+	return p, nil
 }
+
+func stickyOn(r config.Routing) bool { return r.StickyEnabled == nil || *r.StickyEnabled != 0 }
 
 // policyMode is the mode for requests no rule matches. sticky_enabled = 0
 // turns sticky and hybrid routing into random, as it always has; so does a
@@ -81,7 +88,7 @@ func policyMode(r config.Routing) affinity.Mode {
 	switch {
 	case r.Sticky():
 		return affinity.Sticky
-	case r.Mode == config.ModeHybrid && (r.StickyEnabled == nil || *r.StickyEnabled != 0):
+	case r.Mode == config.ModeHybrid && stickyOn(r):
 		return affinity.Hybrid
 	}
 	return affinity.Random

@@ -2,6 +2,7 @@ package server
 
 import (
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 	_ "time/tzdata" // rule time zones on hosts without zoneinfo
@@ -118,13 +119,13 @@ func TestPolicy(t *testing.T) {
 			return a == nil && b == nil || a != nil && b != nil && a.String() == b.String()
 		}),
 	}
-	if d := cmp.Diff(want, Policy(cfg), opts); d != "" {
+	if d := cmp.Diff(want, mustPolicy(t, cfg), opts); d != "" {
 		t.Errorf("policy (-want +got):\n%s", d)
 	}
 
 	// The translated window is the one the operator meant: Friday 23:30 and
 	// the small hours of Sunday (Saturday's night) in Paris, not Sunday night.
-	w := Policy(cfg).Rules[0].Window
+	w := mustPolicy(t, cfg).Rules[0].Window
 	for at, in := range map[string]bool{
 		"2025-06-06T23:30:00+02:00": true, "2025-06-08T05:59:00+02:00": true,
 		"2025-06-08T23:30:00+02:00": false, "2025-06-06T21:30:00Z": true, "2025-06-06T12:00:00+02:00": false,
@@ -140,7 +141,7 @@ func TestPolicy(t *testing.T) {
 }
 
 func TestPolicyDefaults(t *testing.T) {
-	p := Policy(config.Default())
+	p := mustPolicy(t, config.Default())
 	want := affinity.Policy{
 		Mode:            affinity.Sticky,
 		Lifetime:        affinity.Lifetime{Idle: config.DefaultIdleTimeout, Max: config.DefaultMaxStickyDuration},
@@ -170,14 +171,14 @@ func TestPolicyMode(t *testing.T) {
 	for _, tc := range tests {
 		c := config.Default()
 		c.Routing.Mode, c.Routing.StickyEnabled = tc.mode, &tc.sticky
-		if got := Policy(c).Mode; got != tc.want {
+		if got := mustPolicy(t, c).Mode; got != tc.want {
 			t.Errorf("mode %s, sticky_enabled %d: %s, want %s", tc.mode, tc.sticky, got, tc.want)
 		}
 	}
 	for va, want := range map[string]affinity.VersionAffinity{"strict": affinity.Strict, "prefer": affinity.Prefer, "none": affinity.AnyVersion} {
 		c := config.Default()
 		c.Routing.VersionAffinity = va
-		if got := Policy(c).VersionAffinity; got != want {
+		if got := mustPolicy(t, c).VersionAffinity; got != want {
 			t.Errorf("version_affinity %s: %s, want %s", va, got, want)
 		}
 	}
@@ -203,13 +204,29 @@ func TestInstances(t *testing.T) {
 	}
 }
 
-func TestPolicyPanicsOnUnvalidatedRule(t *testing.T) {
+func TestPolicyRefusesUnvalidatedRule(t *testing.T) {
 	c := config.Default()
 	c.Routing.Rules = []config.Rule{{Name: "r", Header: "x", Regex: "(["}}
-	defer func() {
-		if recover() == nil {
-			t.Error("an invalid rule must not be translated")
-		}
-	}()
-	Policy(c)
+	if _, err := Policy(c); err == nil || !strings.Contains(err.Error(), "routing.rules[0] (r)") {
+		t.Errorf("Policy of an invalid rule: %v, want an error naming it", err)
+	}
+}
+
+func TestStickyDisabledTurnsRulesRandom(t *testing.T) {
+	c := config.Default()
+	off := 0
+	c.Routing.StickyEnabled = &off
+	c.Routing.Rules = []config.Rule{{Name: "r", PathPrefix: "/", Mode: config.ModeSticky}}
+	if p := mustPolicy(t, c); p.Mode != affinity.Random || p.Rules[0].Mode != affinity.Random {
+		t.Errorf("sticky_enabled = 0: mode %s, rule mode %s; want random for both", p.Mode, p.Rules[0].Mode)
+	}
+}
+
+func mustPolicy(t *testing.T, c config.Config) affinity.Policy {
+	t.Helper()
+	p, err := Policy(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

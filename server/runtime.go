@@ -36,6 +36,14 @@ type runtime struct {
 	// policy receives the routing policy of every configuration applied
 	// after setPolicy: rules, versions and weights change without a restart.
 	policy func(affinity.Policy)
+	pol    affinity.Policy // of cfg
+}
+
+// currentPolicy returns the decision policy of the configuration in force.
+func (r *runtime) currentPolicy() affinity.Policy {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pol
 }
 
 // setPolicy registers the decider's SetPolicy.
@@ -81,6 +89,10 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 	if err := next.Validate(); err != nil {
 		return "", r.refuse(source, err)
 	}
+	pol, err := Policy(next)
+	if err != nil {
+		return "", r.refuse(source, err)
+	}
 	res, err := xds.Build(next, r.extproc, xds.ADS)
 	if err != nil {
 		return "", r.refuse(source, err)
@@ -119,9 +131,9 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 	}
 	r.fleet.Replace(now)
 	if r.policy != nil {
-		r.policy(Policy(next))
+		r.policy(pol)
 	}
-	r.cfg, r.version = next, version
+	r.cfg, r.version, r.pol = next, version, pol
 	r.reloads.WithLabelValues(source, "applied").Inc()
 	r.log.Info().Str("source", source).Str("version", version).Int("instances", len(now)).Msg("configuration applied")
 	return version, nil

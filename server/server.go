@@ -96,7 +96,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 
 	load := affinity.NewLoad(store, replicaName())
-	decider := affinity.New(store, rt.fleet, Policy(cfg), affinity.WithLoad(load), affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
+	decider := affinity.New(store, rt.fleet, rt.currentPolicy(), affinity.WithLoad(load), affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
 	rt.setPolicy(decider.SetPolicy)
 	processor := extproc.New(ids, decider, rec, extproc.Options{
 		ClusterHeader: cfg.Routing.ClusterHeader,
@@ -142,7 +142,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if ls.xds != nil {
 		ev = ev.Str("xds", ls.xds.Addr().String())
 	}
-	ev.Str("mode", string(Policy(cfg).Mode)).Int("instances", len(cfg.Instances)).Msg("tether ready")
+	ev.Str("mode", string(rt.currentPolicy().Mode)).Int("instances", len(cfg.Instances)).Msg("tether ready")
 
 	var runErr error
 	select {

@@ -149,18 +149,17 @@ func (d *Decider) Finish(dec Decision, queue int, known bool) {
 // available is the healthy instances minus the drained ones.
 func (d *Decider) available() []fleet.Instance {
 	healthy := d.fleet.Healthy()
-	for i, in := range healthy {
-		if d.load.Drained(in.Name) {
-			out := append([]fleet.Instance(nil), healthy[:i]...)
-			for _, in := range healthy[i+1:] {
-				if !d.load.Drained(in.Name) {
-					out = append(out, in)
-				}
-			}
-			return out
+	drained := d.load.drained()
+	if len(drained) == 0 {
+		return healthy
+	}
+	out := make([]fleet.Instance, 0, len(healthy))
+	for _, in := range healthy {
+		if !drained[in.Name] {
+			out = append(out, in)
 		}
 	}
-	return healthy
+	return out
 }
 
 func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, healthy []fleet.Instance, now time.Time) (Decision, error) {
@@ -321,25 +320,36 @@ func (d *Decider) random(p *Policy, req Request, c choice, healthy []fleet.Insta
 // without Redis) in agreement. When every instance is at its bound the
 // hash's first choice takes the session.
 func (d *Decider) place(key string, cands []fleet.Instance, eps float64) fleet.Instance {
+	first := Rendezvous(key, cands)
 	if len(cands) == 1 {
-		return cands[0]
+		return first
 	}
-	active := make([]int, len(cands))
+	var buf [16]int
+	active := d.load.activeOf(cands, buf[:0])
 	total, weight := 0, 0.0
 	for i, in := range cands {
-		active[i] = d.load.Active(in.Name)
 		total += active[i]
 		weight += in.Weight
 	}
-	order := ranking(key, cands)
-	for _, i := range order {
+	under := func(i int) bool {
 		in := cands[i]
-		bound := max(ceil((1+eps)*float64(total+1)*in.Weight/weight), in.KVSessions)
-		if active[i] < bound {
-			return in
+		return active[i] < max(ceil((1+eps)*float64(total+1)*in.Weight/weight), in.KVSessions)
+	}
+	// The common case: the hash's own choice has room.
+	for i := range cands {
+		if cands[i].Name == first.Name {
+			if under(i) {
+				return first
+			}
+			break
 		}
 	}
-	return cands[order[0]]
+	for _, i := range ranking(key, cands)[1:] {
+		if under(i) {
+			return cands[i]
+		}
+	}
+	return first
 }
 
 func ceil(x float64) int {

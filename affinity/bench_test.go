@@ -17,6 +17,10 @@ import (
 // "hit" is a follow-up turn of a known session, "bind" a new session.
 // Compare stores within one run; absolute figures depend on the machine.
 func BenchmarkDecide(b *testing.B) {
+	fl := instances(8)
+	for i := range fl {
+		fl[i].KVSessions = 20 // the default: the hit path's placement takes the hash's choice
+	}
 	stores := []struct {
 		name string
 		open func(b *testing.B) affinity.Store
@@ -28,7 +32,7 @@ func BenchmarkDecide(b *testing.B) {
 	for _, st := range stores {
 		b.Run(st.name, func(b *testing.B) {
 			s := st.open(b)
-			d := affinity.New(s, fleet.New(instances(8)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime})
+			d := affinity.New(s, fleet.New(fl), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime})
 			ctx := context.Background()
 			b.Run("hit", func(b *testing.B) {
 				id := session("bench-hit")

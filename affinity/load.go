@@ -5,6 +5,8 @@ import (
 	"maps"
 	"sync"
 	"time"
+
+	"github.com/tetherproxy/tether/fleet"
 )
 
 // Load is one replica's view of the fleet's load. What this replica does
@@ -72,6 +74,16 @@ func (l *Load) Active(instance string) int {
 	return max(l.state.Active[instance]+l.placed[instance], 0)
 }
 
+// activeOf appends the active sessions of each instance to dst, under one lock.
+func (l *Load) activeOf(instances []fleet.Instance, dst []int) []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, in := range instances {
+		dst = append(dst, max(l.state.Active[in.Name]+l.placed[in.Name], 0))
+	}
+	return dst
+}
+
 // InFlight is the number of requests in flight to instance across replicas.
 func (l *Load) InFlight(instance string) int {
 	l.mu.Lock()
@@ -97,6 +109,14 @@ func (l *Load) Drained(instance string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.state.Drained[instance]
+}
+
+// drained returns the drained set; the map must not be modified (Sync
+// replaces it whole).
+func (l *Load) drained() map[string]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state.Drained
 }
 
 // Snapshot returns the view as of now, for operators.

@@ -98,9 +98,7 @@ type Redis struct {
 	client goredis.UniversalClient
 
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	out  *syncbuf.Buffer // stdout and stderr of the current process
-	done chan struct{}   // closed when the current process has exited
+	proc *process // the current server; nil while stopped
 }
 
 // RedisServer starts redis-server ($REDIS_SERVER_BIN, else from PATH) with
@@ -108,14 +106,7 @@ type Redis struct {
 // ends. It skips or fails the test (see Require) when the binary is missing.
 func RedisServer(t testing.TB) *Redis {
 	t.Helper()
-	bin := os.Getenv("REDIS_SERVER_BIN")
-	var err error
-	if bin == "" {
-		bin, err = exec.LookPath("redis-server")
-	} else {
-		err = executable(bin)
-	}
-	Require(t, "redis-server", err)
+	bin := redisBin(t, "redis-server", "REDIS_SERVER_BIN")
 
 	// Unix socket paths are limited to about 100 bytes; t.TempDir() paths
 	// carry the test name and can exceed that.
@@ -143,6 +134,21 @@ func RedisServer(t testing.TB) *Redis {
 	return r
 }
 
+// redisBin returns the binary named by the environment variable env, else
+// name from PATH, skipping or failing the test (see Require) when missing.
+func redisBin(t testing.TB, name, env string) string {
+	t.Helper()
+	bin := os.Getenv(env)
+	var err error
+	if bin == "" {
+		bin, err = exec.LookPath(name)
+	} else {
+		err = executable(bin)
+	}
+	Require(t, name, err)
+	return bin
+}
+
 // URL is the server's address as a store URL ("unix:///…/r.sock").
 func (r *Redis) URL() string { return "unix://" + r.sock }
 
@@ -156,11 +162,11 @@ func (r *Redis) Start() {
 	r.t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.cmd != nil {
+	if r.proc != nil {
 		return
 	}
 	_ = os.Remove(r.sock) // a stale socket from a killed server
-	cmd := exec.Command(r.bin,
+	p, err := startProcess(r.bin,
 		"--port", "0",
 		"--unixsocket", r.sock,
 		"--unixsocketperm", "700",
@@ -170,39 +176,77 @@ func (r *Redis) Start() {
 		"--daemonize", "no",
 		"--logfile", "",
 	)
+	if err != nil {
+		r.t.Fatalf("redis-server: start: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if err := waitPing(ctx, &goredis.Options{Network: "unix", Addr: r.sock}, p.done); err != nil {
+		p.kill()
+		r.t.Fatalf("redis-server did not become ready: %v\n%s", err, p.out.String())
+	}
+	r.proc = p
+}
+
+// Stop stops the server (SIGTERM, then SIGKILL after a deadline) and waits
+// for it to exit. Stopping a stopped server does nothing.
+func (r *Redis) Stop() {
+	r.mu.Lock()
+	p := r.proc
+	r.proc = nil
+	r.mu.Unlock()
+	if p != nil {
+		p.stop()
+	}
+}
+
+// process is a started child process and its combined output.
+type process struct {
+	cmd  *exec.Cmd
+	out  *syncbuf.Buffer // stdout and stderr
+	done chan struct{}   // closed when the process has exited
+}
+
+func startProcess(bin string, args ...string) (*process, error) {
+	cmd := exec.Command(bin, args...)
 	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	setDeathSignal(cmd)
 	if err := cmd.Start(); err != nil {
-		r.t.Fatalf("redis-server: start: %v", err)
+		return nil, err
 	}
-	done := make(chan struct{})
+	p := &process{cmd: cmd, out: out, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
-		close(done)
+		close(p.done)
 	}()
-	r.cmd, r.out, r.done = cmd, out, done
+	return p, nil
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	if err := r.waitReady(ctx, done); err != nil {
-		_ = cmd.Process.Kill()
-		<-done
-		r.cmd = nil
-		r.t.Fatalf("redis-server did not become ready: %v\n%s", err, out.String())
+// stop sends SIGTERM, then SIGKILL after stopTimeout, and waits for the exit.
+func (p *process) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(stopTimeout):
+		p.kill()
 	}
 }
 
-// waitReady polls PING until it answers, the process dies or ctx ends.
-func (r *Redis) waitReady(ctx context.Context, done <-chan struct{}) error {
-	probe := goredis.NewClient(&goredis.Options{
-		Network:               "unix",
-		Addr:                  r.sock,
-		MaxRetries:            -1, // this loop is the retry
-		DialerRetries:         1,
-		DialTimeout:           time.Second,
-		ContextTimeoutEnabled: true,
-	})
+// kill kills the process and waits for it to exit.
+func (p *process) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// waitPing polls PING on the server o names until it answers, the process
+// dies (done) or ctx ends.
+func waitPing(ctx context.Context, o *goredis.Options, done <-chan struct{}) error {
+	o.MaxRetries = -1 // this loop is the retry
+	o.DialerRetries = 1
+	o.DialTimeout = time.Second
+	o.ContextTimeoutEnabled = true
+	probe := goredis.NewClient(o)
 	defer probe.Close()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -218,24 +262,5 @@ func (r *Redis) waitReady(ctx context.Context, done <-chan struct{}) error {
 			return fmt.Errorf("%w: last ping: %v", ctx.Err(), err)
 		case <-tick.C:
 		}
-	}
-}
-
-// Stop stops the server (SIGTERM, then SIGKILL after a deadline) and waits
-// for it to exit. Stopping a stopped server does nothing.
-func (r *Redis) Stop() {
-	r.mu.Lock()
-	cmd, done := r.cmd, r.done
-	r.cmd = nil
-	r.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(stopTimeout):
-		_ = cmd.Process.Kill()
-		<-done
 	}
 }

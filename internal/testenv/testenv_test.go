@@ -1,13 +1,17 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // fakeTB records what Require does instead of ending the test.
@@ -120,5 +124,39 @@ func TestRedisServerStopStart(t *testing.T) {
 	t.Logf("client reconnected %v after Start began", time.Since(start))
 	if n, err := c.Exists(ctx, "k").Result(); err != nil || n != 0 {
 		t.Errorf("EXISTS k after restart = %d, %v; want 0 (no persistence)", n, err)
+	}
+}
+
+func TestRedisCluster(t *testing.T) {
+	start := time.Now()
+	c := RedisCluster(t)
+	t.Logf("cluster of %v formed in %v", c.Addrs(), time.Since(start))
+	ctx := t.Context()
+	client := c.Client()
+	if len(c.Addrs()) != 3 {
+		t.Fatalf("Addrs() = %v, want 3 masters", c.Addrs())
+	}
+	// Keys spread over the slots land on every master.
+	for i := range 64 {
+		if err := client.Set(ctx, fmt.Sprint("k", i), "v", 0).Err(); err != nil {
+			t.Fatalf("SET k%d: %v", i, err)
+		}
+	}
+	var masters atomic.Int32 // ForEachMaster runs concurrently
+	err := client.ForEachMaster(ctx, func(ctx context.Context, m *goredis.Client) error {
+		n, err := m.DBSize(ctx).Result()
+		if n > 0 {
+			masters.Add(1)
+		}
+		return err
+	})
+	if err != nil || masters.Load() != 3 {
+		t.Errorf("masters holding keys = %d (err %v), want 3", masters.Load(), err)
+	}
+	// A multi-key command across slots is refused: this is a real cluster.
+	node := goredis.NewClient(&goredis.Options{Addr: c.Addrs()[0]})
+	defer node.Close()
+	if err := node.MGet(ctx, "a", "b", "c").Err(); err == nil || !strings.Contains(err.Error(), "CROSSSLOT") && !strings.Contains(err.Error(), "MOVED") {
+		t.Errorf("MGET across slots on one node: err = %v, want CROSSSLOT or MOVED", err)
 	}
 }

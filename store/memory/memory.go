@@ -1,16 +1,25 @@
-// Package memory is an in-process affinity.Store for unit tests and for a
-// single tether process that runs without Redis.
+// Package memory is an in-process affinity.Store (with its SessionIndex and
+// LoadSyncer) for unit tests and for a single tether process that runs
+// without Redis.
 //
-// The store has no clock of its own: "now" is candidate.Since (GetOrBind) or
-// next.Since (Replace), so tests drive time by choosing those values and the
-// store behaves exactly like the caller's clock says. Expired entries are
-// removed lazily and by an amortised sweep on the call path; there is no
-// background goroutine to stop.
+// The store has no clock of its own: "now" is l.Candidate.Since
+// (GetOrBind), next.Since (Replace) or the now argument (Show, Mark,
+// SyncLoad), so tests drive time by choosing those values and the store
+// behaves exactly like the caller's clock says. Expired bindings and alias
+// links are removed lazily and by an amortised sweep on the call path;
+// there is no background goroutine to stop.
+//
+// Unlike the Redis store, whose session index may count a session up to
+// Idle/4 after it ends, this store's index is exact: a session is counted
+// while its binding lives.
 package memory
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,69 +28,115 @@ import (
 
 const (
 	// sampleEvery and sampleSize bound the incremental sweep: every
-	// sampleEvery calls, look at up to sampleSize entries (Go map iteration
-	// starts at a random point, so successive samples cover the map).
+	// sampleEvery calls, look at up to sampleSize entries of each map (Go map
+	// iteration starts at a random point, so successive samples cover it).
 	sampleEvery = 64
 	sampleSize  = 128
-	// minFullSweep is the smallest map size that triggers a full sweep; after
-	// one, the next runs when the map has doubled, so a sweep costs O(1)
-	// amortised per insert and the map stays within about twice the live set.
+	// minFullSweep is the smallest size (bindings plus links) that triggers
+	// a full sweep; after one, the next runs when the size has doubled, so a
+	// sweep costs O(1) amortised per insert and the maps stay within about
+	// twice the live set.
 	minFullSweep = 1024
 )
 
-var _ affinity.Store = (*Store)(nil)
+var (
+	_ affinity.Store        = (*Store)(nil)
+	_ affinity.SessionIndex = (*Store)(nil)
+	_ affinity.LoadSyncer   = (*Store)(nil)
+)
 
 type entry struct {
 	b       affinity.Binding
+	move    affinity.Move
 	expires time.Time // lastUse + Idle of the last call that touched it
 }
 
-// Store is a mutex-protected map of bindings. The zero value is not usable;
+// link is an alias: a weaker key that leads to a session key.
+type link struct {
+	to      string
+	expires time.Time
+}
+
+type report struct {
+	inFlight, queue map[string]int
+	expires         time.Time
+}
+
+// Store is a mutex-protected set of maps. The zero value is not usable;
 // call New.
 type Store struct {
-	mu        sync.Mutex
-	m         map[string]entry
+	mu       sync.Mutex
+	bindings map[string]entry
+	links    map[string]link
+	index    map[string]map[string]struct{} // instance → session keys bound to it
+	reports  map[string]report              // replica → its last load report
+	drained  map[string]bool
+
 	calls     int
-	nextSweep int // map size that triggers the next full sweep
+	nextSweep int // size that triggers the next full sweep
 }
 
 // New returns an empty store.
 func New() *Store {
-	return &Store{m: make(map[string]entry), nextSweep: minFullSweep}
+	return &Store{
+		bindings:  map[string]entry{},
+		links:     map[string]link{},
+		index:     map[string]map[string]struct{}{},
+		reports:   map[string]report{},
+		drained:   map[string]bool{},
+		nextSweep: minFullSweep,
+	}
 }
 
-// Len is the number of entries held, expired or not; for tests.
+// Len is the number of bindings and alias links held, expired or not; for
+// tests.
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.m)
+	return len(s.bindings) + len(s.links)
 }
 
 // GetOrBind implements affinity.Store.
-func (s *Store) GetOrBind(ctx context.Context, key string, candidate affinity.Binding, lt affinity.Lifetime) (affinity.Binding, affinity.Outcome, error) {
-	if err := affinity.CheckBinding(candidate, lt); err != nil {
-		return affinity.Binding{}, 0, fmt.Errorf("memory get-or-bind: %w", err)
+func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
+	if err := affinity.CheckBinding(l.Candidate, l.Lifetime); err != nil {
+		return affinity.Result{}, fmt.Errorf("memory get-or-bind: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
-		return affinity.Binding{}, 0, fmt.Errorf("memory get-or-bind: %w", err)
+		return affinity.Result{}, fmt.Errorf("memory get-or-bind: %w", err)
 	}
-	now := candidate.Since
+	now, idle := l.Candidate.Since, l.Lifetime.Idle
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.housekeep(now)
 
-	e, ok := s.m[key]
-	out := affinity.Created
-	switch {
-	case ok && now.Before(e.expires) && (lt.Max == 0 || now.Sub(e.b.Since) < lt.Max):
-		e.expires = now.Add(lt.Idle)
-		s.m[key] = e
-		return e.b, affinity.Found, nil
-	case ok && now.Before(e.expires):
-		out = affinity.Renewed
+	// One hop: l.Key may lead to the session key; that key's own link, if
+	// any, is not followed.
+	key := l.Key
+	if ln, ok := s.links[l.Key]; ok && now.Before(ln.expires) {
+		ln.expires = now.Add(idle) // the link is in use
+		s.links[l.Key] = ln
+		key = ln.to
 	}
-	s.m[key] = entry{b: candidate, expires: now.Add(lt.Idle)}
-	return candidate, out, nil
+	res := affinity.Result{Key: key, Outcome: affinity.Created}
+	e, ok := s.live(key, now)
+	switch {
+	case ok && (l.Lifetime.Max == 0 || now.Sub(e.b.Since) < l.Lifetime.Max):
+		e.expires = now.Add(idle)
+		s.bindings[key] = e
+		res.Binding, res.Outcome, res.Move = e.b, affinity.Found, e.move
+	case ok:
+		res.Outcome = affinity.Renewed
+		fallthrough
+	default:
+		s.put(key, entry{b: l.Candidate, expires: now.Add(idle)})
+		res.Binding = l.Candidate
+	}
+	for _, a := range l.Aliases {
+		if a != "" && a != key {
+			s.links[a] = link{to: key, expires: now.Add(idle)}
+		}
+	}
+	return res, nil
 }
 
 // Replace implements affinity.Store.
@@ -97,39 +152,211 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 	defer s.mu.Unlock()
 	s.housekeep(now)
 
-	e, ok := s.m[key]
-	if ok && now.Before(e.expires) && e.b.Instance != old {
+	if e, ok := s.live(key, now); ok && e.b.Instance != old {
 		// Someone else moved it first: keep theirs, count this as a use.
 		e.expires = now.Add(lt.Idle)
-		s.m[key] = e
+		s.bindings[key] = e
 		return e.b, nil
 	}
-	s.m[key] = entry{b: next, expires: now.Add(lt.Idle)}
+	s.put(key, entry{b: next, expires: now.Add(lt.Idle)}) // no pending move
 	return next, nil
 }
 
-// housekeep runs the amortised sweep. Called with s.mu held.
-func (s *Store) housekeep(now time.Time) {
-	s.calls++
-	if len(s.m) >= s.nextSweep {
-		for k, e := range s.m {
-			if !now.Before(e.expires) {
-				delete(s.m, k)
+// Show implements affinity.SessionIndex. It does not refresh anything.
+func (s *Store) Show(ctx context.Context, key string, now time.Time) (affinity.Session, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return affinity.Session{}, false, fmt.Errorf("memory show: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ln, ok := s.links[key]; ok && now.Before(ln.expires) {
+		key = ln.to
+	}
+	e, ok := s.live(key, now)
+	if !ok {
+		return affinity.Session{}, false, nil
+	}
+	return affinity.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)}, true, nil
+}
+
+// Mark implements affinity.SessionIndex. Sessions are visited in key order.
+func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move, now time.Time) (marked, remaining int, err error) {
+	if err := checkMark(f, m); err != nil {
+		return 0, 0, fmt.Errorf("memory mark: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, fmt.Errorf("memory mark: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, key := range slices.Sorted(maps.Keys(s.index[f.Instance])) {
+		e, ok := s.live(key, now)
+		switch {
+		case !ok || e.b.Instance != f.Instance:
+			delete(s.index[f.Instance], key)
+		case f.Version != "" && e.b.Version != f.Version, e.move.Pending():
+			// Not selected, or already asked to move.
+		case f.Limit == 0 || marked < f.Limit:
+			e.move = m
+			s.bindings[key] = e
+			marked++
+		default:
+			remaining++
+		}
+	}
+	return marked, remaining, nil
+}
+
+// SyncLoad implements affinity.LoadSyncer.
+func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances []string, ttl time.Duration, now time.Time) (affinity.LoadState, error) {
+	if err := checkReport(r, ttl); err != nil {
+		return affinity.LoadState{}, fmt.Errorf("memory sync load: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return affinity.LoadState{}, fmt.Errorf("memory sync load: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reports[r.Replica] = report{inFlight: maps.Clone(r.InFlight), queue: maps.Clone(r.Queue), expires: now.Add(ttl)}
+	maps.DeleteFunc(s.reports, func(_ string, rep report) bool { return !now.Before(rep.expires) })
+
+	st := affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}}
+	for _, in := range instances {
+		st.Active[in] = s.active(in, now)
+		for name, rep := range s.reports {
+			if n, ok := rep.inFlight[in]; ok && name != r.Replica {
+				st.InFlight[in] += n
+			}
+			if q, ok := rep.queue[in]; ok {
+				if cur, seen := st.Queue[in]; !seen || q > cur {
+					st.Queue[in] = q
+				}
 			}
 		}
-		s.nextSweep = max(2*len(s.m), minFullSweep)
+	}
+	maps.Copy(st.Drained, s.drained)
+	return st, nil
+}
+
+// SetDrained implements affinity.LoadSyncer.
+func (s *Store) SetDrained(ctx context.Context, instance string, drained bool) error {
+	if instance == "" {
+		return errors.New("memory set drained: empty instance name")
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("memory set drained: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if drained {
+		s.drained[instance] = true
+	} else {
+		delete(s.drained, instance)
+	}
+	return nil
+}
+
+// live returns key's binding when it has not expired at now. Called with
+// s.mu held.
+func (s *Store) live(key string, now time.Time) (entry, bool) {
+	e, ok := s.bindings[key]
+	return e, ok && now.Before(e.expires)
+}
+
+// put stores e under key and moves the key to e's instance index. Called
+// with s.mu held.
+func (s *Store) put(key string, e entry) {
+	if old, ok := s.bindings[key]; ok && old.b.Instance != e.b.Instance {
+		delete(s.index[old.b.Instance], key)
+	}
+	s.bindings[key] = e
+	idx := s.index[e.b.Instance]
+	if idx == nil {
+		idx = map[string]struct{}{}
+		s.index[e.b.Instance] = idx
+	}
+	idx[key] = struct{}{}
+}
+
+// drop removes key's binding and its index entry. Called with s.mu held.
+func (s *Store) drop(key string) {
+	if e, ok := s.bindings[key]; ok {
+		delete(s.index[e.b.Instance], key)
+		delete(s.bindings, key)
+	}
+}
+
+// active counts the live sessions in instance's index, pruning the others.
+// Called with s.mu held.
+func (s *Store) active(instance string, now time.Time) int {
+	n := 0
+	for key := range s.index[instance] {
+		if e, ok := s.live(key, now); ok && e.b.Instance == instance {
+			n++
+		} else {
+			s.drop(key)
+		}
+	}
+	if n == 0 {
+		delete(s.index, instance)
+	}
+	return n
+}
+
+// housekeep runs the amortised sweep of bindings and links. Called with
+// s.mu held.
+func (s *Store) housekeep(now time.Time) {
+	s.calls++
+	full := len(s.bindings)+len(s.links) >= s.nextSweep
+	if !full && s.calls%sampleEvery != 0 {
 		return
 	}
-	if s.calls%sampleEvery != 0 {
-		return
+	limit := sampleSize
+	if full {
+		limit = -1
 	}
 	n := 0
-	for k, e := range s.m {
+	for k, e := range s.bindings {
 		if !now.Before(e.expires) {
-			delete(s.m, k)
+			s.drop(k)
 		}
-		if n++; n >= sampleSize {
+		if n++; n == limit {
 			break
 		}
 	}
+	n = 0
+	for k, ln := range s.links {
+		if !now.Before(ln.expires) {
+			delete(s.links, k)
+		}
+		if n++; n == limit {
+			break
+		}
+	}
+	if full {
+		s.nextSweep = max(2*(len(s.bindings)+len(s.links)), minFullSweep)
+	}
+}
+
+// checkMark and checkReport refuse the same inputs as the Redis store.
+func checkMark(f affinity.MarkFilter, m affinity.Move) error {
+	switch {
+	case f.Instance == "":
+		return errors.New("empty instance name")
+	case f.Limit < 0:
+		return fmt.Errorf("limit must not be negative, got %d", f.Limit)
+	case !m.Pending():
+		return errors.New("empty move")
+	}
+	return nil
+}
+
+func checkReport(r affinity.LoadReport, ttl time.Duration) error {
+	switch {
+	case r.Replica == "":
+		return errors.New("empty replica name")
+	case ttl <= 0:
+		return fmt.Errorf("report ttl must be positive, got %v", ttl)
+	}
+	return nil
 }

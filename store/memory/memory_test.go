@@ -11,14 +11,15 @@ import (
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Harness{
-		New: func(*testing.T) affinity.Store { return New() },
+		New: func(*testing.T) storetest.Store { return New() },
 		// The store's clock is candidate.Since, which the suite moves itself.
 		Advance: func(*testing.T, time.Duration) {},
 	})
 }
 
-// TestSweepBoundsMemory checks that expired entries do not pile up when their
-// keys are never touched again: the map stays near the live set.
+// TestSweepBoundsMemory checks that expired bindings and links do not pile
+// up when their keys are never touched again: the maps stay near the live
+// set.
 func TestSweepBoundsMemory(t *testing.T) {
 	s := New()
 	ctx := t.Context()
@@ -27,7 +28,8 @@ func TestSweepBoundsMemory(t *testing.T) {
 	const total, live = 100_000, 100 // each key lives 100 calls' worth of time
 	for i := range total {
 		now = now.Add(lt.Idle / live)
-		if _, _, err := s.GetOrBind(ctx, fmt.Sprint(i), affinity.Binding{Instance: "a", Since: now}, lt); err != nil {
+		l := affinity.Lookup{Key: fmt.Sprint(i), Aliases: []string{fmt.Sprint("alias-", i)}, Candidate: affinity.Binding{Instance: "a", Since: now}, Lifetime: lt}
+		if _, err := s.GetOrBind(ctx, l); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -44,18 +46,27 @@ func TestSampleSweep(t *testing.T) {
 	lt := affinity.Lifetime{Idle: time.Second}
 	now := time.UnixMilli(1_750_000_000_000)
 	for i := range 500 {
-		if _, _, err := s.GetOrBind(ctx, fmt.Sprint(i), affinity.Binding{Instance: "a", Since: now}, lt); err != nil {
+		l := affinity.Lookup{Key: fmt.Sprint(i), Aliases: []string{fmt.Sprint("alias-", i)}, Candidate: affinity.Binding{Instance: "a", Since: now}, Lifetime: lt}
+		if _, err := s.GetOrBind(ctx, l); err != nil {
 			t.Fatal(err)
 		}
 	}
 	now = now.Add(time.Hour)
 	for range 100 * sampleEvery {
-		if _, _, err := s.GetOrBind(ctx, "hot", affinity.Binding{Instance: "a", Since: now}, lt); err != nil {
+		l := affinity.Lookup{Key: "hot", Candidate: affinity.Binding{Instance: "a", Since: now}, Lifetime: lt}
+		if _, err := s.GetOrBind(ctx, l); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if n := s.Len(); n != 1 {
 		t.Errorf("Len() = %d, want 1 (only the hot key is live)", n)
+	}
+	// The sweep took the swept sessions out of the index too.
+	s.mu.Lock()
+	n := len(s.index["a"])
+	s.mu.Unlock()
+	if n != 1 {
+		t.Errorf("index of a holds %d sessions, want 1", n)
 	}
 }
 

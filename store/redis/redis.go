@@ -1,19 +1,61 @@
-// Package redis is the affinity.Store shared by every tether replica.
+// Package redis is the affinity.Store (with its SessionIndex and
+// LoadSyncer) shared by every tether replica: standalone Redis, Sentinel or
+// Redis Cluster through a go-redis UniversalClient.
 //
-// A binding is one hash, "tether:b:<key>" → {i: instance, s: since in unix
-// milliseconds}, whose key TTL is the idle timeout. Each operation is one Lua
-// script, so the read, the decision and the write happen atomically on the
-// server: replicas racing on a new session agree on one instance. Scripts
-// are loaded when the store is built and run with EVALSHA, so the hot path is
-// exactly one round trip; after a server restart or SCRIPT FLUSH the first
-// call falls back to EVAL once, which caches the script again.
+// # Key layout
+//
+// Every Lua script touches the keys of one hash slot only, so the layout
+// works on Redis Cluster. Per-session keys carry the session key as their
+// hash tag, so a session's binding and its alias link share a slot:
+//
+//	tether:{<key>}:b          HASH    i instance, v version, s since ms,
+//	                                  x index refresh ms, mv move-to-version,
+//	                                  mo move-off-instance; PTTL = idle
+//	tether:{<key>}:a          STRING  the session key <key> leads to; PTTL = idle
+//
+// Fleet-wide state shares the hash tag {fleet}, so one script reads it all.
+// The trade-off: one slot (one Cluster shard) holds the whole fleet state.
+// It takes writes only on binds, index refreshes (at most every Idle/4 per
+// session) and load syncs (once a second per replica), never on an ordinary
+// hit:
+//
+//	tether:{fleet}:i:<instance>  ZSET  member session key, score expiry ms
+//	tether:{fleet}:r:<replica>   HASH  f:<instance> in flight, q:<instance> queue
+//	tether:{fleet}:replicas      ZSET  member replica, score report expiry ms
+//	tether:{fleet}:drained       SET   drained instances
+//
+// "tether:" is Options.Prefix. A '{', '}' or '%' in a session key is
+// escaped in the key name (%7B, %7D, %25), so any key keeps its own slot;
+// member and link values keep the key as it is.
+//
+// # Round trips
+//
+// Scripts are loaded when the store is built and run with EVALSHA; after a
+// server restart or SCRIPT FLUSH a call refused with NOSCRIPT is sent again
+// with EVAL once, which caches the script again.
+//
+//   - A hit whose index entry is fresh is ONE round trip: one pipeline with
+//     the get-or-bind script and a SET per alias.
+//   - A bind, or a hit whose index entry is due for a refresh, adds a second
+//     round trip: the index script on the {fleet} slot.
+//   - A get-or-bind on a key that is an alias is two round trips before any
+//     index write: the first finds the link, the second gets or binds the
+//     linked key (with the alias SETs again, now pointing at it).
+//
+// The index entry of a session is rewritten on a hit only when it was last
+// written at least Idle/4 ago, and it expires Idle*5/4 after that write, so
+// it always outlives the binding: a session may be counted in its
+// instance's index up to Idle/4 after it ends. A failed index or alias
+// write does not fail the decision; Options.OnIndexError hears of it.
 package redis
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,58 +68,36 @@ const (
 	// DefaultTimeout bounds one store call in DefaultOptions: a request must
 	// never wait long on Redis, the caller falls back to placement instead.
 	DefaultTimeout = 50 * time.Millisecond
-	// DefaultPrefix is prepended to every binding key.
-	DefaultPrefix = "tether:b:"
+	// DefaultPrefix is prepended to every key.
+	DefaultPrefix = "tether:"
 	// loadTimeout bounds script loading in New, which has no context.
 	loadTimeout = 5 * time.Second
+	// markBatch is how many sessions Mark checks per pipeline.
+	markBatch = 256
 )
 
-// getOrBindSrc: KEYS[1] binding; ARGV instance, now ms, idle ms, max ms.
-// Returns {instance, since ms, outcome} with outcome 1 found, 2 created,
-// 3 renewed (the affinity.Outcome values). A hash without a numeric "s" is
-// treated as absent, so a damaged record heals instead of failing forever.
-const getOrBindSrc = `
-local cur = redis.call('HMGET', KEYS[1], 'i', 's')
-local s = tonumber(cur[2])
-local outcome = 2
-if cur[1] and s then
-  local max = tonumber(ARGV[4])
-  if max == 0 or tonumber(ARGV[2]) - s < max then
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-    return {cur[1], cur[2], 1}
-  end
-  outcome = 3
-end
-redis.call('HSET', KEYS[1], 'i', ARGV[1], 's', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {ARGV[1], ARGV[2], outcome}
-`
-
-// replaceSrc: KEYS[1] binding; ARGV old instance, next instance, next
-// since ms, idle ms. Returns {instance, since ms} now stored. The kept
-// binding's idle timeout is refreshed too: the caller is using the session.
-const replaceSrc = `
-local cur = redis.call('HMGET', KEYS[1], 'i', 's')
-if cur[1] and tonumber(cur[2]) and cur[1] ~= ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  return {cur[1], cur[2]}
-end
-redis.call('HSET', KEYS[1], 'i', ARGV[2], 's', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return {ARGV[2], ARGV[3]}
-`
-
-var _ affinity.Store = (*Store)(nil)
+var (
+	_ affinity.Store        = (*Store)(nil)
+	_ affinity.SessionIndex = (*Store)(nil)
+	_ affinity.LoadSyncer   = (*Store)(nil)
+)
 
 // Options tunes a Store. Start from DefaultOptions: the zero value has no
 // per-call timeout.
 type Options struct {
-	// Timeout bounds each call with context.WithTimeout; 0 disables it (the
-	// client's own read and write timeouts still apply).
+	// Timeout bounds each round trip with context.WithTimeout; 0 disables
+	// it (the client's own read and write timeouts still apply).
 	Timeout time.Duration
 	// Prefix replaces DefaultPrefix when not empty, for example to share one
-	// Redis between two tether deployments.
+	// Redis between two tether deployments. It must not contain '{' or '}'
+	// (it would change the keys' hash tags).
 	Prefix string
+	// OnIndexError, when not nil, is called with the error of a write that
+	// is not part of the decision and so does not fail it: a session index
+	// update, an alias link. The decision stands; the index heals at the
+	// session's next refresh, the link at its next request. It is called
+	// from the calling goroutine, so concurrently: make it safe for that.
+	OnIndexError func(error)
 }
 
 // DefaultOptions returns the options tether runs with.
@@ -90,17 +110,22 @@ func (o Options) Validate() error {
 	if o.Timeout < 0 {
 		return fmt.Errorf("redis options: timeout must not be negative, got %v", o.Timeout)
 	}
+	if strings.ContainsAny(o.Prefix, "{}") {
+		return fmt.Errorf("redis options: prefix %q must not contain '{' or '}'", o.Prefix)
+	}
 	return nil
 }
 
-// Store is an affinity.Store over a go-redis client: standalone, Sentinel or
-// Cluster (one key per script, so any slot works).
+// Store is an affinity.Store, SessionIndex and LoadSyncer over a go-redis
+// client.
 type Store struct {
-	client    goredis.UniversalClient
-	timeout   time.Duration
-	prefix    string
-	getOrBind *goredis.Script
-	replace   *goredis.Script
+	client       goredis.UniversalClient
+	timeout      time.Duration
+	prefix       string
+	fleet        string // prefix + "{fleet}:"
+	onIndexError func(error)
+
+	getOrBind, replace, unlink, index, show, mark, prune, syncLoad *goredis.Script
 
 	// Owned by the store only when Open built them.
 	ownClient bool
@@ -132,18 +157,26 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options)
 		return nil, errors.New("redis store: a per-call timeout needs a client with ContextTimeoutEnabled")
 	}
 	s := &Store{
-		client:    client,
-		timeout:   opts.Timeout,
-		prefix:    opts.Prefix,
-		getOrBind: goredis.NewScript(getOrBindSrc),
-		replace:   goredis.NewScript(replaceSrc),
+		client:       client,
+		timeout:      opts.Timeout,
+		prefix:       opts.Prefix,
+		onIndexError: opts.OnIndexError,
+		getOrBind:    goredis.NewScript(getOrBindSrc),
+		replace:      goredis.NewScript(replaceSrc),
+		unlink:       goredis.NewScript(unlinkSrc),
+		index:        goredis.NewScript(indexSrc),
+		show:         goredis.NewScript(showSrc),
+		mark:         goredis.NewScript(markSrc),
+		prune:        goredis.NewScript(pruneSrc),
+		syncLoad:     goredis.NewScript(syncLoadSrc),
 	}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix
 	}
+	s.fleet = s.prefix + "{fleet}:"
 	// SCRIPT LOAD now (a cluster client loads on every shard), so calls can
 	// go straight to EVALSHA.
-	for _, sc := range []*goredis.Script{s.getOrBind, s.replace} {
+	for _, sc := range []*goredis.Script{s.getOrBind, s.replace, s.unlink, s.index, s.show, s.mark, s.prune, s.syncLoad} {
 		if err := sc.Load(ctx, client).Err(); err != nil {
 			return nil, fmt.Errorf("redis store: load scripts: %w", err)
 		}
@@ -192,30 +225,125 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// GetOrBind implements affinity.Store in one EVALSHA.
-func (s *Store) GetOrBind(ctx context.Context, key string, candidate affinity.Binding, lt affinity.Lifetime) (affinity.Binding, affinity.Outcome, error) {
-	if err := affinity.CheckBinding(candidate, lt); err != nil {
-		return affinity.Binding{}, 0, fmt.Errorf("redis get-or-bind: %w", err)
+// Key names. tagReplacer escapes what would change a key's hash tag, and
+// '%' so that the escaping stays one to one.
+var tagReplacer = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+func (s *Store) bindingKey(key string) string {
+	return s.prefix + "{" + tagReplacer.Replace(key) + "}:b"
+}
+
+func (s *Store) linkKey(key string) string {
+	return s.prefix + "{" + tagReplacer.Replace(key) + "}:a"
+}
+
+func (s *Store) indexKey(instance string) string { return s.fleet + "i:" + instance }
+func (s *Store) reportPrefix() string            { return s.fleet + "r:" }
+func (s *Store) replicasKey() string             { return s.fleet + "replicas" }
+func (s *Store) drainedKey() string              { return s.fleet + "drained" }
+
+// GetOrBind implements affinity.Store: one pipeline on a hit (see the
+// package comment for the other cases).
+func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
+	if err := affinity.CheckBinding(l.Candidate, l.Lifetime); err != nil {
+		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
 		// go-redis ignores a done context when ContextTimeoutEnabled is off.
-		return affinity.Binding{}, 0, fmt.Errorf("redis get-or-bind: %w", err)
+		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
-	res, err := s.getOrBind.Run(ctx, s.client, []string{s.prefix + key},
-		candidate.Instance, candidate.Since.UnixMilli(), millis(lt.Idle), millis(lt.Max)).Slice()
+	now := l.Candidate.Since.UnixMilli()
+
+	// The aliases are linked to l.Key in the same pipeline, before we know
+	// whether l.Key is itself an alias; if it is, the second round trip
+	// links them to the key it leads to instead.
+	linked := aliasesOf(l.Aliases, l.Key)
+	r, err := s.getOrBindOnce(ctx, l, l.Key, true, linked, "")
 	if err != nil {
-		return affinity.Binding{}, 0, fmt.Errorf("redis get-or-bind: %w", err)
+		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
-	b, out, err := parseReply(res, true)
-	if err != nil {
-		return affinity.Binding{}, 0, fmt.Errorf("redis get-or-bind: %w", err)
+	key := l.Key
+	if r.link != "" {
+		key = r.link
+		// If key was among the aliases, the first pipeline linked it to
+		// l.Key (a loop with l.Key's own link): undo that link.
+		undo := ""
+		if slices.Contains(linked, key) {
+			undo = l.Key
+		}
+		r, err = s.getOrBindOnce(ctx, l, key, false, aliasesOf(l.Aliases, key), undo)
+		if err != nil {
+			return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
+		}
+		if r.link != "" {
+			return affinity.Result{}, fmt.Errorf("redis get-or-bind: unexpected alias reply for %q", key)
+		}
 	}
-	return b, out, nil
+	if r.refresh {
+		s.writeIndex(ctx, key, r.b.Instance, r.prev, now, l.Lifetime.Idle)
+	}
+	res := affinity.Result{Key: key, Binding: r.b, Outcome: r.out}
+	if r.out == affinity.Found {
+		res.Move = r.move
+	}
+	return res, nil
 }
 
-// Replace implements affinity.Store in one EVALSHA.
+// aliasesOf returns the aliases to link to key: without empty ones, key
+// itself and repeats.
+func aliasesOf(aliases []string, key string) []string {
+	var out []string
+	for _, a := range aliases {
+		if a != "" && a != key && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// getOrBindOnce runs the get-or-bind script on key and, in the same
+// pipeline, links aliases to key and, when undo is not empty, deletes key's
+// own link if it still leads to undo. Link errors go to OnIndexError.
+func (s *Store) getOrBindOnce(ctx context.Context, l affinity.Lookup, key string, follow bool, aliases []string, undo string) (bindReply, error) {
+	idle := millis(l.Lifetime.Idle)
+	calls := []*scriptCall{{
+		sc:   s.getOrBind,
+		keys: []string{s.bindingKey(key), s.linkKey(key)},
+		args: []any{l.Candidate.Instance, l.Candidate.Version, l.Candidate.Since.UnixMilli(),
+			idle, millis(l.Lifetime.Max), flag(follow), refreshPeriod(l.Lifetime.Idle)},
+	}}
+	if undo != "" {
+		// undo is l.Key: the link of the key l.Key leads to, pointing back.
+		calls = append(calls, &scriptCall{sc: s.unlink, keys: []string{s.linkKey(key)}, args: []any{undo}})
+	}
+	sets := make([]*goredis.StatusCmd, 0, len(aliases))
+	s.exec(ctx, calls, func(p goredis.Pipeliner) {
+		for _, a := range aliases {
+			sets = append(sets, p.Set(ctx, s.linkKey(a), key, time.Duration(idle)*time.Millisecond))
+		}
+	})
+	res, err := calls[0].cmd.Slice()
+	if err != nil {
+		// The links most likely failed the same way; the caller hears of it.
+		return bindReply{}, err
+	}
+	for i, c := range sets {
+		if err := c.Err(); err != nil {
+			s.indexError(fmt.Errorf("redis link alias %q: %w", aliases[i], err))
+		}
+	}
+	if len(calls) > 1 {
+		if err := calls[1].cmd.Err(); err != nil {
+			s.indexError(fmt.Errorf("redis unlink %q: %w", key, err))
+		}
+	}
+	return parseBindReply(res)
+}
+
+// Replace implements affinity.Store: one EVALSHA, plus the index script
+// when the session moved (or its index entry is due for a refresh).
 func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Binding, lt affinity.Lifetime) (affinity.Binding, error) {
 	if err := affinity.CheckBinding(next, lt); err != nil {
 		return affinity.Binding{}, fmt.Errorf("redis replace: %w", err)
@@ -225,16 +353,280 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 	if err := ctx.Err(); err != nil {
 		return affinity.Binding{}, fmt.Errorf("redis replace: %w", err)
 	}
-	res, err := s.replace.Run(ctx, s.client, []string{s.prefix + key},
-		old, next.Instance, next.Since.UnixMilli(), millis(lt.Idle)).Slice()
+	now := next.Since.UnixMilli()
+	c := &scriptCall{sc: s.replace, keys: []string{s.bindingKey(key)},
+		args: []any{old, next.Instance, next.Version, now, millis(lt.Idle), refreshPeriod(lt.Idle)}}
+	s.exec(ctx, []*scriptCall{c}, nil)
+	res, err := c.cmd.Slice()
 	if err != nil {
 		return affinity.Binding{}, fmt.Errorf("redis replace: %w", err)
 	}
-	b, _, err := parseReply(res, false)
+	r, err := parseReplaceReply(res)
 	if err != nil {
 		return affinity.Binding{}, fmt.Errorf("redis replace: %w", err)
 	}
-	return b, nil
+	if r.refresh {
+		s.writeIndex(ctx, key, r.b.Instance, r.prev, now, lt.Idle)
+	}
+	return r.b, nil
+}
+
+// writeIndex records key in instance's index until now + idle*5/4 and
+// removes it from prev's index. Errors go to OnIndexError.
+func (s *Store) writeIndex(ctx context.Context, key, instance, prev string, now int64, idle time.Duration) {
+	from := s.indexKey(instance)
+	if prev != "" {
+		from = s.indexKey(prev)
+	}
+	expiry := now + millis(idle*5/4)
+	// The key's own TTL is garbage collection only; twice the idle timeout
+	// leaves room for clock skew between replicas and Redis.
+	c := &scriptCall{sc: s.index, keys: []string{s.indexKey(instance), from}, args: []any{key, expiry, millis(2 * idle)}}
+	s.exec(ctx, []*scriptCall{c}, nil)
+	if err := c.cmd.Err(); err != nil {
+		s.indexError(fmt.Errorf("redis index %q on %q: %w", key, instance, err))
+	}
+}
+
+func (s *Store) indexError(err error) {
+	if s.onIndexError != nil {
+		s.onIndexError(err)
+	}
+}
+
+// Show implements affinity.SessionIndex: one round trip, two when key is
+// an alias. It refreshes nothing.
+func (s *Store) Show(ctx context.Context, key string, _ time.Time) (affinity.Session, bool, error) {
+	ctx, cancel := s.callContext(ctx)
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return affinity.Session{}, false, fmt.Errorf("redis show: %w", err)
+	}
+	sess, link, ok, err := s.showOnce(ctx, key, true)
+	if err == nil && link != "" {
+		key = link // one hop: the linked key's own link is not followed
+		sess, link, ok, err = s.showOnce(ctx, key, false)
+		if err == nil && link != "" {
+			err = fmt.Errorf("unexpected alias reply for %q", key)
+		}
+	}
+	if err != nil {
+		return affinity.Session{}, false, fmt.Errorf("redis show: %w", err)
+	}
+	if !ok {
+		return affinity.Session{}, false, nil
+	}
+	sess.Key = key
+	return sess, true, nil
+}
+
+// showOnce runs the show script on key.
+func (s *Store) showOnce(ctx context.Context, key string, follow bool) (sess affinity.Session, link string, ok bool, err error) {
+	c := &scriptCall{sc: s.show, keys: []string{s.bindingKey(key), s.linkKey(key)}, args: []any{flag(follow)}}
+	s.exec(ctx, []*scriptCall{c}, nil)
+	res, err := c.cmd.Slice()
+	if err != nil {
+		return affinity.Session{}, "", false, err
+	}
+	return parseShowReply(res)
+}
+
+// Mark implements affinity.SessionIndex. It reads the live members of the
+// instance's index, checks (and marks) their bindings in pipelines of
+// markBatch, and prunes the members whose binding is gone or on another
+// instance. Each round trip gets its own Options.Timeout.
+func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move, now time.Time) (marked, remaining int, err error) {
+	if err := checkMark(f, m); err != nil {
+		return 0, 0, fmt.Errorf("redis mark: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, fmt.Errorf("redis mark: %w", err)
+	}
+	idx := s.indexKey(f.Instance)
+	members, err := s.liveMembers(ctx, idx, now.UnixMilli())
+	if err != nil {
+		return 0, 0, fmt.Errorf("redis mark: %w", err)
+	}
+	var gone []goredis.Z
+	for len(members) > 0 {
+		// Mark while the limit allows, then only count.
+		n, doMark := min(len(members), markBatch), true
+		if f.Limit > 0 {
+			if need := f.Limit - marked; need > 0 {
+				n = min(n, need)
+			} else {
+				doMark = false
+			}
+		}
+		batch := members[:n]
+		members = members[n:]
+		calls := make([]*scriptCall, len(batch))
+		for i, z := range batch {
+			calls[i] = &scriptCall{sc: s.mark, keys: []string{s.bindingKey(z.Member.(string))},
+				args: []any{f.Instance, f.Version, flag(doMark), m.Version, m.Off}}
+		}
+		bctx, cancel := s.callContext(ctx)
+		s.exec(bctx, calls, nil)
+		cancel()
+		for i, c := range calls {
+			v, err := c.cmd.Int64()
+			if err != nil {
+				return marked, remaining, fmt.Errorf("redis mark: %w", err)
+			}
+			switch v {
+			case markGone:
+				gone = append(gone, batch[i])
+			case markDone:
+				marked++
+			case markUnmarked:
+				remaining++
+			case markOther, markPending:
+			default:
+				return marked, remaining, fmt.Errorf("redis mark: unexpected script reply %d", v)
+			}
+		}
+	}
+	if len(gone) > 0 {
+		s.pruneIndex(ctx, idx, gone)
+	}
+	return marked, remaining, nil
+}
+
+// liveMembers drops the expired members of an index and returns the others
+// with their scores.
+func (s *Store) liveMembers(ctx context.Context, idx string, now int64) ([]goredis.Z, error) {
+	ctx, cancel := s.callContext(ctx)
+	defer cancel()
+	pipe := s.client.Pipeline()
+	pipe.ZRemRangeByScore(ctx, idx, "-inf", strconv.FormatInt(now, 10))
+	live := pipe.ZRangeByScoreWithScores(ctx, idx, &goredis.ZRangeBy{Min: "(" + strconv.FormatInt(now, 10), Max: "+inf"})
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("read index %q: %w", idx, err)
+	}
+	zs := live.Val()
+	for _, z := range zs {
+		if _, ok := z.Member.(string); !ok {
+			return nil, fmt.Errorf("read index %q: unexpected member %v", idx, z.Member)
+		}
+	}
+	return zs, nil
+}
+
+// pruneIndex removes members whose score has not changed since they were
+// read. Errors go to OnIndexError: the counts Mark returns are right anyway.
+func (s *Store) pruneIndex(ctx context.Context, idx string, zs []goredis.Z) {
+	for chunk := range slices.Chunk(zs, markBatch) {
+		args := make([]any, 0, 2*len(chunk))
+		for _, z := range chunk {
+			args = append(args, z.Member, strconv.FormatFloat(z.Score, 'f', -1, 64))
+		}
+		c := &scriptCall{sc: s.prune, keys: []string{idx}, args: args}
+		cctx, cancel := s.callContext(ctx)
+		s.exec(cctx, []*scriptCall{c}, nil)
+		cancel()
+		if err := c.cmd.Err(); err != nil {
+			s.indexError(fmt.Errorf("redis prune index %q: %w", idx, err))
+			return
+		}
+	}
+}
+
+// SyncLoad implements affinity.LoadSyncer in one EVALSHA on the {fleet}
+// slot.
+func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances []string, ttl time.Duration, now time.Time) (affinity.LoadState, error) {
+	if err := checkReport(r, ttl); err != nil {
+		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
+	}
+	ctx, cancel := s.callContext(ctx)
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
+	}
+	keys := make([]string, 0, 3+len(instances))
+	keys = append(keys, s.replicasKey(), s.drainedKey(), s.reportPrefix()+r.Replica)
+	for _, in := range instances {
+		keys = append(keys, s.indexKey(in))
+	}
+	ms := now.UnixMilli()
+	args := []any{ms, ms + millis(ttl), millis(2 * ttl), r.Replica, s.reportPrefix()}
+	for in, n := range r.InFlight {
+		args = append(args, "f:"+in, n)
+	}
+	for in, q := range r.Queue {
+		args = append(args, "q:"+in, q)
+	}
+	c := &scriptCall{sc: s.syncLoad, keys: keys, args: args}
+	s.exec(ctx, []*scriptCall{c}, nil)
+	res, err := c.cmd.Slice()
+	if err != nil {
+		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
+	}
+	st, err := parseLoadReply(res, r, instances)
+	if err != nil {
+		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
+	}
+	return st, nil
+}
+
+// SetDrained implements affinity.LoadSyncer.
+func (s *Store) SetDrained(ctx context.Context, instance string, drained bool) error {
+	if instance == "" {
+		return errors.New("redis set drained: empty instance name")
+	}
+	ctx, cancel := s.callContext(ctx)
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redis set drained: %w", err)
+	}
+	var err error
+	if drained {
+		err = s.client.SAdd(ctx, s.drainedKey(), instance).Err()
+	} else {
+		err = s.client.SRem(ctx, s.drainedKey(), instance).Err()
+	}
+	if err != nil {
+		return fmt.Errorf("redis set drained %q: %w", instance, err)
+	}
+	return nil
+}
+
+// scriptCall is one script invocation in a pipeline; cmd holds its result
+// after exec.
+type scriptCall struct {
+	sc   *goredis.Script
+	keys []string
+	args []any
+	cmd  *goredis.Cmd
+}
+
+// exec sends calls with EVALSHA, and the commands extra adds, in one
+// pipeline. Calls refused with NOSCRIPT (the server restarted, failed over
+// or flushed its scripts) are sent again with EVAL, which caches the
+// scripts again: one more round trip, once. Errors are left in each
+// command.
+func (s *Store) exec(ctx context.Context, calls []*scriptCall, extra func(goredis.Pipeliner)) {
+	pipe := s.client.Pipeline()
+	for _, c := range calls {
+		c.cmd = c.sc.EvalSha(ctx, pipe, c.keys, c.args...)
+	}
+	if extra != nil {
+		extra(pipe)
+	}
+	_, _ = pipe.Exec(ctx)
+	var retry []*scriptCall
+	for _, c := range calls {
+		if goredis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+			retry = append(retry, c)
+		}
+	}
+	if len(retry) == 0 {
+		return
+	}
+	pipe = s.client.Pipeline()
+	for _, c := range retry {
+		c.cmd = c.sc.Eval(ctx, pipe, c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx)
 }
 
 func (s *Store) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -244,32 +636,38 @@ func (s *Store) callContext(ctx context.Context) (context.Context, context.Cance
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// parseReply decodes {instance, since ms[, outcome]} without trusting its
-// shape: a reply we did not expect is an error, never a panic.
-func parseReply(res []any, withOutcome bool) (affinity.Binding, affinity.Outcome, error) {
-	n := 2
-	if withOutcome {
-		n = 3
+// checkMark and checkReport refuse the same inputs as the memory store.
+func checkMark(f affinity.MarkFilter, m affinity.Move) error {
+	switch {
+	case f.Instance == "":
+		return errors.New("empty instance name")
+	case f.Limit < 0:
+		return fmt.Errorf("limit must not be negative, got %d", f.Limit)
+	case !m.Pending():
+		return errors.New("empty move")
 	}
-	if len(res) != n {
-		return affinity.Binding{}, 0, fmt.Errorf("unexpected script reply %v", res)
-	}
-	inst, ok1 := res[0].(string)
-	since, ok2 := res[1].(string)
-	ms, err := strconv.ParseInt(since, 10, 64)
-	if !ok1 || !ok2 || err != nil {
-		return affinity.Binding{}, 0, fmt.Errorf("unexpected script reply %v", res)
-	}
-	b := affinity.Binding{Instance: inst, Since: time.UnixMilli(ms)}
-	if !withOutcome {
-		return b, 0, nil
-	}
-	out, ok := res[2].(int64)
-	if !ok || out < int64(affinity.Found) || out > int64(affinity.Renewed) {
-		return affinity.Binding{}, 0, fmt.Errorf("unexpected script reply %v", res)
-	}
-	return b, affinity.Outcome(out), nil
+	return nil
 }
+
+func checkReport(r affinity.LoadReport, ttl time.Duration) error {
+	switch {
+	case r.Replica == "":
+		return errors.New("empty replica name")
+	case ttl <= 0:
+		return fmt.Errorf("report ttl must be positive, got %v", ttl)
+	}
+	return nil
+}
+
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// refreshPeriod is how old an index entry may get before a hit rewrites it.
+func refreshPeriod(idle time.Duration) int64 { return millis(idle / 4) }
 
 // millis rounds d up to whole milliseconds, so a positive duration never
 // becomes PEXPIRE 0 (which deletes the key).

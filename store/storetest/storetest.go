@@ -1,6 +1,7 @@
-// Package storetest is the conformance suite every affinity.Store must pass.
+// Package storetest is the conformance suite every store must pass.
 // store/memory and store/redis run the same cases, so "two tether replicas
-// agree" and the lifetime rules mean the same thing whichever store is wired.
+// agree", the lifetime rules, aliases, the session index and the load
+// exchange mean the same thing whichever store is wired.
 package storetest
 
 import (
@@ -18,14 +19,23 @@ import (
 	"github.com/tetherproxy/tether/affinity"
 )
 
+// Store is what the suite tests: the hot path, the session index and the
+// load exchange.
+type Store interface {
+	affinity.Store
+	affinity.SessionIndex
+	affinity.LoadSyncer
+}
+
 // Harness tells Run how to make a store and how to move its clock.
 type Harness struct {
 	// New returns an empty store for one case. Cases run in parallel, so
-	// stores returned for different t must not share expiry clocks (a shared
+	// stores returned for different t must not share state (on a shared
+	// server, give each its own key prefix) nor expiry clocks (a shared
 	// server is fine when Advance only waits).
-	New func(t *testing.T) affinity.Store
+	New func(t *testing.T) Store
 	// Advance lets d pass on the store's own expiry clock: FastForward for
-	// miniredis, nothing for a store that reads "now" from Binding.Since, a
+	// miniredis, nothing for a store that reads "now" from its arguments, a
 	// real wait for a real server.
 	Advance func(t *testing.T, d time.Duration)
 	// Idle is the idle timeout the expiry cases use (0: one minute). A
@@ -38,13 +48,18 @@ type Harness struct {
 // store keeps Since with millisecond precision.
 var start = time.UnixMilli(1_750_000_000_000)
 
-const races = 32
+const (
+	races = 32
+	// reportTTL is long against any real wait, so reports expire only when
+	// a case moves its own clock past it.
+	reportTTL = time.Minute
+)
 
 // env is one case's view: its store, its clock and its key namespace.
 type env struct {
 	t     *testing.T
 	h     Harness
-	s     affinity.Store
+	s     Store
 	now   time.Time
 	idle  time.Duration
 	ctx   context.Context
@@ -68,23 +83,38 @@ func (e *env) skew(d time.Duration) { e.now = e.now.Add(d) }
 
 func (e *env) lt() affinity.Lifetime { return affinity.Lifetime{Idle: e.idle} }
 
-func (e *env) bind(name string) affinity.Binding {
-	return affinity.Binding{Instance: name, Since: e.now}
+func (e *env) bind(instance string) affinity.Binding {
+	return affinity.Binding{Instance: instance, Since: e.now}
 }
 
-// getOrBind calls GetOrBind and checks the binding and outcome.
-func (e *env) getOrBind(key string, candidate affinity.Binding, lt affinity.Lifetime, want affinity.Binding, wantOut affinity.Outcome) {
+func (e *env) bindv(instance, version string) affinity.Binding {
+	return affinity.Binding{Instance: instance, Version: version, Since: e.now}
+}
+
+// look is a Lookup of key with candidate and aliases, with the case's
+// lifetime.
+func (e *env) look(key string, candidate affinity.Binding, aliases ...string) affinity.Lookup {
+	return affinity.Lookup{Key: key, Aliases: aliases, Candidate: candidate, Lifetime: e.lt()}
+}
+
+// lookup calls GetOrBind and checks the whole result.
+func (e *env) lookup(l affinity.Lookup, want affinity.Result) {
 	e.t.Helper()
-	got, out, err := e.s.GetOrBind(e.ctx, key, candidate, lt)
+	got, err := e.s.GetOrBind(e.ctx, l)
 	if err != nil {
-		e.t.Fatalf("GetOrBind(%q, %s): %v", key, candidate.Instance, err)
-	}
-	if out != wantOut {
-		e.t.Errorf("GetOrBind(%q, %s) outcome = %v, want %v", key, candidate.Instance, out, wantOut)
+		e.t.Fatalf("GetOrBind(%q, %s): %v", l.Key, l.Candidate.Instance, err)
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
-		e.t.Errorf("GetOrBind(%q, %s) binding (-want +got):\n%s", key, candidate.Instance, diff)
+		e.t.Errorf("GetOrBind(%q, aliases %q, %s) (-want +got):\n%s", l.Key, l.Aliases, l.Candidate.Instance, diff)
 	}
+}
+
+// getOrBind calls GetOrBind on a key without aliases and checks the
+// binding and outcome (and that the result is key's own, without a move).
+func (e *env) getOrBind(key string, candidate affinity.Binding, lt affinity.Lifetime, want affinity.Binding, wantOut affinity.Outcome) {
+	e.t.Helper()
+	l := affinity.Lookup{Key: key, Candidate: candidate, Lifetime: lt}
+	e.lookup(l, affinity.Result{Key: key, Binding: want, Outcome: wantOut})
 }
 
 // replace calls Replace and checks the binding it returns.
@@ -96,6 +126,73 @@ func (e *env) replace(key, old string, next affinity.Binding, want affinity.Bind
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		e.t.Errorf("Replace(%q, %s -> %s) binding (-want +got):\n%s", key, old, next.Instance, diff)
+	}
+}
+
+// show calls Show and checks the session, all but its TTL, which must be
+// in (0, idle].
+func (e *env) show(key string, want affinity.Session, wantOK bool) {
+	e.t.Helper()
+	got, ok, err := e.s.Show(e.ctx, key, e.now)
+	if err != nil {
+		e.t.Fatalf("Show(%q): %v", key, err)
+	}
+	if ok != wantOK {
+		e.t.Fatalf("Show(%q) ok = %v, want %v (session %+v)", key, ok, wantOK, got)
+	}
+	if !ok {
+		return
+	}
+	if got.TTL <= 0 || got.TTL > e.idle {
+		e.t.Errorf("Show(%q) TTL = %v, want in (0, %v]", key, got.TTL, e.idle)
+	}
+	got.TTL, want.TTL = 0, 0
+	if diff := cmp.Diff(want, got); diff != "" {
+		e.t.Errorf("Show(%q) (-want +got):\n%s", key, diff)
+	}
+}
+
+// mark calls Mark and checks its counts.
+func (e *env) mark(f affinity.MarkFilter, m affinity.Move, wantMarked, wantRemaining int) {
+	e.t.Helper()
+	marked, remaining, err := e.s.Mark(e.ctx, f, m, e.now)
+	if err != nil {
+		e.t.Fatalf("Mark(%+v, %+v): %v", f, m, err)
+	}
+	if marked != wantMarked || remaining != wantRemaining {
+		e.t.Errorf("Mark(%+v, %+v) = %d marked, %d remaining; want %d, %d", f, m, marked, remaining, wantMarked, wantRemaining)
+	}
+}
+
+// sync publishes a report for replica and returns the load of instances.
+func (e *env) sync(replica string, inFlight, queue map[string]int, instances ...string) affinity.LoadState {
+	e.t.Helper()
+	st, err := e.s.SyncLoad(e.ctx, affinity.LoadReport{Replica: replica, InFlight: inFlight, Queue: queue}, instances, reportTTL, e.now)
+	if err != nil {
+		e.t.Fatalf("SyncLoad(%s): %v", replica, err)
+	}
+	if st.Active == nil || st.InFlight == nil || st.Queue == nil || st.Drained == nil {
+		e.t.Fatalf("SyncLoad(%s) = %+v: a nil map", replica, st)
+	}
+	return st
+}
+
+// active returns the active sessions of instances, as an observer replica
+// with an empty report sees them.
+func (e *env) active(instances ...string) map[string]int {
+	e.t.Helper()
+	return e.sync("observer", nil, nil, instances...).Active
+}
+
+// checkActive checks the active sessions of want's instances.
+func (e *env) checkActive(want map[string]int) {
+	e.t.Helper()
+	var instances []string
+	for in := range want {
+		instances = append(instances, in)
+	}
+	if diff := cmp.Diff(want, e.active(instances...)); diff != "" {
+		e.t.Errorf("active sessions (-want +got):\n%s", diff)
 	}
 }
 
@@ -201,34 +298,284 @@ var cases = []testCase{
 		p := e.bind("p")
 		e.getOrBind(e.key("k"), p, e.lt(), p, affinity.Created)
 	}},
+	{"keys with braces keep their own binding", func(e *env) {
+		// Redis Cluster hashes the text between the first '{' and '}': a
+		// key must not change which slot its binding and link go to, and
+		// escaping must keep distinct keys distinct.
+		keys := []string{"{", "}", "}x", "{}", "a{b}c", "%7B", "%", "{fleet}"}
+		for i, k := range keys {
+			b := e.bind(fmt.Sprint("i", i))
+			e.lookup(e.look(k, b, "}"+k+"{"), affinity.Result{Key: k, Binding: b, Outcome: affinity.Created})
+		}
+		active := map[string]int{}
+		for i, k := range keys {
+			b := e.bind(fmt.Sprint("i", i))
+			e.lookup(e.look(k, e.bind("other")), affinity.Result{Key: k, Binding: b, Outcome: affinity.Found})
+			e.lookup(e.look("}"+k+"{", e.bind("other")), affinity.Result{Key: k, Binding: b, Outcome: affinity.Found})
+			e.show("}"+k+"{", affinity.Session{Key: k, Binding: b}, true)
+			active[b.Instance] = 1
+		}
+		e.checkActive(active)
+		e.mark(affinity.MarkFilter{Instance: "i0"}, affinity.Move{Off: "i0"}, 1, 0)
+		moved := e.bind("moved")
+		e.replace(keys[0], "i0", moved, moved)
+		e.checkActive(map[string]int{"i0": 0, "moved": 1})
+	}},
+	{"alias links and follows", func(e *env) {
+		s, t := e.key("s"), e.key("t")
+		a := e.bind("a")
+		e.lookup(e.look(s, a, t), affinity.Result{Key: s, Binding: a, Outcome: affinity.Created})
+		e.skew(e.idle / 10)
+		// A request with only the alias finds the session and names its key.
+		e.lookup(e.look(t, e.bind("b")), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		// The alias made no session of its own.
+		e.checkActive(map[string]int{"a": 1, "b": 0})
+		// A move of the session key is what the alias finds next.
+		c := e.bind("c")
+		e.replace(s, "a", c, c)
+		e.lookup(e.look(t, e.bind("d")), affinity.Result{Key: s, Binding: c, Outcome: affinity.Found})
+	}},
+	{"alias link expires with the idle lifetime", func(e *env) {
+		s, t := e.key("s"), e.key("t")
+		a := e.bind("a")
+		e.lookup(e.look(s, a, t), affinity.Result{Key: s, Binding: a, Outcome: affinity.Created})
+		e.advance(e.idle * 2 / 3)
+		// Carrying the alias again refreshes the link.
+		e.lookup(e.look(s, e.bind("b"), t), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.advance(e.idle * 2 / 3) // past Idle since the first link
+		e.lookup(e.look(t, e.bind("c")), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.advance(e.idle * 2 / 3) // following the link is a use of it too
+		e.lookup(e.look(t, e.bind("c")), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.advance(e.idle + e.idle/3)
+		d := e.bind("d")
+		e.lookup(e.look(t, d), affinity.Result{Key: t, Binding: d, Outcome: affinity.Created})
+	}},
+	{"newer link overwrites an older one", func(e *env) {
+		s1, s2, t := e.key("s1"), e.key("s2"), e.key("t")
+		a, b := e.bind("a"), e.bind("b")
+		e.lookup(e.look(s1, a, t), affinity.Result{Key: s1, Binding: a, Outcome: affinity.Created})
+		e.lookup(e.look(s2, b, t), affinity.Result{Key: s2, Binding: b, Outcome: affinity.Created})
+		e.lookup(e.look(t, e.bind("c")), affinity.Result{Key: s2, Binding: b, Outcome: affinity.Found})
+		e.lookup(e.look(s1, e.bind("c"), t), affinity.Result{Key: s1, Binding: a, Outcome: affinity.Found})
+		e.lookup(e.look(t, e.bind("c")), affinity.Result{Key: s1, Binding: a, Outcome: affinity.Found})
+	}},
+	{"alias equal to the key is ignored", func(e *env) {
+		s, t := e.key("s"), e.key("t")
+		a := e.bind("a")
+		e.lookup(e.look(s, a, s, "", t, t), affinity.Result{Key: s, Binding: a, Outcome: affinity.Created})
+		e.lookup(e.look(s, e.bind("b"), s), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.lookup(e.look(t, e.bind("b")), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.show(s, affinity.Session{Key: s, Binding: a}, true)
+	}},
+	{"alias equal to the resolved key is ignored", func(e *env) {
+		s, t := e.key("s"), e.key("t")
+		a := e.bind("a")
+		e.lookup(e.look(s, a, t), affinity.Result{Key: s, Binding: a, Outcome: affinity.Created})
+		// t leads to s; s among t's aliases must not be linked back to t.
+		e.lookup(e.look(t, e.bind("b"), s), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.lookup(e.look(s, e.bind("c")), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.lookup(e.look(t, e.bind("c")), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.checkActive(map[string]int{"a": 1, "b": 0, "c": 0})
+	}},
+	{"version is stored and returned", func(e *env) {
+		k := e.key("k")
+		a1 := e.bindv("a", "v1")
+		e.getOrBind(k, a1, e.lt(), a1, affinity.Created)
+		e.getOrBind(k, e.bindv("b", "v2"), e.lt(), a1, affinity.Found)
+		e.show(k, affinity.Session{Key: k, Binding: a1}, true)
+		e.skew(e.idle / 10)
+		b2 := e.bindv("b", "v2")
+		e.replace(k, "a", b2, b2)
+		e.getOrBind(k, e.bindv("c", "v3"), e.lt(), b2, affinity.Found)
+		// The kept binding of a lost Replace keeps its version.
+		e.replace(k, "a", e.bindv("c", "v3"), b2)
+	}},
+	{"replace clears a pending move", func(e *env) {
+		k := e.key("k")
+		a := e.bindv("a", "v1")
+		e.getOrBind(k, a, e.lt(), a, affinity.Created)
+		e.mark(affinity.MarkFilter{Instance: "a"}, affinity.Move{Version: "v2"}, 1, 0)
+		want := affinity.Result{Key: k, Binding: a, Outcome: affinity.Found, Move: affinity.Move{Version: "v2"}}
+		e.lookup(e.look(k, e.bind("x")), want)
+		e.show(k, affinity.Session{Key: k, Binding: a, Move: affinity.Move{Version: "v2"}}, true)
+		e.skew(e.idle / 10)
+		b := e.bindv("b", "v2")
+		e.replace(k, "a", b, b)
+		e.getOrBind(k, e.bind("x"), e.lt(), b, affinity.Found) // no move
+		e.show(k, affinity.Session{Key: k, Binding: b}, true)
+		e.checkActive(map[string]int{"a": 0, "b": 1})
+	}},
+	{"renewal clears a pending move and moves the index", func(e *env) {
+		k := e.key("k")
+		lt := affinity.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}
+		a := e.bind("a")
+		e.getOrBind(k, a, lt, a, affinity.Created)
+		e.mark(affinity.MarkFilter{Instance: "a"}, affinity.Move{Off: "a"}, 1, 0)
+		e.skew(lt.Max)
+		c := e.bind("c")
+		e.getOrBind(k, c, lt, c, affinity.Renewed) // no move on a renewal
+		e.getOrBind(k, e.bind("d"), lt, c, affinity.Found)
+		e.checkActive(map[string]int{"a": 0, "c": 1})
+	}},
+	{"index counts binds, expiry and moves", func(e *env) {
+		for _, k := range []string{"k1", "k2"} {
+			e.getOrBind(e.key(k), e.bind("a"), e.lt(), e.bind("a"), affinity.Created)
+		}
+		e.getOrBind(e.key("k3"), e.bind("b"), e.lt(), e.bind("b"), affinity.Created)
+		e.checkActive(map[string]int{"a": 2, "b": 1, "c": 0})
+		b := e.bind("b")
+		e.replace(e.key("k1"), "a", b, b)
+		e.checkActive(map[string]int{"a": 1, "b": 2, "c": 0})
+		e.advance(e.idle * 3 / 2) // an index entry may outlive its binding by Idle/4
+		e.checkActive(map[string]int{"a": 0, "b": 0, "c": 0})
+	}},
+	{"index keeps a session in use", func(e *env) {
+		a := e.bind("a")
+		e.getOrBind(e.key("k"), a, e.lt(), a, affinity.Created)
+		e.advance(e.idle * 2 / 3)
+		e.getOrBind(e.key("k"), e.bind("b"), e.lt(), a, affinity.Found)
+		e.advance(e.idle * 2 / 3) // past Idle*5/4 since the bind
+		e.checkActive(map[string]int{"a": 1})
+		e.advance(e.idle * 3 / 2)
+		e.checkActive(map[string]int{"a": 0})
+	}},
+	{"mark selects by version, limits and counts what remains", func(e *env) {
+		var v1, v2 []string
+		for i := range 3 {
+			v1 = append(v1, e.key(fmt.Sprint("v1-", i)))
+			e.getOrBind(v1[i], e.bindv("a", "v1"), e.lt(), e.bindv("a", "v1"), affinity.Created)
+		}
+		for i := range 2 {
+			v2 = append(v2, e.key(fmt.Sprint("v2-", i)))
+			e.getOrBind(v2[i], e.bindv("a", "v2"), e.lt(), e.bindv("a", "v2"), affinity.Created)
+		}
+		other := e.key("other")
+		e.getOrBind(other, e.bindv("b", "v1"), e.lt(), e.bindv("b", "v1"), affinity.Created)
+
+		f, toV2 := affinity.MarkFilter{Instance: "a", Version: "v1", Limit: 2}, affinity.Move{Version: "v2"}
+		e.mark(f, toV2, 2, 1)
+		e.mark(f, toV2, 1, 0)
+		e.mark(f, toV2, 0, 0)
+		for _, k := range v1 {
+			e.show(k, affinity.Session{Key: k, Binding: e.bindv("a", "v1"), Move: toV2}, true)
+		}
+		for _, k := range append(v2, other) {
+			got, _, err := e.s.Show(e.ctx, k, e.now)
+			if err != nil || got.Move.Pending() {
+				e.t.Errorf("Show(%q) = %+v, %v; want no pending move", k, got, err)
+			}
+		}
+		// Limit 0 marks every selected session without a move yet.
+		e.mark(affinity.MarkFilter{Instance: "a"}, affinity.Move{Off: "a"}, 2, 0)
+		e.mark(affinity.MarkFilter{Instance: "a"}, affinity.Move{Off: "a"}, 0, 0)
+	}},
+	{"mark skips sessions that moved or ended", func(e *env) {
+		for _, k := range []string{"moved", "used", "ended"} {
+			e.getOrBind(e.key(k), e.bind("a"), e.lt(), e.bind("a"), affinity.Created)
+		}
+		e.advance(e.idle * 2 / 3)
+		b := e.bind("b")
+		e.replace(e.key("moved"), "a", b, b)
+		e.getOrBind(e.key("used"), e.bind("x"), e.lt(), affinity.Binding{Instance: "a", Since: start}, affinity.Found)
+		e.advance(e.idle * 2 / 3) // "ended" is past its idle timeout
+		e.mark(affinity.MarkFilter{Instance: "a", Limit: 5}, affinity.Move{Off: "a"}, 1, 0)
+		e.show(e.key("moved"), affinity.Session{Key: e.key("moved"), Binding: b}, true)
+		e.show(e.key("ended"), affinity.Session{}, false)
+		e.checkActive(map[string]int{"a": 1, "b": 1})
+	}},
+	{"show follows an alias", func(e *env) {
+		s, t := e.key("s"), e.key("t")
+		a := e.bindv("a", "v1")
+		e.lookup(e.look(s, a, t), affinity.Result{Key: s, Binding: a, Outcome: affinity.Created})
+		e.show(t, affinity.Session{Key: s, Binding: a}, true)
+		e.show(s, affinity.Session{Key: s, Binding: a}, true)
+		e.show(e.key("none"), affinity.Session{}, false)
+		e.advance(e.idle + e.idle/3)
+		e.show(t, affinity.Session{}, false)
+		e.show(s, affinity.Session{}, false)
+	}},
+	{"sync load sums the other replicas", func(e *env) {
+		in := []string{"a", "b", "c"}
+		none := map[string]int{}
+		check := func(what string, st affinity.LoadState, inFlight, queue map[string]int) {
+			e.t.Helper()
+			want := affinity.LoadState{Active: map[string]int{"a": 0, "b": 0, "c": 0}, InFlight: inFlight, Queue: queue, Drained: map[string]bool{}}
+			if diff := cmp.Diff(want, st); diff != "" {
+				e.t.Errorf("%s (-want +got):\n%s", what, diff)
+			}
+		}
+		// "z" is not listed: it is left out.
+		check("r1 alone", e.sync("r1", map[string]int{"a": 2, "b": 1, "z": 9}, map[string]int{"a": 5}, in...),
+			none, map[string]int{"a": 5})
+		check("r2 sees r1", e.sync("r2", map[string]int{"a": 3}, map[string]int{"a": 7, "b": 1}, in...),
+			map[string]int{"a": 2, "b": 1}, map[string]int{"a": 7, "b": 1})
+		check("r1 sees r2", e.sync("r1", map[string]int{"a": 2, "b": 1, "z": 9}, map[string]int{"a": 5}, in...),
+			map[string]int{"a": 3}, map[string]int{"a": 7, "b": 1})
+		// A new report replaces the last one.
+		e.skew(reportTTL / 2)
+		check("r2 again", e.sync("r2", map[string]int{"a": 4}, nil, in...),
+			map[string]int{"a": 2, "b": 1}, map[string]int{"a": 5})
+		// r1's report (from the start) has expired; r2's (from ttl/2) has not.
+		e.skew(reportTTL/2 + time.Second)
+		check("r1 expired", e.sync("r2", map[string]int{"a": 4}, nil, in...), none, none)
+		check("r1 back", e.sync("r1", nil, nil, in...), map[string]int{"a": 4}, none)
+	}},
+	{"drained set", func(e *env) {
+		for _, d := range []struct {
+			in string
+			on bool
+		}{{"a", true}, {"b", true}, {"b", false}, {"c", false}, {"a", true}} {
+			if err := e.s.SetDrained(e.ctx, d.in, d.on); err != nil {
+				e.t.Fatalf("SetDrained(%s, %v): %v", d.in, d.on, err)
+			}
+		}
+		st := e.sync("r1", nil, nil)
+		if diff := cmp.Diff(map[string]bool{"a": true}, st.Drained); diff != "" {
+			e.t.Errorf("drained (-want +got):\n%s", diff)
+		}
+		if err := e.s.SetDrained(e.ctx, "a", false); err != nil {
+			e.t.Fatal(err)
+		}
+		if st := e.sync("r1", nil, nil); len(st.Drained) != 0 {
+			e.t.Errorf("drained = %v after undraining all, want none", st.Drained)
+		}
+	}},
 	{"racing get-or-bind agree on one winner", func(e *env) {
 		key := e.key("k")
 		type result struct {
-			b   affinity.Binding
-			out affinity.Outcome
+			res affinity.Result
 			err error
 		}
 		res := make([]result, races)
+		instances := make([]string, races)
 		race(races, func(i int) {
-			b, out, err := e.s.GetOrBind(e.ctx, key, e.bind(fmt.Sprintf("i%02d", i)), e.lt())
-			res[i] = result{b, out, err}
+			instances[i] = fmt.Sprintf("i%02d", i)
+			r, err := e.s.GetOrBind(e.ctx, e.look(key, e.bind(instances[i])))
+			res[i] = result{r, err}
 		})
 		created := 0
 		for i, r := range res {
 			if r.err != nil {
 				e.t.Fatalf("racer %d: %v", i, r.err)
 			}
-			if r.out == affinity.Created {
+			if r.res.Outcome == affinity.Created {
 				created++
 			}
-			if diff := cmp.Diff(res[0].b, r.b); diff != "" {
+			if diff := cmp.Diff(res[0].res.Binding, r.res.Binding); diff != "" {
 				e.t.Errorf("racer %d disagrees with racer 0 (-0 +%d):\n%s", i, i, diff)
 			}
 		}
 		if created != 1 {
 			e.t.Errorf("%d racers saw Created, want exactly 1", created)
 		}
-		e.getOrBind(key, e.bind("late"), e.lt(), res[0].b, affinity.Found)
+		won := res[0].res.Binding
+		e.getOrBind(key, e.bind("late"), e.lt(), won, affinity.Found)
+		want := map[string]int{}
+		for _, in := range instances {
+			want[in] = 0
+		}
+		want[won.Instance] = 1
+		e.checkActive(want)
 	}},
 	{"racing replace agree on one winner", func(e *env) {
 		key := e.key("k")
@@ -260,32 +607,32 @@ var cases = []testCase{
 			e.t.Errorf("%d racers moved the binding, want exactly 1", won)
 		}
 		e.getOrBind(key, e.bind("late"), e.lt(), res[0].got, affinity.Found)
+		e.checkActive(map[string]int{"old": 0, res[0].got.Instance: 1})
 	}},
 	{"racing renewals past max agree on one winner", func(e *env) {
 		key := e.key("k")
 		lt := affinity.Lifetime{Idle: e.idle, Max: e.idle / 2}
 		e.getOrBind(key, e.bind("old"), lt, e.bind("old"), affinity.Created)
 		e.skew(e.idle / 2) // past Max on the caller's clock; the idle timeout still holds
-		res := make([]affinity.Binding, races)
-		outs := make([]affinity.Outcome, races)
+		res := make([]affinity.Result, races)
 		race(races, func(i int) {
-			b, out, err := e.s.GetOrBind(e.ctx, key, e.bind(fmt.Sprintf("i%02d", i)), lt)
+			r, err := e.s.GetOrBind(e.ctx, affinity.Lookup{Key: key, Candidate: e.bind(fmt.Sprintf("i%02d", i)), Lifetime: lt})
 			if err != nil {
 				e.t.Errorf("racer %d: %v", i, err)
 			}
-			res[i], outs[i] = b, out
+			res[i] = r
 		})
 		renewed := 0
 		for i := range res {
-			if outs[i] == affinity.Renewed {
+			if res[i].Outcome == affinity.Renewed {
 				renewed++
 			}
-			if diff := cmp.Diff(res[0], res[i]); diff != "" {
+			if diff := cmp.Diff(res[0].Binding, res[i].Binding); diff != "" {
 				e.t.Errorf("racer %d disagrees with racer 0:\n%s", i, diff)
 			}
 		}
-		if renewed != 1 || res[0].Instance == "old" {
-			e.t.Errorf("%d racers renewed (want 1), binding now %q", renewed, res[0].Instance)
+		if renewed != 1 || res[0].Binding.Instance == "old" {
+			e.t.Errorf("%d racers renewed (want 1), binding now %q", renewed, res[0].Binding.Instance)
 		}
 	}},
 	{"get-or-bind racing replace never splits", func(e *env) {
@@ -297,7 +644,9 @@ var cases = []testCase{
 			if i%2 == 0 {
 				got[i], err = e.s.Replace(e.ctx, key, "old", e.bind(fmt.Sprintf("r%02d", i)), e.lt())
 			} else {
-				got[i], _, err = e.s.GetOrBind(e.ctx, key, e.bind(fmt.Sprintf("g%02d", i)), e.lt())
+				var r affinity.Result
+				r, err = e.s.GetOrBind(e.ctx, e.look(key, e.bind(fmt.Sprintf("g%02d", i))))
+				got[i] = r.Binding
 			}
 			if err != nil {
 				e.t.Errorf("racer %d: %v", i, err)
@@ -333,26 +682,62 @@ var cases = []testCase{
 			{"negative max", ok, affinity.Lifetime{Idle: e.idle, Max: -time.Second}},
 		}
 		for _, c := range bad {
-			if b, out, err := e.s.GetOrBind(e.ctx, e.key("k"), c.b, c.lt); err == nil {
-				e.t.Errorf("GetOrBind with %s = %+v, %v, want an error", c.name, b, out)
+			l := affinity.Lookup{Key: e.key("k"), Aliases: []string{e.key("t")}, Candidate: c.b, Lifetime: c.lt}
+			if r, err := e.s.GetOrBind(e.ctx, l); err == nil {
+				e.t.Errorf("GetOrBind with %s = %+v, want an error", c.name, r)
 			}
 			if b, err := e.s.Replace(e.ctx, e.key("k"), "a", c.b, c.lt); err == nil {
 				e.t.Errorf("Replace with %s = %+v, want an error", c.name, b)
 			}
 		}
+		badMarks := []struct {
+			name string
+			f    affinity.MarkFilter
+			m    affinity.Move
+		}{
+			{"empty instance", affinity.MarkFilter{}, affinity.Move{Off: "a"}},
+			{"negative limit", affinity.MarkFilter{Instance: "a", Limit: -1}, affinity.Move{Off: "a"}},
+			{"empty move", affinity.MarkFilter{Instance: "a"}, affinity.Move{}},
+		}
+		for _, c := range badMarks {
+			if n, left, err := e.s.Mark(e.ctx, c.f, c.m, e.now); err == nil {
+				e.t.Errorf("Mark with %s = %d, %d, want an error", c.name, n, left)
+			}
+		}
+		if _, err := e.s.SyncLoad(e.ctx, affinity.LoadReport{}, nil, reportTTL, e.now); err == nil {
+			e.t.Error("SyncLoad with an empty replica name succeeded")
+		}
+		if _, err := e.s.SyncLoad(e.ctx, affinity.LoadReport{Replica: "r"}, nil, 0, e.now); err == nil {
+			e.t.Error("SyncLoad with a zero ttl succeeded")
+		}
+		if err := e.s.SetDrained(e.ctx, "", true); err == nil {
+			e.t.Error("SetDrained with an empty instance succeeded")
+		}
 		// Nothing was stored by the rejected calls.
 		b := e.bind("b")
 		e.getOrBind(e.key("k"), b, e.lt(), b, affinity.Created)
+		e.getOrBind(e.key("t"), b, e.lt(), b, affinity.Created)
 	}},
 	{"cancelled context is an error", func(e *env) {
 		ctx, cancel := context.WithCancel(e.ctx)
 		cancel()
-		if _, _, err := e.s.GetOrBind(ctx, e.key("k"), e.bind("a"), e.lt()); !errors.Is(err, context.Canceled) {
-			e.t.Errorf("GetOrBind with a cancelled context: err = %v, want context.Canceled", err)
+		check := func(op string, err error) {
+			e.t.Helper()
+			if !errors.Is(err, context.Canceled) {
+				e.t.Errorf("%s with a cancelled context: err = %v, want context.Canceled", op, err)
+			}
 		}
-		if _, err := e.s.Replace(ctx, e.key("k"), "a", e.bind("a"), e.lt()); !errors.Is(err, context.Canceled) {
-			e.t.Errorf("Replace with a cancelled context: err = %v, want context.Canceled", err)
-		}
+		_, err := e.s.GetOrBind(ctx, e.look(e.key("k"), e.bind("a")))
+		check("GetOrBind", err)
+		_, err = e.s.Replace(ctx, e.key("k"), "a", e.bind("a"), e.lt())
+		check("Replace", err)
+		_, _, err = e.s.Show(ctx, e.key("k"), e.now)
+		check("Show", err)
+		_, _, err = e.s.Mark(ctx, affinity.MarkFilter{Instance: "a"}, affinity.Move{Off: "a"}, e.now)
+		check("Mark", err)
+		_, err = e.s.SyncLoad(ctx, affinity.LoadReport{Replica: "r"}, []string{"a"}, reportTTL, e.now)
+		check("SyncLoad", err)
+		check("SetDrained", e.s.SetDrained(ctx, "a", true))
 	}},
 }
 
@@ -394,31 +779,42 @@ func Run(t *testing.T, h Harness) {
 	}
 }
 
-// Benchmark measures GetOrBind on s: the Found path (one hot key) and the
-// Created path (a new key per call), serial and with b.RunParallel. It
-// reports no verdict; compare stores as ratios within one run.
+// Benchmark measures GetOrBind on s: the Found path (one hot key, with and
+// without an alias), the Created path (a new key per call), serial and with
+// b.RunParallel. It reports no verdict; compare stores as ratios within
+// one run.
 func Benchmark(b *testing.B, s affinity.Store) {
 	lt := affinity.Lifetime{Idle: time.Hour, Max: time.Hour}
-	cand := affinity.Binding{Instance: "inst-a", Since: start}
+	cand := affinity.Binding{Instance: "inst-a", Version: "v1", Since: start}
 	ctx := context.Background()
 	var seq atomic.Int64 // keys never repeat across sub-benchmark reruns
-	call := func(b *testing.B, key string, want affinity.Outcome) {
-		if _, out, err := s.GetOrBind(ctx, key, cand, lt); err != nil || out != want {
-			b.Fatalf("GetOrBind(%q) = %v, %v; want %v", key, out, err, want)
+	call := func(b *testing.B, l affinity.Lookup, want affinity.Outcome) {
+		if r, err := s.GetOrBind(ctx, l); err != nil || r.Outcome != want {
+			b.Fatalf("GetOrBind(%q) = %v, %v; want %v", l.Key, r.Outcome, err, want)
 		}
 	}
-	hot := fmt.Sprintf("bench/hot/%d", seq.Add(1))
-	if _, _, err := s.GetOrBind(ctx, hot, cand, lt); err != nil {
+	hot := affinity.Lookup{Key: fmt.Sprintf("bench/hot/%d", seq.Add(1)), Candidate: cand, Lifetime: lt}
+	if _, err := s.GetOrBind(ctx, hot); err != nil {
 		b.Fatal(err)
+	}
+	hotAlias := hot
+	hotAlias.Aliases = []string{hot.Key + "/alias"}
+	fresh := func() affinity.Lookup {
+		return affinity.Lookup{Key: fmt.Sprintf("bench/new/%d", seq.Add(1)), Candidate: cand, Lifetime: lt}
 	}
 	b.Run("found", func(b *testing.B) {
 		for b.Loop() {
 			call(b, hot, affinity.Found)
 		}
 	})
+	b.Run("found-with-alias", func(b *testing.B) {
+		for b.Loop() {
+			call(b, hotAlias, affinity.Found)
+		}
+	})
 	b.Run("created", func(b *testing.B) {
 		for b.Loop() {
-			call(b, fmt.Sprintf("bench/new/%d", seq.Add(1)), affinity.Created)
+			call(b, fresh(), affinity.Created)
 		}
 	})
 	b.Run("found-parallel", func(b *testing.B) {
@@ -431,7 +827,7 @@ func Benchmark(b *testing.B, s affinity.Store) {
 	b.Run("created-parallel", func(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				call(b, fmt.Sprintf("bench/new/%d", seq.Add(1)), affinity.Created)
+				call(b, fresh(), affinity.Created)
 			}
 		})
 	})

@@ -2,8 +2,11 @@ package storetest
 
 import (
 	"context"
+	"errors"
+	"maps"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +29,16 @@ var flaws = map[string]string{
 	"found-candidate": "second_caller_finds_the_first_binding",
 	"shared-key":      "keys_are_isolated",
 	"accept-bad":      "bad_input_is_an_error,_not_a_binding",
+	"no-alias":        "alias_links_and_follows",
+	"alias-forever":   "alias_link_expires_with_the_idle_lifetime",
+	"first-link-wins": "newer_link_overwrites_an_older_one",
+	"link-unresolved": "alias_equal_to_the_resolved_key_is_ignored",
+	"drop-version":    "version_is_stored_and_returned",
+	"keep-move":       "replace_clears_a_pending_move",
+	"index-stale":     "index_counts_binds,_expiry_and_moves",
+	"mark-no-limit":   "mark_selects_by_version,_limits_and_counts_what_remains",
+	"inflight-self":   "sync_load_sums_the_other_replicas",
+	"report-forever":  "sync_load_sums_the_other_replicas",
 }
 
 // TestSuiteCatchesFlaws runs the suite in a child process against a store
@@ -64,21 +77,42 @@ func TestFakeStore(t *testing.T) {
 	}
 	flaw := os.Getenv("STORETEST_FLAW")
 	Run(t, Harness{
-		New:     func(*testing.T) affinity.Store { return &fakeStore{flaw: flaw, m: map[string]fakeEntry{}} },
+		New:     func(*testing.T) Store { return newFakeStore(flaw) },
 		Advance: func(*testing.T, time.Duration) {},
 	})
 }
 
 type fakeEntry struct {
 	b       affinity.Binding
+	move    affinity.Move
+	expires time.Time
+}
+
+type fakeLink struct {
+	to      string
+	expires time.Time
+}
+
+type fakeReport struct {
+	r       affinity.LoadReport
 	expires time.Time
 }
 
 // fakeStore is a deliberately simple store whose flaw can be switched on.
+// Its index is derived from the bindings, except under "index-stale".
 type fakeStore struct {
-	flaw string
-	mu   sync.Mutex
-	m    map[string]fakeEntry
+	flaw    string
+	mu      sync.Mutex
+	m       map[string]fakeEntry
+	links   map[string]fakeLink
+	stale   map[string]string // "index-stale": key → the instance the index still has
+	reports map[string]fakeReport
+	drained map[string]bool
+}
+
+func newFakeStore(flaw string) *fakeStore {
+	return &fakeStore{flaw: flaw, m: map[string]fakeEntry{}, links: map[string]fakeLink{},
+		stale: map[string]string{}, reports: map[string]fakeReport{}, drained: map[string]bool{}}
 }
 
 func (s *fakeStore) k(key string) string {
@@ -105,6 +139,9 @@ func (s *fakeStore) load(key string, now time.Time) (fakeEntry, bool) {
 func (s *fakeStore) store(key string, e fakeEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.flaw == "drop-version" {
+		e.b.Version = ""
+	}
 	s.m[s.k(key)] = e
 }
 
@@ -116,14 +153,49 @@ func (s *fakeStore) pause(flaw string) {
 	}
 }
 
-func (s *fakeStore) GetOrBind(ctx context.Context, key string, c affinity.Binding, lt affinity.Lifetime) (affinity.Binding, affinity.Outcome, error) {
-	if err := ctx.Err(); err != nil {
-		return affinity.Binding{}, 0, err
+func (s *fakeStore) resolve(key string, now, until time.Time) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ln, ok := s.links[key]; ok && (now.Before(ln.expires) || s.flaw == "alias-forever") {
+		s.links[key] = fakeLink{to: ln.to, expires: until}
+		return ln.to
 	}
+	return key
+}
+
+func (s *fakeStore) link(aliases []string, key string, until time.Time) {
+	if s.flaw == "no-alias" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range aliases {
+		if a == "" || a == key {
+			continue
+		}
+		if _, ok := s.links[a]; ok && s.flaw == "first-link-wins" {
+			continue
+		}
+		s.links[a] = fakeLink{to: key, expires: until}
+	}
+}
+
+func (s *fakeStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return affinity.Result{}, err
+	}
+	c, lt := l.Candidate, l.Lifetime
 	if s.bad(c, lt) {
-		return affinity.Binding{}, 0, context.DeadlineExceeded // any error
+		return affinity.Result{}, errors.New("bad input")
 	}
 	now := c.Since
+	if s.flaw == "link-unresolved" {
+		s.link(l.Aliases, l.Key, now.Add(lt.Idle))
+	}
+	key := s.resolve(l.Key, now, now.Add(lt.Idle))
+	if s.flaw != "link-unresolved" {
+		s.link(l.Aliases, key, now.Add(lt.Idle))
+	}
 	e, ok := s.load(key, now)
 	out := affinity.Created
 	if ok {
@@ -136,16 +208,20 @@ func (s *fakeStore) GetOrBind(ctx context.Context, key string, c affinity.Bindin
 				e.expires = now.Add(lt.Idle)
 				s.store(key, e)
 			}
+			r := affinity.Result{Key: key, Binding: e.b, Outcome: affinity.Found, Move: e.move}
 			if s.flaw == "found-candidate" {
-				return c, affinity.Found, nil
+				r.Binding = c
 			}
-			return e.b, affinity.Found, nil
+			return r, nil
 		}
 		out = affinity.Renewed
 	}
 	s.pause("racy")
 	s.store(key, fakeEntry{b: c, expires: now.Add(lt.Idle)})
-	return c, out, nil
+	if s.flaw == "drop-version" {
+		c.Version = ""
+	}
+	return affinity.Result{Key: key, Binding: c, Outcome: out}, nil
 }
 
 func (s *fakeStore) Replace(ctx context.Context, key, old string, next affinity.Binding, lt affinity.Lifetime) (affinity.Binding, error) {
@@ -153,7 +229,7 @@ func (s *fakeStore) Replace(ctx context.Context, key, old string, next affinity.
 		return affinity.Binding{}, err
 	}
 	if s.bad(next, lt) {
-		return affinity.Binding{}, context.DeadlineExceeded
+		return affinity.Binding{}, errors.New("bad input")
 	}
 	e, ok := s.load(key, next.Since)
 	if ok && e.b.Instance != old && s.flaw != "replace-always" {
@@ -162,6 +238,119 @@ func (s *fakeStore) Replace(ctx context.Context, key, old string, next affinity.
 		return e.b, nil
 	}
 	s.pause("racy-replace")
-	s.store(key, fakeEntry{b: next, expires: next.Since.Add(lt.Idle)})
+	stored := fakeEntry{b: next, expires: next.Since.Add(lt.Idle)}
+	if s.flaw == "keep-move" {
+		stored.move = e.move
+	}
+	if s.flaw == "index-stale" && ok {
+		s.mu.Lock()
+		s.stale[key] = e.b.Instance
+		s.mu.Unlock()
+	}
+	s.store(key, stored)
+	if s.flaw == "drop-version" {
+		next.Version = ""
+	}
 	return next, nil
+}
+
+func (s *fakeStore) Show(ctx context.Context, key string, now time.Time) (affinity.Session, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return affinity.Session{}, false, err
+	}
+	s.mu.Lock()
+	if ln, ok := s.links[key]; ok && now.Before(ln.expires) {
+		key = ln.to
+	}
+	s.mu.Unlock()
+	e, ok := s.load(key, now)
+	if !ok {
+		return affinity.Session{}, false, nil
+	}
+	return affinity.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)}, true, nil
+}
+
+// instanceOf is the instance key counts for in the index.
+func (s *fakeStore) instanceOf(key string, e fakeEntry) string {
+	if in, ok := s.stale[key]; ok {
+		return in
+	}
+	return e.b.Instance
+}
+
+func (s *fakeStore) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move, now time.Time) (marked, remaining int, err error) {
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	if f.Instance == "" || f.Limit < 0 || !m.Pending() {
+		return 0, 0, errors.New("bad input")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, key := range slices.Sorted(maps.Keys(s.m)) {
+		e := s.m[key]
+		if !now.Before(e.expires) || e.b.Instance != f.Instance || (f.Version != "" && e.b.Version != f.Version) || e.move.Pending() {
+			continue
+		}
+		if f.Limit == 0 || marked < f.Limit || s.flaw == "mark-no-limit" {
+			e.move = m
+			s.m[key] = e
+			marked++
+		} else {
+			remaining++
+		}
+	}
+	return marked, remaining, nil
+}
+
+func (s *fakeStore) SyncLoad(ctx context.Context, r affinity.LoadReport, instances []string, ttl time.Duration, now time.Time) (affinity.LoadState, error) {
+	if err := ctx.Err(); err != nil {
+		return affinity.LoadState{}, err
+	}
+	if r.Replica == "" || ttl <= 0 {
+		return affinity.LoadState{}, errors.New("bad input")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reports[r.Replica] = fakeReport{r: r, expires: now.Add(ttl)}
+	st := affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: maps.Clone(s.drained)}
+	for _, in := range instances {
+		st.Active[in] = 0
+		for key, e := range s.m {
+			if now.Before(e.expires) && s.instanceOf(key, e) == in {
+				st.Active[in]++
+			}
+		}
+		for name, rep := range s.reports {
+			if !now.Before(rep.expires) && s.flaw != "report-forever" {
+				continue
+			}
+			if n, ok := rep.r.InFlight[in]; ok && (name != r.Replica || s.flaw == "inflight-self") {
+				st.InFlight[in] += n
+			}
+			if q, ok := rep.r.Queue[in]; ok {
+				if cur, seen := st.Queue[in]; !seen || q > cur {
+					st.Queue[in] = q
+				}
+			}
+		}
+	}
+	return st, nil
+}
+
+func (s *fakeStore) SetDrained(ctx context.Context, instance string, drained bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if instance == "" {
+		return errors.New("bad input")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if drained {
+		s.drained[instance] = true
+	} else {
+		delete(s.drained, instance)
+	}
+	return nil
 }

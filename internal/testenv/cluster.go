@@ -1,0 +1,180 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+const (
+	clusterMasters = 3
+	// clusterTimeout bounds forming the cluster (create, then every node
+	// reporting cluster_state:ok).
+	clusterTimeout = 20 * time.Second
+	// Node ports are drawn from [clusterPortMin, clusterPortMin+clusterPorts);
+	// each node's bus port is its port + 10000. Both ranges stay below
+	// Linux's ephemeral range (32768 and up), so outgoing connections do not
+	// take them.
+	clusterPortMin = 20000
+	clusterPorts   = 2700
+	// portAttempts bounds the retries when a drawn port is taken.
+	portAttempts = 20
+)
+
+// Cluster is a Redis Cluster of three masters (no replicas) on loopback TCP
+// ports, private to one test.
+type Cluster struct {
+	addrs  []string
+	client *goredis.ClusterClient
+}
+
+// RedisCluster starts three redis-server processes with cluster mode on,
+// joins them with `redis-cli --cluster create`, waits until every node
+// reports cluster_state:ok and stops them when the test ends. It skips or
+// fails the test (see Require) when redis-server or redis-cli
+// ($REDIS_CLI_BIN, else from PATH) is missing.
+//
+// Cluster mode needs TCP ports, which redis-server cannot take from a
+// listener we pass it: each node draws a random port and, if the port is
+// taken (the server exits with "Address already in use"), draws again.
+func RedisCluster(t testing.TB) *Cluster {
+	t.Helper()
+	server := redisBin(t, "redis-server", "REDIS_SERVER_BIN")
+	cli := redisBin(t, "redis-cli", "REDIS_CLI_BIN")
+	dir, err := os.MkdirTemp("", "trc")
+	if err != nil {
+		t.Fatalf("redis cluster: %v", err)
+	}
+	c := &Cluster{}
+	var nodes []*process
+	t.Cleanup(func() {
+		if c.client != nil {
+			_ = c.client.Close()
+		}
+		for _, p := range nodes {
+			p.stop()
+		}
+		_ = os.RemoveAll(dir)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+	defer cancel()
+
+	for i := range clusterMasters {
+		ndir := filepath.Join(dir, strconv.Itoa(i))
+		if err := os.Mkdir(ndir, 0o700); err != nil {
+			t.Fatalf("redis cluster: %v", err)
+		}
+		p, addr, err := startClusterNode(ctx, server, ndir)
+		if err != nil {
+			t.Fatalf("redis cluster node %d: %v", i, err)
+		}
+		nodes = append(nodes, p)
+		c.addrs = append(c.addrs, addr)
+	}
+
+	args := append([]string{"--cluster", "create"}, c.addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	if err := waitClusterOK(ctx, c.addrs); err != nil {
+		var logs strings.Builder
+		for i, p := range nodes {
+			fmt.Fprintf(&logs, "--- node %d (%s)\n%s", i, c.addrs[i], p.out.String())
+		}
+		t.Fatalf("redis cluster did not form: %v\n%s", err, logs.String())
+	}
+	c.client = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: c.addrs, ContextTimeoutEnabled: true})
+	return c
+}
+
+// Addrs are the masters' host:port addresses.
+func (c *Cluster) Addrs() []string { return c.addrs }
+
+// Client is a cluster client, closed when the test ends.
+func (c *Cluster) Client() *goredis.ClusterClient { return c.client }
+
+// startClusterNode starts one cluster-mode redis-server in dir on a free
+// loopback port and waits until it answers.
+func startClusterNode(ctx context.Context, bin, dir string) (*process, string, error) {
+	var last error
+	for range portAttempts {
+		port := clusterPortMin + rand.IntN(clusterPorts)
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		p, err := startProcess(bin,
+			"--port", strconv.Itoa(port),
+			"--bind", "127.0.0.1",
+			"--cluster-enabled", "yes",
+			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
+			"--cluster-node-timeout", "5000",
+			"--dir", dir,
+			"--save", "",
+			"--appendonly", "no",
+			"--daemonize", "no",
+			"--logfile", "",
+		)
+		if err != nil {
+			return nil, "", fmt.Errorf("start: %w", err)
+		}
+		err = waitPing(ctx, &goredis.Options{Addr: addr}, p.done)
+		if err == nil {
+			return p, addr, nil
+		}
+		p.kill()
+		if !strings.Contains(p.out.String(), "Address already in use") {
+			return nil, "", fmt.Errorf("not ready on %s: %w\n%s", addr, err, p.out.String())
+		}
+		last = fmt.Errorf("port %d (or its bus port) taken", port)
+		_ = os.Remove(filepath.Join(dir, "nodes.conf"))
+	}
+	return nil, "", fmt.Errorf("no free port after %d attempts: %w", portAttempts, last)
+}
+
+// waitClusterOK polls CLUSTER INFO on every node until each reports the
+// cluster ok, with all slots assigned and every master known.
+func waitClusterOK(ctx context.Context, addrs []string) error {
+	want := []string{
+		"cluster_state:ok",
+		"cluster_slots_assigned:16384",
+		"cluster_known_nodes:" + strconv.Itoa(len(addrs)),
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for _, addr := range addrs {
+		node := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		var info string
+		for {
+			var err error
+			info, err = node.ClusterInfo(ctx).Result()
+			if err == nil && containsAll(info, want) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				_ = node.Close()
+				return fmt.Errorf("%s: %w; last CLUSTER INFO: %v %s", addr, ctx.Err(), err, info)
+			case <-tick.C:
+			}
+		}
+		_ = node.Close()
+	}
+	return nil
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}

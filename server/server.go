@@ -116,7 +116,11 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 
 	ready := newReadiness(store)
-	admin := &http.Server{Handler: adminMux(reg, ready, rt), ReadHeaderTimeout: 5 * time.Second}
+	sessions := NewSessionOps(SessionOpsConfig{
+		Index: store, Drains: store, Load: load, Fleet: rt.fleet,
+		Identity: ids, Headers: cfg.Identity, Logger: log,
+	})
+	admin := &http.Server{Handler: adminMux(reg, ready, rt, sessions), ReadHeaderTimeout: 5 * time.Second}
 
 	errc := make(chan error, 4)
 	go func() { errc <- serveErr("ext_proc", gs.Serve(ls.extproc)) }()
@@ -296,7 +300,7 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_ = json.NewEncoder(w).Encode(body)
 }
 
-func adminMux(reg *prometheus.Registry, ready http.Handler, rt *runtime) *http.ServeMux {
+func adminMux(reg *prometheus.Registry, ready http.Handler, rt *runtime, sessions *SessionOps) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
@@ -305,5 +309,6 @@ func adminMux(reg *prometheus.Registry, ready http.Handler, rt *runtime) *http.S
 	mux.Handle("GET /readyz", ready)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	rt.routes(mux)
+	sessions.Routes(mux)
 	return mux
 }

@@ -89,6 +89,10 @@ func testConfig() config.Config {
 	c.Server.AdminAddr = "127.0.0.1:0"
 	c.XDS.Addr = "127.0.0.1:0"
 	c.Server.DrainTimeout = config.Dur(5 * time.Second)
+	// A loaded test machine can hold a store call past the 50ms default;
+	// these tests are about the server, not store timeouts.
+	c.Envoy.MessageTimeout = config.Dur(2 * time.Second)
+	c.Redis.Timeout = config.Dur(time.Second)
 	c.Instances = []config.Instance{{Name: "a", Address: "127.0.0.1:1", Weight: 1, Version: "v1"}}
 	return c
 }

@@ -35,6 +35,7 @@ func newRootCmd() *cobra.Command {
 		newBenchCmd(),
 		newSimulateCmd(),
 		newConfigCmd(),
+		newSessionsCmd(),
 	)
 	return root
 }

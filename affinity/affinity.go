@@ -204,7 +204,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	default:
 		return Decision{Instance: in, Mode: mode, Kind: kind}, nil
 	}
-	next, err := d.relocate(p, req, c, key, b, res.Move, kind, healthy)
+	next, kind, err := d.relocate(p, c, key, b, res.Move, kind, healthy)
 	if errors.Is(err, errStay) {
 		return Decision{Instance: in, Mode: mode, Kind: KindHit}, nil
 	}
@@ -232,19 +232,22 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 var errStay = errors.New("stay")
 
 // relocate chooses where a session bound as b goes when it must leave its
-// instance for reason kind.
-func (d *Decider) relocate(p *Policy, req Request, c choice, key string, b Binding, mv Move, kind Kind, healthy []fleet.Instance) (fleet.Instance, error) {
+// instance for reason kind, and says why it went there (a migration whose
+// target version is down becomes a move within the session's own).
+func (d *Decider) relocate(p *Policy, c choice, key string, b Binding, mv Move, kind Kind, healthy []fleet.Instance) (fleet.Instance, Kind, error) {
 	others := without(healthy, b.Instance)
 	var cands []fleet.Instance
 	switch {
-	case kind == KindMigrated:
+	case kind == KindMigrated && len(ofVersion(others, mv.Version)) > 0:
 		cands = ofVersion(others, mv.Version)
-		if len(cands) == 0 {
-			// Nothing of the target version is up: the move waits for the next turn.
-			if _, ok := find(healthy, b.Instance); ok {
-				return fleet.Instance{}, errStay
-			}
+	case kind == KindMigrated:
+		// Nothing of the target version is up: the move waits for a later
+		// turn, on the session's own instance while it is up, else where
+		// its version affinity allows.
+		if _, ok := find(healthy, b.Instance); ok {
+			return fleet.Instance{}, kind, errStay
 		}
+		return d.relocate(p, c, key, b, Move{}, KindMoved, healthy)
 	case kind == KindSpilled:
 		for _, in := range others {
 			if (b.Version == "" || in.Version == b.Version) && !d.load.Saturated(in.Name, p.Saturation) {
@@ -252,11 +255,11 @@ func (d *Decider) relocate(p *Policy, req Request, c choice, key string, b Bindi
 			}
 		}
 		if len(cands) == 0 {
-			return fleet.Instance{}, errStay
+			return fleet.Instance{}, kind, errStay
 		}
 		// The next choice in the session's own ranking, so every replica
 		// spills a session the same way and it comes back when it can.
-		return Rendezvous(key, avoidSpot(cands)), nil
+		return Rendezvous(key, avoidSpot(cands)), kind, nil
 	case b.Version == "" || p.VersionAffinity == AnyVersion:
 		cands = stickyCandidates(p.versionOf(c, d.rand), others)
 	default:
@@ -266,12 +269,12 @@ func (d *Decider) relocate(p *Policy, req Request, c choice, key string, b Bindi
 		}
 	}
 	if len(cands) == 0 {
-		if p.VersionAffinity == Strict && b.Version != "" && kind != KindMigrated {
-			return fleet.Instance{}, fmt.Errorf("%w %q", ErrNoVersion, b.Version)
+		if p.VersionAffinity == Strict && b.Version != "" {
+			return fleet.Instance{}, kind, fmt.Errorf("%w %q", ErrNoVersion, b.Version)
 		}
-		return fleet.Instance{}, ErrNoInstance
+		return fleet.Instance{}, kind, ErrNoInstance
 	}
-	return d.place(key, avoidSpot(cands), p.Epsilon), nil
+	return d.place(key, avoidSpot(cands), p.Epsilon), kind, nil
 }
 
 // storeFailed places by rendezvous hashing when the store fails, unless the

@@ -410,3 +410,27 @@ func TestLinkedIdentity(t *testing.T) {
 		}
 	}
 }
+
+func TestMigrationWithTargetDownMovesWithinItsVersion(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	fl := fleet.New(versioned(2))
+	d := affinity.New(st, fl, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, VersionAffinity: affinity.Strict,
+		Versions: []affinity.VersionWeight{{Name: "v1", Weight: 1}}})
+	first := decide(t, d, session("m"))
+	if _, _, err := st.Mark(ctx, affinity.MarkFilter{Instance: first.Instance.Name}, affinity.Move{Version: "v2"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// Every v2 instance and the session's own instance go away.
+	var left []fleet.Instance
+	for _, in := range versioned(2) {
+		if in.Version == "v1" && in.Name != first.Instance.Name {
+			left = append(left, in)
+		}
+	}
+	fl.Replace(left)
+	got := decide(t, d, session("m"))
+	if got.Kind != affinity.KindMoved || got.Instance.Version != "v1" {
+		t.Fatalf("migration to a down version from a gone instance: %+v, want moved within v1", got)
+	}
+}

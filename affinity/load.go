@@ -153,6 +153,7 @@ func (l *Load) Sync(ctx context.Context, instances []string, ttl time.Duration, 
 	if err != nil {
 		return err
 	}
+	st.Active, st.InFlight, st.Queue, st.Drained = orEmpty(st.Active), orEmpty(st.InFlight), orEmpty(st.Queue), orEmpty(st.Drained)
 	l.mu.Lock()
 	l.state = st
 	// Placements made while the sync ran are not in st yet: keep them.
@@ -163,4 +164,11 @@ func (l *Load) Sync(ctx context.Context, instances []string, ttl time.Duration, 
 	}
 	l.mu.Unlock()
 	return nil
+}
+
+func orEmpty[V any](m map[string]V) map[string]V {
+	if m == nil {
+		return map[string]V{}
+	}
+	return m
 }

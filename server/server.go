@@ -64,7 +64,11 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("identity: %w", err)
 	}
-	store, err := redisstore.Open(ctx, cfg.Redis.URL, redisstore.Options{Timeout: cfg.Redis.Timeout.D})
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rec := metrics.New(reg)
+	store, err := redisstore.Open(ctx, cfg.Redis.URL, redisstore.Options{Timeout: cfg.Redis.Timeout.D, OnIndexError: rec.IndexError})
 	if err != nil {
 		return fmt.Errorf("binding store: %w", err)
 	}
@@ -75,10 +79,6 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return err
 	}
 	defer ls.close()
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rec := metrics.New(reg)
 
 	sctx, stopStreams := context.WithCancel(context.Background())
 	defer stopStreams()

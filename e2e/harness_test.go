@@ -101,6 +101,41 @@ func startFaultyFleet(t *testing.T, n int) ([]config.Instance, map[string]*atomi
 	return out, broken
 }
 
+// startInstances serves one emulated instance per spec, under the spec's
+// name, and returns the specs with their addresses filled in. Unset zone,
+// version and weight become zone-a, v1 and 1.
+func startInstances(t *testing.T, specs ...config.Instance) []config.Instance {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	out := append([]config.Instance(nil), specs...)
+	for i := range out {
+		in := &out[i]
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := sim.NewHandler(sim.Instance{Name: in.Name, Latency: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = sim.Serve(ctx, ln, h) }()
+		in.Address = ln.Addr().String()
+		if in.Zone == "" {
+			in.Zone = "zone-a"
+		}
+		if in.Version == "" {
+			in.Version = "v1"
+		}
+		if in.Weight == 0 {
+			in.Weight = 1
+		}
+	}
+	return out
+}
+
 // baseConfig is a tether config for instances on store redisURL, with
 // loopback listeners on free ports and debug headers on.
 func baseConfig(redisURL string, instances []config.Instance) config.Config {
@@ -186,11 +221,17 @@ func startTether(t *testing.T, cfg config.Config) *tether {
 // editors and config management do.
 func writeConfig(t *testing.T, path string, cfg config.Config) {
 	t.Helper()
+	writeFile(t, path, encodeConfig(t, cfg))
+}
+
+// encodeConfig is cfg as a TOML file.
+func encodeConfig(t *testing.T, cfg config.Config) []byte {
+	t.Helper()
 	var b bytes.Buffer
 	if err := toml.NewEncoder(&b).Encode(cfg); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, path, b.Bytes())
+	return b.Bytes()
 }
 
 func writeFile(t *testing.T, path string, data []byte) {

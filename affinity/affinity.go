@@ -174,6 +174,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	res, err := d.store.GetOrBind(ctx, Lookup{
 		Key: key, Aliases: req.ID.Aliases, Candidate: Binding{Instance: place.Name, Version: place.Version, Since: now}, Lifetime: lt,
 	})
+	d.load.settle(place.Name, err == nil && res.Outcome != Found && res.Binding.Instance == place.Name, "")
 	if err != nil {
 		return d.storeFailed(ctx, key, cands, mode, err)
 	}
@@ -182,10 +183,8 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	switch res.Outcome {
 	case Created:
 		kind = KindBind
-		d.load.Placed(b.Instance, "")
 	case Renewed:
 		kind = KindRebind
-		d.load.Placed(b.Instance, "")
 	}
 	in, ok := find(healthy, b.Instance)
 	// Why the session must leave its instance, if it must.
@@ -212,11 +211,9 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		return Decision{}, err
 	}
 	nb, err := d.store.Replace(ctx, res.Key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now}, lt)
+	d.load.settle(next.Name, err == nil && nb.Instance == next.Name, b.Instance)
 	if err != nil {
 		return d.storeFailed(ctx, key, cands, mode, err)
-	}
-	if nb.Instance == next.Name {
-		d.load.Placed(next.Name, b.Instance)
 	}
 	if in, ok := find(healthy, nb.Instance); ok {
 		return Decision{Instance: in, Mode: mode, Kind: kind}, nil
@@ -258,8 +255,10 @@ func (d *Decider) relocate(p *Policy, c choice, key string, b Binding, mv Move, 
 			return fleet.Instance{}, kind, errStay
 		}
 		// The next choice in the session's own ranking, so every replica
-		// spills a session the same way and it comes back when it can.
-		return Rendezvous(key, avoidSpot(cands)), kind, nil
+		// spills a session the same way.
+		next := Rendezvous(key, avoidSpot(cands))
+		d.load.reserveName(next.Name)
+		return next, kind, nil
 	case b.Version == "" || p.VersionAffinity == AnyVersion:
 		cands = stickyCandidates(p.versionOf(c, d.rand), others)
 	default:
@@ -321,38 +320,31 @@ func (d *Decider) random(p *Policy, req Request, c choice, healthy []fleet.Insta
 // candidates. Below its KV capacity an instance always qualifies: its
 // cache has room, and keeping the hash's choice keeps replicas (and tether
 // without Redis) in agreement. When every instance is at its bound the
-// hash's first choice takes the session.
+// hash's first choice takes the session. The choice is reserved in the
+// load view until settle, so concurrent placements count each other.
 func (d *Decider) place(key string, cands []fleet.Instance, eps float64) fleet.Instance {
-	first := Rendezvous(key, cands)
-	if len(cands) == 1 {
-		return first
-	}
-	var buf [16]int
-	active := d.load.activeOf(cands, buf[:0])
-	total, weight := 0, 0.0
-	for i, in := range cands {
-		total += active[i]
-		weight += in.Weight
-	}
-	under := func(i int) bool {
-		in := cands[i]
-		return active[i] < max(ceil((1+eps)*float64(total+1)*in.Weight/weight), in.KVSessions)
-	}
-	// The common case: the hash's own choice has room.
-	for i := range cands {
-		if cands[i].Name == first.Name {
+	first := top(key, cands)
+	return d.load.reserve(cands, func(active []int) int {
+		total, weight := 0, 0.0
+		for i, in := range cands {
+			total += active[i]
+			weight += in.Weight
+		}
+		under := func(i int) bool {
+			in := cands[i]
+			return active[i] < max(ceil((1+eps)*float64(total+1)*in.Weight/weight), in.KVSessions)
+		}
+		// The common case: the hash's own choice has room.
+		if len(cands) == 1 || under(first) {
+			return first
+		}
+		for _, i := range ranking(key, cands)[1:] {
 			if under(i) {
-				return first
+				return i
 			}
-			break
 		}
-	}
-	for _, i := range ranking(key, cands)[1:] {
-		if under(i) {
-			return cands[i]
-		}
-	}
-	return first
+		return first
+	})
 }
 
 func ceil(x float64) int {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"regexp"
+	"sync"
 	"testing"
 	"time"
 
@@ -432,5 +434,110 @@ func TestMigrationWithTargetDownMovesWithinItsVersion(t *testing.T) {
 	got := decide(t, d, session("m"))
 	if got.Kind != affinity.KindMoved || got.Instance.Version != "v1" {
 		t.Fatalf("migration to a down version from a gone instance: %+v, want moved within v1", got)
+	}
+}
+
+// slowStore delays every call, so concurrent decisions overlap.
+type slowStore struct{ *memory.Store }
+
+func (s slowStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
+	time.Sleep(time.Millisecond)
+	return s.Store.GetOrBind(ctx, l)
+}
+
+func TestBoundedLoadUnderConcurrentPlacements(t *testing.T) {
+	ins := instances(8)
+	for i := range ins {
+		ins[i].KVSessions = 5
+	}
+	d := affinity.New(slowStore{memory.New()}, fleet.New(ins), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25})
+	counts := map[string]int{}
+	// 800 sessions one at a time bring every instance near its bound ...
+	for i := range 800 {
+		counts[decide(t, d, session(fmt.Sprint("base-", i))).Instance.Name]++
+	}
+	// ... then 200 that all prefer gpu-0 arrive 32 at a time: each must
+	// see the others' reservations, or a wave lands on gpu-0 together.
+	var keys []string
+	for i := 0; len(keys) < 200; i++ {
+		if k := fmt.Sprint("conc-", i); affinity.Rendezvous("s:"+k, ins).Name == "gpu-0" {
+			keys = append(keys, k)
+		}
+	}
+	var mu sync.Mutex
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			got, err := d.Decide(context.Background(), session(k))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			d.Finish(got, 0, false)
+			mu.Lock()
+			counts[got.Instance.Name]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if bound := 1.25 * 1000 / 8; float64(counts["gpu-0"]) > bound+1 {
+		t.Fatalf("a concurrent burst preferring gpu-0 left it %d sessions, bound %.1f: %v", counts["gpu-0"], bound, counts)
+	}
+}
+
+// countingSyncer reports a fixed index count, as if read from Redis.
+type countingSyncer struct {
+	mu     sync.Mutex
+	active map[string]int
+	during func() // runs while SyncLoad "reads" the index
+}
+
+func (s *countingSyncer) SyncLoad(context.Context, affinity.LoadReport, []string, time.Duration, time.Time) (affinity.LoadState, error) {
+	if s.during != nil {
+		s.during()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return affinity.LoadState{Active: maps.Clone(s.active)}, nil
+}
+func (*countingSyncer) SetDrained(context.Context, string, bool) error { return nil }
+
+func TestLoadSyncCountsEachPlacementOnce(t *testing.T) {
+	syncer := &countingSyncer{active: map[string]int{}}
+	load := affinity.NewLoad(syncer, "r1")
+	ins := instances(2)
+	ins[0].KVSessions, ins[1].KVSessions = 100, 100
+	st := memory.New()
+	d := affinity.New(st, fleet.New(ins[:1]), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, affinity.WithLoad(load))
+	bind := func(k string) {
+		decide(t, d, session(k))
+		syncer.mu.Lock()
+		syncer.active["gpu-0"]++ // the store's index now holds it
+		syncer.mu.Unlock()
+	}
+	bind("a")
+	bind("b")
+	if got := load.Active("gpu-0"); got != 2 {
+		t.Fatalf("before a sync: %d active, want 2", got)
+	}
+	if err := load.Sync(context.Background(), nil, time.Second, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got := load.Active("gpu-0"); got != 2 {
+		t.Fatalf("after a sync: %d active, want 2", got)
+	}
+	bind("c")
+	if got := load.Active("gpu-0"); got != 3 {
+		t.Fatalf("after a sync and a placement: %d active, want 3", got)
+	}
+	if err := load.Sync(context.Background(), nil, time.Second, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got := load.Active("gpu-0"); got != 3 {
+		t.Fatalf("after the second sync: %d active, want 3", got)
 	}
 }

@@ -23,8 +23,13 @@ type Load struct {
 	mu     sync.Mutex
 	flight map[string]int // this replica's requests in flight
 	queue  map[string]int // last queue depth an instance reported here
-	placed map[string]int // sessions placed (+) or moved away (-) here since the last sync
-	state  LoadState      // the last sync
+	// Sessions this replica placed (+) or moved away (-) that the last
+	// sync's index read may not hold yet: pending are placements whose store
+	// call is under way (reserved by place, so concurrent placements see
+	// them), placed those done since the current sync began, syncing those
+	// done before it (dropped once the sync has read the index).
+	pending, placed, syncing map[string]int
+	state                    LoadState // the last sync
 }
 
 // NewLoad returns an empty view. replica names this replica in the reports
@@ -32,7 +37,8 @@ type Load struct {
 func NewLoad(syncer LoadSyncer, replica string) *Load {
 	return &Load{
 		syncer: syncer, replica: replica,
-		flight: map[string]int{}, queue: map[string]int{}, placed: map[string]int{},
+		flight: map[string]int{}, queue: map[string]int{},
+		pending: map[string]int{}, placed: map[string]int{}, syncing: map[string]int{},
 		state: LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}},
 	}
 }
@@ -57,31 +63,59 @@ func (l *Load) End(instance string, queue int, known bool) {
 	l.mu.Unlock()
 }
 
-// Placed counts a session bound to to, moved from from ("" for a new one).
-func (l *Load) Placed(to, from string) {
+// reserve chooses among cands with choose, given their active sessions,
+// and counts the choice as pending under the same lock, so that concurrent
+// placements see each other. settle must follow.
+func (l *Load) reserve(cands []fleet.Instance, choose func(active []int) int) fleet.Instance {
+	var buf [16]int
 	l.mu.Lock()
-	l.placed[to]++
-	if from != "" {
-		l.placed[from]--
+	defer l.mu.Unlock()
+	active := buf[:0]
+	for _, in := range cands {
+		active = append(active, l.activeLocked(in.Name))
 	}
+	in := cands[choose(active)]
+	l.pending[in.Name]++
+	return in
+}
+
+// reserveName counts a placement on name as pending; settle must follow.
+func (l *Load) reserveName(name string) {
+	l.mu.Lock()
+	l.pending[name]++
 	l.mu.Unlock()
+}
+
+// settle ends a reservation on reserved. bound says whether the session
+// was bound there (the store kept the candidate); from is the instance it
+// left ("" for a new session).
+func (l *Load) settle(reserved string, bound bool, from string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	add(l.pending, reserved, -1)
+	if bound {
+		add(l.placed, reserved, 1)
+		if from != "" {
+			add(l.placed, from, -1)
+		}
+	}
+}
+
+func add(m map[string]int, k string, n int) {
+	if m[k] += n; m[k] == 0 {
+		delete(m, k)
+	}
 }
 
 // Active is the number of sessions bound to instance.
 func (l *Load) Active(instance string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return max(l.state.Active[instance]+l.placed[instance], 0)
+	return l.activeLocked(instance)
 }
 
-// activeOf appends the active sessions of each instance to dst, under one lock.
-func (l *Load) activeOf(instances []fleet.Instance, dst []int) []int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, in := range instances {
-		dst = append(dst, max(l.state.Active[in.Name]+l.placed[in.Name], 0))
-	}
-	return dst
+func (l *Load) activeLocked(instance string) int {
+	return max(l.state.Active[instance]+l.pending[instance]+l.placed[instance]+l.syncing[instance], 0)
 }
 
 // InFlight is the number of requests in flight to instance across replicas.
@@ -125,8 +159,13 @@ func (l *Load) Snapshot() LoadState {
 	defer l.mu.Unlock()
 	s := LoadState{Active: maps.Clone(l.state.Active), InFlight: maps.Clone(l.state.InFlight),
 		Queue: maps.Clone(l.state.Queue), Drained: maps.Clone(l.state.Drained)}
-	for in, n := range l.placed {
-		s.Active[in] = max(s.Active[in]+n, 0)
+	for _, m := range []map[string]int{l.pending, l.placed, l.syncing} {
+		for in, n := range m {
+			s.Active[in] += n
+		}
+	}
+	for in, n := range s.Active {
+		s.Active[in] = max(n, 0)
 	}
 	for in, n := range l.flight {
 		s.InFlight[in] += n
@@ -138,31 +177,31 @@ func (l *Load) Snapshot() LoadState {
 }
 
 // Sync publishes this replica's report and takes in the others'. The
-// sessions placed here since the last sync are then part of the index and
-// are no longer counted separately. Reports live for ttl, so a replica
-// that stops syncing drops out after it.
+// placements done before it began are in the index it reads and are no
+// longer counted separately; those done while it runs may be counted twice
+// until the next sync. Reports live for ttl, so a replica that stops
+// syncing drops out after it.
 func (l *Load) Sync(ctx context.Context, instances []string, ttl time.Duration, now time.Time) error {
 	if l.syncer == nil {
 		return nil
 	}
 	l.mu.Lock()
 	r := LoadReport{Replica: l.replica, InFlight: maps.Clone(l.flight), Queue: maps.Clone(l.queue)}
-	sent := maps.Clone(l.placed)
+	for in, n := range l.placed {
+		add(l.syncing, in, n)
+	}
+	clear(l.placed)
 	l.mu.Unlock()
 	st, err := l.syncer.SyncLoad(ctx, r, instances, ttl, now)
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	if err != nil {
+		// Keep counting them until a sync succeeds.
 		return err
 	}
 	st.Active, st.InFlight, st.Queue, st.Drained = orEmpty(st.Active), orEmpty(st.InFlight), orEmpty(st.Queue), orEmpty(st.Drained)
-	l.mu.Lock()
 	l.state = st
-	// Placements made while the sync ran are not in st yet: keep them.
-	for in, n := range sent {
-		if l.placed[in] -= n; l.placed[in] == 0 {
-			delete(l.placed, in)
-		}
-	}
-	l.mu.Unlock()
+	clear(l.syncing)
 	return nil
 }
 

@@ -15,6 +15,11 @@ import (
 // computes the same answer without talking to the others, and removing an
 // instance moves only the keys that were on it. healthy must not be empty.
 func Rendezvous(key string, healthy []fleet.Instance) fleet.Instance {
+	return healthy[top(key, healthy)]
+}
+
+// top is the index of Rendezvous's choice.
+func top(key string, healthy []fleet.Instance) int {
 	kh := fnv64(key)
 	best, bestScore := 0, math.Inf(-1)
 	for i, in := range healthy {
@@ -23,7 +28,7 @@ func Rendezvous(key string, healthy []fleet.Instance) fleet.Instance {
 			best, bestScore = i, score
 		}
 	}
-	return healthy[best]
+	return best
 }
 
 // score is in's weighted rendezvous score for a key hashing to kh.

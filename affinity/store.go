@@ -78,6 +78,9 @@ type Result struct {
 	Outcome Outcome
 	// Move is a pending operator move (only on Found).
 	Move Move
+	// Previous is the binding the candidate replaced (only on Renewed), so
+	// that a session re-placed after Lifetime.Max keeps its model version.
+	Previous Binding
 }
 
 // Store keeps session bindings. Keys are already hashed by the identity

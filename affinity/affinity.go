@@ -92,6 +92,7 @@ func New(store Store, f Fleet, p Policy, opts ...Option) *Decider {
 	if d.load == nil {
 		d.load = NewLoad(nil, "")
 	}
+	d.load.now = d.now // the decider's clock ages queue readings too
 	d.SetPolicy(p)
 	return d
 }
@@ -102,8 +103,26 @@ func (d *Decider) SetPolicy(p Policy) {
 	if p.Epsilon <= 0 {
 		p.Epsilon = 0.25
 	}
+	// Canaries first: raising a canary's weight only adds users to it.
+	p.draws = versionDraws{}
+	for pass := range 2 {
+		for _, v := range p.Versions {
+			if v.Canary == (pass == 0) {
+				p.draws.all = append(p.draws.all, v)
+				if v.Canary {
+					p.draws.canary = append(p.draws.canary, v)
+				} else {
+					p.draws.stable = append(p.draws.stable, v)
+				}
+			}
+		}
+	}
 	d.policy.Store(&p)
 }
+
+// versionDraws are Policy.Versions in draw order, canaries first: all of
+// them, the canaries only (x-canary: always), the others (never).
+type versionDraws struct{ all, canary, stable []VersionWeight }
 
 // Policy returns the policy in force.
 func (d *Decider) Policy() Policy { return *d.policy.Load() }
@@ -169,6 +188,10 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		mode = Adaptive
 	}
 	cands := stickyCandidates(p.versionOf(c, d.rand), healthy)
+	if c.adaptive {
+		// A new session placed on a saturated instance would spill at once.
+		cands = d.unsaturated(cands, p.Saturation)
+	}
 	place := d.place(key, cands, p.Epsilon)
 	lt := Lifetime{Idle: c.idle, Max: p.Lifetime.Max}
 	res, err := d.store.GetOrBind(ctx, Lookup{
@@ -189,9 +212,14 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	in, ok := find(healthy, b.Instance)
 	// Why the session must leave its instance, if it must.
 	switch {
+	case res.Outcome == Renewed && res.Previous.Version != "" && res.Previous.Version != b.Version && p.VersionAffinity != AnyVersion:
+		// Re-placed after max_sticky_duration by today's version weights:
+		// the session keeps the version it runs on.
+		b.Version = res.Previous.Version
 	case res.Move.Version != "" && res.Move.Version != b.Version:
 		kind = KindMigrated
-	case res.Move.Off != "" && res.Move.Off == b.Instance:
+	case res.Move.Off != "" && res.Move.Off == b.Instance && d.load.Drained(b.Instance):
+		// A drain mark counts only while the drain lasts.
 		kind = KindDrained
 	case !ok:
 		kind = KindMoved
@@ -213,7 +241,10 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	nb, err := d.store.Replace(ctx, res.Key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now}, lt)
 	d.load.settle(next.Name, err == nil && nb.Instance == next.Name, b.Instance)
 	if err != nil {
-		return d.storeFailed(ctx, key, cands, mode, err)
+		if ctx.Err() != nil {
+			return Decision{}, ctx.Err()
+		}
+		return Decision{Instance: next, Mode: mode, Kind: KindDegraded, Err: err}, nil
 	}
 	if in, ok := find(healthy, nb.Instance); ok {
 		return Decision{Instance: in, Mode: mode, Kind: kind}, nil
@@ -255,7 +286,8 @@ func (d *Decider) relocate(p *Policy, c choice, key string, b Binding, mv Move, 
 			return fleet.Instance{}, kind, errStay
 		}
 		// The next choice in the session's own ranking, so every replica
-		// spills a session the same way.
+		// spills a session the same way. The move is a rebinding: the
+		// session's KV cache builds up there and it stays.
 		next := Rendezvous(key, avoidSpot(cands))
 		d.load.reserveName(next.Name)
 		return next, kind, nil
@@ -314,31 +346,39 @@ func (d *Decider) random(p *Policy, req Request, c choice, healthy []fleet.Insta
 	return Decision{Instance: pick, Mode: Random, Kind: kind}
 }
 
-// place is bounded-load rendezvous placement: the highest-ranked instance
-// whose active sessions are below its bound, max(⌈(1+ε)·(A+1)·w/W⌉,
-// kv_sessions), where A is the active sessions and W the weight of all
-// candidates. Below its KV capacity an instance always qualifies: its
-// cache has room, and keeping the hash's choice keeps replicas (and tether
-// without Redis) in agreement. When every instance is at its bound the
-// hash's first choice takes the session. The choice is reserved in the
+// place is bounded-load rendezvous placement over cands: the session goes
+// to the highest-ranked instance whose active sessions are below its bound,
+// ⌈(1+ε)·(A+1)·w/W⌉ (A the active sessions and W the weight of all
+// candidates), preferring one that also has room in its KV cache (active
+// below kv_sessions, the soft cap). When every instance is at its bound
+// the hash's first choice takes the session. The choice is reserved in the
 // load view until settle, so concurrent placements count each other.
 func (d *Decider) place(key string, cands []fleet.Instance, eps float64) fleet.Instance {
 	first := top(key, cands)
 	return d.load.reserve(cands, func(active []int) int {
+		if len(cands) == 1 {
+			return 0
+		}
 		total, weight := 0, 0.0
 		for i, in := range cands {
 			total += active[i]
 			weight += in.Weight
 		}
 		under := func(i int) bool {
-			in := cands[i]
-			return active[i] < max(ceil((1+eps)*float64(total+1)*in.Weight/weight), in.KVSessions)
+			return active[i] < ceil((1+eps)*float64(total+1)*cands[i].Weight/weight)
 		}
-		// The common case: the hash's own choice has room.
-		if len(cands) == 1 || under(first) {
+		room := func(i int) bool { return active[i] < cands[i].KVSessions }
+		// The common case: the hash's own choice is under both.
+		if under(first) && room(first) {
 			return first
 		}
-		for _, i := range ranking(key, cands)[1:] {
+		order := ranking(key, cands)
+		for _, i := range order {
+			if under(i) && room(i) {
+				return i
+			}
+		}
+		for _, i := range order {
 			if under(i) {
 				return i
 			}
@@ -366,6 +406,20 @@ func stickyCandidates(v string, healthy []fleet.Instance) []fleet.Instance {
 		}
 	}
 	return avoidSpot(cands)
+}
+
+// unsaturated drops saturated instances unless all are.
+func (d *Decider) unsaturated(in []fleet.Instance, s Saturation) []fleet.Instance {
+	var out []fleet.Instance
+	for _, i := range in {
+		if !d.load.Saturated(i.Name, s) {
+			out = append(out, i)
+		}
+	}
+	if len(out) == 0 {
+		return in
+	}
+	return out
 }
 
 // avoidSpot drops spot instances unless nothing else is left.
@@ -448,8 +502,10 @@ func (p *Policy) resolve(req Request, now time.Time) choice {
 		}
 		c.rule = r.Name
 		switch r.Mode {
-		case Sticky, Random:
-			c.mode, c.adaptive = r.Mode, false
+		case Sticky:
+			c.mode, c.adaptive = Sticky, p.Adaptive
+		case Random:
+			c.mode, c.adaptive = Random, false
 		case Adaptive:
 			c.mode, c.adaptive = Sticky, true
 		}
@@ -484,29 +540,20 @@ func (p *Policy) versionOf(c choice, draw func() uint64) string {
 	if len(p.Versions) == 0 {
 		return ""
 	}
-	var set []VersionWeight
+	ordered := p.draws.all
 	switch c.canary {
-	case "always", "never":
-		want := c.canary == "always"
-		for _, v := range p.Versions {
-			if v.Canary == want {
-				set = append(set, v)
-			}
+	case "always":
+		if len(p.draws.canary) > 0 {
+			ordered = p.draws.canary
+		}
+	case "never":
+		if len(p.draws.stable) > 0 {
+			ordered = p.draws.stable
 		}
 	}
-	if len(set) == 0 {
-		set = p.Versions
-	}
-	// Canaries first: raising a canary's weight only adds users to it.
-	ordered := make([]VersionWeight, 0, len(set))
 	total := 0.0
-	for pass := range 2 {
-		for _, v := range set {
-			if v.Canary == (pass == 0) {
-				ordered = append(ordered, v)
-				total += v.Weight
-			}
-		}
+	for _, v := range ordered {
+		total += v.Weight
 	}
 	if total == 0 {
 		// A forced canary with weight 0: the first one.

@@ -146,8 +146,10 @@ func TestMigrateAndDrainMarks(t *testing.T) {
 	ctx := context.Background()
 	st := memory.New()
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	drained := map[string]bool{}
+	load := affinity.NewLoad(drainSyncer{drained}, "r1")
 	d := affinity.New(st, fleet.New(versioned(2)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, VersionAffinity: affinity.Strict,
-		Versions: []affinity.VersionWeight{{Name: "v1", Weight: 1}, {Name: "v2", Weight: 0}}}, affinity.WithClock(clk.now))
+		Versions: []affinity.VersionWeight{{Name: "v1", Weight: 1}, {Name: "v2", Weight: 0}}}, affinity.WithClock(clk.now), affinity.WithLoad(load))
 	on := map[string]string{}
 	for i := range 40 {
 		on[fmt.Sprint(i)] = decide(t, d, session(fmt.Sprint(i))).Instance.Name
@@ -182,6 +184,10 @@ func TestMigrateAndDrainMarks(t *testing.T) {
 	}
 	// Drain v1-1: its sessions leave for another v1 instance.
 	if _, _, err := st.Mark(ctx, affinity.MarkFilter{Instance: "v1-1"}, affinity.Move{Off: "v1-1"}, clk.now()); err != nil {
+		t.Fatal(err)
+	}
+	drained["v1-1"] = true
+	if err := load.Sync(ctx, nil, time.Second, clk.now()); err != nil {
 		t.Fatal(err)
 	}
 	for k, was := range on {
@@ -251,12 +257,35 @@ func TestBoundedLoad(t *testing.T) {
 			t.Fatalf("the burst reached only %d instances: %v", len(counts), counts)
 		}
 	})
-	t.Run("below kv_sessions the hash decides", func(t *testing.T) {
+	t.Run("an instance whose KV cache is full is skipped for one with room", func(t *testing.T) {
+		small := instances(4)
+		for i := range small {
+			small[i].KVSessions = 2
+		}
+		// A loose bound (ε = 10), so only the KV soft cap decides.
+		d := affinity.New(memory.New(), fleet.New(small), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 10})
+		n := 0
+		for i := 0; n < 3; i++ {
+			k := fmt.Sprint("kv-", i)
+			if affinity.Rendezvous("s:"+k, small).Name != "gpu-0" {
+				continue
+			}
+			n++
+			got := decide(t, d, session(k))
+			if wantGPU0 := n <= 2; (got.Instance.Name == "gpu-0") != wantGPU0 {
+				t.Fatalf("session %d preferring gpu-0 (kv_sessions 2) went to %s", n, got.Instance.Name)
+			}
+		}
+	})
+	t.Run("light load stays within the bound", func(t *testing.T) {
 		d := affinity.New(memory.New(), fleet.New(ins), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25})
+		counts := map[string]int{}
 		for i := range 40 {
-			k := fmt.Sprint("light-", i)
-			if got := decide(t, d, session(k)); got.Instance != affinity.Rendezvous("s:"+k, ins) {
-				t.Fatalf("light load: %s on %s, want the rendezvous choice", k, got.Instance.Name)
+			counts[decide(t, d, session(fmt.Sprint("light-", i))).Instance.Name]++
+		}
+		for i, in := range ins {
+			if c := float64(counts[in.Name]); c > math.Ceil(1.25*share(i, 40)) {
+				t.Errorf("40 sessions: %s has %v, above ⌈1.25 × %.1f⌉", in.Name, c, share(i, 40))
 			}
 		}
 	})
@@ -539,5 +568,70 @@ func TestLoadSyncCountsEachPlacementOnce(t *testing.T) {
 	}
 	if got := load.Active("gpu-0"); got != 3 {
 		t.Fatalf("after the second sync: %d active, want 3", got)
+	}
+}
+
+func TestUndrainedMarksAreIgnored(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	d := affinity.New(st, fleet.New(instances(4)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, affinity.WithLoad(affinity.NewLoad(drainSyncer{}, "r1")))
+	first := decide(t, d, session("u"))
+	// An operator drained the instance, then undid it: the marks stay in
+	// the store, but the instance is no longer drained.
+	if _, _, err := st.Mark(ctx, affinity.MarkFilter{Instance: first.Instance.Name}, affinity.Move{Off: first.Instance.Name}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got := decide(t, d, session("u")); got.Kind != affinity.KindHit || got.Instance != first.Instance {
+		t.Fatalf("after an undone drain: %+v, want a hit on %s", got, first.Instance.Name)
+	}
+}
+
+func TestQueueReadingsExpire(t *testing.T) {
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	ins := instances(2)
+	p := affinity.Policy{Mode: affinity.Sticky, Adaptive: true, Lifetime: affinity.Lifetime{Idle: time.Hour}, Saturation: affinity.Saturation{QueueDepth: 4}}
+	d := affinity.New(memory.New(), fleet.New(ins), p, affinity.WithClock(clk.now))
+	d.Load().End("gpu-0", 9, true)
+	if !d.Load().Saturated("gpu-0", p.Saturation) {
+		t.Fatal("a fresh queue depth of 9 does not saturate at 4")
+	}
+	clk.add(10 * time.Second)
+	if d.Load().Saturated("gpu-0", p.Saturation) || d.Load().Queue("gpu-0") != 0 {
+		t.Fatalf("a 10 s old reading still counts: queue %d", d.Load().Queue("gpu-0"))
+	}
+}
+
+func TestAdaptiveAppliesToStickyRules(t *testing.T) {
+	ins := instances(3)
+	p := affinity.Policy{Mode: affinity.Hybrid, Adaptive: true, Lifetime: lifetime, Saturation: affinity.Saturation{QueueDepth: 4},
+		Rules: []affinity.Rule{{Name: "core", PathPrefix: "/v1/", Mode: affinity.Sticky}}}
+	d := affinity.New(memory.New(), fleet.New(ins), p)
+	req := user("core-1", "")
+	first := decide(t, d, req)
+	if first.Mode != affinity.Adaptive {
+		t.Fatalf("a sticky rule under adaptive_sticky = 1: mode %s, want adaptive", first.Mode)
+	}
+	d.Load().End(first.Instance.Name, 9, true)
+	if got := decide(t, d, req); got.Kind != affinity.KindSpilled {
+		t.Fatalf("its instance saturated: %+v, want spilled", got)
+	}
+}
+
+func TestRebindKeepsTheSessionsVersion(t *testing.T) {
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	p := affinity.Policy{Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}, VersionAffinity: affinity.Strict,
+		Versions: []affinity.VersionWeight{{Name: "v1", Weight: 1}, {Name: "v2", Weight: 0}}}
+	d := affinity.New(memory.New(), fleet.New(versioned(2)), p, affinity.WithClock(clk.now))
+	if got := decide(t, d, session("r")); got.Instance.Version != "v1" {
+		t.Fatalf("first turn on %s", got.Instance.Version)
+	}
+	p.Versions = []affinity.VersionWeight{{Name: "v1", Weight: 0}, {Name: "v2", Weight: 1}}
+	d.SetPolicy(p)
+	clk.add(11 * time.Minute)
+	if got := decide(t, d, session("r")); got.Kind != affinity.KindRebind || got.Instance.Version != "v1" {
+		t.Fatalf("past max_sticky_duration under strict: %+v, want a rebind within v1", got)
+	}
+	if got := decide(t, d, session("r")); got.Kind != affinity.KindHit || got.Instance.Version != "v1" {
+		t.Fatalf("the turn after: %+v, want a hit on v1", got)
 	}
 }

@@ -22,7 +22,7 @@ type Load struct {
 
 	mu     sync.Mutex
 	flight map[string]int // this replica's requests in flight
-	queue  map[string]int // last queue depth an instance reported here
+	queue  map[string]queueReading // last queue depth an instance reported here
 	// Sessions this replica placed (+) or moved away (-) that the last
 	// sync's index read may not hold yet: pending are placements whose store
 	// call is under way (reserved by place, so concurrent placements see
@@ -30,6 +30,17 @@ type Load struct {
 	// done before it (dropped once the sync has read the index).
 	pending, placed, syncing map[string]int
 	state                    LoadState // the last sync
+	now                      func() time.Time
+}
+
+// queueFresh is how long a reported queue depth stands. A saturated
+// instance that adaptive routing empties gets no responses to report a
+// lower depth in, so a reading must expire rather than hold it out forever.
+const queueFresh = 5 * time.Second
+
+type queueReading struct {
+	depth int
+	at    time.Time
 }
 
 // NewLoad returns an empty view. replica names this replica in the reports
@@ -37,7 +48,7 @@ type Load struct {
 func NewLoad(syncer LoadSyncer, replica string) *Load {
 	return &Load{
 		syncer: syncer, replica: replica,
-		flight: map[string]int{}, queue: map[string]int{},
+		flight: map[string]int{}, queue: map[string]queueReading{}, now: time.Now,
 		pending: map[string]int{}, placed: map[string]int{}, syncing: map[string]int{},
 		state: LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}},
 	}
@@ -58,7 +69,7 @@ func (l *Load) End(instance string, queue int, known bool) {
 		delete(l.flight, instance)
 	}
 	if known {
-		l.queue[instance] = queue
+		l.queue[instance] = queueReading{depth: queue, at: l.now()}
 	}
 	l.mu.Unlock()
 }
@@ -125,11 +136,36 @@ func (l *Load) InFlight(instance string) int {
 	return l.state.InFlight[instance] + l.flight[instance]
 }
 
-// Queue is the highest queue depth the instance last reported to any replica.
+// Queue is the highest queue depth the instance reported to any replica
+// in the last few seconds.
 func (l *Load) Queue(instance string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return max(l.state.Queue[instance], l.queue[instance])
+	return max(l.state.Queue[instance], l.freshQueue(instance))
+}
+
+// freshQueue is the depth instance last reported here, 0 once stale.
+func (l *Load) freshQueue(instance string) int {
+	q, ok := l.queue[instance]
+	if !ok {
+		return 0
+	}
+	if l.now().Sub(q.at) > queueFresh {
+		delete(l.queue, instance)
+		return 0
+	}
+	return q.depth
+}
+
+// freshQueues is every fresh reading, for reports and snapshots.
+func (l *Load) freshQueues() map[string]int {
+	out := make(map[string]int, len(l.queue))
+	for in := range l.queue {
+		if d := l.freshQueue(in); d > 0 {
+			out[in] = d
+		}
+	}
+	return out
 }
 
 // Saturated reports whether instance is at a threshold of s.
@@ -170,7 +206,7 @@ func (l *Load) Snapshot() LoadState {
 	for in, n := range l.flight {
 		s.InFlight[in] += n
 	}
-	for in, q := range l.queue {
+	for in, q := range l.freshQueues() {
 		s.Queue[in] = max(s.Queue[in], q)
 	}
 	return s
@@ -186,7 +222,7 @@ func (l *Load) Sync(ctx context.Context, instances []string, ttl time.Duration, 
 		return nil
 	}
 	l.mu.Lock()
-	r := LoadReport{Replica: l.replica, InFlight: maps.Clone(l.flight), Queue: maps.Clone(l.queue)}
+	r := LoadReport{Replica: l.replica, InFlight: maps.Clone(l.flight), Queue: l.freshQueues()}
 	for in, n := range l.placed {
 		add(l.syncing, in, n)
 	}

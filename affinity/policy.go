@@ -69,8 +69,11 @@ type Policy struct {
 	// Saturation says when an instance counts as saturated (adaptive).
 	Saturation Saturation
 	// TierHeader names the request header carrying the user tier that
-	// rules match with Rule.Tiers.
+	// rules match with Rule.Tiers. It must come from a trusted layer (an
+	// authenticating filter in front of Envoy), not from the client.
 	TierHeader string
+
+	draws versionDraws // filled by SetPolicy
 }
 
 // VersionWeight is one [[versions]] entry.

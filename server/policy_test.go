@@ -8,6 +8,7 @@ import (
 	_ "time/tzdata" // rule time zones on hosts without zoneinfo
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
@@ -112,6 +113,7 @@ func TestPolicy(t *testing.T) {
 		TierHeader:      "x-tier",
 	}
 	opts := cmp.Options{
+		cmpopts.IgnoreUnexported(affinity.Policy{}),
 		cmp.Comparer(func(a, b *regexp.Regexp) bool {
 			return a == nil && b == nil || a != nil && b != nil && a.String() == b.String()
 		}),
@@ -150,7 +152,7 @@ func TestPolicyDefaults(t *testing.T) {
 		Saturation:      affinity.Saturation{QueueDepth: config.DefaultQueueDepth},
 		TierHeader:      config.DefaultTierHeader,
 	}
-	if d := cmp.Diff(want, p); d != "" {
+	if d := cmp.Diff(want, p, cmpopts.IgnoreUnexported(affinity.Policy{})); d != "" {
 		t.Errorf("policy (-want +got):\n%s", d)
 	}
 }

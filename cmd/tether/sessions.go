@@ -259,9 +259,9 @@ and the migration keeps going. A progress bar on standard error counts the sessi
 // runMigrate calls migrate until no session is left, ctx ends (the summary
 // then says Interrupted) or a call fails. progress, when not nil, gets a
 // progress bar.
-func runMigrate(ctx context.Context, c *adminClient, req server.MigrateRequest, interval time.Duration, progress io.Writer) (migrateSummary, error) {
+func runMigrate(ctx context.Context, c *adminClient, req server.MigrateRequest, interval time.Duration, progress io.Writer) (sum migrateSummary, err error) {
 	start := time.Now()
-	sum := migrateSummary{FromVersion: req.FromVersion, ToVersion: req.ToVersion}
+	sum = migrateSummary{FromVersion: req.FromVersion, ToVersion: req.ToVersion}
 	var bar *progressbar.ProgressBar
 	defer func() {
 		sum.Seconds = time.Since(start).Seconds()

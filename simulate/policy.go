@@ -82,10 +82,17 @@ const identitySecret = "tether-simulate-identity-secret"
 // tetherRouter routes through affinity.Decider: the code tether runs, with
 // the store in memory, the clock virtual and the random source seeded.
 type tetherRouter struct {
-	ids     *identity.Extractor
-	decider *affinity.Decider
-	index   map[string]int
+	ids      *identity.Extractor
+	decider  *affinity.Decider
+	index    map[string]int
+	names    []string
+	now      func() time.Time
+	lastSync time.Time
 }
+
+// syncEvery is how often, in virtual time, the router's load view reads
+// the store's session index, as tether's load sync does each second.
+const syncEvery = time.Second
 
 func newTetherRouter(mode affinity.Mode, lt affinity.Lifetime, instances []fleet.Instance, now func() time.Time, rng *rand.Rand) (*tetherRouter, error) {
 	ids, err := identity.New(identity.Config{Secret: []byte(identitySecret)})
@@ -93,12 +100,18 @@ func newTetherRouter(mode affinity.Mode, lt affinity.Lifetime, instances []fleet
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
 	index := make(map[string]int, len(instances))
+	names := make([]string, len(instances))
 	for i, in := range instances {
 		index[in.Name] = i
+		names[i] = in.Name
 	}
-	d := affinity.New(memory.New(), fleet.New(instances), affinity.Policy{Mode: mode, Lifetime: lt},
-		affinity.WithClock(now), affinity.WithRand(rng.Uint64))
-	return &tetherRouter{ids: ids, decider: d, index: index}, nil
+	store := memory.New()
+	// The load view reads active sessions from the store as tether's does,
+	// so bounded-load placement sees sessions expire.
+	load := affinity.NewLoad(store, "simulate")
+	d := affinity.New(store, fleet.New(instances), affinity.Policy{Mode: mode, Lifetime: lt},
+		affinity.WithClock(now), affinity.WithRand(rng.Uint64), affinity.WithLoad(load))
+	return &tetherRouter{ids: ids, decider: d, index: index, names: names, now: now}, nil
 }
 
 func (t *tetherRouter) prepare(c *conversation) {
@@ -110,6 +123,12 @@ func (t *tetherRouter) prepare(c *conversation) {
 }
 
 func (t *tetherRouter) route(ctx context.Context, c *conversation) (int, affinity.Kind, error) {
+	if now := t.now(); now.Sub(t.lastSync) >= syncEvery {
+		if err := t.decider.Load().Sync(ctx, t.names, 3*syncEvery, now); err != nil {
+			return 0, "", fmt.Errorf("simulate: load sync: %w", err)
+		}
+		t.lastSync = now
+	}
 	d, err := t.decider.Decide(ctx, affinity.Request{ID: c.id})
 	if err != nil {
 		return 0, "", fmt.Errorf("simulate: decide: %w", err)

@@ -9,9 +9,10 @@
 // links are removed lazily and by an amortised sweep on the call path;
 // there is no background goroutine to stop.
 //
-// Unlike the Redis store, whose session index may count a session up to
-// Idle/4 after it ends, this store's index is exact: a session is counted
-// while its binding lives.
+// Unlike the Redis store, whose session index may count a session for a
+// while after it ends and which links a request's aliases only when the
+// session's refresh is due, this store is exact: a session is counted
+// while its binding lives, and every request links its aliases.
 package memory
 
 import (
@@ -125,7 +126,7 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 		s.bindings[key] = e
 		res.Binding, res.Outcome, res.Move = e.b, affinity.Found, e.move
 	case ok:
-		res.Outcome = affinity.Renewed
+		res.Outcome, res.Previous = affinity.Renewed, e.b
 		fallthrough
 	default:
 		s.put(key, entry{b: l.Candidate, expires: now.Add(idle)})
@@ -291,10 +292,16 @@ func (s *Store) drop(key string) {
 func (s *Store) active(instance string, now time.Time) int {
 	n := 0
 	for key := range s.index[instance] {
-		if e, ok := s.live(key, now); ok && e.b.Instance == instance {
+		switch e, ok := s.live(key, now); {
+		case ok && e.b.Instance == instance:
 			n++
-		} else {
+		case ok:
+			// Cannot happen (put moves the entry), but a live binding
+			// elsewhere must keep its binding: only the entry goes.
+			delete(s.index[instance], key)
+		default:
 			s.drop(key)
+			delete(s.index[instance], key)
 		}
 	}
 	if n == 0 {

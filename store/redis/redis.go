@@ -9,15 +9,18 @@
 // hash tag, so a session's binding and its alias link share a slot:
 //
 //	tether:{<key>}:b          HASH    i instance, v version, s since ms,
-//	                                  x index refresh ms, mv move-to-version,
-//	                                  mo move-off-instance; PTTL = idle
-//	tether:{<key>}:a          STRING  the session key <key> leads to; PTTL = idle
+//	                                  mv move-to-version, mo move-off-instance,
+//	                                  x last index write ms, e index entry
+//	                                  expiry ms, l alias links' expiry ms;
+//	                                  PTTL = idle
+//	tether:{<key>}:a          STRING  the session key <key> leads to;
+//	                                  PTTL = Idle*5/4 from its last write
 //
 // Fleet-wide state shares the hash tag {fleet}, so one script reads it all.
 // The trade-off: one slot (one Cluster shard) holds the whole fleet state.
-// It takes writes only on binds, index refreshes (at most every Idle/4 per
-// session) and load syncs (once a second per replica), never on an ordinary
-// hit:
+// It takes writes only on binds, index refreshes (about every Idle/4 per
+// session in use) and load syncs (once a second per replica), never on an
+// ordinary hit:
 //
 //	tether:{fleet}:i:<instance>  ZSET  member session key, score expiry ms
 //	tether:{fleet}:r:<replica>   HASH  f:<instance> in flight, q:<instance> queue
@@ -34,19 +37,40 @@
 // server restart or SCRIPT FLUSH a call refused with NOSCRIPT is sent again
 // with EVAL once, which caches the script again.
 //
-//   - A hit whose index entry is fresh is ONE round trip: one pipeline with
-//     the get-or-bind script and a SET per alias.
-//   - A bind, or a hit whose index entry is due for a refresh, adds a second
-//     round trip: the index script on the {fleet} slot.
-//   - A get-or-bind on a key that is an alias is two round trips before any
-//     index write: the first finds the link, the second gets or binds the
-//     linked key (with the alias SETs again, now pointing at it).
+//   - A hit whose refresh is not due is ONE round trip: the get-or-bind
+//     script alone, and nothing else is sent.
+//   - A bind, or a hit whose refresh is due, is two: the script, then one
+//     pipeline with the index script on the {fleet} slot and a SET per
+//     alias link.
+//   - A key that is itself an alias adds one round trip before those: the
+//     first finds the link, the second gets or binds the linked key.
 //
-// The index entry of a session is rewritten on a hit only when it was last
-// written at least Idle/4 ago, and it expires Idle*5/4 after that write, so
-// it always outlives the binding: a session may be counted in its
-// instance's index up to Idle/4 after it ends. A failed index or alias
-// write does not fail the decision; Options.OnIndexError hears of it.
+// # Refreshes
+//
+// The binding records when its index entry and its alias links expire (e,
+// l). A use that keeps the binding alive to within a margin (Idle/8, at
+// most a second) of either rewrites it to expire Idle*5/4 from now, never
+// earlier than before; the index entry is also rewritten once it is Idle/4
+// old, which heals a lost entry. With one idle timeout throughout,
+// that is a refresh every Idle/4 or a little sooner, and the entry and the
+// links always outlive the binding, whatever idle timeout each request
+// carries. So a session may be counted in its instance's index after it
+// ends: up to Idle/4 with one idle timeout, up to the longest Idle*5/4 its
+// requests carried otherwise. A link may outlive its session as long; a
+// request carrying only that alias then binds under the ended session's
+// key.
+//
+// Alias links are written only once the request's key is resolved, and
+// only when due: on a bind, and with the refreshes above. An alias that a
+// session's requests start to carry mid-session is linked at the next
+// refresh, up to Idle/4 later; a request carrying only that alias before
+// then starts a session of its own. The links a refresh writes are those
+// of the request that makes it due (its aliases, and its key when that key
+// is an alias).
+//
+// A failed index or alias write does not fail the decision;
+// Options.OnIndexError hears of it, as it does of report values SyncLoad
+// skipped.
 package redis
 
 import (
@@ -94,9 +118,11 @@ type Options struct {
 	Prefix string
 	// OnIndexError, when not nil, is called with the error of a write that
 	// is not part of the decision and so does not fail it: a session index
-	// update, an alias link. The decision stands; the index heals at the
-	// session's next refresh, the link at its next request. It is called
-	// from the calling goroutine, so concurrently: make it safe for that.
+	// update, an alias link. The decision stands; both heal at the
+	// session's next refresh. It also hears, once per SyncLoad, of other
+	// replicas' report values that were not integers and were skipped. It
+	// is called from the calling goroutine, so concurrently: make it safe
+	// for that.
 	OnIndexError func(error)
 }
 
@@ -125,7 +151,7 @@ type Store struct {
 	fleet        string // prefix + "{fleet}:"
 	onIndexError func(error)
 
-	getOrBind, replace, unlink, index, show, mark, prune, syncLoad *goredis.Script
+	getOrBind, replace, index, show, mark, prune, syncLoad *goredis.Script
 
 	// Owned by the store only when Open built them.
 	ownClient bool
@@ -163,7 +189,6 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options)
 		onIndexError: opts.OnIndexError,
 		getOrBind:    goredis.NewScript(getOrBindSrc),
 		replace:      goredis.NewScript(replaceSrc),
-		unlink:       goredis.NewScript(unlinkSrc),
 		index:        goredis.NewScript(indexSrc),
 		show:         goredis.NewScript(showSrc),
 		mark:         goredis.NewScript(markSrc),
@@ -176,7 +201,7 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options)
 	s.fleet = s.prefix + "{fleet}:"
 	// SCRIPT LOAD now (a cluster client loads on every shard), so calls can
 	// go straight to EVALSHA.
-	for _, sc := range []*goredis.Script{s.getOrBind, s.replace, s.unlink, s.index, s.show, s.mark, s.prune, s.syncLoad} {
+	for _, sc := range []*goredis.Script{s.getOrBind, s.replace, s.index, s.show, s.mark, s.prune, s.syncLoad} {
 		if err := sc.Load(ctx, client).Err(); err != nil {
 			return nil, fmt.Errorf("redis store: load scripts: %w", err)
 		}
@@ -242,8 +267,8 @@ func (s *Store) reportPrefix() string            { return s.fleet + "r:" }
 func (s *Store) replicasKey() string             { return s.fleet + "replicas" }
 func (s *Store) drainedKey() string              { return s.fleet + "drained" }
 
-// GetOrBind implements affinity.Store: one pipeline on a hit (see the
-// package comment for the other cases).
+// GetOrBind implements affinity.Store: one EVALSHA on a hit whose refresh
+// is not due (see the package comment for the other cases).
 func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
 	if err := affinity.CheckBinding(l.Candidate, l.Lifetime); err != nil {
 		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
@@ -256,24 +281,18 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 	}
 	now := l.Candidate.Since.UnixMilli()
 
-	// The aliases are linked to l.Key in the same pipeline, before we know
-	// whether l.Key is itself an alias; if it is, the second round trip
-	// links them to the key it leads to instead.
-	linked := aliasesOf(l.Aliases, l.Key)
-	r, err := s.getOrBindOnce(ctx, l, l.Key, true, linked, "")
+	// Nothing is linked until the key is resolved: l.Key may itself be an
+	// alias, and the links must lead to the key the binding lives under.
+	key, aliases := l.Key, aliasesOf(l.Aliases, l.Key)
+	r, err := s.getOrBindOnce(ctx, l, key, true, len(aliases) > 0)
 	if err != nil {
 		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
-	key := l.Key
 	if r.link != "" {
-		key = r.link
-		// If key was among the aliases, the first pipeline linked it to
-		// l.Key (a loop with l.Key's own link): undo that link.
-		undo := ""
-		if slices.Contains(linked, key) {
-			undo = l.Key
-		}
-		r, err = s.getOrBindOnce(ctx, l, key, false, aliasesOf(l.Aliases, key), undo)
+		// l.Key is an alias: it is linked again, with the other aliases,
+		// whenever the session's links are due, so following it keeps it.
+		key, aliases = r.link, aliasesOf(append([]string{l.Key}, l.Aliases...), r.link)
+		r, err = s.getOrBindOnce(ctx, l, key, false, len(aliases) > 0)
 		if err != nil {
 			return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 		}
@@ -281,12 +300,18 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 			return affinity.Result{}, fmt.Errorf("redis get-or-bind: unexpected alias reply for %q", key)
 		}
 	}
-	if r.refresh {
-		s.writeIndex(ctx, key, r.b.Instance, r.prev, now, l.Lifetime.Idle)
+	if r.links == 0 {
+		aliases = nil
+	}
+	if r.index != 0 || len(aliases) > 0 {
+		s.refresh(ctx, key, r.b.Instance, r.prevInstance, now, r.index, aliases, r.links)
 	}
 	res := affinity.Result{Key: key, Binding: r.b, Outcome: r.out}
-	if r.out == affinity.Found {
+	switch r.out {
+	case affinity.Found:
 		res.Move = r.move
+	case affinity.Renewed:
+		res.Previous = r.prev
 	}
 	return res, nil
 }
@@ -303,41 +328,21 @@ func aliasesOf(aliases []string, key string) []string {
 	return out
 }
 
-// getOrBindOnce runs the get-or-bind script on key and, in the same
-// pipeline, links aliases to key and, when undo is not empty, deletes key's
-// own link if it still leads to undo. Link errors go to OnIndexError.
-func (s *Store) getOrBindOnce(ctx context.Context, l affinity.Lookup, key string, follow bool, aliases []string, undo string) (bindReply, error) {
-	idle := millis(l.Lifetime.Idle)
-	calls := []*scriptCall{{
+// getOrBindOnce runs the get-or-bind script on key, alone: a hit whose
+// refresh is not due is this one EVALSHA. hasLinks tells the script that
+// the request has alias links to write when they are due.
+func (s *Store) getOrBindOnce(ctx context.Context, l affinity.Lookup, key string, follow, hasLinks bool) (bindReply, error) {
+	now, idle := l.Candidate.Since.UnixMilli(), l.Lifetime.Idle
+	c := &scriptCall{
 		sc:   s.getOrBind,
 		keys: []string{s.bindingKey(key), s.linkKey(key)},
-		args: []any{l.Candidate.Instance, l.Candidate.Version, l.Candidate.Since.UnixMilli(),
-			idle, millis(l.Lifetime.Max), flag(follow), refreshPeriod(l.Lifetime.Idle)},
-	}}
-	if undo != "" {
-		// undo is l.Key: the link of the key l.Key leads to, pointing back.
-		calls = append(calls, &scriptCall{sc: s.unlink, keys: []string{s.linkKey(key)}, args: []any{undo}})
+		args: []any{l.Candidate.Instance, l.Candidate.Version, now, millis(idle), millis(l.Lifetime.Max),
+			boolArg(follow), now + entryLifetime(idle), refreshPeriod(idle), refreshMargin(idle), boolArg(hasLinks)},
 	}
-	sets := make([]*goredis.StatusCmd, 0, len(aliases))
-	s.exec(ctx, calls, func(p goredis.Pipeliner) {
-		for _, a := range aliases {
-			sets = append(sets, p.Set(ctx, s.linkKey(a), key, time.Duration(idle)*time.Millisecond))
-		}
-	})
-	res, err := calls[0].cmd.Slice()
+	s.exec(ctx, []*scriptCall{c}, nil)
+	res, err := c.cmd.Slice()
 	if err != nil {
-		// The links most likely failed the same way; the caller hears of it.
 		return bindReply{}, err
-	}
-	for i, c := range sets {
-		if err := c.Err(); err != nil {
-			s.indexError(fmt.Errorf("redis link alias %q: %w", aliases[i], err))
-		}
-	}
-	if len(calls) > 1 {
-		if err := calls[1].cmd.Err(); err != nil {
-			s.indexError(fmt.Errorf("redis unlink %q: %w", key, err))
-		}
 	}
 	return parseBindReply(res)
 }
@@ -355,7 +360,8 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 	}
 	now := next.Since.UnixMilli()
 	c := &scriptCall{sc: s.replace, keys: []string{s.bindingKey(key)},
-		args: []any{old, next.Instance, next.Version, now, millis(lt.Idle), refreshPeriod(lt.Idle)}}
+		args: []any{old, next.Instance, next.Version, now, millis(lt.Idle), now + entryLifetime(lt.Idle),
+			refreshPeriod(lt.Idle), refreshMargin(lt.Idle)}}
 	s.exec(ctx, []*scriptCall{c}, nil)
 	res, err := c.cmd.Slice()
 	if err != nil {
@@ -365,26 +371,48 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 	if err != nil {
 		return affinity.Binding{}, fmt.Errorf("redis replace: %w", err)
 	}
-	if r.refresh {
-		s.writeIndex(ctx, key, r.b.Instance, r.prev, now, lt.Idle)
+	if r.index != 0 {
+		s.refresh(ctx, key, r.b.Instance, r.prev, now, r.index, nil, 0)
 	}
 	return r.b, nil
 }
 
-// writeIndex records key in instance's index until now + idle*5/4 and
-// removes it from prev's index. Errors go to OnIndexError.
-func (s *Store) writeIndex(ctx context.Context, key, instance, prev string, now int64, idle time.Duration) {
-	from := s.indexKey(instance)
-	if prev != "" {
-		from = s.indexKey(prev)
+// refresh writes, in one pipeline, what a script found due: key's entry in
+// instance's index with score index (removing it from prev's index) when
+// index is not 0, and the aliases' links to key until linkExpiry. Errors
+// go to OnIndexError: the decision stands.
+func (s *Store) refresh(ctx context.Context, key, instance, prev string, now, index int64, aliases []string, linkExpiry int64) {
+	var calls []*scriptCall
+	if index != 0 {
+		from := s.indexKey(instance)
+		if prev != "" {
+			from = s.indexKey(prev)
+		}
+		// The index key's own TTL is garbage collection only; twice the
+		// entry's lifetime leaves room for clock skew between replicas
+		// and Redis.
+		keyTTL := 2 * max(index-now, 1)
+		calls = append(calls, &scriptCall{sc: s.index, keys: []string{s.indexKey(instance), from}, args: []any{key, index, keyTTL}})
 	}
-	expiry := now + millis(idle*5/4)
-	// The key's own TTL is garbage collection only; twice the idle timeout
-	// leaves room for clock skew between replicas and Redis.
-	c := &scriptCall{sc: s.index, keys: []string{s.indexKey(instance), from}, args: []any{key, expiry, millis(2 * idle)}}
-	s.exec(ctx, []*scriptCall{c}, nil)
-	if err := c.cmd.Err(); err != nil {
-		s.indexError(fmt.Errorf("redis index %q on %q: %w", key, instance, err))
+	ttl := time.Duration(linkExpiry-now) * time.Millisecond
+	if ttl <= 0 {
+		aliases = nil // cannot happen: the script never lowers an expiry below now + Idle*5/4
+	}
+	sets := make([]*goredis.StatusCmd, 0, len(aliases))
+	s.exec(ctx, calls, func(p goredis.Pipeliner) {
+		for _, a := range aliases {
+			sets = append(sets, p.Set(ctx, s.linkKey(a), key, ttl))
+		}
+	})
+	if len(calls) > 0 {
+		if err := calls[0].cmd.Err(); err != nil {
+			s.indexError(fmt.Errorf("redis index %q on %q: %w", key, instance, err))
+		}
+	}
+	for i, c := range sets {
+		if err := c.Err(); err != nil {
+			s.indexError(fmt.Errorf("redis link alias %q to %q: %w", aliases[i], key, err))
+		}
 	}
 }
 
@@ -422,7 +450,7 @@ func (s *Store) Show(ctx context.Context, key string, _ time.Time) (affinity.Ses
 
 // showOnce runs the show script on key.
 func (s *Store) showOnce(ctx context.Context, key string, follow bool) (sess affinity.Session, link string, ok bool, err error) {
-	c := &scriptCall{sc: s.show, keys: []string{s.bindingKey(key), s.linkKey(key)}, args: []any{flag(follow)}}
+	c := &scriptCall{sc: s.show, keys: []string{s.bindingKey(key), s.linkKey(key)}, args: []any{boolArg(follow)}}
 	s.exec(ctx, []*scriptCall{c}, nil)
 	res, err := c.cmd.Slice()
 	if err != nil {
@@ -463,7 +491,7 @@ func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move
 		calls := make([]*scriptCall, len(batch))
 		for i, z := range batch {
 			calls[i] = &scriptCall{sc: s.mark, keys: []string{s.bindingKey(z.Member.(string))},
-				args: []any{f.Instance, f.Version, flag(doMark), m.Version, m.Off}}
+				args: []any{f.Instance, f.Version, boolArg(doMark), m.Version, m.Off}}
 		}
 		bctx, cancel := s.callContext(ctx)
 		s.exec(bctx, calls, nil)
@@ -561,9 +589,14 @@ func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances [
 	if err != nil {
 		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
 	}
-	st, err := parseLoadReply(res, r, instances)
+	st, skipped, err := parseLoadReply(res, r, instances)
 	if err != nil {
 		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
+	}
+	if len(skipped) > 0 {
+		// Counted once per sync, so a broken replica cannot flood the hook.
+		s.indexError(fmt.Errorf("redis sync load: skipped %d report value(s) that are not integers: %s",
+			len(skipped), strings.Join(skipped[:min(len(skipped), 3)], ", ")))
 	}
 	return st, nil
 }
@@ -659,15 +692,29 @@ func checkReport(r affinity.LoadReport, ttl time.Duration) error {
 	return nil
 }
 
-func flag(b bool) string {
+func boolArg(b bool) string {
 	if b {
 		return "1"
 	}
 	return "0"
 }
 
-// refreshPeriod is how old an index entry may get before a hit rewrites it.
+// entryLifetime is how long an index entry or alias link written now
+// lasts: Idle*5/4, so it outlives the binding until the next refresh.
+func entryLifetime(idle time.Duration) int64 { return millis(idle * 5 / 4) }
+
+// refreshPeriod is how old an index entry may get before a hit rewrites it
+// anyway (which heals a lost entry).
 func refreshPeriod(idle time.Duration) int64 { return millis(idle / 4) }
+
+// maxMargin bounds refreshMargin.
+const maxMargin = time.Second
+
+// refreshMargin is how long an index entry or alias link must outlive the
+// binding a request refreshes, else it is written again: slack for the
+// clocks of the replicas and Redis. With one idle timeout throughout, a
+// session's entry is rewritten every Idle/4 minus this margin.
+func refreshMargin(idle time.Duration) int64 { return millis(min(idle/8, maxMargin)) }
 
 // millis rounds d up to whole milliseconds, so a positive duration never
 // becomes PEXPIRE 0 (which deletes the key).

@@ -14,12 +14,16 @@ import (
 
 // bindReply is a decoded getOrBindSrc reply.
 type bindReply struct {
-	link    string // the key is an alias of this session key; nothing else is set
-	out     affinity.Outcome
-	b       affinity.Binding
-	move    affinity.Move
-	refresh bool   // the index entry must be written
-	prev    string // the instance a bind replaced ("" if none)
+	link string // the key is an alias of this session key; nothing else is set
+	out  affinity.Outcome
+	b    affinity.Binding
+	move affinity.Move
+	prev affinity.Binding // the binding a renewal replaced (zero otherwise)
+	// prevInstance is the instance a bind replaced, damaged records
+	// included ("" if none): the index entry leaves its index.
+	prevInstance string
+	index        int64 // write the index entry with this score (0: not due)
+	links        int64 // write the request's alias links to expire then (0: not due)
 }
 
 func parseBindReply(res []any) (bindReply, error) {
@@ -32,34 +36,46 @@ func parseBindReply(res []any) (bindReply, error) {
 		}
 		return bad()
 	}
-	if len(res) != 8 {
+	if len(res) != 11 {
 		return bad()
 	}
-	out, ok1 := res[0].(int64)
-	str, ok2 := strings5(res[1:6])
-	refresh, ok3 := res[6].(int64)
-	prev, ok4 := res[7].(string)
-	if !ok1 || !ok2 || !ok3 || !ok4 || out < int64(affinity.Found) || out > int64(affinity.Renewed) || (refresh != 0 && refresh != 1) {
+	out, ok := res[0].(int64)
+	if !ok || out < int64(affinity.Found) || out > int64(affinity.Renewed) {
 		return bad()
+	}
+	var str [10]string
+	for i := range str {
+		if str[i], ok = res[i+1].(string); !ok {
+			return bad()
+		}
 	}
 	b, ok := binding(str[0], str[1], str[2])
 	if !ok {
 		return bad()
 	}
-	return bindReply{
-		out:     affinity.Outcome(out),
-		b:       b,
-		move:    affinity.Move{Version: str[3], Off: str[4]},
-		refresh: refresh == 1,
-		prev:    prev,
-	}, nil
+	r := bindReply{out: affinity.Outcome(out), b: b, move: affinity.Move{Version: str[3], Off: str[4]}, prevInstance: str[5]}
+	if r.out == affinity.Renewed {
+		if r.prev, ok = binding(str[5], str[6], str[7]); !ok {
+			return bad()
+		}
+	}
+	if r.index, ok = expiry(str[8]); !ok {
+		return bad()
+	}
+	if r.links, ok = expiry(str[9]); !ok {
+		return bad()
+	}
+	if r.out != affinity.Found && r.index == 0 {
+		return bad() // a bind always writes the index
+	}
+	return r, nil
 }
 
 // replaceReply is a decoded replaceSrc reply.
 type replaceReply struct {
-	b       affinity.Binding
-	refresh bool
-	prev    string
+	b     affinity.Binding
+	index int64 // as in bindReply
+	prev  string
 }
 
 func parseReplaceReply(res []any) (replaceReply, error) {
@@ -71,16 +87,27 @@ func parseReplaceReply(res []any) (replaceReply, error) {
 	inst, ok2 := res[1].(string)
 	since, ok3 := res[2].(string)
 	version, ok4 := res[3].(string)
-	refresh, ok5 := res[4].(int64)
+	ie, ok5 := res[4].(string)
 	prev, ok6 := res[5].(string)
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || (replaced != 0 && replaced != 1) || (refresh != 0 && refresh != 1) {
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || (replaced != 0 && replaced != 1) {
 		return bad()
 	}
 	b, ok := binding(inst, since, version)
-	if !ok {
+	index, ok7 := expiry(ie)
+	if !ok || !ok7 || (replaced == 1 && index == 0) {
 		return bad()
 	}
-	return replaceReply{b: b, refresh: refresh == 1, prev: prev}, nil
+	return replaceReply{b: b, index: index, prev: prev}, nil
+}
+
+// expiry decodes an expiry field of a reply: "" is 0 (nothing to write),
+// otherwise a positive unix millisecond time.
+func expiry(v string) (int64, bool) {
+	if v == "" {
+		return 0, true
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	return ms, err == nil && ms > 0
 }
 
 // parseShowReply decodes a showSrc reply: the linked key, or the session
@@ -115,11 +142,14 @@ func parseShowReply(res []any) (s affinity.Session, link string, ok bool, err er
 }
 
 // parseLoadReply decodes a syncLoadSrc reply into the load of instances,
-// adding r's own queue depths.
-func parseLoadReply(res []any, r affinity.LoadReport, instances []string) (affinity.LoadState, error) {
-	st := affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}}
-	bad := func(what string) (affinity.LoadState, error) {
-		return affinity.LoadState{}, fmt.Errorf("unexpected sync-load reply (%s): %v", what, res)
+// adding r's own queue depths. A reply of the wrong shape is an error; a
+// report value that is not an integer (another replica's bug, a damaged
+// key) is skipped and described in skipped, so that one bad field does
+// not stop every replica's load sync.
+func parseLoadReply(res []any, r affinity.LoadReport, instances []string) (st affinity.LoadState, skipped []string, err error) {
+	st = affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}}
+	bad := func(what string) (affinity.LoadState, []string, error) {
+		return affinity.LoadState{}, nil, fmt.Errorf("unexpected sync-load reply (%s): %v", what, res)
 	}
 	if len(res) != 3 {
 		return bad("length")
@@ -148,8 +178,9 @@ func parseLoadReply(res []any, r affinity.LoadReport, instances []string) (affin
 		queue(in, q)
 	}
 	for i := 0; i < len(others); i += 2 {
-		fields, ok := others[i+1].([]any)
-		if _, isStr := others[i].(string); !isStr || !ok || len(fields)%2 != 0 {
+		replica, ok1 := others[i].(string)
+		fields, ok2 := others[i+1].([]any)
+		if !ok1 || !ok2 || len(fields)%2 != 0 {
 			return bad("report")
 		}
 		for j := 0; j < len(fields); j += 2 {
@@ -162,9 +193,13 @@ func parseLoadReply(res []any, r affinity.LoadReport, instances []string) (affin
 				continue // a newer replica's field: not ours to read
 			}
 			val, ok := fields[j+1].(string)
-			n, err := strconv.Atoi(val)
-			if !ok || err != nil {
+			if !ok {
 				return bad("report value")
+			}
+			n, err := strconv.Atoi(val)
+			if err != nil {
+				skipped = append(skipped, fmt.Sprintf("replica %q field %q = %q", replica, field, val))
+				continue
 			}
 			if kind == "f" && listed[in] {
 				st.InFlight[in] += n
@@ -180,7 +215,7 @@ func parseLoadReply(res []any, r affinity.LoadReport, instances []string) (affin
 		}
 		st.Drained[in] = true
 	}
-	return st, nil
+	return st, skipped, nil
 }
 
 // strings5 returns the five elements of v as strings.

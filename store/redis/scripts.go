@@ -6,101 +6,147 @@ package redis
 // caller's clock ("now" is an argument); TTLs are real PEXPIREs on the
 // server's clock.
 //
-// Binding hash fields: i instance, v version, s since, x when the session's
-// index entry was last written, mv move-to-version, mo move-off-instance.
+// Binding hash fields: i instance, v version, s since, mv move-to-version,
+// mo move-off-instance, and the refresh bookkeeping: x when the session's
+// index entry was last written, e that entry's expiry (its score), l the
+// expiry of the alias links last written for the session. All are unix
+// milliseconds on the callers' clock.
+//
 // A binding without an instance or an integer s is damaged: it counts as
 // absent and is overwritten, so a bad record heals instead of failing
-// forever.
+// forever. A missing or non-integer x, e or l makes the refresh it guards
+// due, which rewrites it.
+//
+// The refresh rule, shared by getOrBindSrc and replaceSrc: a use at now
+// with idle timeout idle keeps the binding until now + idle. The index
+// entry must outlive that whatever idle each request carries, so it is
+// rewritten when now + idle + margin would pass e, or when x is a refresh
+// period (the request's idle/4) old, which heals a lost entry. It is then
+// written to expire at max(e, now + idle*5/4): never earlier than it was,
+// so a short-idle request cannot cut short the entry of a session a
+// long-idle request keeps alive. Alias links follow the same rule with l,
+// and are written along with any index write, but only by a request that
+// has links to write (the caller says so).
 
 // getOrBindSrc: KEYS[1] binding, KEYS[2] alias link of the same key.
 // ARGV[1] candidate instance, [2] candidate version, [3] now, [4] idle ms,
-// [5] max ms (0: none), [6] '1' to follow an alias link, [7] index refresh
-// period ms.
+// [5] max ms (0: none), [6] '1' to follow an alias link, [7] now +
+// idle*5/4 (a new entry or link expiry), [8] refresh period ms, [9] margin
+// ms, [10] '1' when the request has alias links to write.
 //
 // Replies {0, linked key} when KEYS[2] links the key to another session
-// (nothing else is done, except refreshing the link), otherwise
-// {outcome, instance, since, version, move-to-version, move-off, refresh,
-// previous instance}: outcome is affinity.Outcome (1 found, 2 created,
-// 3 renewed); refresh is 1 when the caller must write the index entry (on a
-// bind, or when x is at least a refresh period old); previous instance is
-// the one a bind replaced (empty if none).
+// (nothing is written), otherwise {outcome, instance, since, version,
+// move-to-version, move-off, previous instance, previous since, previous
+// version, index expiry, link expiry}: outcome is affinity.Outcome (1
+// found, 2 created, 3 renewed); the previous fields are the binding a bind
+// replaced (empty if none; a created binding may replace a damaged record's
+// instance, whose index the entry leaves); index expiry is empty unless
+// the caller must write the index entry with that score, link expiry empty
+// unless it must write the request's alias links to expire then.
 const getOrBindSrc = `
 if ARGV[6] == '1' then
   local to = redis.call('GET', KEYS[2])
   if to and to ~= '' then
-    redis.call('PEXPIRE', KEYS[2], ARGV[4])
     return {0, to}
   end
 end
-local now = tonumber(ARGV[3])
-local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'mv', 'mo')
-local s = cur[2] and string.match(cur[2], '^%d+$') and tonumber(cur[2])
+local function int(v)
+  if v and string.match(v, '^%d+$') then return tonumber(v) end
+  return nil
+end
+local now, reach = tonumber(ARGV[3]), tonumber(ARGV[3]) + tonumber(ARGV[4]) + tonumber(ARGV[9])
+local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l', 'mv', 'mo')
+local s = int(cur[2])
 local outcome = 2
 if cur[1] and cur[1] ~= '' and s then
   local max = tonumber(ARGV[5])
   if max == 0 or now - s < max then
     redis.call('PEXPIRE', KEYS[1], ARGV[4])
-    local x = tonumber(cur[4])
-    local refresh = 0
-    if not x or now - x >= tonumber(ARGV[7]) then
-      redis.call('HSET', KEYS[1], 'x', ARGV[3])
-      refresh = 1
+    local x, e, l = int(cur[4]), int(cur[5]), int(cur[6])
+    local ie, le = '', ''
+    if not x or not e or now - x >= tonumber(ARGV[8]) or reach > e then
+      ie = ARGV[7]
+      if e and e > tonumber(ARGV[7]) then ie = cur[5] end
+      redis.call('HSET', KEYS[1], 'x', ARGV[3], 'e', ie)
     end
-    return {1, cur[1], cur[2], cur[3] or '', cur[5] or '', cur[6] or '', refresh, ''}
+    if ARGV[10] == '1' and (ie ~= '' or not l or reach > l) then
+      le = ARGV[7]
+      if l and l > tonumber(ARGV[7]) then le = cur[6] end
+      redis.call('HSET', KEYS[1], 'l', le)
+    end
+    return {1, cur[1], cur[2], cur[3] or '', cur[7] or '', cur[8] or '', '', '', '', ie, le}
   end
   outcome = 3
 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'i', ARGV[1], 's', ARGV[3], 'v', ARGV[2], 'x', ARGV[3])
+redis.call('HSET', KEYS[1], 'i', ARGV[1], 's', ARGV[3], 'v', ARGV[2], 'x', ARGV[3], 'e', ARGV[7])
+local le = ''
+if ARGV[10] == '1' then
+  le = ARGV[7]
+  redis.call('HSET', KEYS[1], 'l', le)
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', 1, cur[1] or ''}
+local prev = {cur[1] or '', '', ''}
+if outcome == 3 then
+  prev = {cur[1], cur[2], cur[3] or ''}
+end
+return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], ARGV[7], le}
 `
 
 // replaceSrc: KEYS[1] binding. ARGV[1] old instance, [2] next instance,
-// [3] next version, [4] now (next.Since), [5] idle ms, [6] index refresh
-// period ms.
+// [3] next version, [4] now (next.Since), [5] idle ms, [6] now +
+// idle*5/4, [7] refresh period ms, [8] margin ms.
 //
-// Replies {replaced, instance, since, version, refresh, previous instance}:
-// replaced is 1 when next was stored (the binding was absent, damaged or
-// still on old), 0 when another caller's binding was kept; its idle timeout
-// is refreshed too, the caller is using the session. A stored next has no
-// pending move.
+// Replies {replaced, instance, since, version, index expiry, previous
+// instance}: replaced is 1 when next was stored (the binding was absent,
+// damaged or still on old), 0 when another caller's binding was kept; its
+// idle timeout is refreshed too, the caller is using the session. Index
+// expiry is empty unless the caller must write the index entry with that
+// score (always after a store). A stored next has no pending move and
+// keeps l: the session's links still lead to it.
 const replaceSrc = `
-local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x')
-if cur[1] and cur[1] ~= '' and cur[2] and string.match(cur[2], '^%d+$') and cur[1] ~= ARGV[1] then
+local function int(v)
+  if v and string.match(v, '^%d+$') then return tonumber(v) end
+  return nil
+end
+local now = tonumber(ARGV[4])
+local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l')
+if cur[1] and cur[1] ~= '' and int(cur[2]) and cur[1] ~= ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
-  local x = tonumber(cur[4])
-  local refresh = 0
-  if not x or tonumber(ARGV[4]) - x >= tonumber(ARGV[6]) then
-    redis.call('HSET', KEYS[1], 'x', ARGV[4])
-    refresh = 1
+  local x, e = int(cur[4]), int(cur[5])
+  local ie = ''
+  if not x or not e or now - x >= tonumber(ARGV[7]) or now + tonumber(ARGV[5]) + tonumber(ARGV[8]) > e then
+    ie = ARGV[6]
+    if e and e > tonumber(ARGV[6]) then ie = cur[5] end
+    redis.call('HSET', KEYS[1], 'x', ARGV[4], 'e', ie)
   end
-  return {0, cur[1], cur[2], cur[3] or '', refresh, ''}
+  return {0, cur[1], cur[2], cur[3] or '', ie, ''}
 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'i', ARGV[2], 's', ARGV[4], 'v', ARGV[3], 'x', ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-return {1, ARGV[2], ARGV[4], ARGV[3], 1, cur[1] or ''}
-`
-
-// unlinkSrc: KEYS[1] alias link. ARGV[1] the key it must still lead to.
-// Deletes the link only if it does, so a newer link survives.
-const unlinkSrc = `
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'i', ARGV[2], 's', ARGV[4], 'v', ARGV[3], 'x', ARGV[4], 'e', ARGV[6])
+if int(cur[6]) then
+  redis.call('HSET', KEYS[1], 'l', cur[6])
 end
-return 0
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return {1, ARGV[2], ARGV[4], ARGV[3], ARGV[6], cur[1] or ''}
 `
 
 // indexSrc: KEYS[1] index of the session's instance, KEYS[2] index of the
 // instance it leaves (KEYS[1] again when none). ARGV[1] session key,
 // [2] entry expiry (score), [3] minimum key TTL ms.
 //
-// The index key's own TTL only collects the index of an instance that no
-// longer takes sessions; it is only ever extended, because sessions with
-// different idle lifetimes share the key. Members expire by their score.
+// An entry's score is only ever raised: index writes of one session can
+// arrive out of order (they follow their script in a second round trip),
+// and a late write of a short-idle request must not cut short the entry a
+// long-idle one extended. The index key's own TTL only collects the index
+// of an instance that no longer takes sessions; it is only ever extended,
+// because sessions with different idle lifetimes share the key. Members
+// expire by their score.
 const indexSrc = `
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+local cur = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not cur or tonumber(cur) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+end
 if KEYS[2] ~= KEYS[1] then
   redis.call('ZREM', KEYS[2], ARGV[1])
 end

@@ -39,8 +39,10 @@ type Harness struct {
 	// real wait for a real server.
 	Advance func(t *testing.T, d time.Duration)
 	// Idle is the idle timeout the expiry cases use (0: one minute). A
-	// harness whose Advance really waits sets it small, a few hundred
-	// milliseconds; the cases keep a margin of a third of it either side.
+	// harness whose Advance really waits sets it small, a second or two:
+	// the cases keep margins of Idle/4 to Idle/2 on the store's expiry
+	// clock, which must hold on a loaded machine. Cases run in parallel,
+	// so a larger Idle adds little to the suite's time.
 	Idle time.Duration
 }
 
@@ -115,6 +117,14 @@ func (e *env) getOrBind(key string, candidate affinity.Binding, lt affinity.Life
 	e.t.Helper()
 	l := affinity.Lookup{Key: key, Candidate: candidate, Lifetime: lt}
 	e.lookup(l, affinity.Result{Key: key, Binding: want, Outcome: wantOut})
+}
+
+// renew calls GetOrBind on a key without aliases that must be renewed:
+// candidate stored, prev the binding it replaced.
+func (e *env) renew(key string, candidate affinity.Binding, lt affinity.Lifetime, prev affinity.Binding) {
+	e.t.Helper()
+	l := affinity.Lookup{Key: key, Candidate: candidate, Lifetime: lt}
+	e.lookup(l, affinity.Result{Key: key, Binding: candidate, Outcome: affinity.Renewed, Previous: prev})
 }
 
 // replace calls Replace and checks the binding it returns.
@@ -231,16 +241,19 @@ var cases = []testCase{
 	}},
 	{"max exceeded renews", func(e *env) {
 		lt := affinity.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}
-		a := e.bind("a")
+		a := e.bindv("a", "v1")
 		e.getOrBind(e.key("k"), a, lt, a, affinity.Created)
 		e.skew(lt.Max - time.Second)
 		e.getOrBind(e.key("k"), e.bind("b"), lt, a, affinity.Found)
 		e.skew(time.Second) // exactly Max old: placed again
-		c := e.bind("c")
-		e.getOrBind(e.key("k"), c, lt, c, affinity.Renewed)
+		c := e.bindv("c", "v2")
+		e.renew(e.key("k"), c, lt, a) // Previous is what it replaced
 		// Max now counts from the renewal.
 		e.skew(lt.Max - time.Second)
 		e.getOrBind(e.key("k"), e.bind("d"), lt, c, affinity.Found)
+		e.skew(time.Second)
+		d := e.bind("d")
+		e.renew(e.key("k"), d, lt, c) // with its version
 	}},
 	{"max zero is no limit", func(e *env) {
 		lt := affinity.Lifetime{Idle: time.Hour}
@@ -346,7 +359,7 @@ var cases = []testCase{
 		e.lookup(e.look(t, e.bind("c")), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
 		e.advance(e.idle * 2 / 3) // following the link is a use of it too
 		e.lookup(e.look(t, e.bind("c")), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
-		e.advance(e.idle + e.idle/3)
+		e.advance(e.idle * 3 / 2) // a link may outlive its session by Idle/4
 		d := e.bind("d")
 		e.lookup(e.look(t, d), affinity.Result{Key: t, Binding: d, Outcome: affinity.Created})
 	}},
@@ -356,8 +369,24 @@ var cases = []testCase{
 		e.lookup(e.look(s1, a, t), affinity.Result{Key: s1, Binding: a, Outcome: affinity.Created})
 		e.lookup(e.look(s2, b, t), affinity.Result{Key: s2, Binding: b, Outcome: affinity.Created})
 		e.lookup(e.look(t, e.bind("c")), affinity.Result{Key: s2, Binding: b, Outcome: affinity.Found})
+		// A session's links are written when its refresh is due: at most
+		// every Idle/4 (the Redis store), not by every request.
+		e.skew(e.idle / 4)
 		e.lookup(e.look(s1, e.bind("c"), t), affinity.Result{Key: s1, Binding: a, Outcome: affinity.Found})
 		e.lookup(e.look(t, e.bind("c")), affinity.Result{Key: s1, Binding: a, Outcome: affinity.Found})
+	}},
+	{"alias first seen mid-session is linked within Idle/4", func(e *env) {
+		s, u, t := e.key("s"), e.key("u"), e.key("t")
+		a := e.bind("a")
+		e.lookup(e.look(s, a, u), affinity.Result{Key: s, Binding: a, Outcome: affinity.Created})
+		e.skew(e.idle / 10)
+		// The Redis store links t at the session's next due refresh.
+		e.lookup(e.look(s, e.bind("b"), u, t), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.skew(e.idle / 4)
+		e.lookup(e.look(s, e.bind("b"), u, t), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.lookup(e.look(t, e.bind("c")), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.lookup(e.look(u, e.bind("c")), affinity.Result{Key: s, Binding: a, Outcome: affinity.Found})
+		e.checkActive(map[string]int{"a": 1, "b": 0, "c": 0})
 	}},
 	{"alias equal to the key is ignored", func(e *env) {
 		s, t := e.key("s"), e.key("t")
@@ -413,7 +442,7 @@ var cases = []testCase{
 		e.mark(affinity.MarkFilter{Instance: "a"}, affinity.Move{Off: "a"}, 1, 0)
 		e.skew(lt.Max)
 		c := e.bind("c")
-		e.getOrBind(k, c, lt, c, affinity.Renewed) // no move on a renewal
+		e.renew(k, c, lt, a) // no move on a renewal
 		e.getOrBind(k, e.bind("d"), lt, c, affinity.Found)
 		e.checkActive(map[string]int{"a": 0, "c": 1})
 	}},
@@ -428,6 +457,31 @@ var cases = []testCase{
 		e.checkActive(map[string]int{"a": 1, "b": 2, "c": 0})
 		e.advance(e.idle * 3 / 2) // an index entry may outlive its binding by Idle/4
 		e.checkActive(map[string]int{"a": 0, "b": 0, "c": 0})
+	}},
+	{"index keeps a session whatever idle each request carries", func(e *env) {
+		// Requests of one session may carry different idle timeouts (a
+		// matching rule may set its own). The binding lives by the last
+		// one; its index entry and alias links must live at least as long.
+		k, t := e.key("k"), e.key("t")
+		long, short := e.lt(), affinity.Lifetime{Idle: e.idle / 3}
+		use := func(lt affinity.Lifetime, candidate, want affinity.Binding, out affinity.Outcome) {
+			e.t.Helper()
+			l := affinity.Lookup{Key: k, Aliases: []string{t}, Candidate: candidate, Lifetime: lt}
+			e.lookup(l, affinity.Result{Key: k, Binding: want, Outcome: out})
+		}
+		a := e.bind("a")
+		use(long, a, a, affinity.Created)
+		e.advance(e.idle / 4)
+		use(short, e.bind("b"), a, affinity.Found)
+		use(long, e.bind("b"), a, affinity.Found) // the binding lives Idle from here again
+		// Past the short timeout and what an index entry written for it
+		// would last, well within the long one.
+		e.advance(e.idle / 2)
+		e.checkActive(map[string]int{"a": 1})
+		e.mark(affinity.MarkFilter{Instance: "a"}, affinity.Move{Off: "a"}, 1, 0)
+		e.lookup(e.look(t, e.bind("c")), affinity.Result{Key: k, Binding: a, Outcome: affinity.Found, Move: affinity.Move{Off: "a"}})
+		e.advance(e.idle * 3 / 2)
+		e.checkActive(map[string]int{"a": 0})
 	}},
 	{"index keeps a session in use", func(e *env) {
 		a := e.bind("a")
@@ -612,7 +666,8 @@ var cases = []testCase{
 	{"racing renewals past max agree on one winner", func(e *env) {
 		key := e.key("k")
 		lt := affinity.Lifetime{Idle: e.idle, Max: e.idle / 2}
-		e.getOrBind(key, e.bind("old"), lt, e.bind("old"), affinity.Created)
+		old := e.bindv("old", "v1")
+		e.getOrBind(key, old, lt, old, affinity.Created)
 		e.skew(e.idle / 2) // past Max on the caller's clock; the idle timeout still holds
 		res := make([]affinity.Result, races)
 		race(races, func(i int) {
@@ -624,8 +679,13 @@ var cases = []testCase{
 		})
 		renewed := 0
 		for i := range res {
+			var prev affinity.Binding
 			if res[i].Outcome == affinity.Renewed {
 				renewed++
+				prev = old
+			}
+			if res[i].Previous != prev {
+				e.t.Errorf("racer %d (%v): Previous = %+v, want %+v", i, res[i].Outcome, res[i].Previous, prev)
 			}
 			if diff := cmp.Diff(res[0].Binding, res[i].Binding); diff != "" {
 				e.t.Errorf("racer %d disagrees with racer 0:\n%s", i, diff)

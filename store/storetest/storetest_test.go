@@ -36,6 +36,8 @@ var flaws = map[string]string{
 	"drop-version":    "version_is_stored_and_returned",
 	"keep-move":       "replace_clears_a_pending_move",
 	"index-stale":     "index_counts_binds,_expiry_and_moves",
+	"index-last-idle": "index_keeps_a_session_whatever_idle_each_request_carries",
+	"no-previous":     "max_exceeded_renews",
 	"mark-no-limit":   "mark_selects_by_version,_limits_and_counts_what_remains",
 	"inflight-self":   "sync_load_sums_the_other_replicas",
 	"report-forever":  "sync_load_sums_the_other_replicas",
@@ -86,6 +88,19 @@ type fakeEntry struct {
 	b       affinity.Binding
 	move    affinity.Move
 	expires time.Time
+	// "index-last-idle": the index entry is rewritten when written
+	// Idle/4 ago, with the request's idle (the Redis store's old bug).
+	indexed, indexUntil time.Time
+}
+
+// index records an index write at now under "index-last-idle".
+func (e *fakeEntry) index(now time.Time, idle time.Duration) {
+	e.indexed, e.indexUntil = now, now.Add(idle*5/4)
+}
+
+// inIndex reports whether e counts in its instance's index at now.
+func (s *fakeStore) inIndex(e fakeEntry, now time.Time) bool {
+	return now.Before(e.expires) && (s.flaw != "index-last-idle" || now.Before(e.indexUntil))
 }
 
 type fakeLink struct {
@@ -206,6 +221,9 @@ func (s *fakeStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.
 		if !old {
 			if s.flaw != "no-refresh" {
 				e.expires = now.Add(lt.Idle)
+				if now.Sub(e.indexed) >= lt.Idle/4 {
+					e.index(now, lt.Idle)
+				}
 				s.store(key, e)
 			}
 			r := affinity.Result{Key: key, Binding: e.b, Outcome: affinity.Found, Move: e.move}
@@ -217,11 +235,17 @@ func (s *fakeStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.
 		out = affinity.Renewed
 	}
 	s.pause("racy")
-	s.store(key, fakeEntry{b: c, expires: now.Add(lt.Idle)})
+	stored := fakeEntry{b: c, expires: now.Add(lt.Idle)}
+	stored.index(now, lt.Idle)
+	s.store(key, stored)
 	if s.flaw == "drop-version" {
 		c.Version = ""
 	}
-	return affinity.Result{Key: key, Binding: c, Outcome: out}, nil
+	r := affinity.Result{Key: key, Binding: c, Outcome: out}
+	if out == affinity.Renewed && s.flaw != "no-previous" {
+		r.Previous = e.b
+	}
+	return r, nil
 }
 
 func (s *fakeStore) Replace(ctx context.Context, key, old string, next affinity.Binding, lt affinity.Lifetime) (affinity.Binding, error) {
@@ -239,6 +263,7 @@ func (s *fakeStore) Replace(ctx context.Context, key, old string, next affinity.
 	}
 	s.pause("racy-replace")
 	stored := fakeEntry{b: next, expires: next.Since.Add(lt.Idle)}
+	stored.index(next.Since, lt.Idle)
 	if s.flaw == "keep-move" {
 		stored.move = e.move
 	}
@@ -289,7 +314,7 @@ func (s *fakeStore) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.
 	defer s.mu.Unlock()
 	for _, key := range slices.Sorted(maps.Keys(s.m)) {
 		e := s.m[key]
-		if !now.Before(e.expires) || e.b.Instance != f.Instance || (f.Version != "" && e.b.Version != f.Version) || e.move.Pending() {
+		if !s.inIndex(e, now) || e.b.Instance != f.Instance || (f.Version != "" && e.b.Version != f.Version) || e.move.Pending() {
 			continue
 		}
 		if f.Limit == 0 || marked < f.Limit || s.flaw == "mark-no-limit" {
@@ -317,7 +342,7 @@ func (s *fakeStore) SyncLoad(ctx context.Context, r affinity.LoadReport, instanc
 	for _, in := range instances {
 		st.Active[in] = 0
 		for key, e := range s.m {
-			if now.Before(e.expires) && s.instanceOf(key, e) == in {
+			if s.inIndex(e, now) && s.instanceOf(key, e) == in {
 				st.Active[in]++
 			}
 		}

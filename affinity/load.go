@@ -21,7 +21,7 @@ type Load struct {
 	replica string
 
 	mu     sync.Mutex
-	flight map[string]int // this replica's requests in flight
+	flight map[string]int          // this replica's requests in flight
 	queue  map[string]queueReading // last queue depth an instance reported here
 	// Sessions this replica placed (+) or moved away (-) that the last
 	// sync's index read may not hold yet: pending are placements whose store

@@ -5,8 +5,11 @@
 //   - overhead: what Envoy + tether adds to Envoy alone, on a zero-latency
 //     backend;
 //   - quality: the field's traffic mix against eight emulated A100s in two
-//     zones, routed by Envoy round robin, Envoy ring hash, tether random and
-//     tether sticky;
+//     zones, routed by Envoy round robin, Envoy ring hash, tether random,
+//     tether sticky and tether adaptive;
+//   - hot spot: the same mix plus one tenant's burst behind one API key,
+//     which sticky routing keeps on one instance: tether sticky against
+//     tether adaptive;
 //   - churn: an instance killed and restored and one added during a run,
 //     Envoy ring hash against tether sticky.
 //
@@ -36,20 +39,65 @@ type Scale struct {
 	Duration   time.Duration // per policy
 	ThinkScale float64       // multiplies the workload's think times
 	TimeScale  float64       // emulated GPU time: 1 is real time
+	// Hot spot: the workload replay runs for HotDuration on a fleet whose
+	// emulated time is HotTimeScale; in its middle half one tenant sends
+	// HotRate requests a second (open loop), each with a document of
+	// HotDocTokens of its own.
+	HotDuration  time.Duration
+	HotRate      float64
+	HotDocTokens int
+	HotTimeScale float64
 }
 
-// Full is what `make bench` runs (about 12 minutes).
+// Full is what `make bench` runs (about 16 minutes). The hot tenant's
+// requests (its 1,000-token instructions cached, 2,000 tokens of document
+// not) take an emulated A100 about 0.2 s of prefill each: at 5 a second
+// they alone keep one instance's prefill busy, and the instance's own
+// sessions push it over; the fleet as a whole has room.
 var Full = Scale{
 	Name: "full", OverheadRate: 300, OverheadDuration: 10 * time.Second, OverheadWorkers: 32,
 	Rate: 6, Duration: 90 * time.Second, ThinkScale: 0.2, TimeScale: 1,
+	HotDuration: 60 * time.Second, HotRate: 5, HotDocTokens: 2000, HotTimeScale: 1,
 }
 
 // Smoke is the short version the test command runs so the suite cannot
-// rot: the same code, seconds instead of minutes.
+// rot: the same code, seconds instead of minutes. The hot spot's fleet
+// runs at a quarter of real time rather than a twentieth: to saturate an
+// instance at ×0.05 the tenant would have to send (and the in-process
+// instances hash) some 200,000 words a second, which is more than a
+// 2-core CI machine does without distorting every latency of the run. At
+// ×0.25 each of its requests takes about 0.05 s of prefill, and 35 a
+// second overload one instance by 1.75×.
 var Smoke = Scale{
 	Name: "smoke", OverheadRate: 100, OverheadDuration: 2 * time.Second, OverheadWorkers: 8,
 	Rate: 8, Duration: 8 * time.Second, ThinkScale: 0.02, TimeScale: 0.05,
+	HotDuration: 2 * time.Second, HotRate: 35, HotDocTokens: 2000, HotTimeScale: 0.25,
 }
+
+// Saturation is when the "tether adaptive" policy counts an instance as
+// saturated (routing.saturation_inflight, routing.saturation_queue_depth);
+// 0 turns a threshold off.
+type Saturation struct {
+	InFlight, QueueDepth int
+}
+
+// DefaultSaturation is chosen from what the emulated A100s report under
+// the full quality workload routed by tether sticky (6 requests/s on eight
+// instances, their GPUs about 98% busy). The queue depth an instance
+// reports (x-queue-depth: the requests it was already working on when a
+// request arrived, decoding ones included) was 3 at the median, 6 at p90,
+// 8 at p99 and 9 at most. The requests waiting for their first token, which
+// is what tether counts in flight (it hears an answer's headers with its
+// first token), were 0 at the median, 2 at p99 and 4 at most. Saturation
+// is what the steady load never reaches: a reported queue of 12, or 6
+// requests waiting for a prefill. Lower thresholds spill sessions off
+// instances that are only as busy as the rest of the fleet, losing their
+// KV cache for nothing: with routing's default queue depth of 4 (the
+// fleet's median) adaptive spilled 29% of its decisions in that workload
+// and did worse than sticky on hit rate, TTFT and GPU cost, and with 8
+// (its p99, and 4 in flight) it still spilled a fifth, because a reported
+// depth stands until the instance's next answer (see BENCHMARKS.md).
+var DefaultSaturation = Saturation{InFlight: 6, QueueDepth: 12}
 
 // Options configure a run.
 type Options struct {
@@ -57,8 +105,11 @@ type Options struct {
 	Scale                         Scale
 	Seed                          uint64
 	Log                           io.Writer // progress lines
-	// Only, when set, runs just these scenarios ("overhead", "quality", "churn").
+	// Only, when set, runs just these scenarios ("overhead", "quality",
+	// "hotspot", "churn").
 	Only map[string]bool
+	// Saturation for the adaptive policy; zero: DefaultSaturation.
+	Saturation Saturation
 }
 
 // Report is one run's results.
@@ -67,7 +118,10 @@ type Report struct {
 	Scale    Scale
 	Overhead []OverheadRow
 	Quality  []QualityRow
+	Hotspot  []HotspotRow
 	Churn    []ChurnRow
+	// Saturation is what the adaptive policy ran with.
+	Saturation Saturation
 }
 
 // secret is the identity secret of the tethers a run starts.
@@ -83,7 +137,10 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	r := &Report{Started: time.Now(), Scale: opts.Scale}
+	if opts.Saturation == (Saturation{}) {
+		opts.Saturation = DefaultSaturation
+	}
+	r := &Report{Started: time.Now(), Scale: opts.Scale, Saturation: opts.Saturation}
 	want := func(s string) bool { return len(opts.Only) == 0 || opts.Only[s] }
 	if want("overhead") {
 		if r.Overhead, err = runOverhead(ctx, opts, dir); err != nil {
@@ -93,6 +150,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if want("quality") {
 		if r.Quality, err = runQuality(ctx, opts, dir); err != nil {
 			return r, fmt.Errorf("quality: %w", err)
+		}
+	}
+	if want("hotspot") {
+		if r.Hotspot, err = runHotspot(ctx, opts, dir); err != nil {
+			return r, fmt.Errorf("hot spot: %w", err)
 		}
 	}
 	if want("churn") {
@@ -139,6 +201,16 @@ var (
 	policyRandom     = policy{name: "tether random", edit: func(c *config.Config) { c.Routing.Mode = config.ModeRandom }}
 	policySticky     = policy{name: "tether sticky", store: true, edit: func(*config.Config) {}}
 )
+
+// policyAdaptive is sticky routing that lets a session leave a saturated
+// instance for its next choice.
+func policyAdaptive(s Saturation) policy {
+	return policy{name: "tether adaptive", store: true, edit: func(c *config.Config) {
+		c.Routing.AdaptiveSticky = 1
+		c.Routing.SaturationInFlight = s.InFlight
+		c.Routing.SaturationQueueDepth = s.QueueDepth
+	}}
+}
 
 // stack is tether (+ redis-server) and an Envoy configured by it.
 type stack struct {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -22,6 +23,10 @@ type simFleet struct {
 	model   func(name string) (sim.LatencyModel, error)
 	servers map[string]*simServer
 	order   []string
+	// depths holds, per instance, the queue depth each of its completion
+	// answers reported (x-queue-depth) since the last reset: what adaptive
+	// routing reads, and how the load spread.
+	depths map[string][]int
 }
 
 type simServer struct {
@@ -31,7 +36,7 @@ type simServer struct {
 }
 
 func newSimFleet(model func(name string) (sim.LatencyModel, error)) *simFleet {
-	return &simFleet{model: model, servers: map[string]*simServer{}}
+	return &simFleet{model: model, servers: map[string]*simServer{}, depths: map[string][]int{}}
 }
 
 // add starts an instance on a free loopback port; zone and version are for
@@ -61,7 +66,17 @@ func (f *simFleet) serve(in config.Instance, ln net.Listener) error {
 	if err != nil {
 		return err
 	}
-	s := &simServer{cfg: in, ln: ln, srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}}
+	// The header map outlives the answer: read what the instance reported
+	// once it is done.
+	probe := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		if d, err := strconv.Atoi(w.Header().Get(sim.QueueDepthHeader)); err == nil {
+			f.mu.Lock()
+			f.depths[in.Name] = append(f.depths[in.Name], d)
+			f.mu.Unlock()
+		}
+	})
+	s := &simServer{cfg: in, ln: ln, srv: &http.Server{Handler: probe, ReadHeaderTimeout: 10 * time.Second}}
 	go func() { _ = s.srv.Serve(ln) }()
 	f.mu.Lock()
 	f.servers[in.Name] = s
@@ -109,6 +124,9 @@ func (f *simFleet) restore(name string) error {
 
 // reset empties every running instance's cache and counters.
 func (f *simFleet) reset(ctx context.Context) error {
+	f.mu.Lock()
+	f.depths = map[string][]int{}
+	f.mu.Unlock()
 	var errs []error
 	for _, in := range f.instances() {
 		errs = append(errs, postJSON(ctx, "http://"+in.Address+"/admin/reset", nil))
@@ -127,6 +145,18 @@ func (f *simFleet) stats(ctx context.Context) ([]sim.Stats, error) {
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// queueDepths returns, per instance, the queue depths its answers reported
+// since the last reset.
+func (f *simFleet) queueDepths() map[string][]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string][]int, len(f.depths))
+	for in, d := range f.depths {
+		out[in] = append([]int(nil), d...)
+	}
+	return out
 }
 
 func (f *simFleet) instances() []config.Instance {

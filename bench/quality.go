@@ -29,6 +29,12 @@ type QualityRow struct {
 	// output tokens: the cost figure.
 	GPUSecondsPer1kOutput float64
 	Requests, Failed      int
+	// Decisions counts tether's routing decisions (0 when tether is not on
+	// the request path); Spilled is the share of them that moved a session
+	// off a saturated instance (tether_requests_total{decision="spilled"}).
+	Decisions int
+	Spilled   float64
+	Spread    Spread
 }
 
 // a100Fleet starts eight emulated A100 instances, four in each of two zones.
@@ -56,7 +62,7 @@ func runQuality(ctx context.Context, opts Options, dir string) ([]QualityRow, er
 	}
 	defer fleet.close()
 	var rows []QualityRow
-	for _, p := range []policy{policyRoundRobin, policyRingHash, policyRandom, policySticky} {
+	for _, p := range []policy{policyRoundRobin, policyRingHash, policyRandom, policySticky, policyAdaptive(opts.Saturation)} {
 		fmt.Fprintf(opts.Log, "quality: %s (%s)\n", p.name, opts.Scale.Duration)
 		if err := fleet.reset(ctx); err != nil {
 			return rows, err
@@ -66,6 +72,10 @@ func runQuality(ctx context.Context, opts Options, dir string) ([]QualityRow, er
 			return rows, fmt.Errorf("%s: %w", p.name, err)
 		}
 		res, err := replay(ctx, opts, st.envoy.url, instances)
+		var dec map[string]float64
+		if err == nil {
+			dec, err = decisions(ctx, st.tether.admin)
+		}
 		st.close()
 		if err != nil {
 			return rows, fmt.Errorf("%s: %w", p.name, err)
@@ -74,25 +84,48 @@ func runQuality(ctx context.Context, opts Options, dir string) ([]QualityRow, er
 		if err != nil {
 			return rows, err
 		}
-		rows = append(rows, qualityRow(p.name, res.Summary, stats, opts.Scale))
+		row := qualityRow(p.name, res.Summary, stats, opts.Scale)
+		row.Spilled, row.Decisions = spilledShare(dec)
+		row.Spread = spreadOf(names(instances), answeredBy(res.Records), fleet.queueDepths())
+		rows = append(rows, row)
 	}
 	return rows, nil
 }
 
+func names(instances []config.Instance) []string {
+	out := make([]string, len(instances))
+	for i, in := range instances {
+		out[i] = in.Name
+	}
+	return out
+}
+
+// answeredBy lists the instance of every answered record.
+func answeredBy(recs []loadgen.Record) []string {
+	var out []string
+	for _, r := range recs {
+		if r.Instance != "" {
+			out = append(out, r.Instance)
+		}
+	}
+	return out
+}
+
 // replay runs the workload against url at the scale's rate and duration.
 func replay(ctx context.Context, opts Options, url string, instances []config.Instance) (*loadgen.Result, error) {
-	names := make([]string, len(instances))
-	for i, in := range instances {
-		names[i] = in.Name
-	}
+	return replayFor(ctx, opts, opts.Scale.Duration, url, instances)
+}
+
+// replayFor runs the workload against url at the scale's rate for d.
+func replayFor(ctx context.Context, opts Options, d time.Duration, url string, instances []config.Instance) (*loadgen.Result, error) {
 	return loadgen.Run(ctx, loadgen.Options{
 		Target:     url,
 		Workload:   workload.Config{Seed: opts.Seed},
 		Rate:       opts.Scale.Rate,
-		Duration:   opts.Scale.Duration,
+		Duration:   d,
 		Drain:      30 * time.Second,
 		ThinkScale: opts.Scale.ThinkScale,
-		Instances:  names,
+		Instances:  names(instances),
 		Stream:     true,
 	})
 }

@@ -21,8 +21,9 @@ import (
 
 // TestBenchSmoke runs the whole benchmark suite at its smoke scale, so the
 // suite cannot rot, and checks what must hold whatever the machine: every
-// table filled, nothing failing where nothing fails, and sticky routing
-// keeping conversations together better than random routing.
+// table filled, nothing failing where nothing fails, sticky routing
+// keeping conversations together better than random routing, and adaptive
+// routing spreading a hot spot that sticky routing keeps on one instance.
 func TestBenchSmoke(t *testing.T) {
 	redisBin, err := exec.LookPath("redis-server")
 	testenv.Require(t, "redis-server", err)
@@ -36,8 +37,8 @@ func TestBenchSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
-	if len(rep.Overhead) != 3 || len(rep.Quality) != 4 || len(rep.Churn) != 8 {
-		t.Fatalf("tables: %d overhead, %d quality, %d churn rows", len(rep.Overhead), len(rep.Quality), len(rep.Churn))
+	if len(rep.Overhead) != 3 || len(rep.Quality) != 5 || len(rep.Hotspot) != 2 || len(rep.Churn) != 8 {
+		t.Fatalf("tables: %d overhead, %d quality, %d hot spot, %d churn rows", len(rep.Overhead), len(rep.Quality), len(rep.Hotspot), len(rep.Churn))
 	}
 	for _, o := range rep.Overhead {
 		if o.Throughput <= 0 || o.Failed != 0 || o.Dropped != 0 || o.P50 <= 0 {
@@ -60,15 +61,27 @@ func TestBenchSmoke(t *testing.T) {
 		if q.Requests == 0 || q.Failed > q.Requests/20 || q.TTFTP50 <= 0 || q.GPUBusy <= 0 {
 			t.Errorf("quality %+v", q)
 		}
+		// Tether decides only where it is on the request path.
+		onPath := strings.HasPrefix(q.Policy, "tether ")
+		if s := q.Spread; onPath != (q.Decisions > 0) || q.Spilled < 0 || q.Spilled > 1 ||
+			s.MaxRequests == 0 || s.MinRequests > s.MaxRequests || s.Imbalance < 1 || s.QueueP50 > s.QueueP99 || s.QueueP99 > s.BusiestQueueP99 {
+			t.Errorf("quality %s: decisions %d, spilled %.3f, spread %+v", q.Policy, q.Decisions, q.Spilled, q.Spread)
+		}
 	}
-	sticky, random := byName["tether sticky"], byName["tether random"]
+	sticky, random, adaptive := byName["tether sticky"], byName["tether random"], byName["tether adaptive"]
 	if sticky.Continuity <= random.Continuity || sticky.HitRate < random.HitRate {
 		t.Errorf("sticky (continuity %.2f, hit %.2f) not ahead of random (%.2f, %.2f)", sticky.Continuity, sticky.HitRate, random.Continuity, random.HitRate)
 	}
+	// Adaptive is sticky until an instance saturates.
+	if adaptive.Continuity <= random.Continuity || sticky.Spilled != 0 || random.Spilled != 0 {
+		t.Errorf("adaptive continuity %.2f against random %.2f; spilled: sticky %.3f, random %.3f",
+			adaptive.Continuity, random.Continuity, sticky.Spilled, random.Spilled)
+	}
+	checkHotspot(t, rep.Hotspot)
 	crossCheck(t, rep)
 	dir := t.TempDir()
 	charts, err := rep.Charts(filepath.Join(dir, "charts"))
-	if err != nil || len(charts) != 2 {
+	if err != nil || len(charts) != 3 {
 		t.Fatalf("charts %v: %v", charts, err)
 	}
 	for _, c := range charts {
@@ -94,6 +107,39 @@ func TestBenchSmoke(t *testing.T) {
 	t.Logf("smoke report:\n%s", md)
 }
 
+// checkHotspot checks the hot-spot scenario: sticky routing keeps the hot
+// tenant on one instance and never spills; adaptive spills it (it is the
+// only saturated instance) and its first token comes sooner.
+func checkHotspot(t *testing.T, rows []bench.HotspotRow) {
+	t.Helper()
+	by := map[string]bench.HotspotRow{}
+	for _, h := range rows {
+		by[h.Policy] = h
+		for _, tr := range []bench.Traffic{h.Tenant, h.Others, h.All} {
+			if tr.Requests == 0 || tr.Failed > tr.Requests/20 || tr.TTFTP50 <= 0 || tr.TTFTP99 < tr.TTFTP50 || tr.Instances == 0 {
+				t.Errorf("hot spot %s: %+v", h.Policy, tr)
+			}
+		}
+		if h.Decisions < h.All.Requests-h.All.Failed || h.Spread.MaxRequests == 0 {
+			t.Errorf("hot spot %s: %d decisions for %d requests, spread %+v", h.Policy, h.Decisions, h.All.Requests, h.Spread)
+		}
+	}
+	sticky, adaptive := by["tether sticky"], by["tether adaptive"]
+	if sticky.Tenant.Instances != 1 || sticky.Spilled != 0 || sticky.Tenant.Spilled != 0 {
+		t.Errorf("sticky: hot tenant on %d instances, spilled %.3f (tenant %.3f)", sticky.Tenant.Instances, sticky.Spilled, sticky.Tenant.Spilled)
+	}
+	if adaptive.Tenant.Requests != sticky.Tenant.Requests {
+		t.Errorf("hot tenant sent %d requests under adaptive, %d under sticky: the schedule differs", adaptive.Tenant.Requests, sticky.Tenant.Requests)
+	}
+	if adaptive.Tenant.Instances < 2 || adaptive.Tenant.Spilled <= 0 || adaptive.Spilled <= 0 || adaptive.Spilled > 0.5 {
+		t.Errorf("adaptive: hot tenant on %d instances, spilled %.3f (tenant %.3f)", adaptive.Tenant.Instances, adaptive.Spilled, adaptive.Tenant.Spilled)
+	}
+	if adaptive.Tenant.TTFTP50 >= sticky.Tenant.TTFTP50 || adaptive.Spread.BusiestQueueP99 >= sticky.Spread.BusiestQueueP99 {
+		t.Errorf("adaptive did not relieve the hot spot: tenant TTFT p50 %v against sticky %v, busiest queue p99 %d against %d",
+			adaptive.Tenant.TTFTP50, sticky.Tenant.TTFTP50, adaptive.Spread.BusiestQueueP99, sticky.Spread.BusiestQueueP99)
+	}
+}
+
 // crossCheck runs tether simulate on the smoke scale's workload and checks
 // it agrees with what the same workload measured through real Envoy: hit
 // rates within a few points, continuity within a few more (the issue's
@@ -102,6 +148,9 @@ func crossCheck(t *testing.T, rep *bench.Report) {
 	t.Helper()
 	sc := bench.Smoke
 	for _, q := range rep.Quality {
+		if q.Policy == "tether adaptive" {
+			continue // tether simulate has no adaptive policy (it does not model saturation)
+		}
 		p, ok := map[string]simulate.Policy{
 			"Envoy round robin": simulate.RoundRobin, "Envoy ring hash": simulate.RingHash,
 			"tether random": simulate.Random, "tether sticky": simulate.Sticky,

@@ -18,15 +18,17 @@ func newBenchCmd() *cobra.Command {
 		envoyBin, redisBin, out, charts, scale string
 		seed                                   uint64
 		only                                   []string
+		sat                                    = bench.DefaultSaturation
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Run the benchmark suite through real Envoy and redis-server; write BENCHMARKS.md and charts",
-		Long: `Runs three scenarios on this machine, all on loopback: the overhead of Envoy + tether over
-Envoy alone, routing quality (KV-cache hit rate, latency, continuity, imbalance, GPU cost) of Envoy
-round robin, Envoy ring hash, tether random and tether sticky on eight emulated A100 instances, and
-churn (an instance killed, restored, another added). The results replace the marked section of
---out and the charts go to --charts.`,
+		Long: `Runs four scenarios on this machine, all on loopback: the overhead of Envoy + tether over
+Envoy alone, routing quality (KV-cache hit rate, latency, continuity, load spread, GPU cost) of
+Envoy round robin, Envoy ring hash, tether random, tether sticky and tether adaptive on eight
+emulated A100 instances, a hot spot (one tenant's burst behind one API key: tether sticky against
+tether adaptive), and churn (an instance killed, restored, another added). The results replace the
+marked section of --out and the charts go to --charts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var sc bench.Scale
@@ -53,15 +55,18 @@ churn (an instance killed, restored, another added). The results replace the mar
 			sel := map[string]bool{}
 			for _, s := range only {
 				switch s {
-				case "overhead", "quality", "churn":
+				case "overhead", "quality", "hotspot", "churn":
 					sel[s] = true
 				default:
-					return fmt.Errorf("--only %q: want overhead, quality or churn", s)
+					return fmt.Errorf("--only %q: want overhead, quality, hotspot or churn", s)
 				}
+			}
+			if sat.InFlight < 0 || sat.QueueDepth < 0 || sat == (bench.Saturation{}) {
+				return fmt.Errorf("--adaptive-inflight %d, --adaptive-queue-depth %d: want neither negative and at least one above 0", sat.InFlight, sat.QueueDepth)
 			}
 			rep, err := bench.Run(cmd.Context(), bench.Options{
 				TetherBin: self, EnvoyBin: envoyBin, RedisBin: redisBin,
-				Scale: sc, Seed: seed, Log: cmd.ErrOrStderr(), Only: sel,
+				Scale: sc, Seed: seed, Log: cmd.ErrOrStderr(), Only: sel, Saturation: sat,
 			})
 			if err != nil {
 				return err
@@ -93,9 +98,11 @@ churn (an instance killed, restored, another added). The results replace the mar
 	f.StringVar(&redisBin, "redis-server", "", "redis-server binary (default: from PATH)")
 	f.StringVar(&out, "out", "BENCHMARKS.md", "file whose marked section the results replace")
 	f.StringVar(&charts, "charts", "docs/bench", "directory for PNG charts")
-	f.StringVar(&scale, "scale", "full", "full (about 12 minutes) or smoke (seconds)")
+	f.StringVar(&scale, "scale", "full", "full (about 16 minutes) or smoke (about a minute and a half)")
 	f.Uint64Var(&seed, "seed", 1, "workload seed")
-	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, churn")
+	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, hotspot, churn")
+	f.IntVar(&sat.InFlight, "adaptive-inflight", sat.InFlight, "routing.saturation_inflight of the tether adaptive policy (0: off)")
+	f.IntVar(&sat.QueueDepth, "adaptive-queue-depth", sat.QueueDepth, "routing.saturation_queue_depth of the tether adaptive policy (0: off)")
 	return cmd
 }
 

@@ -35,7 +35,7 @@ lint: ## gofmt and go vet
 	$(GO) vet -tags e2e ./e2e/...
 
 .PHONY: bench
-bench: tools build ## Benchmark suite through real Envoy and redis-server (~15 min): writes BENCHMARKS.md and docs/bench/*.png
+bench: tools build ## Benchmark suite through real Envoy and redis-server (~16 min): writes BENCHMARKS.md and docs/bench/*.png
 	bin/tether bench --envoy $(ENVOY_BIN) --scale full --out BENCHMARKS.md --charts docs/bench
 
 .PHONY: bench-go

@@ -109,7 +109,7 @@ func TestRoutingDefaults(t *testing.T) {
 		r := c.Routing
 		if r.AdaptiveSticky != 0 || r.VersionAffinity != VersionPrefer || r.CanaryByHeader != "" ||
 			r.BoundedLoadEpsilon != DefaultEpsilon || r.TierHeader != "x-user-tier" || r.SaturationInFlight != 0 ||
-			r.SaturationQueueDepth != 4 || r.QueueDepthHeader != "x-queue-depth" || len(r.Rules) != 0 || len(c.Versions) != 0 {
+			r.SaturationQueueDepth != DefaultQueueDepth || r.QueueDepthHeader != "x-queue-depth" || len(r.Rules) != 0 || len(c.Versions) != 0 {
 			t.Errorf("%s: routing defaults %+v", name, r)
 		}
 	}
@@ -137,7 +137,7 @@ func TestParseRoutingGood(t *testing.T) {
 		{"queue depth 0 turns it off", "[routing]\nsaturation_queue_depth = 0",
 			func(c Config) bool { return c.Routing.SaturationQueueDepth == 0 }},
 		{"adaptive on queue depth alone", "[routing]\nadaptive_sticky = 1",
-			func(c Config) bool { return c.Routing.AdaptiveSticky == 1 && c.Routing.SaturationQueueDepth == 4 }},
+			func(c Config) bool { return c.Routing.AdaptiveSticky == 1 && c.Routing.SaturationQueueDepth == DefaultQueueDepth }},
 		{"adaptive on in-flight alone", "[routing]\nadaptive_sticky = 1\nsaturation_inflight = 3\nsaturation_queue_depth = 0",
 			func(c Config) bool { return c.Routing.SaturationInFlight == 3 }},
 		{"rule version without [[versions]]", fleet + "[[routing.rules]]\nname = \"r\"\nversion = \"v2\"",

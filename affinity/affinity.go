@@ -354,37 +354,43 @@ func (d *Decider) random(p *Policy, req Request, c choice, healthy []fleet.Insta
 // the hash's first choice takes the session. The choice is reserved in the
 // load view until settle, so concurrent placements count each other.
 func (d *Decider) place(key string, cands []fleet.Instance, eps float64) fleet.Instance {
+	return d.load.reserve(key, cands, eps)
+}
+
+// choose is place's rule: the index in cands of the instance for key,
+// given the candidates' active sessions.
+func choose(key string, cands []fleet.Instance, active []int, eps float64) int {
 	first := top(key, cands)
-	return d.load.reserve(cands, func(active []int) int {
-		if len(cands) == 1 {
-			return 0
-		}
-		total, weight := 0, 0.0
-		for i, in := range cands {
-			total += active[i]
-			weight += in.Weight
-		}
-		under := func(i int) bool {
-			return active[i] < ceil((1+eps)*float64(total+1)*cands[i].Weight/weight)
-		}
-		room := func(i int) bool { return active[i] < cands[i].KVSessions }
-		// The common case: the hash's own choice is under both.
-		if under(first) && room(first) {
-			return first
-		}
-		order := ranking(key, cands)
-		for _, i := range order {
-			if under(i) && room(i) {
-				return i
-			}
-		}
-		for _, i := range order {
-			if under(i) {
-				return i
-			}
-		}
+	if len(cands) == 1 {
 		return first
-	})
+	}
+	total, weight := 0, 0.0
+	for i, in := range cands {
+		total += active[i]
+		weight += in.Weight
+	}
+	under := func(i int) bool {
+		return active[i] < ceil((1+eps)*float64(total+1)*cands[i].Weight/weight)
+	}
+	room := func(i int) bool { return active[i] < cands[i].KVSessions }
+	// The common case: the hash's own choice is under both.
+	if under(first) && room(first) {
+		return first
+	}
+	var orderBuf [16]int
+	var scoreBuf [16]float64
+	order := ranking(key, cands, orderBuf[:0], scoreBuf[:0])
+	for _, i := range order {
+		if under(i) && room(i) {
+			return i
+		}
+	}
+	for _, i := range order {
+		if under(i) {
+			return i
+		}
+	}
+	return first
 }
 
 func ceil(x float64) int {

@@ -74,10 +74,10 @@ func (l *Load) End(instance string, queue int, known bool) {
 	l.mu.Unlock()
 }
 
-// reserve chooses among cands with choose, given their active sessions,
-// and counts the choice as pending under the same lock, so that concurrent
-// placements see each other. settle must follow.
-func (l *Load) reserve(cands []fleet.Instance, choose func(active []int) int) fleet.Instance {
+// reserve places key among cands by the bounded-load rule (choose) on
+// their active sessions, and counts the choice as pending under the same
+// lock, so that concurrent placements see each other. settle must follow.
+func (l *Load) reserve(key string, cands []fleet.Instance, eps float64) fleet.Instance {
 	var buf [16]int
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -85,7 +85,7 @@ func (l *Load) reserve(cands []fleet.Instance, choose func(active []int) int) fl
 	for _, in := range cands {
 		active = append(active, l.activeLocked(in.Name))
 	}
-	in := cands[choose(active)]
+	in := cands[choose(key, cands, active, eps)]
 	l.pending[in.Name]++
 	return in
 }

@@ -60,14 +60,14 @@ func mix64(x uint64) uint64 {
 }
 
 // ranking returns the indexes of instances in descending rendezvous order
-// for key: ranking(key, in)[0] is Rendezvous's choice.
-func ranking(key string, instances []fleet.Instance) []int {
+// for key (ranking(…)[0] is Rendezvous's choice), appending to order and
+// using scores as scratch space, so a caller with small arrays allocates
+// nothing.
+func ranking(key string, instances []fleet.Instance, order []int, scores []float64) []int {
 	kh := fnv64(key)
-	scores := make([]float64, len(instances))
-	order := make([]int, len(instances))
 	for i, in := range instances {
-		scores[i] = score(kh, in)
-		order[i] = i
+		scores = append(scores, score(kh, in))
+		order = append(order, i)
 	}
 	slices.SortFunc(order, func(a, b int) int {
 		switch {

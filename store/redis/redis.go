@@ -638,6 +638,14 @@ type scriptCall struct {
 // scripts again: one more round trip, once. Errors are left in each
 // command.
 func (s *Store) exec(ctx context.Context, calls []*scriptCall, extra func(goredis.Pipeliner)) {
+	if len(calls) == 1 && extra == nil {
+		// The hot path (a follow-up turn) is one call: no pipeline.
+		c := calls[0]
+		if c.cmd = c.sc.EvalSha(ctx, s.client, c.keys, c.args...); goredis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+			c.cmd = c.sc.Eval(ctx, s.client, c.keys, c.args...)
+		}
+		return
+	}
 	pipe := s.client.Pipeline()
 	for _, c := range calls {
 		c.cmd = c.sc.EvalSha(ctx, pipe, c.keys, c.args...)

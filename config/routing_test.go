@@ -137,7 +137,9 @@ func TestParseRoutingGood(t *testing.T) {
 		{"queue depth 0 turns it off", "[routing]\nsaturation_queue_depth = 0",
 			func(c Config) bool { return c.Routing.SaturationQueueDepth == 0 }},
 		{"adaptive on queue depth alone", "[routing]\nadaptive_sticky = 1",
-			func(c Config) bool { return c.Routing.AdaptiveSticky == 1 && c.Routing.SaturationQueueDepth == DefaultQueueDepth }},
+			func(c Config) bool {
+				return c.Routing.AdaptiveSticky == 1 && c.Routing.SaturationQueueDepth == DefaultQueueDepth
+			}},
 		{"adaptive on in-flight alone", "[routing]\nadaptive_sticky = 1\nsaturation_inflight = 3\nsaturation_queue_depth = 0",
 			func(c Config) bool { return c.Routing.SaturationInFlight == 3 }},
 		{"rule version without [[versions]]", fleet + "[[routing.rules]]\nname = \"r\"\nversion = \"v2\"",

@@ -197,7 +197,11 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	res, err := d.store.GetOrBind(ctx, Lookup{
 		Key: key, Aliases: req.ID.Aliases, Candidate: Binding{Instance: place.Name, Version: place.Version, Since: now}, Lifetime: lt,
 	})
-	d.load.settle(place.Name, err == nil && res.Outcome != Found && res.Binding.Instance == place.Name, "")
+	var from string
+	if err == nil && res.Outcome == Renewed && res.Previous.Instance != place.Name {
+		from = res.Previous.Instance // the renewal took the session off it
+	}
+	d.load.settle(place.Name, err == nil && res.Outcome != Found && res.Binding.Instance == place.Name, from)
 	if err != nil {
 		return d.storeFailed(ctx, key, cands, mode, err)
 	}

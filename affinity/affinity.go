@@ -144,9 +144,9 @@ func (d *Decider) Decide(ctx context.Context, req Request) (Decision, error) {
 	var err error
 	switch {
 	case c.mode == Random:
-		dec = d.random(p, req, c, healthy, KindRandom)
+		dec = d.random(p, c, healthy, KindRandom)
 	case req.ID.Anonymous():
-		dec = d.random(p, req, c, healthy, KindAnonymous)
+		dec = d.random(p, c, healthy, KindAnonymous)
 	default:
 		dec, err = d.sticky(ctx, p, req, c, healthy, now)
 	}
@@ -158,9 +158,8 @@ func (d *Decider) Decide(ctx context.Context, req Request) (Decision, error) {
 	return dec, nil
 }
 
-// Finish ends the request dec routed: status is the instance's answer (0
-// when none came), queue the queue depth it reported (known false when it
-// did not).
+// Finish ends the request dec routed: queue is the queue depth the
+// instance reported (known false when it did not, or never answered).
 func (d *Decider) Finish(dec Decision, queue int, known bool) {
 	d.load.End(dec.Instance.Name, queue, known)
 }
@@ -325,7 +324,7 @@ func (d *Decider) storeFailed(ctx context.Context, key string, cands []fleet.Ins
 
 // random picks an instance with probability proportional to its weight,
 // among the instances of the request's version, spot ones first.
-func (d *Decider) random(p *Policy, req Request, c choice, healthy []fleet.Instance, kind Kind) Decision {
+func (d *Decider) random(p *Policy, c choice, healthy []fleet.Instance, kind Kind) Decision {
 	cands := healthy
 	if v := p.versionOf(c, d.rand); v != "" {
 		if of := ofVersion(healthy, v); len(of) > 0 {

@@ -118,6 +118,12 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 
 // onRequestHeaders: headers → identity → decision → routing header.
 func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeaders, ex *exchange) *extprocv3.ProcessingResponse {
+	if ex.decided && !ex.finished {
+		// A second request-headers message on one stream (Envoy sends one):
+		// the first decision ends unanswered, so its in-flight count does too.
+		s.decider.Finish(ex.decision, 0, false)
+	}
+	*ex = exchange{}
 	h := headers(msg.GetHeaders().GetHeaders())
 	id := s.ids.Extract(h)
 	start := time.Now()

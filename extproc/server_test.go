@@ -335,3 +335,47 @@ func TestCanceledDecisionIsCountedAsSuch(t *testing.T) {
 		t.Error(diff)
 	}
 }
+
+// TestInFlightEndsWithEveryStream: each decision counts as a request in
+// flight until the instance's response headers, or until the stream ends
+// without them, so a load view never drifts; the reported queue depth
+// reaches it.
+func TestInFlightEndsWithEveryStream(t *testing.T) {
+	ids, err := identity.New(identity.Config{Secret: []byte("0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := affinity.New(memory.New(), fleet.New([]fleet.Instance{{Name: "a", Weight: 1}}), affinity.Policy{
+		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute},
+	})
+	srv := extproc.New(ids, dec, &recorded{}, extproc.Options{ClusterHeader: "x-tether-cluster", QueueHeader: "x-queue-depth", Logger: zerolog.Nop()})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, srv)
+	go gs.Serve(ln)
+	defer gs.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := extprocv3.NewExternalProcessorClient(conn)
+
+	exchange(t, c, reqHeaders("x-session-id", "s"), respHeaders(":status", "200", "x-queue-depth", "7"))
+	exchange(t, c, reqHeaders("x-session-id", "s"))                                                                 // no answer came
+	exchange(t, c, reqHeaders("x-session-id", "s"), reqHeaders("x-session-id", "s"), respHeaders(":status", "200")) // two request phases
+	exchange(t, c, reqHeaders("x-session-id", "s"), respHeaders(":status", "200", "x-queue-depth", "-3"))           // a nonsense depth is ignored
+	deadline := time.Now().Add(5 * time.Second)
+	for dec.Load().InFlight("a") != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // the server sees the last stream end after the client does
+	}
+	if n := dec.Load().InFlight("a"); n != 0 {
+		t.Fatalf("%d requests still in flight after every stream ended", n)
+	}
+	if q := dec.Load().Queue("a"); q != 7 {
+		t.Fatalf("queue depth %d, want the reported 7", q)
+	}
+}

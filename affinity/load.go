@@ -141,27 +141,29 @@ func (l *Load) InFlight(instance string) int {
 func (l *Load) Queue(instance string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return max(l.state.Queue[instance], l.freshQueue(instance))
+	d, _ := l.freshQueue(instance)
+	return max(l.state.Queue[instance], d)
 }
 
-// freshQueue is the depth instance last reported here, 0 once stale.
-func (l *Load) freshQueue(instance string) int {
+// freshQueue is the depth instance last reported here; ok is false when
+// it reported none, or too long ago.
+func (l *Load) freshQueue(instance string) (depth int, ok bool) {
 	q, ok := l.queue[instance]
 	if !ok {
-		return 0
+		return 0, false
 	}
 	if l.now().Sub(q.at) > queueFresh {
 		delete(l.queue, instance)
-		return 0
+		return 0, false
 	}
-	return q.depth
+	return q.depth, true
 }
 
 // freshQueues is every fresh reading, for reports and snapshots.
 func (l *Load) freshQueues() map[string]int {
 	out := make(map[string]int, len(l.queue))
 	for in := range l.queue {
-		if d := l.freshQueue(in); d > 0 {
+		if d, ok := l.freshQueue(in); ok {
 			out[in] = d
 		}
 	}

@@ -14,7 +14,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
-	goredis "github.com/redis/go-redis/v9"
+
+	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
 // Config is the whole file.
@@ -51,7 +52,9 @@ type Server struct {
 
 // Redis says where bindings live.
 type Redis struct {
-	// URL: redis://host:port/db, rediss://…, unix:///path, or "embedded".
+	// URL: redis://host:port/db, rediss://…, unix:///path,
+	// redis+cluster://host:port?addr=…, redis+sentinel://host:port?master_name=…,
+	// or "embedded" (see store/redis Open).
 	URL string `toml:"url"`
 	// Timeout bounds each call on the request path.
 	Timeout Duration `toml:"timeout"`
@@ -329,11 +332,14 @@ func (c *Config) Validate() error {
 	if c.Server.DrainTimeout.D < 0 {
 		bad("server.drain_timeout", c.Server.DrainTimeout, "must not be negative")
 	}
-	if c.Redis.URL != "embedded" {
-		// Only the scheme is shown: the rest may hold a password.
-		scheme, _, _ := strings.Cut(c.Redis.URL, "://")
-		if _, err := goredis.ParseURL(c.Redis.URL); err != nil {
-			bad("redis.url", scheme+"://…", `not a Redis URL: want redis://host:port/db, rediss://…, unix:///path or "embedded"`)
+	// The store's own parser decides, so the file and the store agree; its
+	// error shows the URL with the password hidden.
+	if err := redisstore.CheckURL(c.Redis.URL); err != nil {
+		var ue *redisstore.URLError
+		if errors.As(err, &ue) {
+			bad("redis.url", ue.URL, ue.Err.Error())
+		} else {
+			bad("redis.url", "…", "not a usable Redis URL")
 		}
 	}
 	// A store call must end well inside Envoy's ext_proc message timeout:

@@ -88,7 +88,11 @@ func TestParseBad(t *testing.T) {
 		{"port 0", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:0\"", []string{"instances[0].address", "port"}},
 		{"port too big", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:99999\"", []string{"instances[0].address"}},
 		{"bad version", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\nversion = \"v 1\"", []string{"instances[0].version"}},
-		{"redis db not a number", "[redis]\nurl = \"redis://127.0.0.1:6379/notadb\"", []string{"redis.url"}},
+		{"redis db not a number", "[redis]\nurl = \"redis://127.0.0.1:6379/notadb\"", []string{"redis.url", "invalid database number"}},
+		{"redis cluster bad port", "[redis]\nurl = \"redis+cluster://:hunter2@10.0.0.1:7000?addr=10.0.0.2:port\"", []string{"redis.url", `"redis+cluster://xxxxx@10.0.0.1:7000?addr=10.0.0.2:port"`, `addr "10.0.0.2:port": invalid port`}},
+		{"redis cluster unknown option", "[redis]\nurl = \"redis+cluster://10.0.0.1:7000?master_name=m\"", []string{"redis.url", "unexpected option: master_name"}},
+		{"redis sentinel without master", "[redis]\nurl = \"redis+sentinel://10.0.0.1:26379?addr=10.0.0.2:26379\"", []string{"redis.url", "without master_name"}},
+		{"redis sentinel without port", "[redis]\nurl = \"rediss+sentinel://10.0.0.1?master_name=m\"", []string{"redis.url", "without host:port"}},
 		{"redis timeout zero", "[redis]\ntimeout = 0", []string{"redis.timeout"}},
 		{"redis timeout above envoy's", "[redis]\ntimeout = \"300ms\"", []string{"redis.timeout", "envoy.message_timeout"}},
 		{"tiny max sticky", "[routing]\nmax_sticky_duration = 0.0001", []string{"routing.max_sticky_duration"}},
@@ -126,13 +130,41 @@ func TestParseBad(t *testing.T) {
 }
 
 func TestErrorsNeverShowSecrets(t *testing.T) {
-	_, err := Parse([]byte("[identity]\nsecret = \"abc\"\n[redis]\nurl = \"redis://h:1/x?password=hunter2\""))
-	if err == nil {
-		t.Fatal("want an error")
+	for _, url := range []string{
+		"redis://h:1/x?password=hunter2",
+		"redis://:hunter2@h:1/x",
+		"redis+cluster://u:hunter2@h:1?addr=h:x",
+		"redis+sentinel://u:hunter2@h:26379?master_name=m&password=hunter2&pool=1",
+	} {
+		_, err := Parse([]byte("[identity]\nsecret = \"abc\"\n[redis]\nurl = \"" + url + "\""))
+		if err == nil {
+			t.Fatalf("%s: want an error", url)
+		}
+		if !strings.Contains(err.Error(), "redis.url") {
+			t.Errorf("%s: error %q does not name redis.url", url, err)
+		}
+		for _, s := range []string{"hunter2", `"abc"`} {
+			if strings.Contains(err.Error(), s) {
+				t.Errorf("error %q shows a secret %q", err, s)
+			}
+		}
 	}
-	for _, s := range []string{"hunter2", `"abc"`} {
-		if strings.Contains(err.Error(), s) {
-			t.Errorf("error %q shows a secret %q", err, s)
+}
+
+// TestRedisURLForms: every form the store opens passes validation.
+func TestRedisURLForms(t *testing.T) {
+	for _, url := range []string{
+		"embedded",
+		"redis://:hunter2@10.0.0.1:6379/0",
+		"rediss://10.0.0.1:6380",
+		"unix:///run/redis.sock?db=2",
+		"redis+cluster://10.0.0.1:7000?addr=10.0.0.2:7000&addr=10.0.0.3:7000",
+		"rediss+cluster://u:hunter2@redis-0.internal:6379",
+		"redis+sentinel://10.0.0.1:26379?addr=10.0.0.2:26379&master_name=mymaster&db=1",
+		"rediss+sentinel://u:hunter2@10.0.0.1:26379/2?master_name=mymaster&password=hunter2",
+	} {
+		if _, err := Parse([]byte("[redis]\nurl = \"" + url + "\"")); err != nil {
+			t.Errorf("%s: %v", url, err)
 		}
 	}
 }

@@ -2,7 +2,9 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -106,26 +108,47 @@ func (c *Cluster) Client() *goredis.ClusterClient { return c.client }
 // startClusterNode starts one cluster-mode redis-server in dir on a free
 // loopback port and waits until it answers.
 func startClusterNode(ctx context.Context, bin, dir string) (*process, string, error) {
-	var last error
-	for range portAttempts {
-		port := clusterPortMin + rand.IntN(clusterPorts)
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		p, err := startProcess(bin,
+	conf := filepath.Join(dir, "nodes.conf")
+	return startOnFreePort(ctx, bin, goredis.Options{}, func(port int) ([]string, error) {
+		// A failed attempt may have left its node file behind.
+		if err := os.Remove(conf); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+		return []string{
 			"--port", strconv.Itoa(port),
 			"--bind", "127.0.0.1",
 			"--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(dir, "nodes.conf"),
+			"--cluster-config-file", conf,
 			"--cluster-node-timeout", "5000",
 			"--dir", dir,
 			"--save", "",
 			"--appendonly", "no",
 			"--daemonize", "no",
 			"--logfile", "",
-		)
+		}, nil
+	})
+}
+
+// startOnFreePort starts bin with the arguments args returns for a random
+// loopback port, and waits until it answers PING (probe gives the
+// credentials). When the port is taken (the server exits with "Address
+// already in use") it draws another.
+func startOnFreePort(ctx context.Context, bin string, probe goredis.Options, args func(port int) ([]string, error)) (*process, string, error) {
+	var last error
+	for range portAttempts {
+		port := clusterPortMin + rand.IntN(clusterPorts)
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		a, err := args(port)
+		if err != nil {
+			return nil, "", err
+		}
+		p, err := startProcess(bin, a...)
 		if err != nil {
 			return nil, "", fmt.Errorf("start: %w", err)
 		}
-		err = waitPing(ctx, &goredis.Options{Addr: addr}, p.done)
+		o := probe
+		o.Addr = addr
+		err = waitPing(ctx, &o, p.done)
 		if err == nil {
 			return p, addr, nil
 		}
@@ -133,8 +156,7 @@ func startClusterNode(ctx context.Context, bin, dir string) (*process, string, e
 		if !strings.Contains(p.out.String(), "Address already in use") {
 			return nil, "", fmt.Errorf("not ready on %s: %w\n%s", addr, err, p.out.String())
 		}
-		last = fmt.Errorf("port %d (or its bus port) taken", port)
-		_ = os.Remove(filepath.Join(dir, "nodes.conf"))
+		last = fmt.Errorf("port %d taken", port)
 	}
 	return nil, "", fmt.Errorf("no free port after %d attempts: %w", portAttempts, last)
 }

@@ -160,3 +160,29 @@ func TestRedisCluster(t *testing.T) {
 		t.Errorf("MGET across slots on one node: err = %v, want CROSSSLOT or MOVED", err)
 	}
 }
+
+func TestRedisSentinel(t *testing.T) {
+	start := time.Now()
+	s := RedisSentinel(t, "sentinel-test-password")
+	t.Logf("master %s behind sentinel %s ready in %v; URL %s", s.MasterAddr(), s.Addr(), time.Since(start), s.URL())
+	ctx := t.Context()
+	c := goredis.NewFailoverClient(&goredis.FailoverOptions{
+		MasterName:            SentinelMaster,
+		SentinelAddrs:         []string{s.Addr()},
+		Password:              "sentinel-test-password",
+		ContextTimeoutEnabled: true,
+	})
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET through the sentinel: %v", err)
+	}
+	// The write reached the master the sentinel names.
+	m := goredis.NewClient(&goredis.Options{Addr: s.MasterAddr(), Password: "sentinel-test-password"})
+	defer m.Close()
+	if v, err := m.Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Errorf("GET k on the master = %q, %v; want \"v\"", v, err)
+	}
+	if want := "redis+sentinel://" + s.Addr() + "?master_name=mymaster&password=sentinel-test-password"; s.URL() != want {
+		t.Errorf("URL() = %q, want %q", s.URL(), want)
+	}
+}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,23 +19,63 @@ import (
 // process and are not shared with other replicas.
 const Embedded = "embedded"
 
-const wantURL = "want embedded, redis://host:port/db, rediss://host:port/db or unix:///path/to/sock"
+const wantURL = "want embedded, redis://host:port/db, rediss://host:port/db, unix:///path/to/sock, " +
+	"redis+cluster://host:port?addr=host:port or redis+sentinel://host:port?master_name=name&addr=host:port " +
+	"(rediss+cluster, rediss+sentinel: TLS)"
+
+// URLError is a store URL Open cannot use.
+type URLError struct {
+	// URL is the URL with its userinfo and password parameters hidden.
+	URL string
+	// Err says what is wrong; its message never shows a password.
+	Err error
+}
+
+func (e *URLError) Error() string { return fmt.Sprintf("redis open %q: %v", e.URL, e.Err) }
+
+func (e *URLError) Unwrap() error { return e.Err }
+
+// CheckURL reports, without connecting, whether Open accepts rawURL; when
+// not, the error is a *URLError. Configuration validation calls it, so a
+// config file and Open agree on what a store URL is.
+func CheckURL(rawURL string) error {
+	if rawURL == Embedded {
+		return nil
+	}
+	_, err := parseURL(rawURL)
+	return err
+}
 
 // Open connects to the Redis named by rawURL and returns a store that owns
-// the connection. See Embedded; other URLs are those of go-redis ParseURL.
-// Errors name the problem and show the URL with its password hidden.
+// the connection. The URL is one of:
+//
+//   - Embedded;
+//   - a standalone server, in go-redis ParseURL's forms:
+//     redis://[user:pass@]host:port/db, rediss://… (TLS), unix:///path?db=N;
+//   - a Redis Cluster: redis+cluster://[user:pass@]host:port?addr=host:port&…
+//     (rediss+cluster for TLS), read by go-redis ParseClusterURL. The
+//     addresses are seeds: the client finds the other nodes itself. A
+//     cluster has database 0 only, so the URL has no path;
+//   - masters found through Sentinel:
+//     redis+sentinel://[user:pass@]host:port?addr=host:port&master_name=name[&db=N]
+//     (rediss+sentinel for TLS), read by go-redis ParseFailoverURL. As
+//     there, the userinfo is the sentinels' credentials; the master's go in
+//     the username and password parameters. Parameters that send commands
+//     to replicas are refused: the store writes on every call.
+//
+// The cluster and sentinel forms need an explicit host:port in every
+// address. Other query parameters are go-redis's client options;
+// unknown ones are errors. Errors name the problem and show the URL with
+// its password hidden.
 func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	if rawURL == Embedded {
 		return openEmbedded(ctx, opts)
 	}
-	ropts, err := parseURL(rawURL)
+	co, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	// Without this go-redis ignores context deadlines, and Options.Timeout
-	// would not bound the network wait.
-	ropts.ContextTimeoutEnabled = true
-	client, err := newClient(ropts)
+	client, err := newClient(co)
 	if err != nil {
 		return nil, fmt.Errorf("redis open %q: %w", redact(rawURL), err)
 	}
@@ -109,15 +151,29 @@ func (e *embeddedServer) Close() {
 	e.m.Close()
 }
 
+// clientOptions is what a URL asks for: exactly one field is set.
+type clientOptions struct {
+	standalone *goredis.Options
+	cluster    *goredis.ClusterOptions
+	failover   *goredis.FailoverOptions
+}
+
+// replicaOptions are the FailoverOptions parameters that send commands to
+// replicas (NewFailoverClient panics on the last two).
+var replicaOptions = []string{"replica_only", "route_by_latency", "route_randomly"}
+
 // parseURL checks the scheme itself, so the error for a typo is clear, and
 // keeps url.Parse's messages out of the result: they quote the raw URL,
-// password included.
-func parseURL(rawURL string) (*goredis.Options, error) {
+// password included. Every error is a *URLError.
+func parseURL(rawURL string) (clientOptions, error) {
+	bad := func(err error) (clientOptions, error) {
+		return clientOptions{}, &URLError{URL: redact(rawURL), Err: safeErr(err, rawURL)}
+	}
 	if rawURL == "" {
-		return nil, fmt.Errorf("redis open: empty URL (%s)", wantURL)
+		return bad(fmt.Errorf("empty URL (%s)", wantURL))
 	}
 	if !strings.Contains(rawURL, "://") {
-		return nil, fmt.Errorf("redis open %q: missing URL scheme (%s)", redact(rawURL), wantURL)
+		return bad(fmt.Errorf("missing URL scheme (%s)", wantURL))
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -128,32 +184,118 @@ func parseURL(rawURL string) (*goredis.Options, error) {
 		if _, rerr := url.Parse(redact(rawURL)); errors.As(rerr, &uerr) {
 			detail = uerr.Err.Error()
 		}
-		return nil, fmt.Errorf("redis open %q: malformed URL: %s (%s)", redact(rawURL), detail, wantURL)
+		return bad(fmt.Errorf("malformed URL: %s (%s)", detail, wantURL))
 	}
+	// go-redis's parsers take the plain scheme; the rest of the URL is
+	// theirs as written. url.Parse lower-cases the scheme, which is ASCII,
+	// so it is as long as in rawURL.
+	base, kind, _ := strings.Cut(u.Scheme, "+")
+	goURL := base + rawURL[len(u.Scheme):]
 	switch u.Scheme {
 	case "redis", "rediss", "unix":
+		if u.Scheme == "unix" && u.Path == "" {
+			return bad(fmt.Errorf("unix URL without a socket path (%s)", wantURL))
+		}
+		o, err := goredis.ParseURL(rawURL)
+		if err != nil {
+			return bad(err)
+		}
+		return clientOptions{standalone: o}, nil
+	case "redis+cluster", "rediss+cluster":
+		if err := checkAddrs(u, kind); err != nil {
+			return bad(err)
+		}
+		if (u.Path != "" && u.Path != "/") || u.Query().Has("db") {
+			return bad(errors.New("a cluster has database 0 only: remove the database from the URL"))
+		}
+		o, err := goredis.ParseClusterURL(goURL)
+		if err != nil {
+			return bad(err)
+		}
+		return clientOptions{cluster: o}, nil
+	case "redis+sentinel", "rediss+sentinel":
+		if err := checkAddrs(u, kind); err != nil {
+			return bad(err)
+		}
+		q := u.Query()
+		// go-redis takes the last value of a repeated parameter.
+		if names := q["master_name"]; len(names) == 0 || names[len(names)-1] == "" {
+			return bad(errors.New("sentinel URL without master_name: add ?master_name=<the name the sentinels monitor>"))
+		}
+		for _, k := range replicaOptions {
+			if q.Has(k) {
+				return bad(fmt.Errorf("option %s sends commands to replicas, but the store writes on every call", k))
+			}
+		}
+		o, err := goredis.ParseFailoverURL(goURL)
+		if err != nil {
+			return bad(err)
+		}
+		return clientOptions{failover: o}, nil
 	default:
-		return nil, fmt.Errorf("redis open %q: unsupported URL scheme %q (%s)", redact(rawURL), u.Scheme, wantURL)
+		return bad(fmt.Errorf("unsupported URL scheme %q (%s)", u.Scheme, wantURL))
 	}
-	if u.Scheme == "unix" && u.Path == "" {
-		return nil, fmt.Errorf("redis open %q: unix URL without a socket path (%s)", redact(rawURL), wantURL)
-	}
-	o, err := goredis.ParseURL(rawURL)
-	if err != nil {
-		return nil, fmt.Errorf("redis open %q: %w", redact(rawURL), safeErr(err, rawURL))
-	}
-	return o, nil
 }
 
-// newClient turns a go-redis construction panic (it panics on some option
-// combinations a URL query can set) into an error.
-func newClient(o *goredis.Options) (c *goredis.Client, err error) {
+// checkAddrs checks the addresses of a cluster or sentinel URL: the host
+// and every addr parameter must be host:port with a port go-redis can
+// dial. go-redis would otherwise default a missing host to localhost and a
+// missing port to 6379 (a sentinel listens on 26379), or accept any port
+// text. It also refuses a query that does not parse, which go-redis would
+// silently cut short.
+func checkAddrs(u *url.URL, kind string) error {
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return fmt.Errorf("malformed query: %w", err)
+	}
+	if u.Hostname() == "" || u.Port() == "" {
+		return fmt.Errorf("%s URL without host:port after the scheme", kind)
+	}
+	if err := checkPort(u.Port()); err != nil {
+		return fmt.Errorf("address %q: %w", u.Host, err)
+	}
+	for _, a := range q["addr"] {
+		h, p, err := net.SplitHostPort(a)
+		if err != nil || h == "" {
+			return fmt.Errorf("addr %q: want host:port", a)
+		}
+		if err := checkPort(p); err != nil {
+			return fmt.Errorf("addr %q: %w", a, err)
+		}
+	}
+	return nil
+}
+
+func checkPort(p string) error {
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("invalid port %q", p)
+	}
+	return nil
+}
+
+// newClient builds the client co asks for, with ContextTimeoutEnabled:
+// without it go-redis ignores context deadlines, and Options.Timeout would
+// not bound the network wait. It turns a go-redis construction panic (it
+// panics on some option combinations a URL query can set) into an error.
+func newClient(co clientOptions) (c goredis.UniversalClient, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("create client: %v", r)
 		}
 	}()
-	return goredis.NewClient(o), nil
+	switch {
+	case co.cluster != nil:
+		co.cluster.ContextTimeoutEnabled = true
+		return goredis.NewClusterClient(co.cluster), nil
+	case co.failover != nil:
+		co.failover.ContextTimeoutEnabled = true
+		return goredis.NewFailoverClient(co.failover), nil
+	case co.standalone != nil:
+		co.standalone.ContextTimeoutEnabled = true
+		return goredis.NewClient(co.standalone), nil
+	}
+	return nil, errors.New("create client: no options")
 }
 
 const hidden = "xxxxx"
@@ -174,16 +316,18 @@ func redact(rawURL string) string {
 	if !ok {
 		return s
 	}
-	q, err := url.ParseQuery(query)
-	if err != nil {
+	if _, err := url.ParseQuery(query); err != nil {
 		return base + "?" + hidden
 	}
-	for k := range q {
-		if strings.Contains(strings.ToLower(k), "pass") {
-			q.Set(k, hidden)
+	// Hide values in place, so the rest reads as written.
+	pairs := strings.Split(query, "&")
+	for i, p := range pairs {
+		k, _, _ := strings.Cut(p, "=")
+		if uk, _ := url.QueryUnescape(k); strings.Contains(strings.ToLower(uk), "pass") {
+			pairs[i] = k + "=" + hidden
 		}
 	}
-	return base + "?" + q.Encode()
+	return base + "?" + strings.Join(pairs, "&")
 }
 
 // safeErr returns err, or a plain error with the URL's secrets removed

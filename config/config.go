@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
-
-	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
 // Config is the whole file.
@@ -332,14 +330,16 @@ func (c *Config) Validate() error {
 	if c.Server.DrainTimeout.D < 0 {
 		bad("server.drain_timeout", c.Server.DrainTimeout, "must not be negative")
 	}
-	// The store's own parser decides, so the file and the store agree; its
-	// error shows the URL with the password hidden.
-	if err := redisstore.CheckURL(c.Redis.URL); err != nil {
-		var ue *redisstore.URLError
-		if errors.As(err, &ue) {
-			bad("redis.url", ue.URL, ue.Err.Error())
-		} else {
-			bad("redis.url", "…", "not a usable Redis URL")
+	// The scheme only: the store's parser (store/redis CheckURL) reads the
+	// rest, in `tether config validate` and when tether starts, and this
+	// package imports nothing of tether's. Only the scheme is shown: the
+	// rest may hold a password.
+	if c.Redis.URL != "embedded" {
+		scheme, _, _ := strings.Cut(c.Redis.URL, "://")
+		switch scheme {
+		case "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
+		default:
+			bad("redis.url", scheme+"://…", `want "embedded", redis://, rediss://, unix://, redis+cluster://, rediss+cluster://, redis+sentinel:// or rediss+sentinel://`)
 		}
 	}
 	// A store call must end well inside Envoy's ext_proc message timeout:

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
 	"github.com/tetherproxy/tether/config"
+	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
 func newConfigCmd() *cobra.Command {
@@ -18,6 +20,14 @@ func newConfigCmd() *cobra.Command {
 			c, err := config.Load(args[0])
 			if err != nil {
 				return err
+			}
+			// The store's own parser reads the URL past its scheme.
+			if err := redisstore.CheckURL(c.Redis.URL); err != nil {
+				var ue *redisstore.URLError
+				if errors.As(err, &ue) {
+					return fmt.Errorf("%s: redis.url = %q: %w", args[0], ue.URL, ue.Err)
+				}
+				return fmt.Errorf("%s: redis.url: not a usable Redis URL", args[0])
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d instances, mode %s)\n", args[0], len(c.Instances), c.Routing.Mode)
 			return nil

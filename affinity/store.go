@@ -123,6 +123,32 @@ func CheckBinding(b Binding, lt Lifetime) error {
 	return nil
 }
 
+// CheckMark reports why a Mark of m on the sessions f selects cannot be
+// done; every SessionIndex refuses the same inputs with it.
+func CheckMark(f MarkFilter, m Move) error {
+	switch {
+	case f.Instance == "":
+		return errors.New("empty instance name")
+	case f.Limit < 0:
+		return fmt.Errorf("limit must not be negative, got %d", f.Limit)
+	case !m.Pending():
+		return errors.New("empty move")
+	}
+	return nil
+}
+
+// CheckReport reports why r cannot be published for ttl; every LoadSyncer
+// refuses the same inputs with it.
+func CheckReport(r LoadReport, ttl time.Duration) error {
+	switch {
+	case r.Replica == "":
+		return errors.New("empty replica name")
+	case ttl <= 0:
+		return fmt.Errorf("report ttl must be positive, got %v", ttl)
+	}
+	return nil
+}
+
 // Session is one stored session, for operators (tether sessions show).
 type Session struct {
 	Key     string        // the session key (after following an alias)

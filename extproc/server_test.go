@@ -70,6 +70,12 @@ func start(t testing.TB, instances []fleet.Instance, debug bool) (extprocv3.Exte
 		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute, Max: time.Hour},
 	})
 	srv := extproc.New(ids, dec, rec, extproc.Options{ClusterHeader: "x-tether-cluster", DebugHeaders: debug, Logger: zerolog.Nop()})
+	return serve(t, srv), rec
+}
+
+// serve runs srv on a loopback gRPC server for the test and returns a client.
+func serve(t testing.TB, srv *extproc.Server) extprocv3.ExternalProcessorClient {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +88,7 @@ func start(t testing.TB, instances []fleet.Instance, debug bool) (extprocv3.Exte
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(); gs.Stop() })
-	return extprocv3.NewExternalProcessorClient(conn), rec
+	return extprocv3.NewExternalProcessorClient(conn)
 }
 
 func hdrs(kv ...string) *extprocv3.HttpHeaders {
@@ -312,20 +318,7 @@ func TestCanceledDecisionIsCountedAsSuch(t *testing.T) {
 	}
 	rec := &recorded{}
 	srv := extproc.New(ids, goneDecider{}, rec, extproc.Options{ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop()})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, srv)
-	go gs.Serve(ln)
-	defer gs.Stop()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	got := exchange(t, extprocv3.NewExternalProcessorClient(conn), reqHeaders("x-session-id", "s"))
+	got := exchange(t, serve(t, srv), reqHeaders("x-session-id", "s"))
 	if got[0].GetRequestHeaders().GetResponse() != nil {
 		t.Fatalf("want a plain continue, got %v", got[0])
 	}
@@ -349,20 +342,7 @@ func TestInFlightEndsWithEveryStream(t *testing.T) {
 		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute},
 	})
 	srv := extproc.New(ids, dec, &recorded{}, extproc.Options{ClusterHeader: "x-tether-cluster", QueueHeader: "x-queue-depth", Logger: zerolog.Nop()})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, srv)
-	go gs.Serve(ln)
-	defer gs.Stop()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := extprocv3.NewExternalProcessorClient(conn)
+	c := serve(t, srv)
 
 	exchange(t, c, reqHeaders("x-session-id", "s"), respHeaders(":status", "200", "x-queue-depth", "7"))
 	exchange(t, c, reqHeaders("x-session-id", "s"))                                                                 // no answer came

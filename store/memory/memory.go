@@ -182,7 +182,7 @@ func (s *Store) Show(ctx context.Context, key string, now time.Time) (affinity.S
 
 // Mark implements affinity.SessionIndex. Sessions are visited in key order.
 func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move, now time.Time) (marked, remaining int, err error) {
-	if err := checkMark(f, m); err != nil {
+	if err := affinity.CheckMark(f, m); err != nil {
 		return 0, 0, fmt.Errorf("memory mark: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -210,7 +210,7 @@ func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move
 
 // SyncLoad implements affinity.LoadSyncer.
 func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances []string, ttl time.Duration, now time.Time) (affinity.LoadState, error) {
-	if err := checkReport(r, ttl); err != nil {
+	if err := affinity.CheckReport(r, ttl); err != nil {
 		return affinity.LoadState{}, fmt.Errorf("memory sync load: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -345,25 +345,3 @@ func (s *Store) housekeep(now time.Time) {
 	}
 }
 
-// checkMark and checkReport refuse the same inputs as the Redis store.
-func checkMark(f affinity.MarkFilter, m affinity.Move) error {
-	switch {
-	case f.Instance == "":
-		return errors.New("empty instance name")
-	case f.Limit < 0:
-		return fmt.Errorf("limit must not be negative, got %d", f.Limit)
-	case !m.Pending():
-		return errors.New("empty move")
-	}
-	return nil
-}
-
-func checkReport(r affinity.LoadReport, ttl time.Duration) error {
-	switch {
-	case r.Replica == "":
-		return errors.New("empty replica name")
-	case ttl <= 0:
-		return fmt.Errorf("report ttl must be positive, got %v", ttl)
-	}
-	return nil
-}

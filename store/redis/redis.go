@@ -464,7 +464,7 @@ func (s *Store) showOnce(ctx context.Context, key string, follow bool) (sess aff
 // markBatch, and prunes the members whose binding is gone or on another
 // instance. Each round trip gets its own Options.Timeout.
 func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move, now time.Time) (marked, remaining int, err error) {
-	if err := checkMark(f, m); err != nil {
+	if err := affinity.CheckMark(f, m); err != nil {
 		return 0, 0, fmt.Errorf("redis mark: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -562,7 +562,7 @@ func (s *Store) pruneIndex(ctx context.Context, idx string, zs []goredis.Z) {
 // SyncLoad implements affinity.LoadSyncer in one EVALSHA on the {fleet}
 // slot.
 func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances []string, ttl time.Duration, now time.Time) (affinity.LoadState, error) {
-	if err := checkReport(r, ttl); err != nil {
+	if err := affinity.CheckReport(r, ttl); err != nil {
 		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
 	}
 	ctx, cancel := s.callContext(ctx)
@@ -677,28 +677,6 @@ func (s *Store) callContext(ctx context.Context) (context.Context, context.Cance
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// checkMark and checkReport refuse the same inputs as the memory store.
-func checkMark(f affinity.MarkFilter, m affinity.Move) error {
-	switch {
-	case f.Instance == "":
-		return errors.New("empty instance name")
-	case f.Limit < 0:
-		return fmt.Errorf("limit must not be negative, got %d", f.Limit)
-	case !m.Pending():
-		return errors.New("empty move")
-	}
-	return nil
-}
-
-func checkReport(r affinity.LoadReport, ttl time.Duration) error {
-	switch {
-	case r.Replica == "":
-		return errors.New("empty replica name")
-	case ttl <= 0:
-		return fmt.Errorf("report ttl must be positive, got %v", ttl)
-	}
-	return nil
-}
 
 func boolArg(b bool) string {
 	if b {

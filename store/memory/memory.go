@@ -344,4 +344,3 @@ func (s *Store) housekeep(now time.Time) {
 		s.nextSweep = max(2*(len(s.bindings)+len(s.links)), minFullSweep)
 	}
 }
-

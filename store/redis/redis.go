@@ -677,7 +677,6 @@ func (s *Store) callContext(ctx context.Context) (context.Context, context.Cance
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-
 func boolArg(b bool) string {
 	if b {
 		return "1"

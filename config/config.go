@@ -54,7 +54,9 @@ type Redis struct {
 	// redis+cluster://host:port?addr=…, redis+sentinel://host:port?master_name=…,
 	// or "embedded" (see store/redis Open).
 	URL string `toml:"url"`
-	// Timeout bounds each call on the request path.
+	// Timeout bounds each call on the request path (default 10ms): past
+	// it the request is placed without Redis, and after 5 such failures in
+	// a row the store stops calling Redis for a cooldown (see store/redis).
 	Timeout Duration `toml:"timeout"`
 }
 
@@ -156,7 +158,7 @@ const (
 	DefaultExtProcAddr       = "127.0.0.1:50051"
 	DefaultAdminAddr         = "127.0.0.1:8090"
 	DefaultRedisURL          = "embedded"
-	DefaultRedisTimeout      = 50 * time.Millisecond
+	DefaultRedisTimeout      = 10 * time.Millisecond
 	DefaultIdleTimeout       = 30 * time.Minute
 	DefaultMaxStickyDuration = 1800 * time.Second
 	DefaultClusterHeader     = "x-tether-cluster"

@@ -22,6 +22,8 @@ type Metrics struct {
 	upstreamResponses *prometheus.CounterVec
 	loadSyncFailures  prometheus.Counter
 	indexErrors       prometheus.Counter
+	redisUp           prometheus.Gauge
+	redisOpens        prometheus.Counter
 }
 
 // New creates the collectors and registers them with reg.
@@ -60,9 +62,17 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "tether_session_index_errors_total",
 			Help: "Failed writes to the per-instance session index; the binding itself was stored, active-session counts may lag.",
 		}),
+		redisUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tether_redis_up",
+			Help: "1 while the binding store's breaker on Redis is closed, 0 while it is open (Redis unreachable: requests are placed by rendezvous hashing without calling it).",
+		}),
+		redisOpens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_redis_breaker_opens_total",
+			Help: "Times the binding store's breaker on Redis opened after consecutive failed calls (a start without Redis included; reopenings after a failed probe are not counted).",
+		}),
 	}
 	reg.MustRegister(m.requests, m.identityRejected, m.decisionErrors, m.storeErrors, m.decisionSeconds, m.upstreamResponses,
-		m.loadSyncFailures, m.indexErrors)
+		m.loadSyncFailures, m.indexErrors, m.redisUp, m.redisOpens)
 	return m
 }
 
@@ -103,3 +113,15 @@ func (m *Metrics) LoadSyncFailures() prometheus.Counter { return m.loadSyncFailu
 
 // IndexError counts a failed session index write.
 func (m *Metrics) IndexError(error) { m.indexErrors.Inc() }
+
+// RedisBreaker records the state of the store's breaker on Redis: the
+// store's OnBreaker hook, which reports the state at start, then each
+// opening and closing.
+func (m *Metrics) RedisBreaker(open bool) {
+	if open {
+		m.redisUp.Set(0)
+		m.redisOpens.Inc()
+		return
+	}
+	m.redisUp.Set(1)
+}

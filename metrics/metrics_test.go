@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -44,5 +45,33 @@ tether_upstream_responses_total{code="invalid",upstream="a"} 2
 	}
 	if n := testutil.ToFloat64(m.decisionErrors.WithLabelValues("no_instance")); n != 1 {
 		t.Errorf("decision errors: %v", n)
+	}
+}
+
+func TestRedisBreaker(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	gauge := `
+# HELP tether_redis_up 1 while the binding store's breaker on Redis is closed, 0 while it is open (Redis unreachable: requests are placed by rendezvous hashing without calling it).
+# TYPE tether_redis_up gauge
+tether_redis_up %d
+# HELP tether_redis_breaker_opens_total Times the binding store's breaker on Redis opened after consecutive failed calls (a start without Redis included; reopenings after a failed probe are not counted).
+# TYPE tether_redis_breaker_opens_total counter
+tether_redis_breaker_opens_total %d
+`
+	for _, step := range []struct {
+		open      bool
+		up, opens int
+	}{
+		{false, 1, 0}, // the state at start
+		{true, 0, 1},
+		{false, 1, 1},
+		{true, 0, 2},
+	} {
+		m.RedisBreaker(step.open)
+		want := fmt.Sprintf(gauge, step.up, step.opens)
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tether_redis_up", "tether_redis_breaker_opens_total"); err != nil {
+			t.Errorf("after RedisBreaker(%v): %v", step.open, err)
+		}
 	}
 }

@@ -68,7 +68,11 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rec := metrics.New(reg)
-	store, err := redisstore.Open(ctx, cfg.Redis.URL, redisstore.Options{Timeout: cfg.Redis.Timeout.D, OnIndexError: rec.IndexError})
+	// Open starts without Redis (its breaker open) rather than fail: tether
+	// places requests without it and uses it once it answers.
+	store, err := redisstore.Open(ctx, cfg.Redis.URL, redisstore.Options{
+		Timeout: cfg.Redis.Timeout.D, OnIndexError: rec.IndexError, OnBreaker: rec.RedisBreaker,
+	})
 	if err != nil {
 		return fmt.Errorf("binding store: %w", err)
 	}
@@ -263,21 +267,27 @@ func serveErr(name string, err error) error {
 	return fmt.Errorf("%s server: %w", name, err)
 }
 
-// pinger is what readiness needs of the store.
-type pinger interface{ Ping(context.Context) error }
+// storeHealth is what readiness needs of the store.
+type storeHealth interface {
+	Ping(context.Context) error
+	Health() redisstore.Health
+}
 
 type readiness struct {
-	store    pinger
+	store    storeHealth
 	mu       sync.Mutex
 	draining bool
 }
 
-func newReadiness(p pinger) *readiness { return &readiness{store: p} }
+func newReadiness(s storeHealth) *readiness { return &readiness{store: s} }
 
 func (r *readiness) drain() { r.mu.Lock(); r.draining = true; r.mu.Unlock() }
 
 // ServeHTTP answers /readyz. A store that does not answer leaves tether
-// ready but degraded: it still routes, by rendezvous hashing.
+// ready but degraded (200): it still routes, by rendezvous hashing. The
+// answer never waits on a dead Redis: the store's breaker refuses the ping
+// at once while open, and otherwise the store's per-call timeout bounds it.
+// The body says the breaker's state ("breaker": closed, open, half-open).
 func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	draining := r.draining
@@ -289,12 +299,15 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(req.Context(), time.Second)
 	defer cancel()
-	if err := r.store.Ping(ctx); err != nil {
+	err := r.store.Ping(ctx)
+	h := r.store.Health()
+	if err != nil || !h.Up() {
 		body["store"] = "unreachable"
 		if !draining {
 			body["status"] = "degraded"
 		}
 	}
+	body["breaker"] = h.State.String()
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(body)

@@ -4,20 +4,25 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/google/go-cmp/cmp"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/testenv"
+	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
 func TestMain(m *testing.M) {
@@ -89,7 +94,7 @@ func testConfig() config.Config {
 	c.Server.AdminAddr = "127.0.0.1:0"
 	c.XDS.Addr = "127.0.0.1:0"
 	c.Server.DrainTimeout = config.Dur(5 * time.Second)
-	// A loaded test machine can hold a store call past the 50ms default;
+	// A loaded test machine can hold a store call past the 10ms default;
 	// these tests are about the server, not store timeouts.
 	c.Envoy.MessageTimeout = config.Dur(2 * time.Second)
 	c.Redis.Timeout = config.Dur(time.Second)
@@ -207,8 +212,8 @@ func TestStartupErrors(t *testing.T) {
 	}{
 		{"real redis without a secret", func(c *config.Config) { c.Redis.URL = "redis://127.0.0.1:1/0" }, "identity secret missing"},
 		{"short secret", func(c *config.Config) { c.Identity.Secret = "short" }, "at least 16 bytes"},
-		{"unreachable redis", func(c *config.Config) {
-			c.Redis.URL = "redis://:hunter2@127.0.0.1:1/0"
+		{"malformed redis URL", func(c *config.Config) {
+			c.Redis.URL = "redis://:hunter2@127.0.0.1:port/0"
 			c.Identity.Secret = "0123456789abcdef0123"
 		}, "binding store"},
 		{"address in use", nil, "listener"},
@@ -257,4 +262,171 @@ func TestRandomSourceIsReproducible(t *testing.T) {
 	if randomSource(0)() == randomSource(0)() {
 		t.Fatal("unseeded sources agree")
 	}
+}
+
+// readyz reads /readyz, and how long it took.
+func readyz(t *testing.T, admin string) (int, map[string]string, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	code, body := get(t, "http://"+admin+"/readyz")
+	took := time.Since(start)
+	var m map[string]string
+	if err := json.Unmarshal([]byte(body), &m); err != nil {
+		t.Fatalf("/readyz body %q: %v", body, err)
+	}
+	return code, m, took
+}
+
+// TestStartsWithoutRedis: tether starts while its Redis is down, reports
+// itself ready but degraded without waiting on Redis, routes requests
+// without it, and uses Redis once it is up.
+func TestStartsWithoutRedis(t *testing.T) {
+	r := testenv.RedisServer(t)
+	r.Stop()
+	cfg := testConfig()
+	cfg.Redis.URL = r.URL()
+	cfg.Identity.Secret = "0123456789abcdef0123"
+	cfg.Server.DebugHeaders = true
+	// Short enough that a call which is the breaker's probe cannot make
+	// /readyz slow, long enough for a loaded machine once Redis is up.
+	cfg.Redis.Timeout = config.Dur(100 * time.Millisecond)
+	extproc, admin, stop := run(t, cfg)
+
+	code, body, took := readyz(t, admin)
+	t.Logf("/readyz without Redis: %d %v in %v", code, body, took)
+	want := map[string]string{"status": "degraded", "store": "unreachable", "breaker": "open"}
+	if code != http.StatusOK || !cmp.Equal(body, want) {
+		t.Errorf("/readyz without Redis: %d %v, want 200 %v", code, body, want)
+	}
+	// Not the second readiness allows a ping: the breaker refuses it at
+	// once (or, as its probe, the store's timeout bounds it).
+	if took > 500*time.Millisecond {
+		t.Errorf("/readyz without Redis took %v", took)
+	}
+	if _, m := get(t, "http://"+admin+"/metrics"); !strings.Contains(m, "tether_redis_up 0") || !strings.Contains(m, "tether_redis_breaker_opens_total 1") {
+		t.Errorf("/metrics without Redis: want tether_redis_up 0 and one breaker opening:\n%s", grepLines(m, "tether_redis"))
+	}
+
+	// A request is placed without Redis.
+	conn, err := grpc.NewClient(extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hm := func(k, v string) *extprocv3.HttpHeaders {
+		return &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: k, RawValue: []byte(v)}}}}
+	}
+	start := time.Now()
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: hm("x-session-id", "s")}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()[0].GetHeader().GetRawValue()); got != "inst-a" {
+		t.Errorf("routed to %q without Redis, want inst-a", got)
+	}
+	t.Logf("request placed in %v without Redis", time.Since(start))
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: hm(":status", "200")}}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err = st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if hs := resp.GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders(); len(hs) != 2 || string(hs[1].GetHeader().GetRawValue()) != "degraded" {
+		t.Errorf("decision without Redis: %v, want degraded", hs)
+	}
+	_ = st.CloseSend()
+
+	// Redis comes up: tether uses it without a restart.
+	r.Start()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, body, _ := readyz(t, admin)
+		if code == http.StatusOK && cmp.Equal(body, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz after Redis started: %d %v", code, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, m := get(t, "http://"+admin+"/metrics"); !strings.Contains(m, "tether_redis_up 1") || !strings.Contains(m, "tether_redis_breaker_opens_total 1") {
+		t.Errorf("/metrics after Redis started:\n%s", grepLines(m, "tether_redis"))
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestReadinessFollowsTheBreaker: /readyz reports the breaker's state; a
+// breaker that is not closed, or a failed ping, makes tether degraded,
+// still ready.
+func TestReadinessFollowsTheBreaker(t *testing.T) {
+	tests := []struct {
+		name  string
+		store fakeStore
+		drain bool
+		code  int
+		want  map[string]string
+	}{
+		{"up", fakeStore{state: redisstore.BreakerClosed}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
+		{"ping fails", fakeStore{state: redisstore.BreakerClosed, pingErr: errors.New("timeout")}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "closed"}},
+		{"open", fakeStore{state: redisstore.BreakerOpen, pingErr: redisstore.ErrUnavailable}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "open"}},
+		{"half-open", fakeStore{state: redisstore.BreakerHalfOpen, pingErr: redisstore.ErrUnavailable}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "half-open"}},
+		{"probe succeeded", fakeStore{state: redisstore.BreakerOpen, closeOnPing: true}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
+		{"draining, open", fakeStore{state: redisstore.BreakerOpen, pingErr: redisstore.ErrUnavailable}, true, 503, map[string]string{"status": "draining", "store": "unreachable", "breaker": "open"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newReadiness(&tt.store)
+			if tt.drain {
+				r.drain()
+			}
+			rec := httptest.NewRecorder()
+			r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+			var got map[string]string
+			if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+				t.Fatal(err)
+			}
+			if rec.Code != tt.code || !cmp.Equal(got, tt.want) {
+				t.Errorf("/readyz: %d %v, want %d %v", rec.Code, got, tt.code, tt.want)
+			}
+		})
+	}
+}
+
+// fakeStore stands for the store and its breaker.
+type fakeStore struct {
+	state   redisstore.BreakerState
+	pingErr error
+	// closeOnPing: the ping is the breaker's probe, and succeeds.
+	closeOnPing bool
+}
+
+func (f *fakeStore) Ping(context.Context) error {
+	if f.closeOnPing {
+		f.state = redisstore.BreakerClosed
+	}
+	return f.pingErr
+}
+
+func (f *fakeStore) Health() redisstore.Health { return redisstore.Health{State: f.state} }
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for line := range strings.Lines(s) {
+		if strings.Contains(line, sub) {
+			out = append(out, strings.TrimRight(line, "\n"))
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -67,6 +67,13 @@ func CheckURL(rawURL string) error {
 // address. Other query parameters are go-redis's client options;
 // unknown ones are errors. Errors name the problem and show the URL with
 // its password hidden.
+//
+// A URL Open cannot use fails it with a *URLError, and a Redis that
+// answers with an error (a wrong password) fails it too; a Redis (or
+// every sentinel, or every cluster seed) that does not answer within a
+// second does not: Open returns a store whose breaker is open, which
+// recovers by itself once Redis answers (see New and the package comment).
+// Open logs nothing; Store.Health says how it started.
 func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	if rawURL == Embedded {
 		return openEmbedded(ctx, opts)
@@ -79,7 +86,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis open %q: %w", redact(rawURL), err)
 	}
-	s, err := newStore(ctx, client, opts)
+	s, err := newStore(ctx, client, opts, func(msg string) string { return scrub(msg, rawURL) })
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("redis open %q: %w", redact(rawURL), safeErr(err, rawURL))
@@ -94,7 +101,7 @@ func openEmbedded(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("redis open embedded: %w", err)
 	}
 	client := goredis.NewClient(&goredis.Options{Addr: e.m.Addr(), ContextTimeoutEnabled: true})
-	s, err := newStore(ctx, client, opts)
+	s, err := newStore(ctx, client, opts, nil)
 	if err != nil {
 		_ = client.Close()
 		e.Close()

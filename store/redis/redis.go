@@ -33,9 +33,10 @@
 //
 // # Round trips
 //
-// Scripts are loaded when the store is built and run with EVALSHA; after a
-// server restart or SCRIPT FLUSH a call refused with NOSCRIPT is sent again
-// with EVAL once, which caches the script again.
+// Scripts are loaded when the store is built, if Redis answers then, and
+// run with EVALSHA; when Redis did not answer, or after a server restart or
+// SCRIPT FLUSH, a call refused with NOSCRIPT is sent again with EVAL once,
+// which caches the script again.
 //
 //   - A hit whose refresh is not due is ONE round trip: the get-or-bind
 //     script alone, and nothing else is sent.
@@ -71,6 +72,36 @@
 // A failed index or alias write does not fail the decision;
 // Options.OnIndexError hears of it, as it does of report values SyncLoad
 // skipped.
+//
+// # Outages
+//
+// A request must never wait on a dead Redis: its caller decides without
+// the store when a call fails. So every call is bounded by Options.Timeout
+// (DefaultTimeout, 10 ms), and each store has a breaker on Redis, a
+// go-redis hook on its client:
+//
+//   - It opens after 5 calls in a row fail (a pipeline is one call): a
+//     network error, a timeout, a pool timeout, or a reply saying the
+//     server cannot serve now (LOADING, CLUSTERDOWN, TRYAGAIN, MASTERDOWN,
+//     READONLY, BUSY, max clients). Other replies (NOSCRIPT, WRONGTYPE, a
+//     script error, no such key) are answers: Redis is up. A caller's
+//     cancellation counts neither way.
+//   - While open, every call fails at once, without touching the network,
+//     with an error wrapping ErrUnavailable.
+//   - After a cooldown of 1 s it lets one call through as a probe (half
+//     open; the others still fail at once). Its success closes the
+//     breaker; its failure opens it again for twice the cooldown, up to
+//     5 s. Recovery needs no operator, only calls (tether makes at least
+//     one a second, its load sync).
+//
+// Store.Health reports the breaker's state, for readiness and metrics;
+// Options.OnBreaker hears when it opens and closes.
+//
+// A store starts without Redis: New and Open wait at most a second for
+// Redis to answer a PING, and when it does not return a store whose
+// breaker is open, which recovers as above. A Redis that answers
+// with an error (a wrong password, a missing permission) fails them, as a
+// malformed URL fails Open.
 package redis
 
 import (
@@ -91,11 +122,10 @@ import (
 const (
 	// DefaultTimeout bounds one store call in DefaultOptions: a request must
 	// never wait long on Redis, the caller falls back to placement instead.
-	DefaultTimeout = 50 * time.Millisecond
+	// A round trip to a Redis nearby takes well under a millisecond.
+	DefaultTimeout = 10 * time.Millisecond
 	// DefaultPrefix is prepended to every key.
 	DefaultPrefix = "tether:"
-	// loadTimeout bounds script loading in New, which has no context.
-	loadTimeout = 5 * time.Second
 	// markBatch is how many sessions Mark checks per pipeline.
 	markBatch = 256
 )
@@ -124,6 +154,13 @@ type Options struct {
 	// is called from the calling goroutine, so concurrently: make it safe
 	// for that.
 	OnIndexError func(error)
+	// OnBreaker, when not nil, is called with the breaker's state once when
+	// the store is built (true: open, Redis unreachable), then each time the
+	// breaker opens (true) or closes again (false); reopenings after a
+	// failed probe are not reported. It is called with the breaker's lock
+	// held, from the goroutine whose call changed the state: keep it short
+	// (set a gauge) and do not call the Store from it.
+	OnBreaker func(open bool)
 }
 
 // DefaultOptions returns the options tether runs with.
@@ -150,6 +187,7 @@ type Store struct {
 	prefix       string
 	fleet        string // prefix + "{fleet}:"
 	onIndexError func(error)
+	guard        *guard // the breaker on Redis, a hook on client
 
 	getOrBind, replace, index, show, mark, prune, syncLoad *goredis.Script
 
@@ -161,18 +199,21 @@ type Store struct {
 }
 
 // New returns a store over a client the caller owns (Close leaves it open).
-// It loads the scripts (on every shard of a cluster) and fails if it cannot,
-// so a wrong address or password shows at start-up, not on the first
-// request. With a per-call timeout the client must have
-// ContextTimeoutEnabled; otherwise go-redis ignores context deadlines and a
-// slow Redis would hold requests for its read timeout.
+// It adds the store's breaker to the client as a hook and, if Redis answers
+// a PING within a second, loads the scripts (on every shard of a cluster):
+// a Redis that answers with an error (a wrong password) fails New, one that
+// does not answer gives a store whose breaker is open (see the package
+// comment). With a
+// per-call timeout the client must have ContextTimeoutEnabled; otherwise
+// go-redis ignores context deadlines and a slow Redis would hold requests
+// for its read timeout.
 func New(client goredis.UniversalClient, opts Options) (*Store, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), loadTimeout)
-	defer cancel()
-	return newStore(ctx, client, opts)
+	return newStore(context.Background(), client, opts, nil)
 }
 
-func newStore(ctx context.Context, client goredis.UniversalClient, opts Options) (*Store, error) {
+// newStore builds the store and checks Redis (see New). redact removes
+// secrets from the error texts Health reports (nil: none).
+func newStore(ctx context.Context, client goredis.UniversalClient, opts Options, redact func(string) string) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redis store: nil client")
 	}
@@ -199,13 +240,14 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options)
 		s.prefix = DefaultPrefix
 	}
 	s.fleet = s.prefix + "{fleet}:"
+	s.guard = newGuard(breakerConfig{redact: redact})
+	client.AddHook(s.guard)
 	// SCRIPT LOAD now (a cluster client loads on every shard), so calls can
 	// go straight to EVALSHA.
-	for _, sc := range []*goredis.Script{s.getOrBind, s.replace, s.index, s.show, s.mark, s.prune, s.syncLoad} {
-		if err := sc.Load(ctx, client).Err(); err != nil {
-			return nil, fmt.Errorf("redis store: load scripts: %w", err)
-		}
+	if err := s.start(ctx, []*goredis.Script{s.getOrBind, s.replace, s.index, s.show, s.mark, s.prune, s.syncLoad}); err != nil {
+		return nil, err
 	}
+	s.guard.watch(opts.OnBreaker)
 	return s, nil
 }
 
@@ -240,7 +282,9 @@ func (s *Store) Close() error {
 	return s.closeErr
 }
 
-// Ping checks that Redis answers, for readiness probes.
+// Ping checks that Redis answers, for readiness probes. Like every call it
+// goes through the breaker: while the breaker is open it fails at once with
+// ErrUnavailable, and once the cooldown has passed it may be the probe.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()

@@ -844,7 +844,7 @@ func TestScriptCacheLoss(t *testing.T) {
 // timeout, and the store recovers by itself when Redis is back.
 func TestRedisDown(t *testing.T) {
 	l := affinity.Lookup{Key: "k", Aliases: []string{"t"}, Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Minute}}
-	// Generous against a 50 ms timeout: the point is "not a hang".
+	// Generous against the 10 ms default timeout: the point is "not a hang".
 	const prompt = time.Second
 
 	call := func(t *testing.T, s *Store) (time.Duration, error) {

@@ -1,0 +1,455 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// The breaker's settings (see the package comment, "Outages").
+const (
+	// breakerThreshold is how many calls in a row must fail for the breaker
+	// to open.
+	breakerThreshold = 5
+	// breakerCooldown is how long the breaker stays open before it lets one
+	// probe call through; each failed probe doubles it, up to
+	// breakerMaxCooldown.
+	breakerCooldown    = time.Second
+	breakerMaxCooldown = 5 * time.Second
+	// startTimeout bounds the store's start-up PING: past it the store
+	// starts with its breaker open. loadTimeout bounds loading the scripts
+	// once Redis answered, which a loaded machine can make slow.
+	startTimeout = time.Second
+	loadTimeout  = 5 * time.Second
+)
+
+// ErrUnavailable is the error of a call the store refused without sending
+// it, because its breaker is open: Redis failed the calls before it. The
+// errors the store returns wrap it; test with errors.Is.
+var ErrUnavailable = errors.New("redis unavailable")
+
+// BreakerState is the state of a store's breaker on Redis.
+type BreakerState int32
+
+// The breaker's states.
+const (
+	// BreakerClosed: calls go to Redis.
+	BreakerClosed BreakerState = iota
+	// BreakerOpen: calls fail at once with ErrUnavailable until the
+	// cooldown has passed.
+	BreakerOpen
+	// BreakerHalfOpen: one probe call is on its way to Redis; the others
+	// fail at once. Its success closes the breaker, its failure opens it
+	// again for twice the cooldown.
+	BreakerHalfOpen
+)
+
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerClosed:
+		return "closed"
+	case BreakerOpen:
+		return "open"
+	case BreakerHalfOpen:
+		return "half-open"
+	}
+	return fmt.Sprintf("BreakerState(%d)", int32(s))
+}
+
+// Health is the state of a store's breaker, for readiness probes and
+// metrics.
+type Health struct {
+	// State is the breaker's state. Anything but BreakerClosed means Redis
+	// is taken as unreachable: callers decide without it.
+	State BreakerState
+	// Failures is how many calls in a row have failed, probes included; 0
+	// after a success.
+	Failures int
+	// LastError is the text of the last failure, with the store URL's
+	// secrets removed; it is kept after recovery.
+	LastError string
+	// Since is when the breaker last opened or closed (a probe does not
+	// move it), or when the store was built if it never opened.
+	Since time.Time
+	// Opens counts the breaker's openings from closed, a start without
+	// Redis included; reopenings after a failed probe are not counted.
+	Opens uint64
+}
+
+// Up reports whether Redis is taken as reachable.
+func (h Health) Up() bool { return h.State == BreakerClosed }
+
+// Health returns the state of the store's breaker. It does not touch the
+// network.
+func (s *Store) Health() Health { return s.guard.health() }
+
+// breakerConfig tunes a guard; the zero values of threshold, cooldown,
+// maxCooldown and now take the defaults.
+type breakerConfig struct {
+	threshold             int
+	cooldown, maxCooldown time.Duration
+	now                   func() time.Time
+	// redact removes secrets from an error text (nil: none).
+	redact func(string) string
+}
+
+// guard is a store's breaker on Redis: a go-redis hook that fails calls at
+// once while Redis is taken as down. It is safe for concurrent use; a
+// closed breaker costs an atomic load before a call and another after it,
+// and takes its lock only when the call failed or follows a failure.
+type guard struct {
+	threshold             int
+	cooldown, maxCooldown time.Duration
+	now                   func() time.Time
+	redact                func(string) string
+
+	// word holds the state in its low bits and, above them, a generation
+	// bumped at every change of state. A call's outcome counts only if the
+	// word is still the one it was admitted under: calls sent before the
+	// breaker opened cannot close it, nor a late failure reopen it.
+	word      atomic.Uint64
+	openUntil atomic.Int64 // unix nanoseconds; meaningful while open
+	reject    atomic.Pointer[unavailableError]
+	fails     atomic.Int64 // written under mu
+	// dialErr is the error of the last dial, nil after one succeeded: a
+	// call that times out while dialling reports only its deadline.
+	dialErr atomic.Pointer[string]
+
+	// Counters for tests: probes let through, and dials.
+	probes, dials atomic.Uint64
+
+	mu       sync.Mutex
+	current  time.Duration // the cooldown of the current opening
+	lastErr  string
+	since    time.Time
+	opens    uint64
+	onChange func(open bool)
+}
+
+const (
+	stateBits = 2
+	stateMask = 1<<stateBits - 1
+)
+
+func newGuard(c breakerConfig) *guard {
+	g := &guard{threshold: c.threshold, cooldown: c.cooldown, maxCooldown: c.maxCooldown, now: c.now, redact: c.redact}
+	if g.threshold <= 0 {
+		g.threshold = breakerThreshold
+	}
+	if g.cooldown <= 0 {
+		g.cooldown = breakerCooldown
+	}
+	if g.maxCooldown <= 0 {
+		g.maxCooldown = breakerMaxCooldown
+	}
+	g.maxCooldown = max(g.maxCooldown, g.cooldown)
+	if g.now == nil {
+		g.now = time.Now
+	}
+	if g.redact == nil {
+		g.redact = func(s string) string { return s }
+	}
+	g.current = g.cooldown
+	g.since = g.now()
+	return g
+}
+
+// unavailableError is what a refused call returns: ErrUnavailable and why.
+type unavailableError struct{ msg string }
+
+func (e *unavailableError) Error() string { return e.msg }
+func (e *unavailableError) Unwrap() error { return ErrUnavailable }
+
+// DialHook counts dials and keeps the last one's error; it never refuses a
+// dial, so go-redis's own pool recovery (a background dial once a second
+// after many failed dials) keeps working while the breaker is open.
+func (g *guard) DialHook(next goredis.DialHook) goredis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		g.dials.Add(1)
+		conn, err := next(ctx, network, addr)
+		if err != nil {
+			msg := err.Error()
+			g.dialErr.Store(&msg)
+		} else if g.dialErr.Load() != nil {
+			g.dialErr.Store(nil)
+		}
+		return conn, err
+	}
+}
+
+// ProcessHook guards one command, retries included.
+func (g *guard) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if setupCommand(cmd) {
+			return next(ctx, cmd)
+		}
+		token, err := g.admit()
+		if err != nil {
+			cmd.SetErr(err)
+			return err
+		}
+		err = next(ctx, cmd)
+		g.done(token, err)
+		return err
+	}
+}
+
+// ProcessPipelineHook guards a pipeline (or transaction) as one call.
+func (g *guard) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if len(cmds) == 0 || setupCommand(cmds[0]) {
+			return next(ctx, cmds)
+		}
+		token, err := g.admit()
+		if err != nil {
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
+		err = next(ctx, cmds)
+		g.done(token, err)
+		return err
+	}
+}
+
+// setupCommand reports whether cmd is one go-redis sends to set up a new
+// connection (HELLO, AUTH, SELECT, READONLY, CLIENT SETNAME/SETINFO/…).
+// go-redis sends them through the client's hooks, from within the call that
+// needed the connection: they pass unguarded and uncounted, or a probe
+// would be refused its own connection, and a failed set-up would count
+// twice. The store sends none of them itself.
+func setupCommand(cmd goredis.Cmder) bool {
+	switch cmd.Name() {
+	case "hello", "auth", "select", "readonly", "client":
+		return true
+	}
+	return false
+}
+
+// admit lets a call through, returning the word it was admitted under, or
+// refuses it with an error wrapping ErrUnavailable.
+func (g *guard) admit() (uint64, error) {
+	for {
+		w := g.word.Load()
+		switch BreakerState(w & stateMask) {
+		case BreakerClosed:
+			return w, nil
+		case BreakerOpen:
+			if g.now().UnixNano() < g.openUntil.Load() {
+				return 0, g.reject.Load()
+			}
+			// The cooldown has passed: this call may be the probe.
+			g.mu.Lock()
+			if g.word.Load() != w {
+				g.mu.Unlock()
+				continue // another call got there first
+			}
+			token := g.setState(BreakerHalfOpen)
+			g.mu.Unlock()
+			g.probes.Add(1)
+			return token, nil
+		default: // half-open: the probe is out
+			return 0, g.reject.Load()
+		}
+	}
+}
+
+// outcome is what a call's result says about Redis.
+type outcome int
+
+const (
+	answered     outcome = iota // Redis answered, maybe with an error reply
+	failed                      // Redis is unreachable, slow or not serving
+	inconclusive                // says nothing about Redis
+)
+
+// classify sorts a call's error. Replies are answers, except those that
+// say the server cannot serve now (loading, cluster down, busy script,
+// failover in progress, too many clients). Errors that are not replies
+// (network errors, timeouts, pool timeouts) are failures, except a
+// caller's cancellation, a closed client and another breaker's refusal.
+func classify(err error) outcome {
+	if err == nil {
+		return answered
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, goredis.ErrClosed) || errors.Is(err, ErrUnavailable) {
+		return inconclusive
+	}
+	var reply goredis.Error
+	if !errors.As(err, &reply) {
+		return failed
+	}
+	if goredis.IsLoadingError(err) || goredis.IsClusterDownError(err) || goredis.IsTryAgainError(err) ||
+		goredis.IsMasterDownError(err) || goredis.IsReadOnlyError(err) || goredis.IsMaxClientsError(err) ||
+		goredis.HasErrorPrefix(err, "BUSY ") {
+		return failed
+	}
+	return answered
+}
+
+// done records the outcome of a call admitted under token.
+func (g *guard) done(token uint64, err error) {
+	o := classify(err)
+	if o == answered && token&stateMask == uint64(BreakerClosed) && g.fails.Load() == 0 {
+		return // the fast path: nothing to change
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.word.Load() != token {
+		return // the state changed while the call was out
+	}
+	switch o {
+	case answered:
+		g.fails.Store(0)
+		if token&stateMask != uint64(BreakerClosed) {
+			g.current = g.cooldown
+			g.since = g.now()
+			g.setState(BreakerClosed)
+			g.notify(false)
+		}
+	case failed:
+		g.fail(err)
+	case inconclusive:
+		if token&stateMask == uint64(BreakerHalfOpen) {
+			// The probe said nothing: the next call probes again.
+			g.openUntil.Store(g.now().UnixNano())
+			g.setState(BreakerOpen)
+		}
+	}
+}
+
+// fail records a failed call; mu is held.
+func (g *guard) fail(err error) {
+	n := g.fails.Add(1)
+	g.lastErr = g.describe(err)
+	switch BreakerState(g.word.Load() & stateMask) {
+	case BreakerClosed:
+		if n >= int64(g.threshold) {
+			g.open(g.cooldown)
+		}
+	case BreakerHalfOpen:
+		g.open(min(2*g.current, g.maxCooldown))
+	}
+}
+
+// describe is the text Health reports for err: with the last dial's error
+// when err is a bare deadline (the dial is usually why), without secrets.
+func (g *guard) describe(err error) string {
+	msg := err.Error()
+	if d := g.dialErr.Load(); d != nil && errors.Is(err, context.DeadlineExceeded) && !strings.Contains(msg, *d) {
+		msg += " (last dial: " + *d + ")"
+	}
+	return g.redact(msg)
+}
+
+// trip opens the breaker at once (a start without Redis); mu is not held.
+func (g *guard) trip(err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.fails.Load() == 0 {
+		g.fails.Store(1) // the hook did not count it (a refusal)
+	}
+	g.lastErr = g.describe(err)
+	if BreakerState(g.word.Load()&stateMask) != BreakerOpen {
+		g.open(g.cooldown)
+	}
+}
+
+// open opens the breaker for cooldown; mu is held.
+func (g *guard) open(cooldown time.Duration) {
+	now := g.now()
+	g.current = cooldown
+	fromClosed := BreakerState(g.word.Load()&stateMask) == BreakerClosed
+	g.reject.Store(&unavailableError{msg: fmt.Sprintf("%v: breaker open after %d failed calls in a row (last: %s)",
+		ErrUnavailable, g.fails.Load(), g.lastErr)})
+	g.openUntil.Store(now.Add(cooldown).UnixNano())
+	g.setState(BreakerOpen)
+	if fromClosed {
+		g.since = now
+		g.opens++
+		g.notify(true)
+	}
+}
+
+// setState moves to s with a new generation and returns the new word; mu
+// is held.
+func (g *guard) setState(s BreakerState) uint64 {
+	w := (g.word.Load()>>stateBits+1)<<stateBits | uint64(s)
+	g.word.Store(w)
+	return w
+}
+
+// notify tells the OnBreaker hook; mu is held.
+func (g *guard) notify(open bool) {
+	if g.onChange != nil {
+		g.onChange(open)
+	}
+}
+
+// watch installs the OnBreaker hook and reports the current state to it.
+func (g *guard) watch(fn func(open bool)) {
+	if fn == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.onChange = fn
+	fn(BreakerState(g.word.Load()&stateMask) != BreakerClosed)
+}
+
+func (g *guard) health() Health {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return Health{
+		State:     BreakerState(g.word.Load() & stateMask),
+		Failures:  int(g.fails.Load()),
+		LastError: g.lastErr,
+		Since:     g.since,
+		Opens:     g.opens,
+	}
+}
+
+// start checks that Redis answers a PING within startTimeout, then loads
+// the scripts, within loadTimeout, so that calls go straight to EVALSHA. A
+// Redis that cannot be reached (see classify) does not fail it: the store
+// starts with its breaker open, and a call that finds its script missing
+// sends it with EVAL (see exec), which caches it. A Redis that answers
+// with an error (a wrong password, no permission to run scripts) does fail
+// it.
+func (s *Store) start(ctx context.Context, scripts []*goredis.Script) error {
+	unavailable := func(err error) bool {
+		if classify(err) == failed || errors.Is(err, ErrUnavailable) {
+			s.guard.trip(err)
+			return true
+		}
+		return false
+	}
+	pctx, cancel := context.WithTimeout(ctx, startTimeout)
+	err := s.client.Ping(pctx).Err()
+	cancel()
+	if err != nil {
+		if unavailable(err) {
+			return nil
+		}
+		return fmt.Errorf("redis store: ping: %w", err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, loadTimeout)
+	defer cancel()
+	for _, sc := range scripts {
+		if err := sc.Load(lctx, s.client).Err(); err != nil {
+			if unavailable(err) {
+				return nil
+			}
+			return fmt.Errorf("redis store: load scripts: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,544 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/internal/testenv"
+)
+
+// fakeClock is the breaker's injected clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+func (c *fakeClock) advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// changes records what OnBreaker hears.
+type changes struct {
+	mu  sync.Mutex
+	got []bool
+}
+
+func (c *changes) record(open bool) { c.mu.Lock(); c.got = append(c.got, open); c.mu.Unlock() }
+
+func (c *changes) list() []bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]bool(nil), c.got...)
+}
+
+var errDial = &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+
+// TestBreakerStateMachine drives the breaker with an injected clock:
+// threshold, cooldown, probe, doubling, cap, recovery, and outcomes that
+// arrive after the state changed.
+func TestBreakerStateMachine(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	g := newGuard(breakerConfig{now: clock.now, redact: func(s string) string { return strings.ReplaceAll(s, "hunter2", "xxxxx") }})
+	var ch changes
+	g.watch(ch.record)
+
+	call := func(err error) error {
+		t.Helper()
+		tok, aerr := g.admit()
+		if aerr != nil {
+			return aerr
+		}
+		g.done(tok, err)
+		return err
+	}
+	state := func(want BreakerState) {
+		t.Helper()
+		if got := g.health().State; got != want {
+			t.Fatalf("state %v, want %v (health %+v)", got, want, g.health())
+		}
+	}
+
+	// Fewer failures than the threshold, then a success: still closed,
+	// and the count starts again.
+	for range breakerThreshold - 1 {
+		_ = call(errDial)
+	}
+	state(BreakerClosed)
+	if h := g.health(); h.Failures != breakerThreshold-1 || !strings.Contains(h.LastError, "connection refused") {
+		t.Fatalf("health after %d failures: %+v", breakerThreshold-1, h)
+	}
+	_ = call(nil)
+	if h := g.health(); h.Failures != 0 || h.State != BreakerClosed {
+		t.Fatalf("health after a success: %+v", h)
+	}
+
+	// A call sent while closed, whose answer comes after the breaker
+	// opened, must not close it.
+	late, err := g.admit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range breakerThreshold {
+		_ = call(fmt.Errorf("read: %w (password hunter2)", context.DeadlineExceeded))
+	}
+	state(BreakerOpen)
+	opened := clock.now()
+	g.done(late, nil)
+	state(BreakerOpen)
+	h := g.health()
+	if h.Failures != breakerThreshold || h.Opens != 1 || !h.Since.Equal(opened) || strings.Contains(h.LastError, "hunter2") {
+		t.Fatalf("health when opened: %+v", h)
+	}
+
+	// Open: refused at once, with ErrUnavailable, until the cooldown ends.
+	probes := g.probes.Load()
+	clock.advance(breakerCooldown - time.Millisecond)
+	err = call(nil)
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "5 failed calls in a row") || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("call while open: %v", err)
+	}
+	if g.probes.Load() != probes {
+		t.Fatal("a call was let through before the cooldown ended")
+	}
+
+	// Each failed probe doubles the cooldown, up to the cap.
+	for i, cooldown := range []time.Duration{breakerCooldown, 2 * time.Second, 4 * time.Second, breakerMaxCooldown, breakerMaxCooldown} {
+		if i == 0 {
+			clock.advance(time.Millisecond)
+		} else {
+			clock.advance(cooldown - time.Millisecond)
+			if err := call(nil); !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("probe %d: call before the %v cooldown ended: %v", i, cooldown, err)
+			}
+			clock.advance(time.Millisecond)
+		}
+		probe, err := g.admit()
+		if err != nil {
+			t.Fatalf("probe %d after %v: %v", i, cooldown, err)
+		}
+		state(BreakerHalfOpen)
+		if _, err := g.admit(); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("second call while the probe is out: %v", err)
+		}
+		g.done(probe, io.EOF)
+		state(BreakerOpen)
+	}
+	if h := g.health(); h.Opens != 1 || !h.Since.Equal(opened) || h.Failures != breakerThreshold+5 {
+		t.Fatalf("reopenings changed Opens or Since, or failures miscounted: %+v", h)
+	}
+
+	// A probe the caller cancelled says nothing: the next call probes.
+	clock.advance(breakerMaxCooldown)
+	probe, err := g.admit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.done(probe, context.Canceled)
+	state(BreakerOpen)
+	probe, err = g.admit()
+	if err != nil {
+		t.Fatalf("no probe after an inconclusive one: %v", err)
+	}
+
+	// A probe that succeeds closes the breaker and resets the cooldown.
+	g.done(probe, goredis.Nil)
+	state(BreakerClosed)
+	if h := g.health(); h.Failures != 0 || !h.Since.Equal(clock.now()) || h.LastError == "" {
+		t.Fatalf("health after recovery: %+v", h)
+	}
+	for range breakerThreshold {
+		_ = call(errDial)
+	}
+	state(BreakerOpen)
+	clock.advance(breakerCooldown)
+	if _, err := g.admit(); err != nil {
+		t.Fatalf("cooldown not reset after recovery: %v", err)
+	}
+	if diff := cmp.Diff([]bool{false, true, false, true}, ch.list()); diff != "" {
+		t.Errorf("OnBreaker calls (-want +got):\n%s", diff)
+	}
+}
+
+// TestBreakerConcurrent: many callers failing at once open the breaker
+// once, and one probe among many callers closes it.
+func TestBreakerConcurrent(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	g := newGuard(breakerConfig{now: clock.now})
+	var ch changes
+	g.watch(ch.record)
+	run := func(err error) {
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				for range 200 {
+					if tok, aerr := g.admit(); aerr == nil {
+						g.done(tok, err)
+					}
+					_ = g.health()
+				}
+			})
+		}
+		wg.Wait()
+	}
+	run(errDial)
+	if h := g.health(); h.State != BreakerOpen || h.Opens != 1 {
+		t.Fatalf("after concurrent failures: %+v", h)
+	}
+	clock.advance(breakerCooldown)
+	run(nil)
+	if h := g.health(); h.State != BreakerClosed || h.Opens != 1 {
+		t.Fatalf("after concurrent successes: %+v", h)
+	}
+	if n := g.probes.Load(); n != 1 {
+		t.Fatalf("%d probes, want 1: the first closed the breaker", n)
+	}
+	if diff := cmp.Diff([]bool{false, true, false}, ch.list()); diff != "" {
+		t.Errorf("OnBreaker calls (-want +got):\n%s", diff)
+	}
+}
+
+// TestBreakerClassifiesReplies sends real replies through the hook (a
+// miniredis): script errors and NOSCRIPT are answers, LOADING and
+// CLUSTERDOWN say Redis cannot serve.
+func TestBreakerClassifiesReplies(t *testing.T) {
+	ctx := t.Context()
+	_, c := miniClient(t)
+	s := newStoreT(t, c, testOptions)
+	reply := func(msg string) error {
+		return s.client.Eval(ctx, "return redis.error_reply(ARGV[1])", nil, msg).Err()
+	}
+	for range 3 * breakerThreshold {
+		for _, msg := range []string{"ERR boom", "WRONGTYPE no", "NOSCRIPT No matching script"} {
+			if err := reply(msg); err == nil {
+				t.Fatalf("%s: no error", msg)
+			}
+		}
+		if err := s.client.Get(ctx, "missing").Err(); !errors.Is(err, goredis.Nil) {
+			t.Fatalf("GET missing: %v", err)
+		}
+	}
+	if h := s.Health(); h.State != BreakerClosed || h.Failures != 0 {
+		t.Fatalf("answers opened the breaker: %+v", h)
+	}
+	for i, msg := range []string{"LOADING Redis is loading", "CLUSTERDOWN The cluster is down", "TRYAGAIN Multiple keys request during rehashing of slot", "BUSY Redis is busy", "MASTERDOWN Link down"} {
+		err := reply(msg)
+		if h := s.Health(); h.Failures != i+1 {
+			t.Fatalf("%s (%v): failures %d, want %d", msg, err, h.Failures, i+1)
+		}
+	}
+	if h := s.Health(); h.State != BreakerOpen || !strings.Contains(h.LastError, "MASTERDOWN") {
+		t.Fatalf("after %d unavailable replies: %+v", breakerThreshold, h)
+	}
+}
+
+// callResult is one timed store call.
+type callResult struct {
+	took time.Duration
+	err  error
+}
+
+func getOrBind(t *testing.T, s *Store, key, instance string) (affinity.Result, callResult) {
+	t.Helper()
+	l := affinity.Lookup{Key: key, Candidate: affinity.Binding{Instance: instance, Since: time.Now()}, Lifetime: affinity.Lifetime{Idle: time.Minute}}
+	start := time.Now()
+	r, err := s.GetOrBind(t.Context(), l)
+	return r, callResult{took: time.Since(start), err: err}
+}
+
+// eventually calls GetOrBind until it succeeds (a 10 ms timeout can miss
+// on a loaded machine) and returns the result and how long it took.
+func eventually(t *testing.T, s *Store, key, instance string, within time.Duration) (affinity.Result, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	for {
+		r, c := getOrBind(t, s, key, instance)
+		if c.err == nil {
+			return r, time.Since(start)
+		}
+		if time.Since(start) > within {
+			t.Fatalf("GetOrBind did not succeed within %v: %v (health %+v)", within, c.err, s.Health())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// failUntilOpen calls GetOrBind until the breaker opens and returns the
+// calls it took: breakerThreshold at most, fewer when another call (an
+// index write that missed its timeout on a loaded machine) failed just
+// before.
+func failUntilOpen(t *testing.T, s *Store) []callResult {
+	t.Helper()
+	var calls []callResult
+	defer func() {
+		if h := s.Health(); len(calls) > breakerThreshold || h.Failures != breakerThreshold {
+			t.Errorf("breaker opened after %d failed GetOrBinds, health %+v; want it open after %d failures", len(calls), h, breakerThreshold)
+		}
+	}()
+	for s.Health().State == BreakerClosed {
+		if len(calls) == 100 {
+			t.Fatalf("breaker still closed after %d calls: %+v", len(calls), s.Health())
+		}
+		_, c := getOrBind(t, s, "k", "b")
+		if c.err == nil {
+			t.Fatalf("GetOrBind succeeded with Redis down (call %d)", len(calls)+1)
+		}
+		calls = append(calls, c)
+	}
+	return calls
+}
+
+// TestBreakerRedisKilled: with redis-server stopped, the breaker opens
+// after breakerThreshold failed calls; the calls after it fail at once
+// without dialling or sending anything; a restarted server is used again
+// without help.
+func TestBreakerRedisKilled(t *testing.T) {
+	r := testenv.RedisServer(t)
+	var ch changes
+	opts := DefaultOptions()
+	opts.OnBreaker = ch.record
+	s, err := Open(t.Context(), r.URL(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	eventually(t, s, "k", "a", 5*time.Second)
+
+	r.Stop()
+	failing := failUntilOpen(t, s)
+	var spent time.Duration
+	for _, c := range failing {
+		spent += c.took
+	}
+	t.Logf("breaker open after %d calls, %v in all; health %+v", len(failing), spent, s.Health())
+
+	const n = 1000
+	probes0, dials0 := s.guard.probes.Load(), s.guard.dials.Load()
+	start := time.Now()
+	refused := 0
+	for i := range n {
+		_, c := getOrBind(t, s, "k", "b")
+		switch {
+		case errors.Is(c.err, ErrUnavailable):
+			refused++
+		case errors.Is(c.err, context.DeadlineExceeded):
+			// A probe, or a starved goroutine whose 10 ms passed before
+			// the store sent anything (the probes count below tells).
+		default:
+			t.Fatalf("call %d with the breaker open: %v, want ErrUnavailable", i, c.err)
+		}
+	}
+	took := time.Since(start)
+	probes := uint64(took/breakerCooldown) + 1
+	gotProbes, gotDials := s.guard.probes.Load()-probes0, s.guard.dials.Load()-dials0
+	t.Logf("%d calls with the breaker open: %v (%v a call; %d refused, %d probes, %d dials); with the breaker closed they took %v a call",
+		n, took, took/n, refused, gotProbes, gotDials, spent/time.Duration(len(failing)))
+	// go-redis dials in the background, on behalf of a call, and retries a
+	// failed dial up to 5 times 100 ms apart after the call gave up: the
+	// last calls before the breaker opened may still be dialling.
+	const dialAttempts = 5
+	if gotProbes > probes || gotDials > dialAttempts*(probes+1) {
+		t.Errorf("%d probes and %d dials with the breaker open, want at most %d probes and their dials", gotProbes, gotDials, probes)
+	}
+	if budget := n * DefaultTimeout / 10; took > budget {
+		t.Errorf("%d calls with the breaker open took %v, want under %v", n, took, budget)
+	}
+	if err := s.Ping(t.Context()); err == nil || (time.Since(start) < breakerCooldown && !errors.Is(err, ErrUnavailable)) {
+		t.Errorf("Ping with the breaker open: %v, want ErrUnavailable", err)
+	}
+
+	r.Start() // empty, and without our scripts
+	res, after := eventually(t, s, "k", "b", 20*time.Second)
+	t.Logf("recovered %v after the restart", after)
+	if res.Outcome != affinity.Created {
+		t.Errorf("first call after the restart: %+v, want created (the restarted server is empty)", res)
+	}
+	// Not Failures: the bind's index write, a call of its own, can miss
+	// the 10 ms on a loaded machine just after the restart.
+	if h := s.Health(); h.State != BreakerClosed || h.Opens != 1 {
+		t.Errorf("health after recovery: %+v", h)
+	}
+	if diff := cmp.Diff([]bool{false, true, false}, ch.list()); diff != "" {
+		t.Errorf("OnBreaker calls (-want +got):\n%s", diff)
+	}
+}
+
+// redisPid is the process id of the server c talks to.
+func redisPid(t *testing.T, c goredis.UniversalClient) int {
+	t.Helper()
+	info, err := c.Info(t.Context(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pid
+		}
+	}
+	t.Fatalf("no process_id in INFO server:\n%s", info)
+	return 0
+}
+
+// TestBreakerRedisStalled: a redis-server that stops answering (SIGSTOP)
+// holds each call for the per-call timeout only, opens the breaker, and
+// when it answers again (SIGCONT) the store uses it again without help and
+// finds the bindings it held.
+func TestBreakerRedisStalled(t *testing.T) {
+	r := testenv.RedisServer(t)
+	pid := redisPid(t, r.Client())
+	s, err := Open(t.Context(), r.URL(), DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	eventually(t, s, "k", "a", 5*time.Second)
+
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// Registered after testenv's cleanup, so it runs before it stops the
+	// server.
+	cont := func() {
+		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+			t.Error(err)
+		}
+	}
+	var once sync.Once
+	t.Cleanup(func() { once.Do(cont) })
+
+	// A loaded two-core machine fires timers late: slack, not a hang.
+	const slack = 250 * time.Millisecond
+	failing := failUntilOpen(t, s)
+	for i, c := range failing {
+		t.Logf("call %d: %v: %v", i+1, c.took, c.err)
+		if !errors.Is(c.err, context.DeadlineExceeded) {
+			t.Errorf("call %d to a stalled server: %v, want a deadline error", i+1, c.err)
+		}
+		if c.took > DefaultTimeout+slack {
+			t.Errorf("call %d to a stalled server took %v, want about %v", i+1, c.took, DefaultTimeout)
+		}
+	}
+	probes0 := s.guard.probes.Load()
+	start := time.Now()
+	for range 100 {
+		if _, c := getOrBind(t, s, "k", "b"); c.err == nil {
+			t.Fatal("GetOrBind succeeded against a stalled server")
+		}
+	}
+	took := time.Since(start)
+	t.Logf("100 calls with the breaker open: %v, %d probes", took, s.guard.probes.Load()-probes0)
+	if n := s.guard.probes.Load() - probes0; n > uint64(took/breakerCooldown)+1 {
+		t.Errorf("%d probes in %v with the breaker open", n, took)
+	}
+
+	once.Do(cont)
+	res, after := eventually(t, s, "k", "b", 20*time.Second)
+	t.Logf("recovered %v after SIGCONT", after)
+	if res.Outcome != affinity.Found || res.Binding.Instance != "a" {
+		t.Errorf("after the stall: %+v, want the binding to a made before it", res)
+	}
+	if h := s.Health(); h.State != BreakerClosed || h.Opens != 1 {
+		t.Errorf("health after recovery: %+v", h)
+	}
+}
+
+// TestOpenWithoutRedis: Open against a socket nobody listens on succeeds
+// at once with the breaker open, and the store works once a server starts
+// there.
+func TestOpenWithoutRedis(t *testing.T) {
+	r := testenv.RedisServer(t)
+	r.Stop()
+	var ch changes
+	opts := DefaultOptions()
+	opts.OnBreaker = ch.record
+	start := time.Now()
+	s, err := Open(t.Context(), r.URL(), opts)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("Open without Redis: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	h := s.Health()
+	t.Logf("Open took %v; health %+v", took, h)
+	if took > startTimeout+time.Second {
+		t.Errorf("Open took %v, want at most about %v", took, startTimeout)
+	}
+	if h.State != BreakerOpen || h.Opens != 1 || h.LastError == "" {
+		t.Errorf("health after Open without Redis: %+v", h)
+	}
+	if _, c := getOrBind(t, s, "k", "a"); !errors.Is(c.err, ErrUnavailable) {
+		t.Errorf("GetOrBind right after a degraded Open: %v, want ErrUnavailable", c.err)
+	}
+
+	r.Start()
+	res, after := eventually(t, s, "k", "a", 20*time.Second)
+	t.Logf("store usable %v after the server started", after)
+	if res.Outcome != affinity.Created {
+		t.Errorf("first GetOrBind: %+v, want created", res)
+	}
+	if res, c := getOrBind(t, s, "k", "b"); c.err != nil || res.Outcome != affinity.Found || res.Binding.Instance != "a" {
+		t.Errorf("second GetOrBind: %+v, %v; want found on a", res, c.err)
+	}
+	if diff := cmp.Diff([]bool{true, false}, ch.list()); diff != "" {
+		t.Errorf("OnBreaker calls (-want +got):\n%s", diff)
+	}
+}
+
+// TestOpenUnreachable: every kind of URL opens in bounded time against
+// addresses nobody listens on, with the breaker open and no password in
+// what Health reports; a malformed URL still fails.
+func TestOpenUnreachable(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ name, url string }{
+		{"standalone", "redis://:" + secret + "@127.0.0.1:1/0"},
+		{"cluster", "redis+cluster://:" + secret + "@127.0.0.1:1?addr=127.0.0.1:2"},
+		{"sentinel", "redis+sentinel://:" + secret + "@127.0.0.1:1?master_name=m&addr=127.0.0.1:2&password=" + secret},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			start := time.Now()
+			s, err := Open(t.Context(), tt.url, DefaultOptions())
+			took := time.Since(start)
+			if err != nil {
+				t.Fatalf("Open(%q): %v", tt.url, err)
+			}
+			defer s.Close()
+			h := s.Health()
+			t.Logf("Open took %v; health %+v", took, h)
+			if took > startTimeout+2*time.Second {
+				t.Errorf("Open took %v, want about %v at most", took, startTimeout)
+			}
+			if h.State != BreakerOpen || h.LastError == "" || strings.Contains(h.LastError, secret) {
+				t.Errorf("health %+v: want open, with an error that does not show the password", h)
+			}
+			if err := s.Ping(t.Context()); !errors.Is(err, ErrUnavailable) || strings.Contains(err.Error(), secret) {
+				t.Errorf("Ping: %v, want ErrUnavailable without the password", err)
+			}
+		})
+	}
+	t.Run("malformed", func(t *testing.T) {
+		t.Parallel()
+		_, err := Open(t.Context(), "redis://:"+secret+"@127.0.0.1:port/0", DefaultOptions())
+		var uerr *URLError
+		if !errors.As(err, &uerr) || strings.Contains(err.Error(), secret) {
+			t.Fatalf("Open with a malformed URL: %v, want a *URLError without the password", err)
+		}
+	})
+}

@@ -30,6 +30,8 @@ const (
 	KindRandom    Kind = "random"    // random mode (or sticky disabled)
 	KindAnonymous Kind = "anonymous" // no usable identity: routed at random
 	KindDegraded  Kind = "degraded"  // the store failed: placed by rendezvous hashing without it
+	KindFailover  Kind = "failover"  // the session's instance was out (breaker open): rebound down the fallback ladder
+	KindFallback  Kind = "fallback"  // the session's instance was out and its rung is random: routed at random, binding kept
 )
 
 // ErrNoInstance means the fleet has no healthy instance.
@@ -54,18 +56,21 @@ type Decision struct {
 	Mode     Mode // Sticky, Adaptive or Random: how this request was routed
 	Kind     Kind
 	Rule     string // the rule that matched, "" for none
+	// Stage is the fallback ladder's rung for a failover or fallback.
+	Stage Stage
 	// Err is the store error behind a degraded decision, for logging.
 	Err error
 }
 
 // Decider makes decisions. It is safe for concurrent use.
 type Decider struct {
-	store  Store
-	fleet  Fleet
-	load   *Load
-	policy atomic.Pointer[Policy]
-	now    func() time.Time
-	rand   func() uint64
+	store   Store
+	fleet   Fleet
+	load    *Load
+	breaker *fleet.Breaker // nil: every instance is available
+	policy  atomic.Pointer[Policy]
+	now     func() time.Time
+	rand    func() uint64
 }
 
 // Option configures a Decider.
@@ -155,25 +160,33 @@ func (d *Decider) Decide(ctx context.Context, req Request) (Decision, error) {
 	}
 	dec.Rule = c.rule
 	d.load.Begin(dec.Instance.Name)
+	if d.breaker != nil {
+		d.breaker.Begin(dec.Instance.Name)
+	}
 	return dec, nil
 }
 
-// Finish ends the request dec routed: queue is the queue depth the
-// instance reported (known false when it did not, or never answered).
-func (d *Decider) Finish(dec Decision, queue int, known bool) {
-	d.load.End(dec.Instance.Name, queue, known)
+// Finish ends the request dec routed with the answer a: the load view
+// and the breaker hear of it.
+func (d *Decider) Finish(dec Decision, a Answer) {
+	d.load.End(dec.Instance.Name, a.Queue, a.QueueKnown && a.Answered)
+	if d.breaker != nil {
+		d.breaker.Done(dec.Instance.Name, a.Answered, a.Failed)
+	}
 }
 
-// available is the healthy instances minus the drained ones.
+// available is the healthy instances minus the drained ones and those the
+// breaker keeps out.
 func (d *Decider) available() []fleet.Instance {
 	healthy := d.fleet.Healthy()
 	drained := d.load.drained()
-	if len(drained) == 0 {
+	open := d.breaker != nil && !d.breaker.Quiet()
+	if len(drained) == 0 && !open {
 		return healthy
 	}
 	out := make([]fleet.Instance, 0, len(healthy))
 	for _, in := range healthy {
-		if !drained[in.Name] {
+		if !drained[in.Name] && (!open || d.breaker.Available(in.Name)) {
 			out = append(out, in)
 		}
 	}
@@ -224,6 +237,8 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	case res.Move.Off != "" && res.Move.Off == b.Instance && d.load.Drained(b.Instance):
 		// A drain mark counts only while the drain lasts.
 		kind = KindDrained
+	case !ok && d.out(b.Instance):
+		return d.failover(ctx, p, c, res.Key, b, mode, lt, healthy, now)
 	case !ok:
 		kind = KindMoved
 	case b.Version != "" && in.Version != b.Version && p.VersionAffinity != AnyVersion:
@@ -241,21 +256,15 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	if err != nil {
 		return Decision{}, err
 	}
-	nb, err := d.store.Replace(ctx, res.Key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now}, lt)
-	d.load.settle(next.Name, err == nil && nb.Instance == next.Name, b.Instance)
+	dec, err := d.rebind(ctx, res.Key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now}, lt, next, healthy)
 	if err != nil {
-		if ctx.Err() != nil {
-			return Decision{}, ctx.Err()
-		}
-		return Decision{Instance: next, Mode: mode, Kind: KindDegraded, Err: err}, nil
+		return Decision{}, err
 	}
-	if in, ok := find(healthy, nb.Instance); ok {
-		return Decision{Instance: in, Mode: mode, Kind: kind}, nil
+	dec.Mode = mode
+	if dec.Kind == "" {
+		dec.Kind = kind
 	}
-	// Another replica moved the session to an instance this one does not
-	// know (their fleets differ, as during a rollout): route by our own
-	// choice for now, and say so.
-	return Decision{Instance: next, Mode: mode, Kind: KindDegraded, Err: fmt.Errorf("%w: %s", ErrFleetMismatch, nb.Instance)}, nil
+	return dec, nil
 }
 
 // errStay: the session keeps its instance (a saturated instance with no

@@ -47,7 +47,7 @@ func decide(t *testing.T, d *affinity.Decider, req affinity.Request) affinity.De
 	if err != nil {
 		t.Fatalf("Decide(%s): %v", req.ID.Key, err)
 	}
-	d.Finish(got, 0, false)
+	d.Finish(got, affinity.Answer{Answered: true})
 	return got
 }
 
@@ -506,7 +506,7 @@ func TestBoundedLoadUnderConcurrentPlacements(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			d.Finish(got, 0, false)
+			d.Finish(got, affinity.Answer{Answered: true})
 			mu.Lock()
 			counts[got.Instance.Name]++
 			mu.Unlock()

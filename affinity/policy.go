@@ -72,8 +72,19 @@ type Policy struct {
 	// rules match with Rule.Tiers. It must come from a trusted layer (an
 	// authenticating filter in front of Envoy), not from the client.
 	TierHeader string
+	// Fallback is fallback_policy: what a session whose instance is out
+	// does. "" is Gradual.
+	Fallback Fallback
 
 	draws versionDraws // filled by SetPolicy
+}
+
+// fallback is p.Fallback with its default.
+func (p *Policy) fallback() Fallback {
+	if p.Fallback == "" {
+		return Gradual
+	}
+	return p.Fallback
 }
 
 // VersionWeight is one [[versions]] entry.

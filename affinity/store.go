@@ -13,6 +13,11 @@ type Binding struct {
 	Instance string    // instance name
 	Version  string    // model version the session started on (or was migrated to); may be empty
 	Since    time.Time // when the session was (last) placed; max_sticky_duration counts from here
+	// Failovers is how far down the fallback ladder the session has gone
+	// since it was placed: 0 never moved for a failure, 1 moved within its
+	// zone, 2 moved to another zone. A new placement (bind, rebind) starts
+	// at 0; a Replace stores the value it is given.
+	Failovers int
 }
 
 // Lifetime says how long a binding lives.
@@ -115,6 +120,8 @@ func CheckBinding(b Binding, lt Lifetime) error {
 		return errors.New("empty instance name")
 	case b.Since.IsZero():
 		return errors.New("zero since time")
+	case b.Failovers < 0 || b.Failovers > int(StageOtherZone):
+		return fmt.Errorf("failovers must be 0 to %d, got %d", StageOtherZone, b.Failovers)
 	case lt.Idle <= 0:
 		return fmt.Errorf("idle lifetime must be positive, got %v", lt.Idle)
 	case lt.Max < 0:
@@ -133,6 +140,18 @@ func CheckMark(f MarkFilter, m Move) error {
 		return fmt.Errorf("limit must not be negative, got %d", f.Limit)
 	case !m.Pending():
 		return errors.New("empty move")
+	}
+	return nil
+}
+
+// CheckBound reports why Bound(instance, limit) cannot be done; every
+// SessionIndex refuses the same inputs with it.
+func CheckBound(instance string, limit int) error {
+	switch {
+	case instance == "":
+		return errors.New("empty instance name")
+	case limit < 0:
+		return fmt.Errorf("limit must not be negative, got %d", limit)
 	}
 	return nil
 }
@@ -174,6 +193,10 @@ type SessionIndex interface {
 	// have no pending move yet, and returns how many it marked and how many
 	// selected sessions are still unmarked after it.
 	Mark(ctx context.Context, f MarkFilter, m Move, now time.Time) (marked, remaining int, err error)
+	// Bound returns up to limit (0: all) of the sessions bound to instance,
+	// read from its index; entries whose binding is gone or elsewhere are
+	// left out. TTL is each session's remaining idle lifetime.
+	Bound(ctx context.Context, instance string, limit int, now time.Time) ([]Session, error)
 }
 
 // LoadReport is what one tether replica tells the others about the

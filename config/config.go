@@ -68,7 +68,18 @@ type Routing struct {
 	StickyEnabled     *int     `toml:"sticky_enabled"`
 	MaxStickyDuration Duration `toml:"max_sticky_duration"`
 	IdleTimeout       Duration `toml:"idle_timeout"`
-	FallbackPolicy    string   `toml:"fallback_policy"`
+	// FallbackPolicy is what a session whose instance is out (its breaker
+	// open) does: gradual (same zone, other zone, then random), random,
+	// or none (503).
+	FallbackPolicy string `toml:"fallback_policy"`
+	// The instance breaker (tether's own; [circuit_breakers] is Envoy's):
+	// more than FailureThreshold failures (5xx answers, Envoy's replies for
+	// an instance it cannot reach) within FailureWindow, counted across
+	// replicas through the store, keep the instance out for
+	// FailureCooldown; then one probe request at a time decides.
+	FailureThreshold *int     `toml:"failure_threshold"`
+	FailureWindow    Duration `toml:"failure_window"`
+	FailureCooldown  Duration `toml:"failure_cooldown"`
 	// ClusterHeader is the request header Envoy routes on.
 	ClusterHeader string `toml:"cluster_header"`
 	// RandomSeed makes random routing reproducible (tests, benchmarks); 0
@@ -178,6 +189,10 @@ const (
 	DefaultQueueDepth       = 12
 	DefaultQueueDepthHeader = "x-queue-depth"
 	DefaultTimezone         = "UTC"
+	DefaultFailureThreshold = 3
+	DefaultFailureWindow    = 30 * time.Second
+	DefaultFailureCooldown  = 30 * time.Second
+	MaxFailureThreshold     = 10000
 )
 
 // Default returns a configuration with every default filled in and no instances.
@@ -257,6 +272,12 @@ func (c *Config) setDefaults() {
 	dur(&c.Routing.MaxStickyDuration, DefaultMaxStickyDuration)
 	dur(&c.Routing.IdleTimeout, DefaultIdleTimeout)
 	str(&c.Routing.FallbackPolicy, "gradual")
+	if c.Routing.FailureThreshold == nil {
+		n := DefaultFailureThreshold
+		c.Routing.FailureThreshold = &n
+	}
+	dur(&c.Routing.FailureWindow, DefaultFailureWindow)
+	dur(&c.Routing.FailureCooldown, DefaultFailureCooldown)
 	str(&c.Routing.ClusterHeader, DefaultClusterHeader)
 	str(&c.Routing.VersionAffinity, DefaultVersionAffinity)
 	if c.Routing.BoundedLoadEpsilon == 0 && !c.epsilonSet {
@@ -367,6 +388,15 @@ func (c *Config) Validate() error {
 	case "gradual", "random", "none":
 	default:
 		bad("routing.fallback_policy", c.Routing.FallbackPolicy, `want "gradual", "random" or "none"`)
+	}
+	if n := *c.Routing.FailureThreshold; n < 0 || n > MaxFailureThreshold {
+		bad("routing.failure_threshold", n, fmt.Sprintf("want 0 (the first failure opens) to %d", MaxFailureThreshold))
+	}
+	if c.Routing.FailureWindow.D < 100*time.Millisecond {
+		bad("routing.failure_window", c.Routing.FailureWindow, "want at least 100ms")
+	}
+	if c.Routing.FailureCooldown.D < 100*time.Millisecond {
+		bad("routing.failure_cooldown", c.Routing.FailureCooldown, "want at least 100ms")
 	}
 	if strings.HasPrefix(c.Routing.ClusterHeader, "x-envoy-") {
 		bad("routing.cluster_header", c.Routing.ClusterHeader, "Envoy reserves x-envoy- headers")

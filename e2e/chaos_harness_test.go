@@ -823,8 +823,10 @@ func (v bindingVerdict) String() string {
 //
 // keys[i] is session i's binding key; a binding of no session the driver
 // knows has no answers to explain a move: it is intact, lost or
-// unexplained.
-func checkBindings(before, after bindingSnapshot, recs []chaosRecord, keys []string, since time.Time) bindingVerdict {
+// unexplained. explain, when not nil, may name the counted reason for a
+// move no answer shows (tether moved the session before its next turn);
+// the scenario checks that count against tether's own.
+func checkBindings(before, after bindingSnapshot, recs []chaosRecord, keys []string, since time.Time, explain func(key, was, now string) string) bindingVerdict {
 	session := map[string]int{}
 	for i, k := range keys {
 		session[k] = i
@@ -864,6 +866,9 @@ func checkBindings(before, after bindingSnapshot, recs []chaosRecord, keys []str
 						kind = r.decision
 					}
 				}
+			}
+			if kind == "" && explain != nil {
+				kind = explain(key, was, now)
 			}
 			if kind == "" {
 				v.Unexplained++
@@ -908,6 +913,9 @@ type chaosPlan struct {
 	// a 2xx with a tether decision other than degraded.
 	Recovered       func(chaosRecord) bool
 	RecoveryTimeout time.Duration // 0 means 20 s
+	// Explain, when set, names the counted reason for a binding that moved
+	// without an answer saying so (see checkBindings).
+	Explain func(key, was, now string) string
 	// SlowRecovery lets the run go on to the after phase when some sessions
 	// have not recovered within RecoveryTimeout (counted in
 	// chaosResult.Unrecovered) instead of failing the test.
@@ -977,7 +985,7 @@ func (s *chaosStack) runChaos(t *testing.T, plan chaosPlan) chaosResult {
 	res.Keys = load.keys
 	res.Phases = load.summarize(res.Records)
 	res.Rate = float64(len(res.Records)) / load.end.Sub(begun).Seconds()
-	res.Verdict = checkBindings(res.Before, res.After, res.Records, res.Keys, res.FaultAt)
+	res.Verdict = checkBindings(res.Before, res.After, res.Records, res.Keys, res.FaultAt, plan.Explain)
 	res.OffBinding = offBinding(res.Before, res.After, res.Records, res.Keys)
 	return res
 }

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tetherproxy/tether/config"
 )
 
 // TestChaosChecker: the checker tells intact, moved for a reason, lost and
@@ -47,7 +49,7 @@ func TestChaosChecker(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			v := checkBindings(bindingSnapshot{"k0": "a"}, tc.after, tc.recs, keys, since)
+			v := checkBindings(bindingSnapshot{"k0": "a"}, tc.after, tc.recs, keys, since, nil)
 			got := ""
 			switch {
 			case v.Checked != 1:
@@ -69,10 +71,10 @@ func TestChaosChecker(t *testing.T) {
 		})
 	}
 	// A binding no driver session owns has no answers to explain a move.
-	if v := checkBindings(bindingSnapshot{"other": "a"}, bindingSnapshot{"other": "b"}, nil, keys, since); v.Unexplained != 1 {
+	if v := checkBindings(bindingSnapshot{"other": "a"}, bindingSnapshot{"other": "b"}, nil, keys, since, nil); v.Unexplained != 1 {
 		t.Errorf("a stranger's binding moved: %v, want unexplained", v)
 	}
-	if v := checkBindings(bindingSnapshot{}, bindingSnapshot{}, nil, keys, since); v.ok() {
+	if v := checkBindings(bindingSnapshot{}, bindingSnapshot{}, nil, keys, since, nil); v.ok() {
 		t.Error("an empty snapshot passes: the check would prove nothing")
 	}
 }
@@ -314,4 +316,156 @@ func countBindings(t *testing.T, ctx context.Context, addr string) int {
 		t.Fatalf("scan %s: %v", addr, err)
 	}
 	return n
+}
+
+// TestChaosInstanceKilled: one emulated instance is killed (its listener
+// and every connection closed) mid-load, and restored. tether's breaker
+// counts its failures: Envoy's 503s for the refused connections, and the
+// answers Envoy got from a peer when it retried there (the response
+// phase's upstream.address names the peer). Past failure_threshold the
+// circuit opens, the replica that opened it moves the instance's sessions
+// down the fallback ladder (same zone first) before their next turn, and
+// sessions it has not reached move at their next request ("failover").
+// Every other session stays where it was. Restored, the instance takes new
+// sessions again once a probe after the cooldown succeeds.
+//
+// It runs twice: with Envoy's default retry on a peer (the client sees
+// the peer's answer) and with retries off (the client sees the failures
+// the breaker needs before it opens).
+func TestChaosInstanceKilled(t *testing.T) {
+	for _, retries := range []uint32{1, 0} {
+		t.Run(fmt.Sprintf("retries=%d", retries), func(t *testing.T) { instanceKilled(t, retries) })
+	}
+}
+
+func instanceKilled(t *testing.T, retries uint32) {
+	const cooldown = 3 * time.Second
+	s := startChaosStack(t, chaosOptions{Configure: func(c *config.Config) {
+		c.Envoy.Retries = &retries
+		c.Routing.FailureCooldown = config.Duration{D: cooldown}
+		// Envoy ejects the dead host too (consecutive gateway failures) and
+		// then sends its cluster's requests to a peer: through Envoy the
+		// instance is back only when the ejection ends, so tether's probe
+		// fails until then. Shortened from 30 s to keep the test short.
+		c.OutlierDetection.BaseEjectionTime = &config.Duration{D: cooldown}
+	}})
+	tt := s.Tethers[0]
+	victim := s.Instances[0].Name
+	state := func() float64 {
+		return tt.metric(t, "tether_instance_breaker_state", `instance="`+victim+`"`)
+	}
+	var opened, restoredAt time.Duration
+	res := s.runChaos(t, chaosPlan{
+		Fault: func(t *testing.T, load *loadDriver) {
+			began := time.Now()
+			s.KillInstance(victim)
+			waitFor(t, 15*time.Second, "the breaker to open", func() bool { return state() == 1 })
+			opened = time.Since(began)
+			load.keepRunning(t, 2*time.Second) // serve the moved sessions elsewhere a while
+			s.RestartInstance(victim)
+			restoredAt = time.Since(began)
+		},
+		// A session moved before its next turn shows no move in its
+		// answers: counted by tether_sessions_evacuated_total, checked below.
+		Explain: func(_, was, _ string) string {
+			if was == victim {
+				return "evacuated"
+			}
+			return ""
+		},
+	})
+
+	// The bindings, by hand: the sessions of the victim must have left it,
+	// each explained by a failover answer or by the evacuation count; every
+	// other session must be where it was.
+	failedOver := map[string]bool{}
+	for _, r := range res.Records {
+		if !r.failed() && r.at.After(res.FaultAt) && r.decision == "failover" {
+			failedOver[res.Keys[r.session]] = true
+		}
+	}
+	evacuated := int(tt.metric(t, "tether_sessions_evacuated_total", `instance="`+victim+`"`))
+	onVictim, movedByFailover, movedAhead, stayed, lost, otherMoved := 0, 0, 0, 0, 0, 0
+	sameZone := 0
+	zone := map[string]string{}
+	for _, in := range s.Instances {
+		zone[in.Name] = in.Zone
+	}
+	for _, key := range res.Keys {
+		before, ok := res.Before[key]
+		after, ok2 := res.After[key]
+		switch {
+		case !ok:
+			continue
+		case !ok2:
+			lost++
+		case before == victim && after == victim:
+			stayed++
+		case before == victim:
+			onVictim++
+			if zone[after] == zone[victim] {
+				sameZone++
+			}
+			if failedOver[key] {
+				movedByFailover++
+			} else {
+				movedAhead++
+			}
+		case after != before:
+			otherMoved++
+		}
+	}
+	d := res.Phases[phaseDuring]
+	peerAnswers := 0
+	for _, r := range res.Records {
+		if r.phase == phaseDuring && !r.failed() && r.tethered == victim && r.instance != victim {
+			peerAnswers++
+		}
+	}
+	res.report(t, fmt.Sprintf("instance-killed(retries=%d)", retries),
+		fmt.Sprintf("breaker_open_after=%v", opened.Round(time.Millisecond)),
+		fmt.Sprintf("restored_after=%v", restoredAt.Round(time.Millisecond)),
+		fmt.Sprintf("sessions_on_victim=%d", onVictim+stayed),
+		fmt.Sprintf("moved_ahead=%d", movedAhead),
+		fmt.Sprintf("moved_at_next_turn=%d", movedByFailover),
+		fmt.Sprintf("evacuated_metric=%d", evacuated),
+		fmt.Sprintf("moved_same_zone=%d", sameZone),
+		fmt.Sprintf("answered_by_peer_during=%d", peerAnswers),
+		fmt.Sprintf("other_sessions_moved=%d", otherMoved))
+	if lost > 0 || stayed > 0 || otherMoved > 0 {
+		t.Errorf("bindings: %d lost, %d still on the dead instance, %d other sessions moved", lost, stayed, otherMoved)
+	}
+	if onVictim == 0 {
+		t.Fatal("no session was bound to the victim: the scenario proves nothing")
+	}
+	if movedAhead > evacuated {
+		t.Errorf("%d sessions left the victim without a failover answer, but only %d were evacuated", movedAhead, evacuated)
+	}
+	if sameZone != onVictim {
+		t.Errorf("%d of %d moved sessions stayed in the victim's zone; the ladder goes to the same zone first while it has room", sameZone, onVictim)
+	}
+	// Failed requests: at most the threshold's worth (plus one) of
+	// failures before the circuit opened, plus those in flight at the kill.
+	threshold := *s.Config.Routing.FailureThreshold
+	if limit := threshold + 1 + 64; d.Failed > limit {
+		t.Errorf("%d requests failed during the fault, more than threshold+1 plus those in flight (%d): %s", d.Failed, limit, res.failures(phaseDuring))
+	}
+	if f := res.Phases[phaseBefore].Failed + res.Phases[phaseAfter].Failed; f > 0 {
+		t.Errorf("%d requests failed outside the fault", f)
+	}
+
+	// Restored: after the cooldown a probe closes the circuit and new
+	// sessions land on the victim again.
+	time.Sleep(cooldown)
+	landed := 0
+	for i := range 200 {
+		a := chat(t, s.Proxy(), map[string]string{"x-session-id": fmt.Sprint("after-restore-", i)})
+		if a.status == 200 && a.tethered == victim && a.instance == victim {
+			landed++
+		}
+	}
+	if landed == 0 || state() != 0 {
+		t.Errorf("after restore: %d of 200 new sessions on %s, breaker state %v; want some, and closed (0)", landed, victim, state())
+	}
+	t.Logf("after restore: %d of 200 new sessions placed on %s", landed, victim)
 }

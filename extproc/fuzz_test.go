@@ -131,14 +131,17 @@ func (c *countingDecider) Decide(ctx context.Context, req affinity.Request) (aff
 	return d, err
 }
 
-func (c *countingDecider) Finish(d affinity.Decision, queue int, known bool) {
+func (c *countingDecider) Finish(d affinity.Decision, a affinity.Answer) {
 	if c.open[d.Instance.Name]--; c.open[d.Instance.Name] < 0 {
 		c.t.Errorf("Finish for instance %q without an unfinished decision", d.Instance.Name)
 	}
-	if known && queue < 0 {
-		c.t.Errorf("Finish with queue depth %d reported as known", queue)
+	if a.QueueKnown && (a.Queue < 0 || !a.Answered) {
+		c.t.Errorf("Finish with queue depth %d reported as known (answered %v)", a.Queue, a.Answered)
 	}
-	c.Decider.Finish(d, queue, known)
+	if a.Failed && !a.Answered {
+		c.t.Errorf("Finish with a failure but no answer")
+	}
+	c.Decider.Finish(d, a)
 }
 
 // fuzzEnv is one fuzz run's world: a fresh store, fleet, clock and server,

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/identity"
@@ -29,9 +31,8 @@ type Identifier interface {
 // Decider picks the instance, and hears how the request ended.
 type Decider interface {
 	Decide(context.Context, affinity.Request) (affinity.Decision, error)
-	// Finish is called once per decision: queue is the queue depth the
-	// instance reported (known false when it did not, or never answered).
-	Finish(d affinity.Decision, queue int, known bool)
+	// Finish is called once per decision with how the request ended.
+	Finish(d affinity.Decision, a affinity.Answer)
 }
 
 // Recorder counts what happens.
@@ -87,7 +88,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	var ex exchange
 	defer func() {
 		if ex.decided && !ex.finished { // the stream ended before the instance answered
-			s.decider.Finish(ex.decision, 0, false)
+			s.decider.Finish(ex.decision, affinity.Answer{})
 		}
 	}()
 	for {
@@ -103,7 +104,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		case *extprocv3.ProcessingRequest_RequestHeaders:
 			resp = s.onRequestHeaders(ctx, r.RequestHeaders, &ex)
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
-			resp = s.onResponseHeaders(r.ResponseHeaders, &ex)
+			resp = s.onResponseHeaders(r.ResponseHeaders, upstreamOf(req.GetAttributes()), &ex)
 		default:
 			resp = continueOther(req)
 		}
@@ -121,7 +122,7 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	if ex.decided && !ex.finished {
 		// A second request-headers message on one stream (Envoy sends one):
 		// the first decision ends unanswered, so its in-flight count does too.
-		s.decider.Finish(ex.decision, 0, false)
+		s.decider.Finish(ex.decision, affinity.Answer{})
 	}
 	*ex = exchange{}
 	h := headers(msg.GetHeaders().GetHeaders())
@@ -136,6 +137,12 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 			// session's model, so the request is refused instead.
 			s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: no instance of the session's model version")
 			return refuse(503, err.Error()+" (version_affinity = \"strict\")\n")
+		}
+		if errors.Is(err, affinity.ErrUnavailable) {
+			// fallback_policy = "none": the operator wants a clear
+			// failure rather than the session on another instance.
+			s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: the session's instance is unavailable")
+			return refuse(503, err.Error()+"; retry when it recovers\n")
 		}
 		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("no decision; Envoy uses its default route")
 		return passRequest()
@@ -153,13 +160,18 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 }
 
 // onResponseHeaders records the instance's status and adds debug headers.
-func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, ex *exchange) *extprocv3.ProcessingResponse {
+func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *exchange) *extprocv3.ProcessingResponse {
 	if ex.decided && !ex.finished {
 		h := headers(msg.GetHeaders().GetHeaders())
 		code, _ := strconv.Atoi(h.Get(":status"))
 		s.rec.Response(ex.decision.Instance.Name, code)
+		peer := up.elsewhere(ex.decision.Instance.Address)
 		queue, err := strconv.Atoi(h.Get(s.opts.QueueHeader))
-		s.decider.Finish(ex.decision, queue, err == nil && queue >= 0 && s.opts.QueueHeader != "")
+		s.decider.Finish(ex.decision, affinity.Answer{
+			Answered: true, Failed: peer || (failed(code, h) && !up.none()),
+			// A peer's queue depth is not the instance's.
+			Queue: queue, QueueKnown: err == nil && queue >= 0 && s.opts.QueueHeader != "" && !peer,
+		})
 		ex.finished = true
 	}
 	if !s.opts.DebugHeaders {
@@ -174,12 +186,75 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, ex *exchange) *ex
 	)
 }
 
+// failed says whether a status counts against the instance: any 5xx,
+// the instance's own or one Envoy made because it could not reach it
+// (refused, reset, timed out), except Envoy's own circuit breaker turning
+// a request away (x-envoy-overloaded): that instance is busy, not broken,
+// and adaptive routing deals with load. docs/envoy-replies.md lists what
+// reaches the response phase.
+func failed(status int, h headers) bool {
+	return status >= 500 && status <= 599 && h.Get("x-envoy-overloaded") != "true"
+}
+
+// Response attributes the ext_proc filter asks for (its
+// response_attributes): the host that answered, and the status, which is
+// always there and so shows that Envoy sends attributes at all.
+const (
+	AttrUpstreamAddress = "upstream.address"
+	AttrResponseCode    = "response.code"
+)
+
+// upstream is what the response attributes say about the host that
+// answered.
+type upstream struct {
+	attrs   bool   // Envoy sent the attributes
+	address string // the host that answered ("" none)
+}
+
+// upstreamOf reads the attributes Envoy sent (one struct per filter name).
+func upstreamOf(attrs map[string]*structpb.Struct) upstream {
+	var u upstream
+	for _, st := range attrs {
+		f := st.GetFields()
+		if _, ok := f[AttrResponseCode]; ok {
+			u.attrs = true
+		}
+		if v, ok := f[AttrUpstreamAddress]; ok {
+			u.attrs, u.address = true, v.GetStringValue()
+		}
+	}
+	return u
+}
+
+// none: Envoy sent attributes but picked no host (no such cluster, no
+// host in it, its circuit breaker full): the reply is about Envoy's
+// configuration or load, not the instance's health.
+func (u upstream) none() bool { return u.attrs && u.address == "" }
+
+// elsewhere reports whether the answer came from another host than the
+// chosen instance's address: Envoy retried on a peer, or went past the
+// instance because it had ejected it. The instance failed the request
+// even though the client got an answer.
+func (u upstream) elsewhere(chosen string) bool {
+	if u.address == "" || chosen == "" {
+		return false
+	}
+	a, err1 := netip.ParseAddrPort(u.address)
+	c, err2 := netip.ParseAddrPort(chosen)
+	if err1 != nil || err2 != nil {
+		return u.address != chosen
+	}
+	return a.Addr().Unmap() != c.Addr().Unmap() || a.Port() != c.Port()
+}
+
 func failureReason(err error) string {
 	switch {
 	case errors.Is(err, affinity.ErrNoInstance):
 		return "no_instance"
 	case errors.Is(err, affinity.ErrNoVersion):
 		return "no_version"
+	case errors.Is(err, affinity.ErrUnavailable):
+		return "unavailable"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return "canceled"
 	}

@@ -305,7 +305,7 @@ func BenchmarkProcess(b *testing.B) {
 // goneDecider fails as a decision does when Envoy gave up on the request.
 type goneDecider struct{}
 
-func (goneDecider) Finish(affinity.Decision, int, bool) {}
+func (goneDecider) Finish(affinity.Decision, affinity.Answer) {}
 
 func (goneDecider) Decide(context.Context, affinity.Request) (affinity.Decision, error) {
 	return affinity.Decision{}, context.Canceled

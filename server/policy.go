@@ -40,6 +40,7 @@ func Policy(cfg config.Config) (affinity.Policy, error) {
 		Epsilon:         r.BoundedLoadEpsilon,
 		Saturation:      affinity.Saturation{InFlight: r.SaturationInFlight, QueueDepth: r.SaturationQueueDepth},
 		TierHeader:      r.TierHeader,
+		Fallback:        affinity.Fallback(r.FallbackPolicy),
 	}
 	for _, v := range cfg.Versions {
 		p.Versions = append(p.Versions, affinity.VersionWeight{Name: v.Name, Weight: v.Weight, Canary: v.Canary})

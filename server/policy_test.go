@@ -111,6 +111,7 @@ func TestPolicy(t *testing.T) {
 		Epsilon:         0.5,
 		Saturation:      affinity.Saturation{InFlight: 8, QueueDepth: 0},
 		TierHeader:      "x-tier",
+		Fallback:        affinity.Gradual,
 	}
 	opts := cmp.Options{
 		cmpopts.IgnoreUnexported(affinity.Policy{}),
@@ -142,6 +143,16 @@ func TestPolicy(t *testing.T) {
 	}
 }
 
+func TestPolicyFallback(t *testing.T) {
+	for _, f := range []string{"gradual", "random", "none"} {
+		c := config.Default()
+		c.Routing.FallbackPolicy = f
+		if got := mustPolicy(t, c).Fallback; string(got) != f {
+			t.Errorf("fallback_policy %q became %q", f, got)
+		}
+	}
+}
+
 func TestPolicyDefaults(t *testing.T) {
 	p := mustPolicy(t, config.Default())
 	want := affinity.Policy{
@@ -151,6 +162,7 @@ func TestPolicyDefaults(t *testing.T) {
 		Epsilon:         config.DefaultEpsilon,
 		Saturation:      affinity.Saturation{QueueDepth: config.DefaultQueueDepth},
 		TierHeader:      config.DefaultTierHeader,
+		Fallback:        affinity.Gradual,
 	}
 	if d := cmp.Diff(want, p, cmpopts.IgnoreUnexported(affinity.Policy{})); d != "" {
 		t.Errorf("policy (-want +got):\n%s", d)

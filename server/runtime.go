@@ -155,6 +155,9 @@ func (r *runtime) warnRestartOnly(next config.Config) {
 		{"routing.cluster_header", r.cfg.Routing.ClusterHeader, next.Routing.ClusterHeader},
 		{"routing.queue_depth_header", r.cfg.Routing.QueueDepthHeader, next.Routing.QueueDepthHeader},
 		{"routing.random_seed", r.cfg.Routing.RandomSeed, next.Routing.RandomSeed},
+		{"routing.failure_threshold", *r.cfg.Routing.FailureThreshold, *next.Routing.FailureThreshold},
+		{"routing.failure_window", r.cfg.Routing.FailureWindow.D, next.Routing.FailureWindow.D},
+		{"routing.failure_cooldown", r.cfg.Routing.FailureCooldown.D, next.Routing.FailureCooldown.D},
 		{"identity", r.cfg.Identity, next.Identity},
 		{"xds", r.cfg.XDS, next.XDS},
 	} {

@@ -27,6 +27,7 @@ import (
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/extproc"
+	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/metrics"
 	redisstore "github.com/tetherproxy/tether/store/redis"
@@ -99,8 +100,13 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return err
 	}
 
-	load := affinity.NewLoad(store, replicaName())
-	decider := affinity.New(store, rt.fleet, rt.currentPolicy(), affinity.WithLoad(load), affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
+	replica := replicaName()
+	load := affinity.NewLoad(store, replica)
+	var breaker *fleet.Breaker
+	brec := metrics.NewBreaker(reg, func() uint64 { return breaker.Dropped() })
+	breaker = fleet.NewBreaker(breakerConfig(cfg.Routing), nil, brec.Changed)
+	decider := affinity.New(store, rt.fleet, rt.currentPolicy(), affinity.WithLoad(load), affinity.WithBreaker(breaker),
+		affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
 	rt.setPolicy(decider.SetPolicy)
 	processor := extproc.New(ids, decider, rec, extproc.Options{
 		ClusterHeader: cfg.Routing.ClusterHeader,
@@ -133,10 +139,15 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		go func() { errc <- serveErr("xds", xs.Serve(ls.xds)) }()
 	}
 	wctx, stopWatch := context.WithCancel(ctx)
-	watchDone := make(chan struct{}, 2)
+	watchDone := make(chan struct{}, 3)
 	go func() {
 		defer func() { watchDone <- struct{}{} }()
 		syncLoad(wctx, load, rt.fleet, log, rec.LoadSyncFailures())
+	}()
+	go func() {
+		defer func() { watchDone <- struct{}{} }()
+		share := &breakerShare{breaker: breaker, store: store, index: store, mover: decider, replica: replica, rec: brec, log: log}
+		share.run(wctx)
 	}()
 	go func() {
 		defer func() { watchDone <- struct{}{} }()
@@ -158,6 +169,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	case runErr = <-errc:
 	}
 	stopWatch()
+	<-watchDone
 	<-watchDone
 	<-watchDone
 	ready.drain()

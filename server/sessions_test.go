@@ -86,7 +86,7 @@ func (e *sessionsEnv) turn(t *testing.T, h identity.Map) affinity.Decision {
 	if err != nil {
 		t.Fatalf("Decide: %v", err)
 	}
-	e.decider.Finish(d, 0, false)
+	e.decider.Finish(d, affinity.Answer{Answered: true})
 	return d
 }
 

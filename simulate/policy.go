@@ -134,7 +134,7 @@ func (t *tetherRouter) route(ctx context.Context, c *conversation) (int, affinit
 		return 0, "", fmt.Errorf("simulate: decide: %w", err)
 	}
 	// The simulation models no requests in flight as tether sees them.
-	t.decider.Finish(d, 0, false)
+	t.decider.Finish(d, affinity.Answer{Answered: true})
 	i, ok := t.index[d.Instance.Name]
 	if !ok {
 		return 0, "", fmt.Errorf("simulate: decision names unknown instance %q", d.Instance.Name)

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 )
 
@@ -388,9 +389,15 @@ func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.List
 }
 
 // extProcFilter: request and response headers only, and Envoy goes on
-// without tether when it is down or slower than message_timeout.
+// without tether when it is down or slower than message_timeout. The
+// response phase carries upstream.address, the host that answered (and
+// response.code, which shows the attributes arrive at all): when
+// Envoy retried on a peer, or sent the request past an instance it had
+// ejected, that is not the instance tether chose, and the chosen one has
+// failed although the client got an answer.
 func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	return &extprocv3.ExternalProcessor{
+		ResponseAttributes: []string{extproc.AttrUpstreamAddress, extproc.AttrResponseCode},
 		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
 			EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcCluster},
 		}},

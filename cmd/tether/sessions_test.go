@@ -81,7 +81,7 @@ func (s *sessionsServer) turn(t *testing.T, sessionID string) affinity.Decision 
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.decider.Finish(d, 0, false)
+	s.decider.Finish(d, affinity.Answer{Answered: true})
 	return d
 }
 

@@ -208,6 +208,30 @@ func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move
 	return marked, remaining, nil
 }
 
+// Bound implements affinity.SessionIndex. Sessions come in key order.
+func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]affinity.Session, error) {
+	if err := affinity.CheckBound(instance, limit); err != nil {
+		return nil, fmt.Errorf("memory bound: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("memory bound: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []affinity.Session
+	for _, key := range slices.Sorted(maps.Keys(s.index[instance])) {
+		e, ok := s.live(key, now)
+		if !ok || e.b.Instance != instance {
+			continue
+		}
+		if limit > 0 && len(out) == limit {
+			break
+		}
+		out = append(out, affinity.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)})
+	}
+	return out, nil
+}
+
 // SyncLoad implements affinity.LoadSyncer.
 func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances []string, ttl time.Duration, now time.Time) (affinity.LoadState, error) {
 	if err := affinity.CheckReport(r, ttl); err != nil {

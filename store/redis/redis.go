@@ -405,7 +405,7 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 	now := next.Since.UnixMilli()
 	c := &scriptCall{sc: s.replace, keys: []string{s.bindingKey(key)},
 		args: []any{old, next.Instance, next.Version, now, millis(lt.Idle), now + entryLifetime(lt.Idle),
-			refreshPeriod(lt.Idle), refreshMargin(lt.Idle)}}
+			refreshPeriod(lt.Idle), refreshMargin(lt.Idle), next.Failovers}}
 	s.exec(ctx, []*scriptCall{c}, nil)
 	res, err := c.cmd.Slice()
 	if err != nil {
@@ -582,6 +582,48 @@ func (s *Store) liveMembers(ctx context.Context, idx string, now int64) ([]gored
 		}
 	}
 	return zs, nil
+}
+
+// Bound implements affinity.SessionIndex: the live members of the
+// instance's index, then their bindings in pipelines of markBatch. Each
+// round trip gets its own Options.Timeout.
+func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]affinity.Session, error) {
+	if err := affinity.CheckBound(instance, limit); err != nil {
+		return nil, fmt.Errorf("redis bound: %w", err)
+	}
+	zs, err := s.liveMembers(ctx, s.indexKey(instance), now.UnixMilli())
+	if err != nil {
+		return nil, fmt.Errorf("redis bound: %w", err)
+	}
+	var out []affinity.Session
+	for chunk := range slices.Chunk(zs, markBatch) {
+		calls := make([]*scriptCall, len(chunk))
+		for i, z := range chunk {
+			key := z.Member.(string) // liveMembers checked
+			calls[i] = &scriptCall{sc: s.show, keys: []string{s.bindingKey(key), s.linkKey(key)}, args: []any{boolArg(false)}}
+		}
+		cctx, cancel := s.callContext(ctx)
+		s.exec(cctx, calls, nil)
+		cancel()
+		for i, c := range calls {
+			res, err := c.cmd.Slice()
+			if err != nil {
+				return out, fmt.Errorf("redis bound: %w", err)
+			}
+			sess, _, ok, err := parseShowReply(res)
+			if err != nil {
+				return out, fmt.Errorf("redis bound: %w", err)
+			}
+			if !ok || sess.Binding.Instance != instance {
+				continue
+			}
+			sess.Key = chunk[i].Member.(string)
+			if out = append(out, sess); limit > 0 && len(out) == limit {
+				return out, nil
+			}
+		}
+	}
+	return out, nil
 }
 
 // pruneIndex removes members whose score has not changed since they were

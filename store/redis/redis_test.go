@@ -305,8 +305,10 @@ func TestSyncLoadSkipsBadValues(t *testing.T) {
 }
 
 func TestParseReplies(t *testing.T) {
-	ok := func(out int64) []any { return []any{out, "a", "1000", "v1", "", "", "", "", "", "", ""} }
-	bound := func(out int64) []any { return []any{out, "a", "1000", "v1", "", "", "b", "900", "v0", "2000", "2000"} }
+	ok := func(out int64) []any { return []any{out, "a", "1000", "v1", "", "", "", "", "", "", "", "", ""} }
+	bound := func(out int64) []any {
+		return []any{out, "a", "1000", "v1", "", "", "b", "900", "v0", "2000", "2000", "", "1"}
+	}
 	with := func(res []any, i int, v any) []any { res = slices.Clone(res); res[i] = v; return res }
 	bind := []struct {
 		name    string
@@ -327,7 +329,9 @@ func TestParseReplies(t *testing.T) {
 		{"alias to empty", []any{int64(0), ""}, true},
 		{"alias not a string", []any{int64(0), int64(1)}, true},
 		{"two elements not an alias", []any{int64(1), "s"}, true},
-		{"short", ok(1)[:10], true},
+		{"short", ok(1)[:12], true},
+		{"failovers not a string", with(ok(1), 11, int64(1)), true},
+		{"damaged failovers count as 0", with(ok(1), 11, "lots"), false},
 		{"long", append(ok(1), "x"), true},
 		{"instance not a string", with(ok(1), 1, int64(1)), true},
 		{"empty instance", with(ok(1), 1, ""), true},
@@ -344,14 +348,15 @@ func TestParseReplies(t *testing.T) {
 			t.Errorf("parseBindReply %s (%v): err = %v, want error: %v", tt.name, tt.res, err, tt.wantErr)
 		}
 	}
-	rep := []any{int64(1), "a", "1000", "v1", "2000", "b"}
+	rep := []any{int64(1), "a", "1000", "v1", "2000", "b", "2"}
 	replace := []struct {
 		name    string
 		res     []any
 		wantErr bool
 	}{
 		{"replaced", rep, false},
-		{"short", rep[:5], true},
+		{"short", rep[:6], true},
+		{"failovers not a string", with(rep, 6, int64(2)), true},
 		{"flag out of range", with(rep, 0, int64(3)), true},
 		{"index expiry not a string", with(rep, 4, int64(1)), true},
 		{"index expiry not a number", with(rep, 4, "x"), true},
@@ -364,7 +369,7 @@ func TestParseReplies(t *testing.T) {
 			t.Errorf("parseReplaceReply %s (%v): err = %v, want error: %v", tt.name, tt.res, err, tt.wantErr)
 		}
 	}
-	sess := []any{int64(1), "a", "1000", "v1", "v2", "", int64(500)}
+	sess := []any{int64(1), "a", "1000", "v1", "v2", "", int64(500), "1"}
 	show := []struct {
 		name    string
 		res     []any
@@ -376,7 +381,8 @@ func TestParseReplies(t *testing.T) {
 		{"empty", nil, true},
 		{"code not a number", []any{"2"}, true},
 		{"pttl not a number", with(sess, 6, "500"), true},
-		{"short", sess[:6], true},
+		{"short", sess[:7], true},
+		{"failovers not a string", with(sess, 7, nil), true},
 		{"unknown code", []any{int64(9)}, true},
 	}
 	for _, tt := range show {

@@ -36,14 +36,14 @@ func parseBindReply(res []any) (bindReply, error) {
 		}
 		return bad()
 	}
-	if len(res) != 11 {
+	if len(res) != 13 {
 		return bad()
 	}
 	out, ok := res[0].(int64)
 	if !ok || out < int64(affinity.Found) || out > int64(affinity.Renewed) {
 		return bad()
 	}
-	var str [10]string
+	var str [12]string
 	for i := range str {
 		if str[i], ok = res[i+1].(string); !ok {
 			return bad()
@@ -53,11 +53,13 @@ func parseBindReply(res []any) (bindReply, error) {
 	if !ok {
 		return bad()
 	}
+	b.Failovers = failovers(str[10])
 	r := bindReply{out: affinity.Outcome(out), b: b, move: affinity.Move{Version: str[3], Off: str[4]}, prevInstance: str[5]}
 	if r.out == affinity.Renewed {
 		if r.prev, ok = binding(str[5], str[6], str[7]); !ok {
 			return bad()
 		}
+		r.prev.Failovers = failovers(str[11])
 	}
 	if r.index, ok = expiry(str[8]); !ok {
 		return bad()
@@ -80,7 +82,7 @@ type replaceReply struct {
 
 func parseReplaceReply(res []any) (replaceReply, error) {
 	bad := func() (replaceReply, error) { return replaceReply{}, fmt.Errorf("unexpected replace reply %v", res) }
-	if len(res) != 6 {
+	if len(res) != 7 {
 		return bad()
 	}
 	replaced, ok1 := res[0].(int64)
@@ -89,10 +91,12 @@ func parseReplaceReply(res []any) (replaceReply, error) {
 	version, ok4 := res[3].(string)
 	ie, ok5 := res[4].(string)
 	prev, ok6 := res[5].(string)
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || (replaced != 0 && replaced != 1) {
+	f, ok8 := res[6].(string)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || !ok8 || (replaced != 0 && replaced != 1) {
 		return bad()
 	}
 	b, ok := binding(inst, since, version)
+	b.Failovers = failovers(f)
 	index, ok7 := expiry(ie)
 	if !ok || !ok7 || (replaced == 1 && index == 0) {
 		return bad()
@@ -126,11 +130,13 @@ func parseShowReply(res []any) (s affinity.Session, link string, ok bool, err er
 		if to, isStr := res[1].(string); isStr && to != "" {
 			return affinity.Session{}, to, false, nil
 		}
-	case code == 1 && len(res) == 7:
+	case code == 1 && len(res) == 8:
 		str, ok1 := strings5(res[1:6])
 		pttl, ok2 := res[6].(int64)
 		b, ok3 := binding(str[0], str[1], str[2])
-		if ok1 && ok2 && ok3 {
+		f, ok4 := res[7].(string)
+		b.Failovers = failovers(f)
+		if ok1 && ok2 && ok3 && ok4 {
 			return affinity.Session{
 				Binding: b,
 				Move:    affinity.Move{Version: str[3], Off: str[4]},
@@ -232,6 +238,16 @@ func strings5(v []any) ([5]string, bool) {
 		out[i] = s
 	}
 	return out, true
+}
+
+// failovers decodes the f field. It only steers the fallback ladder, so a
+// damaged value counts as 0 rather than failing the request.
+func failovers(v string) int {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > int(affinity.StageOtherZone) {
+		return 0
+	}
+	return n
 }
 
 // binding builds a Binding from stored fields; since is unix milliseconds.

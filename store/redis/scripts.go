@@ -6,8 +6,9 @@ package redis
 // caller's clock ("now" is an argument); TTLs are real PEXPIREs on the
 // server's clock.
 //
-// Binding hash fields: i instance, v version, s since, mv move-to-version,
-// mo move-off-instance, and the refresh bookkeeping: x when the session's
+// Binding hash fields: i instance, v version, s since, f failovers (the
+// fallback ladder's stage, absent for 0), mv move-to-version, mo
+// move-off-instance, and the refresh bookkeeping: x when the session's
 // index entry was last written, e that entry's expiry (its score), l the
 // expiry of the alias links last written for the session. All are unix
 // milliseconds on the callers' clock.
@@ -37,7 +38,7 @@ package redis
 // Replies {0, linked key} when KEYS[2] links the key to another session
 // (nothing is written), otherwise {outcome, instance, since, version,
 // move-to-version, move-off, previous instance, previous since, previous
-// version, index expiry, link expiry}: outcome is affinity.Outcome (1
+// version, index expiry, link expiry, failovers, previous failovers}: outcome is affinity.Outcome (1
 // found, 2 created, 3 renewed); the previous fields are the binding a bind
 // replaced (empty if none; a created binding may replace a damaged record's
 // instance, whose index the entry leaves); index expiry is empty unless
@@ -55,7 +56,7 @@ local function int(v)
   return nil
 end
 local now, reach = tonumber(ARGV[3]), tonumber(ARGV[3]) + tonumber(ARGV[4]) + tonumber(ARGV[9])
-local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l', 'mv', 'mo')
+local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l', 'mv', 'mo', 'f')
 local s = int(cur[2])
 local outcome = 2
 if cur[1] and cur[1] ~= '' and s then
@@ -74,7 +75,7 @@ if cur[1] and cur[1] ~= '' and s then
       if l and l > tonumber(ARGV[7]) then le = cur[6] end
       redis.call('HSET', KEYS[1], 'l', le)
     end
-    return {1, cur[1], cur[2], cur[3] or '', cur[7] or '', cur[8] or '', '', '', '', ie, le}
+    return {1, cur[1], cur[2], cur[3] or '', cur[7] or '', cur[8] or '', '', '', '', ie, le, cur[9] or '', ''}
   end
   outcome = 3
 end
@@ -86,19 +87,19 @@ if ARGV[10] == '1' then
   redis.call('HSET', KEYS[1], 'l', le)
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-local prev = {cur[1] or '', '', ''}
+local prev = {cur[1] or '', '', '', ''}
 if outcome == 3 then
-  prev = {cur[1], cur[2], cur[3] or ''}
+  prev = {cur[1], cur[2], cur[3] or '', cur[9] or ''}
 end
-return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], ARGV[7], le}
+return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], ARGV[7], le, '', prev[4]}
 `
 
 // replaceSrc: KEYS[1] binding. ARGV[1] old instance, [2] next instance,
 // [3] next version, [4] now (next.Since), [5] idle ms, [6] now +
-// idle*5/4, [7] refresh period ms, [8] margin ms.
+// idle*5/4, [7] refresh period ms, [8] margin ms, [9] next failovers.
 //
 // Replies {replaced, instance, since, version, index expiry, previous
-// instance}: replaced is 1 when next was stored (the binding was absent,
+// instance, failovers}: replaced is 1 when next was stored (the binding was absent,
 // damaged or still on old), 0 when another caller's binding was kept; its
 // idle timeout is refreshed too, the caller is using the session. Index
 // expiry is empty unless the caller must write the index entry with that
@@ -110,7 +111,7 @@ local function int(v)
   return nil
 end
 local now = tonumber(ARGV[4])
-local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l')
+local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l', 'f')
 if cur[1] and cur[1] ~= '' and int(cur[2]) and cur[1] ~= ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   local x, e = int(cur[4]), int(cur[5])
@@ -120,15 +121,18 @@ if cur[1] and cur[1] ~= '' and int(cur[2]) and cur[1] ~= ARGV[1] then
     if e and e > tonumber(ARGV[6]) then ie = cur[5] end
     redis.call('HSET', KEYS[1], 'x', ARGV[4], 'e', ie)
   end
-  return {0, cur[1], cur[2], cur[3] or '', ie, ''}
+  return {0, cur[1], cur[2], cur[3] or '', ie, '', cur[7] or ''}
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'i', ARGV[2], 's', ARGV[4], 'v', ARGV[3], 'x', ARGV[4], 'e', ARGV[6])
+if ARGV[9] ~= '0' then
+  redis.call('HSET', KEYS[1], 'f', ARGV[9])
+end
 if int(cur[6]) then
   redis.call('HSET', KEYS[1], 'l', cur[6])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-return {1, ARGV[2], ARGV[4], ARGV[3], ARGV[6], cur[1] or ''}
+return {1, ARGV[2], ARGV[4], ARGV[3], ARGV[6], cur[1] or '', ARGV[9]}
 `
 
 // indexSrc: KEYS[1] index of the session's instance, KEYS[2] index of the
@@ -160,7 +164,8 @@ return 1
 // '1' to follow an alias link. Read-only.
 //
 // Replies {0, linked key}, {2} when there is no (undamaged) binding, or
-// {1, instance, since, version, move-to-version, move-off, pttl ms}.
+// {1, instance, since, version, move-to-version, move-off, pttl ms,
+// failovers}.
 const showSrc = `
 if ARGV[1] == '1' then
   local to = redis.call('GET', KEYS[2])
@@ -168,11 +173,11 @@ if ARGV[1] == '1' then
     return {0, to}
   end
 end
-local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'mv', 'mo')
+local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'mv', 'mo', 'f')
 if not (cur[1] and cur[1] ~= '' and cur[2] and string.match(cur[2], '^%d+$')) then
   return {2}
 end
-return {1, cur[1], cur[2], cur[3] or '', cur[4] or '', cur[5] or '', redis.call('PTTL', KEYS[1])}
+return {1, cur[1], cur[2], cur[3] or '', cur[4] or '', cur[5] or '', redis.call('PTTL', KEYS[1]), cur[6] or ''}
 `
 
 // Replies of markSrc.

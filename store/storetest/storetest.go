@@ -728,6 +728,73 @@ var cases = []testCase{
 			e.t.Errorf("movers seen: %v, want exactly one", movers)
 		}
 	}},
+	{"failovers are stored by replace and reset by a new placement", func(e *env) {
+		key := e.key("s")
+		e.getOrBind(key, e.bind("a"), e.lt(), e.bind("a"), affinity.Created)
+		moved := e.bind("b")
+		moved.Failovers = int(affinity.StageSameZone)
+		e.replace(key, "a", moved, moved)
+		e.getOrBind(key, e.bind("x"), e.lt(), moved, affinity.Found)
+		e.show(key, affinity.Session{Key: key, Binding: moved}, true)
+		again := e.bind("c")
+		again.Failovers = int(affinity.StageOtherZone)
+		e.replace(key, "b", again, again)
+		e.getOrBind(key, e.bind("x"), e.lt(), again, affinity.Found)
+		// A lost race returns the winner's count.
+		e.replace(key, "b", e.bind("d"), again)
+		// Renewed after Max: a new placement starts the ladder over.
+		e.skew(e.idle / 2)
+		fresh := e.bind("e")
+		e.renew(key, fresh, affinity.Lifetime{Idle: e.idle, Max: e.idle / 2}, again)
+		e.getOrBind(key, e.bind("x"), e.lt(), fresh, affinity.Found)
+		bad := e.bind("f")
+		bad.Failovers = 3
+		if _, err := e.s.Replace(e.ctx, key, "e", bad, e.lt()); err == nil {
+			e.t.Error("Replace with failovers 3 succeeded")
+		}
+	}},
+	{"bound lists the live sessions of an instance", func(e *env) {
+		for i := range 5 {
+			e.getOrBind(e.key(fmt.Sprint("s", i)), e.bind("a"), e.lt(), e.bind("a"), affinity.Created)
+		}
+		e.getOrBind(e.key("other"), e.bind("b"), e.lt(), e.bind("b"), affinity.Created)
+		// One moves away, one expires.
+		e.replace(e.key("s0"), "a", e.bind("b"), e.bind("b"))
+		e.advance(e.idle / 2)
+		e.getOrBind(e.key("s1"), e.bind("x"), e.lt(), affinity.Binding{Instance: "a", Since: start}, affinity.Found)
+		e.getOrBind(e.key("s2"), e.bind("x"), e.lt(), affinity.Binding{Instance: "a", Since: start}, affinity.Found)
+		e.getOrBind(e.key("s3"), e.bind("x"), e.lt(), affinity.Binding{Instance: "a", Since: start}, affinity.Found)
+		e.advance(e.idle*3/4 + e.idle/8) // s4 is past its idle timeout
+		got, err := e.s.Bound(e.ctx, "a", 0, e.now)
+		if err != nil {
+			e.t.Fatalf("Bound(a): %v", err)
+		}
+		keys := map[string]bool{}
+		for _, s := range got {
+			keys[s.Key] = true
+			if s.Binding.Instance != "a" || s.TTL <= 0 || s.TTL > e.idle {
+				e.t.Errorf("Bound(a) returned %+v", s)
+			}
+		}
+		want := map[string]bool{e.key("s1"): true, e.key("s2"): true, e.key("s3"): true}
+		if diff := cmp.Diff(want, keys); diff != "" {
+			e.t.Errorf("Bound(a) keys (-want +got):\n%s", diff)
+		}
+		if got, err := e.s.Bound(e.ctx, "a", 2, e.now); err != nil || len(got) != 2 {
+			e.t.Errorf("Bound(a, limit 2) = %d sessions, %v", len(got), err)
+		}
+		if got, err := e.s.Bound(e.ctx, "nobody", 0, e.now); err != nil || len(got) != 0 {
+			e.t.Errorf("Bound(nobody) = %v, %v", got, err)
+		}
+		for _, c := range []struct {
+			in    string
+			limit int
+		}{{"", 0}, {"a", -1}} {
+			if _, err := e.s.Bound(e.ctx, c.in, c.limit, e.now); err == nil {
+				e.t.Errorf("Bound(%q, %d) succeeded", c.in, c.limit)
+			}
+		}
+	}},
 	{"bad input is an error, not a binding", func(e *env) {
 		ok := e.bind("a")
 		bad := []struct {

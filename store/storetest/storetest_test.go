@@ -39,6 +39,8 @@ var flaws = map[string]string{
 	"index-last-idle": "index_keeps_a_session_whatever_idle_each_request_carries",
 	"no-previous":     "max_exceeded_renews",
 	"mark-no-limit":   "mark_selects_by_version,_limits_and_counts_what_remains",
+	"drop-failovers":  "failovers_are_stored_by_replace_and_reset_by_a_new_placement",
+	"bound-stale":     "bound_lists_the_live_sessions_of_an_instance",
 	"inflight-self":   "sync_load_sums_the_other_replicas",
 	"report-forever":  "sync_load_sums_the_other_replicas",
 }
@@ -138,7 +140,7 @@ func (s *fakeStore) k(key string) string {
 }
 
 func (s *fakeStore) bad(b affinity.Binding, lt affinity.Lifetime) bool {
-	return s.flaw != "accept-bad" && (b.Instance == "" || b.Since.IsZero() || lt.Idle <= 0 || lt.Max < 0)
+	return s.flaw != "accept-bad" && affinity.CheckBinding(b, lt) != nil
 }
 
 func (s *fakeStore) load(key string, now time.Time) (fakeEntry, bool) {
@@ -276,7 +278,35 @@ func (s *fakeStore) Replace(ctx context.Context, key, old string, next affinity.
 	if s.flaw == "drop-version" {
 		next.Version = ""
 	}
+	if s.flaw == "drop-failovers" {
+		stored.b.Failovers = 0
+		s.store(key, stored)
+		next.Failovers = 0
+	}
 	return next, nil
+}
+
+func (s *fakeStore) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]affinity.Session, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if affinity.CheckBound(instance, limit) != nil {
+		return nil, errors.New("bad input")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []affinity.Session
+	for _, key := range slices.Sorted(maps.Keys(s.m)) {
+		e := s.m[key]
+		if s.flaw != "bound-stale" && (!s.inIndex(e, now) || e.b.Instance != instance) {
+			continue
+		}
+		if limit > 0 && len(out) == limit {
+			break
+		}
+		out = append(out, affinity.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)})
+	}
+	return out, nil
 }
 
 func (s *fakeStore) Show(ctx context.Context, key string, now time.Time) (affinity.Session, bool, error) {

@@ -1,0 +1,269 @@
+package affinity_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/store/memory"
+)
+
+// zoned is two zones of two instances each, all of version v1.
+func zoned() []fleet.Instance {
+	var out []fleet.Instance
+	for _, z := range []string{"z1", "z2"} {
+		for i := range 2 {
+			out = append(out, fleet.Instance{Name: fmt.Sprintf("%s-%d", z, i), Zone: z, Version: "v1", Weight: 1, KVSessions: 100})
+		}
+	}
+	return out
+}
+
+type failoverEnv struct {
+	t       *testing.T
+	clk     *clock
+	store   *memory.Store
+	breaker *fleet.Breaker
+	d       *affinity.Decider
+}
+
+func newFailoverEnv(t *testing.T, p affinity.Policy, instances []fleet.Instance) *failoverEnv {
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	st := memory.New()
+	br := fleet.NewBreaker(fleet.DefaultBreaker, clk.now, nil)
+	d := affinity.New(st, fleet.New(instances), p, affinity.WithClock(clk.now), affinity.WithBreaker(br))
+	return &failoverEnv{t: t, clk: clk, store: st, breaker: br, d: d}
+}
+
+// kill fails requests to instance until its circuit opens.
+func (e *failoverEnv) kill(instance string) {
+	e.t.Helper()
+	for range fleet.DefaultBreaker.Threshold + 1 {
+		e.breaker.Begin(instance)
+		e.breaker.Done(instance, true, true)
+	}
+	if e.breaker.Available(instance) {
+		e.t.Fatalf("%s still available", instance)
+	}
+}
+
+func (e *failoverEnv) decide(req affinity.Request) (affinity.Decision, error) {
+	dec, err := e.d.Decide(context.Background(), req)
+	if err == nil {
+		e.d.Finish(dec, affinity.Answer{Answered: true})
+	}
+	return dec, err
+}
+
+func (e *failoverEnv) must(req affinity.Request) affinity.Decision {
+	e.t.Helper()
+	dec, err := e.decide(req)
+	if err != nil {
+		e.t.Fatalf("Decide(%s): %v", req.ID.Key, err)
+	}
+	return dec
+}
+
+func (e *failoverEnv) binding(key string) affinity.Binding {
+	e.t.Helper()
+	s, ok, err := e.store.Show(context.Background(), key, e.clk.now())
+	if err != nil || !ok {
+		e.t.Fatalf("Show(%s): %v, %v", key, ok, err)
+	}
+	return s.Binding
+}
+
+// sessionOn places new sessions until one lands on instance.
+func (e *failoverEnv) sessionOn(instance string) affinity.Request {
+	e.t.Helper()
+	for i := range 1000 {
+		req := session(fmt.Sprint("probe-", instance, "-", i))
+		if e.must(req).Instance.Name == instance {
+			return req
+		}
+	}
+	e.t.Fatalf("no session placed on %s", instance)
+	return affinity.Request{}
+}
+
+func TestGradualLadder(t *testing.T) {
+	e := newFailoverEnv(t, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, zoned())
+	req := e.sessionOn("z1-0")
+	other := e.sessionOn("z2-1")
+
+	e.kill("z1-0")
+	got := e.must(req)
+	if got.Kind != affinity.KindFailover || got.Stage != affinity.StageSameZone || got.Instance.Name != "z1-1" {
+		t.Fatalf("first failover: %s %s on %s, want failover same_zone on z1-1", got.Kind, got.Stage, got.Instance.Name)
+	}
+	if b := e.binding(req.ID.Key); b.Instance != "z1-1" || b.Failovers != 1 {
+		t.Fatalf("binding after the first failover: %+v", b)
+	}
+	if got := e.must(req); got.Kind != affinity.KindHit || got.Instance.Name != "z1-1" {
+		t.Fatalf("next turn: %s on %s, want a hit on z1-1", got.Kind, got.Instance.Name)
+	}
+	if got := e.must(other); got.Kind != affinity.KindHit || got.Instance.Name != "z2-1" {
+		t.Fatalf("a session on another instance: %s on %s, want a hit on z2-1", got.Kind, got.Instance.Name)
+	}
+
+	// Its new instance fails too: another zone, even though z1 has no
+	// other instance left anyway.
+	e.kill("z1-1")
+	got = e.must(req)
+	if got.Kind != affinity.KindFailover || got.Stage != affinity.StageOtherZone || got.Instance.Zone != "z2" {
+		t.Fatalf("second failover: %s %s on %s", got.Kind, got.Stage, got.Instance.Name)
+	}
+	third := got.Instance.Name
+
+	// And that one: random routing for the session, binding kept.
+	e.kill(third)
+	for range 20 {
+		got = e.must(req)
+		if got.Kind != affinity.KindFallback || got.Stage != affinity.StageRandom || got.Mode != affinity.Random || got.Instance.Name == third {
+			t.Fatalf("third failover: %s %s %s on %s", got.Mode, got.Kind, got.Stage, got.Instance.Name)
+		}
+	}
+	if b := e.binding(req.ID.Key); b.Instance != third || b.Failovers != 2 {
+		t.Fatalf("binding during random fallback: %+v", b)
+	}
+	// Its instance comes back (a good probe closes the circuit): the
+	// session is sticky there again.
+	e.clk.add(fleet.DefaultBreaker.Cooldown)
+	e.breaker.Begin(third)
+	e.breaker.Done(third, true, false)
+	if got := e.must(req); got.Kind != affinity.KindHit || got.Instance.Name != third {
+		t.Fatalf("after recovery: %s on %s, want a hit on %s", got.Kind, got.Instance.Name, third)
+	}
+}
+
+func TestLadderSkipsAnEmptyZone(t *testing.T) {
+	instances := zoned()[1:] // z1-1 alone in z1
+	e := newFailoverEnv(t, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, instances)
+	var req affinity.Request
+	for i := range 1000 {
+		req = session(fmt.Sprint("s", i))
+		if e.must(req).Instance.Name == "z1-1" {
+			break
+		}
+	}
+	e.kill("z1-1")
+	got := e.must(req)
+	if got.Kind != affinity.KindFailover || got.Stage != affinity.StageOtherZone || got.Instance.Zone != "z2" {
+		t.Fatalf("%s %s on %s, want failover other_zone in z2", got.Kind, got.Stage, got.Instance.Name)
+	}
+	if b := e.binding(req.ID.Key); b.Failovers != int(affinity.StageOtherZone) {
+		t.Errorf("failovers = %d, want %d", b.Failovers, affinity.StageOtherZone)
+	}
+}
+
+func TestFallbackPolicies(t *testing.T) {
+	t.Run("random", func(t *testing.T) {
+		e := newFailoverEnv(t, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Fallback: affinity.FallbackRandom}, zoned())
+		req := e.sessionOn("z1-0")
+		e.kill("z1-0")
+		seen := map[string]bool{}
+		for range 200 {
+			got := e.must(req)
+			if got.Kind != affinity.KindFallback || got.Instance.Name == "z1-0" {
+				t.Fatalf("%s on %s", got.Kind, got.Instance.Name)
+			}
+			seen[got.Instance.Name] = true
+		}
+		if len(seen) != 3 {
+			t.Errorf("random fallback used %v, want all 3 other instances", seen)
+		}
+		if b := e.binding(req.ID.Key); b.Instance != "z1-0" || b.Failovers != 0 {
+			t.Errorf("binding changed under random fallback: %+v", b)
+		}
+	})
+	t.Run("none", func(t *testing.T) {
+		e := newFailoverEnv(t, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Fallback: affinity.FallbackNone}, zoned())
+		req := e.sessionOn("z1-0")
+		e.kill("z1-0")
+		_, err := e.decide(req)
+		if !errors.Is(err, affinity.ErrUnavailable) || !contains(err.Error(), "z1-0", `fallback_policy = "none"`) {
+			t.Fatalf("err = %v, want ErrUnavailable naming the instance and the policy", err)
+		}
+		// New sessions are placed on what is available.
+		for i := range 50 {
+			if got := e.must(session(fmt.Sprint("new", i))); got.Instance.Name == "z1-0" {
+				t.Fatal("a new session was placed on the unavailable instance")
+			}
+		}
+	})
+	t.Run("strict version", func(t *testing.T) {
+		instances := zoned()
+		instances[1].Version = "v2" // z1-0 is the only v1 in z1 …
+		instances[2].Version = "v2"
+		instances[3].Version = "v2" // … and in the fleet
+		e := newFailoverEnv(t, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, VersionAffinity: affinity.Strict}, instances)
+		req := session("v1-session")
+		for i := 0; e.must(req).Instance.Name != "z1-0"; i++ {
+			req = session(fmt.Sprint("v1-session", i))
+		}
+		e.kill("z1-0")
+		if _, err := e.decide(req); !errors.Is(err, affinity.ErrNoVersion) {
+			t.Fatalf("err = %v, want ErrNoVersion", err)
+		}
+	})
+}
+
+func TestEvacuateMovesOnlyTheFailedInstancesSessions(t *testing.T) {
+	e := newFailoverEnv(t, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, zoned())
+	before := map[string]string{}
+	for i := range 200 {
+		req := session(fmt.Sprint("s", i))
+		before[req.ID.Key] = e.must(req).Instance.Name
+	}
+	e.kill("z1-0")
+	moved, err := e.d.Evacuate(context.Background(), e.store, "z1-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := 0
+	for key, in := range before {
+		b := e.binding(key)
+		switch {
+		case in == "z1-0":
+			want++
+			if b.Instance != "z1-1" || b.Failovers != 1 {
+				t.Errorf("%s: evacuated to %+v, want z1-1 at stage 1", key, b)
+			}
+		case b.Instance != in:
+			t.Errorf("%s moved from %s to %s", key, in, b.Instance)
+		}
+	}
+	if moved != want || want == 0 {
+		t.Fatalf("moved %d, want %d", moved, want)
+	}
+	// Their next turn is a plain hit.
+	for key, in := range before {
+		if in != "z1-0" {
+			continue
+		}
+		got := e.must(session(key[len("s:"):]))
+		if got.Kind != affinity.KindHit || got.Instance.Name != "z1-1" {
+			t.Fatalf("%s after evacuation: %s on %s", key, got.Kind, got.Instance.Name)
+		}
+	}
+	// Only the gradual policy evacuates.
+	e.d.SetPolicy(affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Fallback: affinity.FallbackRandom})
+	e.kill("z2-0")
+	if n, err := e.d.Evacuate(context.Background(), e.store, "z2-0"); n != 0 || err != nil {
+		t.Errorf("random policy evacuated %d (%v)", n, err)
+	}
+}
+
+func contains(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,108 @@
+package extproc_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/extproc"
+	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/identity"
+)
+
+// answers is a Decider that routes everything to one instance and keeps
+// the answers it hears.
+type answers struct {
+	mu  sync.Mutex
+	got []affinity.Answer
+}
+
+var chosen = fleet.Instance{Name: "a", Address: "127.0.0.1:8001", Weight: 1}
+
+func (a *answers) Decide(context.Context, affinity.Request) (affinity.Decision, error) {
+	return affinity.Decision{Instance: chosen, Mode: affinity.Sticky, Kind: affinity.KindHit}, nil
+}
+
+func (a *answers) Finish(_ affinity.Decision, ans affinity.Answer) {
+	a.mu.Lock()
+	a.got = append(a.got, ans)
+	a.mu.Unlock()
+}
+
+func withUpstream(m *extprocv3.ProcessingRequest, addr string) *extprocv3.ProcessingRequest {
+	attrs := map[string]any{extproc.AttrResponseCode: 503.0}
+	if addr != "" {
+		attrs[extproc.AttrUpstreamAddress] = addr
+	}
+	st, _ := structpb.NewStruct(attrs)
+	m.Attributes = map[string]*structpb.Struct{"envoy.filters.http.ext_proc": st}
+	return m
+}
+
+// TestAnswersCountedAgainstTheInstance: which answers the breaker hears as
+// the chosen instance's failures (docs/envoy-replies.md).
+func TestAnswersCountedAgainstTheInstance(t *testing.T) {
+	ids, err := identity.New(identity.Config{Secret: []byte("0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := &answers{}
+	c := serve(t, extproc.New(ids, dec, &recorded{}, extproc.Options{ClusterHeader: "x-tether-cluster", QueueHeader: "x-queue-depth", Logger: zerolog.Nop()}))
+	req := reqHeaders(":path", "/v1/chat/completions", "x-session-id", "s1")
+	for _, tc := range []struct {
+		name   string
+		resp   *extprocv3.ProcessingRequest
+		failed bool
+	}{
+		{"200 from the instance", withUpstream(respHeaders(":status", "200", "x-queue-depth", "3"), "127.0.0.1:8001"), false},
+		{"500 from the instance", withUpstream(respHeaders(":status", "500"), "127.0.0.1:8001"), true},
+		{"507 out of memory", respHeaders(":status", "507"), true},
+		{"Envoy's 503 connect failure (no upstream attribute known)", respHeaders(":status", "503"), true},
+		{"Envoy's 504 timeout", withUpstream(respHeaders(":status", "504"), "127.0.0.1:8001"), true},
+		{"Envoy's overflow 503", respHeaders(":status", "503", "x-envoy-overloaded", "true"), false},
+		{"Envoy's 503 with no host picked (NC, UH)", withUpstream(respHeaders(":status", "503"), ""), false},
+		{"200 from a peer after a retry", withUpstream(respHeaders(":status", "200"), "127.0.0.1:8002"), true},
+		{"200 from the instance over IPv4-mapped IPv6", withUpstream(respHeaders(":status", "200"), "[::ffff:127.0.0.1]:8001"), false},
+		{"garbage attribute", withUpstream(respHeaders(":status", "200"), "not an address"), true},
+		{"4xx is the client's", withUpstream(respHeaders(":status", "429"), "127.0.0.1:8001"), false},
+		{"status missing", respHeaders("x-other", "1"), false},
+	} {
+		dec.mu.Lock()
+		dec.got = nil
+		dec.mu.Unlock()
+		exchange(t, c, req, tc.resp)
+		dec.mu.Lock()
+		got := dec.got
+		dec.mu.Unlock()
+		if len(got) != 1 || !got[0].Answered || got[0].Failed != tc.failed {
+			t.Errorf("%s: answers %+v, want one answered with failed=%v", tc.name, got, tc.failed)
+		}
+	}
+	// A stream that ends without response headers is not an answer.
+	dec.mu.Lock()
+	dec.got = nil
+	dec.mu.Unlock()
+	exchange(t, c, req)
+	// The server finishes it when it sees the stream end, after the reply.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		dec.mu.Lock()
+		n := len(dec.got)
+		dec.mu.Unlock()
+		if n > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	dec.mu.Lock()
+	defer dec.mu.Unlock()
+	if len(dec.got) != 1 || dec.got[0].Answered || dec.got[0].Failed {
+		t.Errorf("unanswered stream: %+v", dec.got)
+	}
+}

@@ -177,10 +177,23 @@ func (b *builder) discovery(c *clusterv3.Cluster, cla *endpointv3.ClusterLoadAss
 	c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource()}
 }
 
+// extProcCluster is tether's replicas. Envoy checks each with the gRPC
+// health protocol twice a second and stops sending streams to one that
+// failed two checks (a killed replica, one that is draining): without the
+// check, a dead replica's share of requests would skip tether until its
+// connections fail one by one.
 func (b *builder) extProcCluster(cla *endpointv3.ClusterLoadAssignment) *clusterv3.Cluster {
 	c := &clusterv3.Cluster{
 		Name:           ExtProcCluster,
 		ConnectTimeout: durationpb.New(250 * time.Millisecond),
+		HealthChecks: []*corev3.HealthCheck{{
+			Timeout:            durationpb.New(250 * time.Millisecond),
+			Interval:           durationpb.New(500 * time.Millisecond),
+			NoTrafficInterval:  durationpb.New(time.Second),
+			UnhealthyThreshold: wrapperspb.UInt32(2),
+			HealthyThreshold:   wrapperspb.UInt32(1),
+			HealthChecker:      &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{}},
+		}},
 	}
 	http2(b, c)
 	b.discovery(c, cla)

@@ -21,8 +21,8 @@ const (
 	// breakerCooldown is how long the breaker stays open before it lets one
 	// probe call through; each failed probe doubles it, up to
 	// breakerMaxCooldown.
-	breakerCooldown    = time.Second
-	breakerMaxCooldown = 5 * time.Second
+	breakerCooldown    = 500 * time.Millisecond
+	breakerMaxCooldown = 2 * time.Second
 	// startTimeout bounds the store's start-up PING: past it the store
 	// starts with its breaker open. loadTimeout bounds loading the scripts
 	// once Redis answered, which a loaded machine can make slow.
@@ -98,6 +98,10 @@ type breakerConfig struct {
 	now                   func() time.Time
 	// redact removes secrets from an error text (nil: none).
 	redact func(string) string
+	// onFailure, when set, hears every failed call (outside the lock): a
+	// cluster client reloads its slot map, because a dead master sends no
+	// MOVED to say its replica took over.
+	onFailure func()
 }
 
 // guard is a store's breaker on Redis: a go-redis hook that fails calls at
@@ -109,6 +113,7 @@ type guard struct {
 	cooldown, maxCooldown time.Duration
 	now                   func() time.Time
 	redact                func(string) string
+	onFailure             func()
 
 	// word holds the state in its low bits and, above them, a generation
 	// bumped at every change of state. A call's outcome counts only if the
@@ -139,7 +144,7 @@ const (
 )
 
 func newGuard(c breakerConfig) *guard {
-	g := &guard{threshold: c.threshold, cooldown: c.cooldown, maxCooldown: c.maxCooldown, now: c.now, redact: c.redact}
+	g := &guard{threshold: c.threshold, cooldown: c.cooldown, maxCooldown: c.maxCooldown, now: c.now, redact: c.redact, onFailure: c.onFailure}
 	if g.threshold <= 0 {
 		g.threshold = breakerThreshold
 	}
@@ -300,6 +305,9 @@ func (g *guard) done(token uint64, err error) {
 	o := classify(err)
 	if o == answered && token&stateMask == uint64(BreakerClosed) && g.fails.Load() == 0 {
 		return // the fast path: nothing to change
+	}
+	if o == failed && g.onFailure != nil {
+		g.onFailure()
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -115,7 +115,7 @@ func TestBreakerStateMachine(t *testing.T) {
 	}
 
 	// Each failed probe doubles the cooldown, up to the cap.
-	for i, cooldown := range []time.Duration{breakerCooldown, 2 * time.Second, 4 * time.Second, breakerMaxCooldown, breakerMaxCooldown} {
+	for i, cooldown := range []time.Duration{breakerCooldown, 2 * breakerCooldown, breakerMaxCooldown, breakerMaxCooldown, breakerMaxCooldown} {
 		if i == 0 {
 			clock.advance(time.Millisecond)
 		} else {

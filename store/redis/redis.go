@@ -88,11 +88,15 @@
 //     cancellation counts neither way.
 //   - While open, every call fails at once, without touching the network,
 //     with an error wrapping ErrUnavailable.
-//   - After a cooldown of 1 s it lets one call through as a probe (half
+//   - After a cooldown of 500 ms it lets one call through as a probe (half
 //     open; the others still fail at once). Its success closes the
 //     breaker; its failure opens it again for twice the cooldown, up to
-//     5 s. Recovery needs no operator, only calls (tether makes at least
-//     one a second, its load sync).
+//     2 s, so tether uses Redis again at most about 2 s after it returns.
+//     Recovery needs no operator, only calls (tether makes at least one a
+//     second, its load sync).
+//   - On a Redis Cluster every failed call also asks the client to reload
+//     its slot map (lazily, one reload at a time): a master that died sends
+//     no MOVED to say its replica took over.
 //
 // Store.Health reports the breaker's state, for readiness and metrics;
 // Options.OnBreaker hears when it opens and closes.
@@ -240,7 +244,12 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options,
 		s.prefix = DefaultPrefix
 	}
 	s.fleet = s.prefix + "{fleet}:"
-	s.guard = newGuard(breakerConfig{redact: redact})
+	bc := breakerConfig{redact: redact}
+	if cc, ok := client.(*goredis.ClusterClient); ok {
+		// Lazy and coalesced by go-redis: one reload at a time.
+		bc.onFailure = func() { cc.ReloadState(context.Background()) }
+	}
+	s.guard = newGuard(bc)
 	client.AddHook(s.guard)
 	// SCRIPT LOAD now (a cluster client loads on every shard), so calls can
 	// go straight to EVALSHA.

@@ -57,6 +57,15 @@ lint: ## gofmt and go vet
 bench: tools build ## Benchmark suite through real Envoy and redis-server (~16 min): writes BENCHMARKS.md and docs/bench/*.png
 	bin/tether bench --envoy $(ENVOY_BIN) --scale full --out BENCHMARKS.md --charts docs/bench
 
+# The soak is run by hand, never by make test: it takes SOAK_DURATION. It
+# fails when tether's RSS or goroutine count is not flat (bench/soak.go
+# states the rule) and writes docs/soak.md either way.
+SOAK_DURATION ?= 10m
+
+.PHONY: soak
+soak: tools build ## Soak benchmark, 10 min, not part of make test: tether's RSS and goroutines under steady load (docs/soak.md)
+	bin/tether bench soak --envoy $(ENVOY_BIN) --duration $(SOAK_DURATION) --out docs/soak.md --chart docs/bench/soak.png
+
 .PHONY: bench-go
 bench-go: tools ## Go benchmarks of the decision path (memory store, miniredis, redis-server)
 	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/ ./sim/...

@@ -44,10 +44,8 @@ marked section of --out and the charts go to --charts.`,
 			if err != nil {
 				return err
 			}
-			if redisBin == "" {
-				if redisBin, err = exec.LookPath("redis-server"); err != nil {
-					return fmt.Errorf("redis-server not found (install it with make tools, or give --redis-server): %w", err)
-				}
+			if redisBin, err = findRedisServer(redisBin); err != nil {
+				return err
 			}
 			if len(only) > 0 && !cmd.Flags().Changed("out") {
 				return fmt.Errorf("--only makes a partial report, which would replace the full one in %s: give --out FILE", out)
@@ -103,6 +101,98 @@ marked section of --out and the charts go to --charts.`,
 	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, hotspot, churn")
 	f.IntVar(&sat.InFlight, "adaptive-inflight", sat.InFlight, "routing.saturation_inflight of the tether adaptive policy (0: off)")
 	f.IntVar(&sat.QueueDepth, "adaptive-queue-depth", sat.QueueDepth, "routing.saturation_queue_depth of the tether adaptive policy (0: off)")
+	cmd.AddCommand(newBenchSoakCmd())
+	return cmd
+}
+
+// findRedisServer is the --redis-server binary, or redis-server from PATH.
+func findRedisServer(bin string) (string, error) {
+	if bin != "" {
+		return bin, nil
+	}
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", fmt.Errorf("redis-server not found (install it with make tools, or give --redis-server): %w", err)
+	}
+	return bin, nil
+}
+
+func newBenchSoakCmd() *cobra.Command {
+	var (
+		envoyBin, redisBin, out, chart string
+		o                              = bench.DefaultSoak
+	)
+	cmd := &cobra.Command{
+		Use:   "soak",
+		Short: "Soak tether under steady load (default 10 minutes) and check that its RSS and goroutines stay flat",
+		Long: `Starts redis-server, emulated instances, tether (sticky mode, short idle timeout) and Envoy on
+loopback, sends --rate requests a second through Envoy for --duration (sessions bound, hit and
+expired all along; some token and anonymous callers), and samples tether's RSS (/proc VmRSS), Go
+heap in use and goroutines (its /metrics) every --every. Writes a markdown report to --out (default
+stdout) and a chart to --chart, and fails when the verdict is not flat: RSS rising 5% or more over
+the second half (least-squares line), or goroutines moving more than 10% (at least 3) from the first
+minute to the last. Not part of make test.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			if redisBin, err = findRedisServer(redisBin); err != nil {
+				return err
+			}
+			o.TetherBin, o.EnvoyBin, o.RedisBin = self, envoyBin, redisBin
+			o.Log, o.Progress = cmd.ErrOrStderr(), cmd.ErrOrStderr()
+			rep, err := bench.Soak(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			link := ""
+			if chart != "" {
+				if err := rep.Chart(chart); err != nil {
+					return err
+				}
+				link = chart
+				if out != "" {
+					if rel, err := filepath.Rel(filepath.Dir(out), chart); err == nil {
+						link = rel
+					}
+				}
+			}
+			meta := bench.Meta{
+				Command: fmt.Sprintf("make soak   # tether bench soak --duration %s --rate %g", o.Duration, o.Rate),
+				Commit:  gitCommit(),
+				Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
+			}
+			md := rep.Markdown(meta, link)
+			if out == "" {
+				fmt.Fprint(cmd.OutOrStdout(), md)
+			} else if err := os.WriteFile(out, []byte(md), 0o644); err != nil {
+				return err
+			}
+			s := rep.Summary
+			fmt.Fprintf(cmd.ErrOrStderr(), "soak: RSS %.1f → %.1f MiB (second half %+.1f%%), goroutines %.1f → %.1f, %d requests, %d failed\n",
+				s.First.RSS/(1<<20), s.Last.RSS/(1<<20), 100*s.RSSGrowth, s.First.Goroutines, s.Last.Goroutines, rep.Sent, rep.Failed)
+			if !s.Flat {
+				return fmt.Errorf("soak: not flat: %s", strings.Join(s.Why, "; "))
+			}
+			fmt.Fprintln(cmd.ErrOrStderr(), "soak: flat")
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&envoyBin, "envoy", ".tools/envoy/envoy/_bin/envoy", "Envoy binary")
+	f.StringVar(&redisBin, "redis-server", "", "redis-server binary (default: from PATH)")
+	f.StringVar(&out, "out", "", "markdown report file (default: stdout)")
+	f.StringVar(&chart, "chart", "", "PNG chart of RSS, heap and goroutines over time (default: none)")
+	f.DurationVar(&o.Duration, "duration", o.Duration, "how long the load runs")
+	f.Float64Var(&o.Rate, "rate", o.Rate, "requests per second")
+	f.DurationVar(&o.Every, "every", o.Every, "time between samples")
+	f.DurationVar(&o.IdleTimeout, "idle-timeout", o.IdleTimeout, "tether's routing.idle_timeout")
+	f.IntVar(&o.Instances, "instances", o.Instances, "emulated instances")
+	f.IntVar(&o.Sessions, "sessions", o.Sessions, "session ids in use at a time")
+	f.IntVar(&o.Tokens, "tokens", o.Tokens, "API tokens in use at a time")
+	f.IntVar(&o.Turns, "turns", o.Turns, "requests per session id or token before a fresh one replaces it")
 	return cmd
 }
 

@@ -24,8 +24,7 @@ const (
 	FallbackNone Fallback = "none"
 )
 
-// Stage is a step of the fallback ladder; Binding.Failovers stores the
-// last rebinding step a session took.
+// Stage is a step of the fallback ladder.
 type Stage int
 
 const (
@@ -75,21 +74,40 @@ func WithBreaker(b *fleet.Breaker) Option { return func(d *Decider) { d.breaker 
 // Breaker returns the decider's breaker (nil when it has none).
 func (d *Decider) Breaker() *fleet.Breaker { return d.breaker }
 
-// out reports whether instance is in the fleet but its breaker keeps it out.
+// out reports whether instance, missing from the available instances of
+// a decision, was left out by the breaker: it is in the fleet and not
+// drained. (Asking the breaker again could race with a cooldown that ends
+// meanwhile.)
 func (d *Decider) out(instance string) bool {
-	if d.breaker == nil || d.breaker.Available(instance) {
+	if d.breaker == nil || d.load.Drained(instance) {
 		return false
 	}
 	_, ok := find(d.fleet.Healthy(), instance)
 	return ok
 }
 
-// ladder is where a session bound as b goes when its instance is out:
-// under the gradual policy, the next rung down from the one the session
-// last took. The session's version affinity holds on every rung; under
-// strict, a session with no other instance of its version gets
-// ErrNoVersion.
-func (d *Decider) ladder(p *Policy, c choice, b Binding, avail []fleet.Instance) (Stage, []fleet.Instance, error) {
+// ladderMemory is how long the ladder remembers a session's failovers: a
+// session whose last failover is older starts again at the first rung
+// (and a session on the random rung gets a binding again).
+const ladderMemory = 10 * time.Minute
+
+// failovers is how many times the session bound as b has failed over,
+// as the ladder counts them at now.
+func failovers(b Binding, now time.Time) int {
+	if now.Sub(b.Since) > ladderMemory {
+		return 0
+	}
+	return b.Failovers
+}
+
+// ladder is where a session bound as b goes when its instance is out,
+// given how many times it has failed over (n): under the gradual policy,
+// the first failover prefers the failed instance's zone, the second
+// another zone (each takes the other when its own has no instance), and
+// the third routes at random. The session's version affinity holds on
+// every rung; under strict, a session with no other instance of its
+// version gets ErrNoVersion.
+func (d *Decider) ladder(p *Policy, c choice, b Binding, n int, avail []fleet.Instance) (Stage, []fleet.Instance, error) {
 	failed, _ := find(d.fleet.Healthy(), b.Instance)
 	pool := without(avail, b.Instance)
 	if b.Version != "" && p.VersionAffinity != AnyVersion {
@@ -117,14 +135,24 @@ func (d *Decider) ladder(p *Policy, c choice, b Binding, avail []fleet.Instance)
 			there = append(there, in)
 		}
 	}
-	switch {
-	case b.Failovers < int(StageSameZone) && len(here) > 0:
-		return StageSameZone, avoidSpot(here), nil
-	case b.Failovers < int(StageOtherZone) && len(there) > 0:
-		return StageOtherZone, avoidSpot(there), nil
+	near, far := here, there
+	nearStage, farStage := StageSameZone, StageOtherZone
+	if n == 1 {
+		near, far, nearStage, farStage = there, here, StageOtherZone, StageSameZone
 	}
-	return StageRandom, pool, nil
+	switch {
+	case n >= MaxFailovers:
+		return StageRandom, pool, nil
+	case len(near) > 0:
+		return nearStage, avoidSpot(near), nil
+	default:
+		return farStage, avoidSpot(far), nil
+	}
 }
+
+// MaxFailovers is how many rebinding failovers a session takes before the
+// ladder routes it at random (Binding.Failovers counts them, up to this).
+const MaxFailovers = 2
 
 // failover routes a session whose instance is out: a 503 under
 // fallback_policy "none", else down the ladder. A rung that rebinds
@@ -135,7 +163,8 @@ func (d *Decider) failover(ctx context.Context, p *Policy, c choice, key string,
 	if p.fallback() == FallbackNone {
 		return Decision{}, fmt.Errorf("%w: %s (fallback_policy = \"none\")", ErrUnavailable, b.Instance)
 	}
-	stage, cands, err := d.ladder(p, c, b, avail)
+	n := failovers(b, now)
+	stage, cands, err := d.ladder(p, c, b, n, avail)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -143,7 +172,7 @@ func (d *Decider) failover(ctx context.Context, p *Policy, c choice, key string,
 		return Decision{Instance: d.pick(cands), Mode: Random, Kind: KindFallback, Stage: StageRandom}, nil
 	}
 	next := d.place(key, cands, p.Epsilon)
-	dec, err := d.rebind(ctx, key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: int(stage)}, lt, next, avail)
+	dec, err := d.rebind(ctx, key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: n + 1}, lt, next, avail)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -192,19 +221,27 @@ func (d *Decider) Evacuate(ctx context.Context, idx SessionIndex, instance strin
 		return 0, err
 	}
 	c := p.resolve(Request{}, now)
-	avail := d.available()
+	// Only instances whose circuit is closed: a half-open one has not
+	// proven itself yet, and would take all the sessions at once.
+	var avail []fleet.Instance
+	for _, in := range d.available() {
+		if d.breaker == nil || d.breaker.State(in.Name) == fleet.Closed {
+			avail = append(avail, in)
+		}
+	}
 	for _, s := range sessions {
 		if err := ctx.Err(); err != nil {
 			return moved, err
 		}
-		stage, cands, err := d.ladder(p, c, s.Binding, avail)
+		n := failovers(s.Binding, now)
+		stage, cands, err := d.ladder(p, c, s.Binding, n, avail)
 		if err != nil || stage == StageRandom {
 			continue // nowhere to rebind: its next request decides
 		}
 		next := d.place(s.Key, cands, p.Epsilon)
 		// The session keeps the idle lifetime it has left.
 		lt := Lifetime{Idle: max(s.TTL, time.Millisecond), Max: p.Lifetime.Max}
-		nb, err := d.store.Replace(ctx, s.Key, instance, Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: int(stage)}, lt)
+		nb, err := d.store.Replace(ctx, s.Key, instance, Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: n + 1}, lt)
 		placed := err == nil && nb.Instance == next.Name
 		d.load.settle(next.Name, placed, instance)
 		if err != nil {

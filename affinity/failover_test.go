@@ -156,8 +156,79 @@ func TestLadderSkipsAnEmptyZone(t *testing.T) {
 	if got.Kind != affinity.KindFailover || got.Stage != affinity.StageOtherZone || got.Instance.Zone != "z2" {
 		t.Fatalf("%s %s on %s, want failover other_zone in z2", got.Kind, got.Stage, got.Instance.Name)
 	}
-	if b := e.binding(req.ID.Key); b.Failovers != int(affinity.StageOtherZone) {
-		t.Errorf("failovers = %d, want %d", b.Failovers, affinity.StageOtherZone)
+	if b := e.binding(req.ID.Key); b.Failovers != 1 {
+		t.Errorf("failovers = %d, want 1", b.Failovers)
+	}
+}
+
+// TestLadderInOneZone: with a single zone the second failover stays in
+// it (there is no other zone to try) rather than giving up stickiness;
+// the third routes at random. Ten minutes after its last failover a
+// session starts the ladder again.
+func TestLadderInOneZone(t *testing.T) {
+	var instances []fleet.Instance
+	for i := range 4 {
+		instances = append(instances, fleet.Instance{Name: fmt.Sprint("z-", i), Zone: "z", Version: "v1", Weight: 1, KVSessions: 100})
+	}
+	e := newFailoverEnv(t, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, instances)
+	req := session("one-zone")
+	first := e.must(req).Instance.Name
+	e.kill(first)
+	second := e.must(req)
+	e.kill(second.Instance.Name)
+	third := e.must(req)
+	if third.Kind != affinity.KindFailover || third.Stage != affinity.StageSameZone {
+		t.Fatalf("second failover in a one-zone fleet: %s %s on %s, want a same-zone rebind", third.Kind, third.Stage, third.Instance.Name)
+	}
+	if b := e.binding(req.ID.Key); b.Failovers != 2 || b.Instance != third.Instance.Name {
+		t.Fatalf("binding after two failovers: %+v", b)
+	}
+	e.kill(third.Instance.Name)
+	if got := e.must(req); got.Kind != affinity.KindFallback {
+		t.Fatalf("third failover: %s, want fallback (random)", got.Kind)
+	}
+	// Much later, its instance still out: the ladder starts over, and the
+	// session is bound again instead of random for good.
+	e.clk.add(11 * time.Minute)
+	for _, in := range []string{first, second.Instance.Name, third.Instance.Name} {
+		e.kill(in) // keep them out past their cooldowns
+	}
+	got := e.must(req)
+	if got.Kind != affinity.KindFailover || got.Stage != affinity.StageSameZone {
+		t.Fatalf("after the ladder's memory: %s %s on %s, want a failover again", got.Kind, got.Stage, got.Instance.Name)
+	}
+	if b := e.binding(req.ID.Key); b.Failovers != 1 {
+		t.Errorf("failovers after the reset = %d, want 1", b.Failovers)
+	}
+}
+
+// TestEvacuateAvoidsHalfOpenInstances: an instance whose circuit is
+// half-open has not proven itself; evacuated sessions go elsewhere.
+func TestEvacuateAvoidsHalfOpenInstances(t *testing.T) {
+	e := newFailoverEnv(t, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, zoned())
+	var keys []string
+	for i := range 100 {
+		req := session(fmt.Sprint("s", i))
+		if e.must(req).Instance.Name == "z1-0" {
+			keys = append(keys, req.ID.Key)
+		}
+	}
+	e.kill("z1-1")
+	e.clk.add(fleet.DefaultBreaker.Cooldown) // z1-1 half-open now
+	if st := e.breaker.State("z1-1"); st != fleet.HalfOpen {
+		t.Fatalf("z1-1 is %v", st)
+	}
+	e.kill("z1-0")
+	if _, err := e.d.Evacuate(context.Background(), e.store, "z1-0"); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if b := e.binding(k); b.Instance == "z1-1" || b.Instance == "z1-0" {
+			t.Fatalf("%s evacuated to %s", k, b.Instance)
+		}
+	}
+	if len(keys) == 0 {
+		t.Fatal("no session on z1-0")
 	}
 }
 

@@ -13,10 +13,9 @@ type Binding struct {
 	Instance string    // instance name
 	Version  string    // model version the session started on (or was migrated to); may be empty
 	Since    time.Time // when the session was (last) placed; max_sticky_duration counts from here
-	// Failovers is how far down the fallback ladder the session has gone
-	// since it was placed: 0 never moved for a failure, 1 moved within its
-	// zone, 2 moved to another zone. A new placement (bind, rebind) starts
-	// at 0; a Replace stores the value it is given.
+	// Failovers counts the times the session was rebound because its
+	// instance failed (the fallback ladder), up to 2. A new placement
+	// (bind, rebind) starts at 0; a Replace stores the value it is given.
 	Failovers int
 }
 
@@ -120,8 +119,8 @@ func CheckBinding(b Binding, lt Lifetime) error {
 		return errors.New("empty instance name")
 	case b.Since.IsZero():
 		return errors.New("zero since time")
-	case b.Failovers < 0 || b.Failovers > int(StageOtherZone):
-		return fmt.Errorf("failovers must be 0 to %d, got %d", StageOtherZone, b.Failovers)
+	case b.Failovers < 0 || b.Failovers > MaxFailovers:
+		return fmt.Errorf("failovers must be 0 to %d, got %d", MaxFailovers, b.Failovers)
 	case lt.Idle <= 0:
 		return fmt.Errorf("idle lifetime must be positive, got %v", lt.Idle)
 	case lt.Max < 0:

@@ -56,22 +56,22 @@ func TestAnswersCountedAgainstTheInstance(t *testing.T) {
 	c := serve(t, extproc.New(ids, dec, &recorded{}, extproc.Options{ClusterHeader: "x-tether-cluster", QueueHeader: "x-queue-depth", Logger: zerolog.Nop()}))
 	req := reqHeaders(":path", "/v1/chat/completions", "x-session-id", "s1")
 	for _, tc := range []struct {
-		name   string
-		resp   *extprocv3.ProcessingRequest
-		failed bool
+		name             string
+		resp             *extprocv3.ProcessingRequest
+		answered, failed bool
 	}{
-		{"200 from the instance", withUpstream(respHeaders(":status", "200", "x-queue-depth", "3"), "127.0.0.1:8001"), false},
-		{"500 from the instance", withUpstream(respHeaders(":status", "500"), "127.0.0.1:8001"), true},
-		{"507 out of memory", respHeaders(":status", "507"), true},
-		{"Envoy's 503 connect failure (no upstream attribute known)", respHeaders(":status", "503"), true},
-		{"Envoy's 504 timeout", withUpstream(respHeaders(":status", "504"), "127.0.0.1:8001"), true},
-		{"Envoy's overflow 503", respHeaders(":status", "503", "x-envoy-overloaded", "true"), false},
-		{"Envoy's 503 with no host picked (NC, UH)", withUpstream(respHeaders(":status", "503"), ""), false},
-		{"200 from a peer after a retry", withUpstream(respHeaders(":status", "200"), "127.0.0.1:8002"), true},
-		{"200 from the instance over IPv4-mapped IPv6", withUpstream(respHeaders(":status", "200"), "[::ffff:127.0.0.1]:8001"), false},
-		{"garbage attribute", withUpstream(respHeaders(":status", "200"), "not an address"), true},
-		{"4xx is the client's", withUpstream(respHeaders(":status", "429"), "127.0.0.1:8001"), false},
-		{"status missing", respHeaders("x-other", "1"), false},
+		{"200 from the instance", withUpstream(respHeaders(":status", "200", "x-queue-depth", "3"), "127.0.0.1:8001"), true, false},
+		{"500 from the instance", withUpstream(respHeaders(":status", "500"), "127.0.0.1:8001"), true, true},
+		{"507 out of memory", respHeaders(":status", "507"), true, true},
+		{"Envoy's 503 connect failure (no upstream attribute known)", respHeaders(":status", "503"), true, true},
+		{"Envoy's 504 timeout", withUpstream(respHeaders(":status", "504"), "127.0.0.1:8001"), true, true},
+		{"Envoy's overflow 503", respHeaders(":status", "503", "x-envoy-overloaded", "true"), false, false},
+		{"Envoy's 503 with no host picked (NC, UH)", withUpstream(respHeaders(":status", "503"), ""), false, false},
+		{"200 from a peer after a retry", withUpstream(respHeaders(":status", "200"), "127.0.0.1:8002"), true, true},
+		{"200 from the instance over IPv4-mapped IPv6", withUpstream(respHeaders(":status", "200"), "[::ffff:127.0.0.1]:8001"), true, false},
+		{"garbage attribute", withUpstream(respHeaders(":status", "200"), "not an address"), true, true},
+		{"4xx is the client's", withUpstream(respHeaders(":status", "429"), "127.0.0.1:8001"), true, false},
+		{"status missing", respHeaders("x-other", "1"), true, false},
 	} {
 		dec.mu.Lock()
 		dec.got = nil
@@ -80,8 +80,8 @@ func TestAnswersCountedAgainstTheInstance(t *testing.T) {
 		dec.mu.Lock()
 		got := dec.got
 		dec.mu.Unlock()
-		if len(got) != 1 || !got[0].Answered || got[0].Failed != tc.failed {
-			t.Errorf("%s: answers %+v, want one answered with failed=%v", tc.name, got, tc.failed)
+		if len(got) != 1 || got[0].Answered != tc.answered || got[0].Failed != tc.failed {
+			t.Errorf("%s: answers %+v, want one with answered=%v failed=%v", tc.name, got, tc.answered, tc.failed)
 		}
 	}
 	// A stream that ends without response headers is not an answer.

@@ -155,8 +155,13 @@ type fuzzEnv struct {
 
 func newFuzzEnv(t *testing.T, ids *identity.Extractor, debug bool) *fuzzEnv {
 	e := &fuzzEnv{fleet: fleet.New(fuzzFleet), now: time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)}
+	clock := func() time.Time { return e.now }
+	// A breaker that opens on the second failure and cools down in a
+	// second, so the fuzzer's 5xx answers and clock jumps drive circuits
+	// through open, half-open and closed, and sessions down the ladder.
+	br := fleet.NewBreaker(fleet.BreakerConfig{Threshold: 1, Window: time.Minute, Cooldown: time.Second}, clock, nil)
 	inner := affinity.New(memory.New(), e.fleet, fuzzPolicy(),
-		affinity.WithClock(func() time.Time { return e.now }),
+		affinity.WithClock(clock), affinity.WithBreaker(br),
 		affinity.WithRand(func() uint64 { return 0x9e3779b97f4a7c15 }))
 	e.dec = &countingDecider{Decider: inner, t: t, open: map[string]int{}}
 	// A debug logger writing nowhere, so the log lines are built too.

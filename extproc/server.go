@@ -166,11 +166,15 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *
 		code, _ := strconv.Atoi(h.Get(":status"))
 		s.rec.Response(ex.decision.Instance.Name, code)
 		peer := up.elsewhere(ex.decision.Instance.Address)
+		// Envoy's own replies that never reached an instance say nothing
+		// about it: neither a failure nor, for a half-open circuit, the
+		// good answer that would close it.
+		neutral := !peer && (up.none() || h.Get("x-envoy-overloaded") == "true")
 		queue, err := strconv.Atoi(h.Get(s.opts.QueueHeader))
 		s.decider.Finish(ex.decision, affinity.Answer{
-			Answered: true, Failed: peer || (failed(code, h) && !up.none()),
+			Answered: !neutral, Failed: peer || (!neutral && failed(code)),
 			// A peer's queue depth is not the instance's.
-			Queue: queue, QueueKnown: err == nil && queue >= 0 && s.opts.QueueHeader != "" && !peer,
+			Queue: queue, QueueKnown: err == nil && queue >= 0 && s.opts.QueueHeader != "" && !peer && !neutral,
 		})
 		ex.finished = true
 	}
@@ -188,13 +192,11 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *
 
 // failed says whether a status counts against the instance: any 5xx,
 // the instance's own or one Envoy made because it could not reach it
-// (refused, reset, timed out), except Envoy's own circuit breaker turning
-// a request away (x-envoy-overloaded): that instance is busy, not broken,
-// and adaptive routing deals with load. docs/envoy-replies.md lists what
-// reaches the response phase.
-func failed(status int, h headers) bool {
-	return status >= 500 && status <= 599 && h.Get("x-envoy-overloaded") != "true"
-}
+// (refused, reset, timed out). Envoy's circuit breaker turning a request
+// away (x-envoy-overloaded: the instance is busy, not broken) and replies
+// for which Envoy picked no host are neutral (see onResponseHeaders).
+// docs/envoy-replies.md lists what reaches the response phase.
+func failed(status int) bool { return status >= 500 && status <= 599 }
 
 // Response attributes the ext_proc filter asks for (its
 // response_attributes): the host that answered, and the status, which is

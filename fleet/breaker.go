@@ -75,6 +75,10 @@ type circuit struct {
 	until    time.Time   // end of the cooldown (open)
 	probes   int         // probes in flight (half-open)
 	shared   bool        // the store holds this open circuit
+	// recovered is the cooldown end of the opening this replica's own
+	// probe closed: the store may still hold that opening until the
+	// report reaches it, and Sync must not reopen the circuit for it.
+	recovered time.Time
 }
 
 // reportBuffer bounds the reports waiting for the store. A full buffer
@@ -191,7 +195,9 @@ func (b *Breaker) Done(instance string, answered, failed bool) (opened bool) {
 		}
 	case !failed && st == HalfOpen:
 		b.report(Report{Instance: instance, Recovered: true, At: now})
+		until := c.until
 		b.closeLocked(instance, c)
+		c.recovered = until
 	}
 	return false
 }
@@ -219,15 +225,32 @@ func (b *Breaker) Opened(instance string, until time.Time) {
 // holds open (or half-open: its cooldown is over) to the end of its
 // cooldown. A circuit this replica learnt from the store and the store no
 // longer holds was closed by another replica's probe; circuits this
-// replica opened alone (the store was down) run their own course.
-func (b *Breaker) Sync(open map[string]time.Time) {
+// replica opened alone (the store was down) run their own course. known
+// says which instances are in the fleet: the others' circuits are
+// dropped, so an instance removed while out does not keep the breaker
+// busy.
+func (b *Breaker) Sync(open map[string]time.Time, known func(instance string) bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	for in, c := range b.circuits {
+		if !known(in) {
+			if c.state != Closed {
+				b.closeLocked(in, c)
+			}
+			delete(b.circuits, in)
+		}
+	}
 	for in, until := range open {
+		if !known(in) {
+			continue
+		}
 		c := b.circuits[in]
 		if c == nil {
 			c = &circuit{}
 			b.circuits[in] = c
+		}
+		if c.state == Closed && !until.After(c.recovered) {
+			continue // this replica's probe closed that opening; the store has not heard yet
 		}
 		if c.state == Closed || until.After(c.until) || !c.shared {
 			if until.Before(c.until) {

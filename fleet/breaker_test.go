@@ -165,7 +165,7 @@ func TestBreakerSharedState(t *testing.T) {
 	now := c.now()
 	// Another replica opened "a": this one follows, and lets it go when
 	// the store no longer holds it (another replica's probe closed it).
-	b.Sync(map[string]time.Time{"a": now.Add(10 * time.Second)})
+	b.Sync(map[string]time.Time{"a": now.Add(10 * time.Second)}, all)
 	if b.Available("a") || b.State("a") != Open {
 		t.Fatalf("shared open: %v", b.State("a"))
 	}
@@ -173,11 +173,11 @@ func TestBreakerSharedState(t *testing.T) {
 	if b.State("a") != HalfOpen {
 		t.Fatalf("shared cooldown over: %v", b.State("a"))
 	}
-	b.Sync(map[string]time.Time{"a": now.Add(10 * time.Second)}) // still half-open in the store
+	b.Sync(map[string]time.Time{"a": now.Add(10 * time.Second)}, all) // still half-open in the store
 	if b.State("a") != HalfOpen {
 		t.Fatalf("same shared state changed it: %v", b.State("a"))
 	}
-	b.Sync(map[string]time.Time{})
+	b.Sync(map[string]time.Time{}, all)
 	if b.State("a") != Closed || !b.Quiet() {
 		t.Fatalf("closed in the store: %v", b.State("a"))
 	}
@@ -187,7 +187,7 @@ func TestBreakerSharedState(t *testing.T) {
 	for range 4 {
 		fail(b, "b")
 	}
-	b.Sync(map[string]time.Time{})
+	b.Sync(map[string]time.Time{}, all)
 	if b.State("b") != Open {
 		t.Fatalf("a local-only circuit closed by a sync: %v", b.State("b"))
 	}
@@ -197,7 +197,7 @@ func TestBreakerSharedState(t *testing.T) {
 	if b.State("b") != Open {
 		t.Errorf("shared cooldown end not taken: %v", b.State("b"))
 	}
-	b.Sync(map[string]time.Time{})
+	b.Sync(map[string]time.Time{}, all)
 	if b.State("b") != Closed {
 		t.Errorf("shared circuit the store dropped stays %v", b.State("b"))
 	}
@@ -228,7 +228,7 @@ func TestBreakerConcurrent(t *testing.T) {
 					b.Done(in, i%5 != 0, i%3 == 0)
 				}
 				if i%100 == 0 {
-					b.Sync(map[string]time.Time{"a": time.Now()})
+					b.Sync(map[string]time.Time{"a": time.Now()}, all)
 					drain(b)
 				}
 			}
@@ -245,3 +245,47 @@ func TestBreakerConcurrent(t *testing.T) {
 		t.Errorf("notClosed = %d, but %d circuits are not closed", b.notClosed.Load(), n)
 	}
 }
+
+func all(string) bool { return true }
+
+// TestBreakerSyncAfterOwnProbe: this replica's good probe closed the
+// circuit; a sync that read the store before the recovery report reached
+// it must not reopen it.
+func TestBreakerSyncAfterOwnProbe(t *testing.T) {
+	b, c, _ := newTestBreaker(t)
+	for range 4 {
+		fail(b, "a")
+	}
+	opened := c.now().Add(fleet30s())
+	b.Opened("a", opened)
+	c.add(fleet30s())
+	ok(b, "a") // the probe
+	if b.State("a") != Closed {
+		t.Fatalf("after a good probe: %v", b.State("a"))
+	}
+	b.Sync(map[string]time.Time{"a": opened}, all) // stale read
+	if b.State("a") != Closed || !b.Available("a") {
+		t.Fatalf("a stale sync reopened the circuit: %v", b.State("a"))
+	}
+	// Another replica's failed probe reopened it since: that one counts.
+	b.Sync(map[string]time.Time{"a": c.now().Add(fleet30s())}, all)
+	if b.State("a") != Open {
+		t.Fatalf("a newer opening was ignored: %v", b.State("a"))
+	}
+}
+
+// TestBreakerForgetsRemovedInstances: a circuit of an instance no longer
+// in the fleet is dropped, so the breaker is quiet again.
+func TestBreakerForgetsRemovedInstances(t *testing.T) {
+	b, c, _ := newTestBreaker(t)
+	for range 4 {
+		fail(b, "gone")
+	}
+	known := func(in string) bool { return in != "gone" }
+	b.Sync(map[string]time.Time{"gone": c.now().Add(time.Hour)}, known)
+	if !b.Quiet() || len(b.Snapshot()) != 0 {
+		t.Fatalf("circuits of a removed instance kept: %v", b.Snapshot())
+	}
+}
+
+func fleet30s() time.Duration { return DefaultBreaker.Cooldown }

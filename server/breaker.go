@@ -46,6 +46,7 @@ type breakerShare struct {
 	store   circuitStore
 	index   affinity.SessionIndex
 	mover   evacuator
+	fleet   *fleet.Fleet
 	replica string
 	rec     *metrics.Breaker
 	log     zerolog.Logger
@@ -84,7 +85,7 @@ func (b *breakerShare) run(ctx context.Context) {
 				}
 				continue
 			}
-			b.breaker.Sync(open)
+			b.breaker.Sync(open, func(in string) bool { _, ok := b.fleet.Lookup(in); return ok })
 		}
 	}
 }

@@ -34,7 +34,7 @@ func startReplica(t *testing.T, ctx context.Context, store *redisstore.Store, fl
 	br = fleet.NewBreaker(cfg, nil, rec.Changed)
 	d := affinity.New(store, fl, affinity.Policy{Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute}},
 		affinity.WithBreaker(br), affinity.WithLoad(affinity.NewLoad(store, name)))
-	share := &breakerShare{breaker: br, store: store, index: store, mover: d, replica: name, rec: rec, log: zerolog.Nop()}
+	share := &breakerShare{breaker: br, store: store, index: store, mover: d, fleet: fl, replica: name, rec: rec, log: zerolog.Nop()}
 	done := make(chan struct{})
 	go func() { defer close(done); share.run(ctx) }()
 	t.Cleanup(func() { <-done })

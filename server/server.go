@@ -146,7 +146,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}()
 	go func() {
 		defer func() { watchDone <- struct{}{} }()
-		share := &breakerShare{breaker: breaker, store: store, index: store, mover: decider, replica: replica, rec: brec, log: log}
+		share := &breakerShare{breaker: breaker, store: store, index: store, mover: decider, fleet: rt.fleet, replica: replica, rec: brec, log: log}
 		share.run(wctx)
 	}()
 	go func() {

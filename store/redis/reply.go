@@ -244,7 +244,7 @@ func strings5(v []any) ([5]string, bool) {
 // damaged value counts as 0 rather than failing the request.
 func failovers(v string) int {
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 || n > int(affinity.StageOtherZone) {
+	if err != nil || n < 0 || n > affinity.MaxFailovers {
 		return 0
 	}
 	return n

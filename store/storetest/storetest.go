@@ -732,12 +732,12 @@ var cases = []testCase{
 		key := e.key("s")
 		e.getOrBind(key, e.bind("a"), e.lt(), e.bind("a"), affinity.Created)
 		moved := e.bind("b")
-		moved.Failovers = int(affinity.StageSameZone)
+		moved.Failovers = 1
 		e.replace(key, "a", moved, moved)
 		e.getOrBind(key, e.bind("x"), e.lt(), moved, affinity.Found)
 		e.show(key, affinity.Session{Key: key, Binding: moved}, true)
 		again := e.bind("c")
-		again.Failovers = int(affinity.StageOtherZone)
+		again.Failovers = affinity.MaxFailovers
 		e.replace(key, "b", again, again)
 		e.getOrBind(key, e.bind("x"), e.lt(), again, affinity.Found)
 		// A lost race returns the winner's count.

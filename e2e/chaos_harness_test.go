@@ -8,7 +8,7 @@ package e2e
 //   - startChaosStack: emulated instances, one or more tether replicas,
 //     a redis-server (or a Redis Cluster with replicas) and Envoy, each of
 //     which a scenario can kill and bring back (KillEnvoy/RestartEnvoy,
-//     KillTether/RestartTether, StopRedis/StartRedis, KillClusterMaster,
+//     KillTether/RestartTether, KillRedis/StartRedis, KillClusterMaster,
 //     KillInstance/RestartInstance);
 //   - the load driver (startLoad): a bounded pool of conversations sent
 //     through Envoy at a steady rate, bounded in count and in time, every
@@ -162,23 +162,23 @@ func (s *chaosStack) RestartTether(i int) {
 	s.Tethers[i] = startTether(s.t, cfg)
 }
 
-// StopRedis stops the standalone redis-server. It first turns on RDB
-// snapshots (CONFIG SET save), so the server writes its data set to
-// dump.rdb as it shuts down and StartRedis reads it back: a restart of a
-// Redis with persistence. The socket disappears, so every call fails at
-// once (not by timeout) until StartRedis.
-func (s *chaosStack) StopRedis() {
+// KillRedis kills the standalone redis-server (SIGKILL), as a crash
+// would. It first makes the server durable (an append-only file, fsync per
+// write; testenv.Redis.Durable), so StartRedis gets the data set back as
+// from a production Redis with persistence. The socket disappears, so
+// every call fails at once (not by timeout) until StartRedis.
+func (s *chaosStack) KillRedis() {
 	s.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := s.Redis.Client().ConfigSet(ctx, "save", "3600 1").Err(); err != nil {
-		s.t.Fatalf("redis: turn on RDB snapshots: %v", err)
+	if err := s.Redis.Durable(ctx); err != nil {
+		s.t.Fatal(err)
 	}
-	s.Redis.Stop()
+	s.Redis.Kill()
 }
 
 // StartRedis starts the redis-server again on the same socket and
-// directory; it loads the dump.rdb StopRedis had it write.
+// directory; it loads the append-only file KillRedis had it keep.
 func (s *chaosStack) StartRedis() { s.Redis.Start() }
 
 // KillClusterMaster kills one master of the cluster with SIGKILL and waits

@@ -169,8 +169,8 @@ func TestChaosTetherReplicaKilled(t *testing.T) {
 	}
 }
 
-// TestChaosRedisOutage: the redis-server is stopped for 10 s and started
-// again with its data (it writes an RDB file as it stops, see StopRedis).
+// TestChaosRedisOutage: the redis-server is killed (SIGKILL) for 10 s and
+// started again with its data (an append-only file, see KillRedis).
 // No request fails: tether places by rendezvous hashing meanwhile
 // ("degraded"). Afterwards the bindings are back and every session is
 // intact or moved for a counted reason.
@@ -181,7 +181,7 @@ func TestChaosRedisOutage(t *testing.T) {
 	res := s.runChaos(t, chaosPlan{
 		Fault: func(t *testing.T, load *loadDriver) {
 			began := time.Now()
-			s.StopRedis()
+			s.KillRedis()
 			load.keepRunning(t, outage)
 			s.StartRedis()
 			down = time.Since(began)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -97,8 +98,9 @@ type Redis struct {
 	sock   string
 	client goredis.UniversalClient
 
-	mu   sync.Mutex
-	proc *process // the current server; nil while stopped
+	mu      sync.Mutex
+	proc    *process // the current server; nil while stopped
+	durable bool     // Durable was called: restarts load the append-only file
 }
 
 // RedisServer starts redis-server ($REDIS_SERVER_BIN, else from PATH) with
@@ -156,8 +158,10 @@ func (r *Redis) URL() string { return "unix://" + r.sock }
 // reconnects by itself after Stop and Start.
 func (r *Redis) Client() goredis.UniversalClient { return r.client }
 
-// Start starts the server (again, after Stop) on the same socket and waits
-// until it answers. The data set starts empty: persistence is off.
+// Start starts the server (again, after Stop or Kill) on the same socket
+// and waits until it answers. The data set starts empty (persistence is
+// off) unless Durable was called: then it is what the append-only file
+// holds.
 func (r *Redis) Start() {
 	r.t.Helper()
 	r.mu.Lock()
@@ -166,13 +170,18 @@ func (r *Redis) Start() {
 		return
 	}
 	_ = os.Remove(r.sock) // a stale socket from a killed server
+	aof := "no"
+	if r.durable {
+		aof = "yes"
+	}
 	p, err := startProcess(r.bin,
 		"--port", "0",
 		"--unixsocket", r.sock,
 		"--unixsocketperm", "700",
 		"--dir", r.dir,
 		"--save", "",
-		"--appendonly", "no",
+		"--appendonly", aof,
+		"--appendfsync", "always",
 		"--daemonize", "no",
 		"--logfile", "",
 	)
@@ -186,6 +195,48 @@ func (r *Redis) Start() {
 		r.t.Fatalf("redis-server did not become ready: %v\n%s", err, p.out.String())
 	}
 	r.proc = p
+}
+
+// Durable turns on the append-only file with an fsync per write, on the
+// running server and for its restarts, and waits until the file holds the
+// data set: from then on Kill loses nothing, as on a production Redis
+// with persistence.
+func (r *Redis) Durable(ctx context.Context) error {
+	r.mu.Lock()
+	r.durable = true
+	r.mu.Unlock()
+	for _, kv := range [][2]string{{"appendfsync", "always"}, {"appendonly", "yes"}} {
+		if err := r.client.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			return fmt.Errorf("redis-server: config set %s %s: %w", kv[0], kv[1], err)
+		}
+	}
+	for {
+		info, err := r.client.Info(ctx, "persistence").Result()
+		if err != nil {
+			return fmt.Errorf("redis-server: info persistence: %w", err)
+		}
+		if strings.Contains(info, "aof_enabled:1") && strings.Contains(info, "aof_rewrite_in_progress:0") &&
+			!strings.Contains(info, "aof_rewrite_scheduled:1") {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redis-server: append-only file not ready: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Kill kills the server with SIGKILL, as a crash would, and waits for it
+// to exit. Killing a stopped server does nothing.
+func (r *Redis) Kill() {
+	r.mu.Lock()
+	p := r.proc
+	r.proc = nil
+	r.mu.Unlock()
+	if p != nil {
+		p.kill()
+	}
 }
 
 // Stop stops the server (SIGTERM, then SIGKILL after a deadline) and waits

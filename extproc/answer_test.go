@@ -2,6 +2,8 @@ package extproc_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -104,5 +106,46 @@ func TestAnswersCountedAgainstTheInstance(t *testing.T) {
 	defer dec.mu.Unlock()
 	if len(dec.got) != 1 || dec.got[0].Answered || dec.got[0].Failed {
 		t.Errorf("unanswered stream: %+v", dec.got)
+	}
+}
+
+// refusing is a Decider whose decisions fail with err.
+type refusing struct{ err error }
+
+func (r refusing) Decide(context.Context, affinity.Request) (affinity.Decision, error) {
+	return affinity.Decision{}, r.err
+}
+func (refusing) Finish(affinity.Decision, affinity.Answer) {}
+
+// TestRefusals: the two errors that must not fall to Envoy's default route
+// (it would change the session's model, or its instance against the
+// operator's fallback_policy) become a 503 with a body that says why.
+func TestRefusals(t *testing.T) {
+	ids, err := identity.New(identity.Config{Secret: []byte("0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		err  error
+		body []string
+	}{
+		{fmt.Errorf("%w: gpu-3 (fallback_policy = \"none\")", affinity.ErrUnavailable), []string{"unavailable", "gpu-3", `fallback_policy = "none"`}},
+		{fmt.Errorf("%w %q", affinity.ErrNoVersion, "v1"), []string{"model version", `"v1"`, `version_affinity = "strict"`}},
+	} {
+		rec := &recorded{}
+		c := serve(t, extproc.New(ids, refusing{tc.err}, rec, extproc.Options{ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop()}))
+		got := exchange(t, c, reqHeaders(":path", "/v1/chat/completions", "x-session-id", "s1"))
+		im := got[0].GetImmediateResponse()
+		if im == nil || im.GetStatus().GetCode() != 503 {
+			t.Fatalf("%v: reply %v, want an immediate 503", tc.err, got[0])
+		}
+		for _, want := range tc.body {
+			if !strings.Contains(string(im.GetBody()), want) {
+				t.Errorf("%v: body %q lacks %q", tc.err, im.GetBody(), want)
+			}
+		}
+		if len(rec.failures) != 1 {
+			t.Errorf("%v: failures recorded %v", tc.err, rec.failures)
+		}
 	}
 }

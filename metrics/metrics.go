@@ -15,6 +15,7 @@ import (
 // Metrics records what the request path does.
 type Metrics struct {
 	requests          *prometheus.CounterVec
+	failovers         *prometheus.CounterVec
 	identityRejected  *prometheus.CounterVec
 	decisionErrors    *prometheus.CounterVec
 	storeErrors       prometheus.Counter
@@ -29,6 +30,10 @@ type Metrics struct {
 // New creates the collectors and registers them with reg.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_failovers_total",
+			Help: "Requests of sessions whose instance was out (breaker open), by the fallback ladder's rung: same_zone, other_zone (rebound) or random.",
+		}, []string{"stage"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_requests_total",
 			Help: "Routing decisions by mode (sticky, adaptive, random), decision (hit, bind, rebind, moved, migrated, drained, spilled, random, anonymous, degraded) and identity source.",
@@ -71,7 +76,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Times the binding store's breaker on Redis opened after consecutive failed calls (a start without Redis included; reopenings after a failed probe are not counted).",
 		}),
 	}
-	reg.MustRegister(m.requests, m.identityRejected, m.decisionErrors, m.storeErrors, m.decisionSeconds, m.upstreamResponses,
+	reg.MustRegister(m.requests, m.failovers, m.identityRejected, m.decisionErrors, m.storeErrors, m.decisionSeconds, m.upstreamResponses,
 		m.loadSyncFailures, m.indexErrors, m.redisUp, m.redisOpens)
 	return m
 }
@@ -85,6 +90,9 @@ func (m *Metrics) Decision(id identity.Identity, d affinity.Decision, took time.
 		m.storeErrors.Inc()
 	}
 	m.requests.WithLabelValues(string(d.Mode), string(d.Kind), string(id.Source)).Inc()
+	if d.Stage != affinity.StageNone {
+		m.failovers.WithLabelValues(d.Stage.String()).Inc()
+	}
 	m.decisionSeconds.Observe(took.Seconds())
 }
 

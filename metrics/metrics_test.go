@@ -21,6 +21,10 @@ func TestRecords(t *testing.T) {
 	m.Decision(identity.Identity{Key: "s:x", Source: identity.SourceSession},
 		affinity.Decision{Mode: affinity.Sticky, Kind: affinity.KindDegraded, Err: affinity.ErrNoInstance}, time.Millisecond)
 	m.DecisionFailed(identity.Identity{}, "no_instance")
+	m.Decision(identity.Identity{Key: "s:y", Source: identity.SourceSession},
+		affinity.Decision{Mode: affinity.Sticky, Kind: affinity.KindFailover, Stage: affinity.StageSameZone}, time.Millisecond)
+	m.Decision(identity.Identity{Key: "s:y", Source: identity.SourceSession},
+		affinity.Decision{Mode: affinity.Random, Kind: affinity.KindFallback, Stage: affinity.StageRandom}, time.Millisecond)
 	for _, code := range []int{200, 201, 503, 0, 999} {
 		m.Response("a", code)
 	}
@@ -42,6 +46,11 @@ tether_upstream_responses_total{code="invalid",upstream="a"} 2
 	}
 	if n := testutil.ToFloat64(m.requests.WithLabelValues("sticky", "anonymous", "anonymous")); n != 1 {
 		t.Errorf("anonymous decisions: %v", n)
+	}
+	for _, stage := range []string{"same_zone", "random"} {
+		if n := testutil.ToFloat64(m.failovers.WithLabelValues(stage)); n != 1 {
+			t.Errorf("failovers at %s: %v", stage, n)
+		}
 	}
 	if n := testutil.ToFloat64(m.decisionErrors.WithLabelValues("no_instance")); n != 1 {
 		t.Errorf("decision errors: %v", n)

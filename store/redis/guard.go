@@ -114,6 +114,10 @@ type guard struct {
 	now                   func() time.Time
 	redact                func(string) string
 	onFailure             func()
+	// off: the store was closed. go-redis cannot remove a hook, so on a
+	// client the caller owns (New) the guard stays installed and must let
+	// every call through untouched.
+	off atomic.Bool
 
 	// word holds the state in its low bits and, above them, a generation
 	// bumped at every change of state. A call's outcome counts only if the
@@ -192,7 +196,7 @@ func (g *guard) DialHook(next goredis.DialHook) goredis.DialHook {
 // ProcessHook guards one command, retries included.
 func (g *guard) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 	return func(ctx context.Context, cmd goredis.Cmder) error {
-		if setupCommand(cmd) {
+		if setupCommand(cmd) || g.off.Load() {
 			return next(ctx, cmd)
 		}
 		token, err := g.admit()
@@ -209,7 +213,7 @@ func (g *guard) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 // ProcessPipelineHook guards a pipeline (or transaction) as one call.
 func (g *guard) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []goredis.Cmder) error {
-		if len(cmds) == 0 || setupCommand(cmds[0]) {
+		if len(cmds) == 0 || setupCommand(cmds[0]) || g.off.Load() {
 			return next(ctx, cmds)
 		}
 		token, err := g.admit()

@@ -542,3 +542,23 @@ func TestOpenUnreachable(t *testing.T) {
 		}
 	})
 }
+
+// TestCloseLeavesTheCallersClientUnguarded: go-redis cannot remove a hook,
+// so after Close a store built with New on the caller's client must stop
+// refusing that client's calls.
+func TestCloseLeavesTheCallersClientUnguarded(t *testing.T) {
+	_, c := miniClient(t)
+	s := newStoreT(t, c, testOptions)
+	s.guard.mu.Lock()
+	s.guard.open(time.Hour) // as after an outage
+	s.guard.mu.Unlock()
+	if err := c.Ping(context.Background()).Err(); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("before Close the client's own call is guarded too: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Errorf("after Close the caller's client is still refused by the store's breaker: %v", err)
+	}
+}

@@ -278,6 +278,7 @@ func contextTimeoutEnabled(c goredis.UniversalClient) bool {
 // store from New leaves the caller's client open. Close is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.guard.off.Store(true)
 		if s.ownClient {
 			s.closeErr = s.client.Close()
 		}

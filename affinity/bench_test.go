@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/fleet"
@@ -94,4 +95,40 @@ func openRedis(b *testing.B, url string) affinity.Store {
 	}
 	b.Cleanup(func() { s.Close() })
 	return s
+}
+
+// BenchmarkDecideBreaker is the hit path (memory store) with the instance
+// breaker: without one, with every circuit closed (the common case: one
+// atomic load), and with one circuit open (every decision then filters
+// the fleet under the breaker's lock). Compare within one run.
+func BenchmarkDecideBreaker(b *testing.B) {
+	fl := instances(8)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		breaker bool
+		open    string
+	}{{"none", false, ""}, {"quiet", true, ""}, {"one-open", true, fl[7].Name}} {
+		b.Run(tc.name, func(b *testing.B) {
+			var opts []affinity.Option
+			if tc.breaker {
+				br := fleet.NewBreaker(fleet.DefaultBreaker, nil, nil)
+				if tc.open != "" {
+					br.Opened(tc.open, time.Now().Add(time.Hour))
+				}
+				opts = append(opts, affinity.WithBreaker(br))
+			}
+			d := affinity.New(memory.New(), fleet.New(fl), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, opts...)
+			id := session("bench-hit")
+			first, err := d.Decide(ctx, id)
+			if err != nil || first.Instance.Name == tc.open {
+				b.Skipf("placed on %s (%v)", first.Instance.Name, err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				got, _ := d.Decide(ctx, id)
+				d.Finish(got, affinity.Answer{Answered: true})
+			}
+		})
+	}
 }

@@ -281,7 +281,8 @@ func BenchmarkProcess(b *testing.B) {
 	c, _ := start(b, two, true)
 	msgs := []*extprocv3.ProcessingRequest{
 		reqHeaders(":method", "POST", ":path", "/v1/chat/completions", "x-session-id", "8f14e45f-ceea-467f", "user-agent", "bench"),
-		respHeaders(":status", "200"),
+		// As Envoy sends it: with the response attributes tether asks for.
+		withUpstream(respHeaders(":status", "200"), "127.0.0.1:8001"),
 	}
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -62,9 +62,9 @@ func (f *Fleet) Replace(instances []Instance) {
 	f.cur.Store(s)
 }
 
-// Healthy returns the instances that may take traffic. The slice is shared
-// and must not be modified. Health tracking arrives with the instance breaker;
-// until then every configured instance is healthy.
+// Healthy returns the configured instances. The slice is shared and must
+// not be modified. The instance breaker (Breaker) is applied by the
+// decision on top of it, so a circuit's state never changes the fleet.
 func (f *Fleet) Healthy() []Instance { return f.cur.Load().all }
 
 // All returns every configured instance. The slice must not be modified.

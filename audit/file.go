@@ -1,0 +1,335 @@
+package audit
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// FileConfig configures a FileSink.
+type FileConfig struct {
+	// Dir holds the files (created 0700 if missing).
+	Dir string
+	// Retention: at least 24h (files are per day), at most MaxRetention.
+	Retention time.Duration
+	// Now is the clock (default time.Now); files are named by its UTC day.
+	Now func() time.Time
+}
+
+// Validate checks the configuration.
+func (c FileConfig) Validate() error {
+	if c.Dir == "" {
+		return errors.New("audit file sink: dir is empty")
+	}
+	if err := CheckRetention(c.Retention); err != nil {
+		return fmt.Errorf("audit file sink: %w", err)
+	}
+	if c.Retention < 24*time.Hour {
+		return fmt.Errorf("audit file sink: retention %v: files are per day, want at least 24h", c.Retention)
+	}
+	return nil
+}
+
+const (
+	filePrefix = "audit-"
+	fileSuffix = ".jsonl"
+	dayLayout  = "2006-01-02"
+)
+
+// FileSink writes JSON lines, one file per UTC day (audit-YYYY-MM-DD.jsonl),
+// mode 0600. The file of day D is removed once D + Retention has passed
+// (so no record is older than Retention; the oldest kept are at least
+// Retention − 24h old): when the sink opens, when it moves to a new day's
+// file, and on Prune.
+type FileSink struct {
+	cfg FileConfig
+
+	mu  sync.Mutex
+	f   *os.File
+	day string // the day f belongs to
+}
+
+var (
+	_ Sink   = (*FileSink)(nil)
+	_ Pruner = (*FileSink)(nil)
+)
+
+// NewFileSink validates cfg, creates the directory, removes expired files
+// and files left behind by an interrupted Delete.
+func NewFileSink(cfg FileConfig) (*FileSink, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("audit file sink: %w", err)
+	}
+	s := &FileSink{cfg: cfg}
+	tmps, _ := filepath.Glob(filepath.Join(cfg.Dir, ".audit-*.tmp"))
+	for _, t := range tmps {
+		_ = os.Remove(t)
+	}
+	if err := s.prune(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// files lists the sink's files with their day, oldest first.
+func (s *FileSink) files() ([]string, error) {
+	ents, err := os.ReadDir(s.cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("audit file sink: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		if _, ok := fileDay(e.Name()); ok && e.Type().IsRegular() {
+			out = append(out, e.Name())
+		}
+	}
+	sort.Strings(out) // the day layout sorts by time
+	return out, nil
+}
+
+func fileDay(name string) (time.Time, bool) {
+	d, ok := strings.CutPrefix(name, filePrefix)
+	if !ok {
+		return time.Time{}, false
+	}
+	d, ok = strings.CutSuffix(d, fileSuffix)
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(dayLayout, d)
+	return t, err == nil
+}
+
+// Prune removes the files whose day began Retention ago or longer.
+func (s *FileSink) Prune(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prune()
+}
+
+func (s *FileSink) prune() error {
+	names, err := s.files()
+	if err != nil {
+		return err
+	}
+	cutoff := s.cfg.Now().Add(-s.cfg.Retention)
+	for _, n := range names {
+		day, _ := fileDay(n)
+		if day.After(cutoff) {
+			continue
+		}
+		if s.f != nil && s.day == n {
+			_ = s.f.Close()
+			s.f, s.day = nil, ""
+		}
+		if err := os.Remove(filepath.Join(s.cfg.Dir, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("audit file sink: remove expired: %w", err)
+		}
+	}
+	return nil
+}
+
+// Write appends recs to today's file and syncs it.
+func (s *FileSink) Write(_ context.Context, recs []Record) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	for _, r := range recs {
+		if err := enc.Encode(r); err != nil {
+			return fmt.Errorf("audit file sink: encode: %w", err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	name := filePrefix + s.cfg.Now().UTC().Format(dayLayout) + fileSuffix
+	if s.f == nil || s.day != name {
+		if s.f != nil {
+			_ = s.f.Close()
+			s.f, s.day = nil, ""
+		}
+		if err := s.prune(); err != nil { // rotation: a new day
+			return err
+		}
+		f, err := os.OpenFile(filepath.Join(s.cfg.Dir, name), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			return fmt.Errorf("audit file sink: %w", err)
+		}
+		if err := f.Chmod(0o600); err != nil { // a file made by someone else
+			_ = f.Close()
+			return fmt.Errorf("audit file sink: %w", err)
+		}
+		s.f, s.day = f, name
+	}
+	if _, err := s.f.Write(buf.Bytes()); err != nil {
+		return fmt.Errorf("audit file sink: %w", err)
+	}
+	if err := s.f.Sync(); err != nil {
+		return fmt.Errorf("audit file sink: %w", err)
+	}
+	return nil
+}
+
+// pseudonymOf reads a line's pseudonym without decoding the whole record.
+func pseudonymOf(line []byte) (string, bool) {
+	var v struct {
+		P string `json:"user_pseudonym"`
+	}
+	if err := json.Unmarshal(line, &v); err != nil {
+		return "", false
+	}
+	return v.P, true
+}
+
+// each calls fn for every line of the file name.
+func (s *FileSink) each(name string, fn func(line []byte) error) error {
+	f, err := os.Open(filepath.Join(s.cfg.Dir, name))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		if err := fn(sc.Bytes()); err != nil {
+			return err
+		}
+	}
+	return sc.Err()
+}
+
+// Export returns the records of pseudonym from every unexpired file.
+func (s *FileSink) Export(ctx context.Context, pseudonym string) ([]Record, error) {
+	if pseudonym == "" {
+		return nil, errors.New("audit file sink export: empty pseudonym")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.prune(); err != nil {
+		return nil, err
+	}
+	names, err := s.files()
+	if err != nil {
+		return nil, err
+	}
+	var out []Record
+	for _, n := range names {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		err := s.each(n, func(line []byte) error {
+			if p, ok := pseudonymOf(line); !ok || p != pseudonym {
+				return nil
+			}
+			var r Record
+			if err := json.Unmarshal(line, &r); err != nil {
+				return err
+			}
+			out = append(out, r)
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("audit file sink export %s: %w", n, err)
+		}
+	}
+	return out, nil
+}
+
+// Delete rewrites every file holding records of pseudonym without them:
+// the kept lines go to a temporary file (0600) that is synced and renamed
+// over the original, so a crash leaves either the old or the new file.
+// Lines that do not parse are kept. Cost: every file is read once.
+func (s *FileSink) Delete(ctx context.Context, pseudonym string) (int, error) {
+	if pseudonym == "" {
+		return 0, errors.New("audit file sink delete: empty pseudonym")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f != nil { // reopened by the next Write, on the new inode
+		_ = s.f.Close()
+		s.f, s.day = nil, ""
+	}
+	names, err := s.files()
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	for _, n := range names {
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+		k, err := s.rewrite(n, pseudonym)
+		total += k
+		if err != nil {
+			return total, fmt.Errorf("audit file sink delete %s: %w", n, err)
+		}
+	}
+	return total, nil
+}
+
+func (s *FileSink) rewrite(name, pseudonym string) (int, error) {
+	var kept bytes.Buffer
+	removed := 0
+	err := s.each(name, func(line []byte) error {
+		if p, ok := pseudonymOf(line); ok && p == pseudonym {
+			removed++
+			return nil
+		}
+		kept.Write(line)
+		kept.WriteByte('\n')
+		return nil
+	})
+	if err != nil || removed == 0 {
+		return 0, err
+	}
+	tmp, err := os.CreateTemp(s.cfg.Dir, ".audit-*.tmp") // CreateTemp makes it 0600
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(tmp.Name()) // after a successful rename: nothing to remove
+	if _, err := tmp.Write(kept.Bytes()); err != nil {
+		_ = tmp.Close()
+		return 0, err
+	}
+	if err := tmp.Sync(); err != nil {
+		_ = tmp.Close()
+		return 0, err
+	}
+	if err := tmp.Close(); err != nil {
+		return 0, err
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(s.cfg.Dir, name)); err != nil {
+		return 0, err
+	}
+	if d, err := os.Open(s.cfg.Dir); err == nil { // make the rename durable
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return removed, nil
+}
+
+// Close closes the current file.
+func (s *FileSink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f == nil {
+		return nil
+	}
+	err := s.f.Close()
+	s.f, s.day = nil, ""
+	return err
+}

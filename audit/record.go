@@ -1,0 +1,88 @@
+// Package audit records tether's routing decisions for auditors: one Record
+// per decision (sampled), written asynchronously by a Writer to a Sink (a
+// Redis Stream or JSON-lines files). The user id is never stored in plain
+// text: a Sealer encrypts it (AES-256-GCM, bound to the request id) and
+// derives a keyed pseudonym (HMAC-SHA256) that "forget" and "export" look
+// records up by. See README.md.
+package audit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"time"
+)
+
+// MaxRetention is the longest any sink keeps a record.
+const MaxRetention = 30 * 24 * time.Hour
+
+// CheckRetention refuses a retention that is not positive or longer than
+// MaxRetention. Every sink calls it when it is built.
+func CheckRetention(d time.Duration) error {
+	switch {
+	case d <= 0:
+		return fmt.Errorf("audit retention %v: must be positive", d)
+	case d > MaxRetention:
+		return fmt.Errorf("audit retention %v: longer than the maximum of 30 days (720h)", d)
+	}
+	return nil
+}
+
+// Record is one routing decision. It has no field for the plaintext user
+// id: UserCiphertext holds it sealed under the key KeyID, bound to
+// RequestID, and UserPseudonym is its keyed hash (see Sealer).
+type Record struct {
+	RequestID      string    `json:"request_id"`
+	ModelVersion   string    `json:"model_version"`
+	DecisionTime   time.Time `json:"decision_time"`
+	Instance       string    `json:"instance"`
+	Mode           string    `json:"mode"`
+	Decision       string    `json:"decision"`
+	IdentitySource string    `json:"identity_source"`
+	// UserCiphertext is nonce || AES-256-GCM sealed user id (base64 in
+	// JSON); empty when the request carried no user id.
+	UserCiphertext []byte `json:"user_ct,omitempty"`
+	KeyID          string `json:"key_id,omitempty"`
+	UserPseudonym  string `json:"user_pseudonym,omitempty"`
+}
+
+// NewRequestID returns a random UUID (version 4), for a request that came
+// without Envoy's x-request-id.
+func NewRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:], b[10:])
+	return string(s[:])
+}
+
+// Sink stores records. Implementations: FileSink, RedisSink.
+type Sink interface {
+	// Write stores a batch of records, in order.
+	Write(ctx context.Context, recs []Record) error
+	// Delete removes every record with this pseudonym ("forget") and
+	// returns how many it removed.
+	Delete(ctx context.Context, pseudonym string) (int, error)
+	// Export returns every stored record with this pseudonym, oldest first.
+	Export(ctx context.Context, pseudonym string) ([]Record, error)
+	// Close releases the sink's resources (not a client it was given).
+	Close() error
+}
+
+// Pruner is a Sink that removes records older than its retention when
+// asked; the Writer asks every WriterConfig.PruneInterval, so a sink that
+// receives no records still forgets old ones.
+type Pruner interface {
+	Prune(ctx context.Context) error
+}

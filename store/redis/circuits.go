@@ -91,7 +91,7 @@ func (s *Store) ReportFailure(ctx context.Context, instance string, at time.Time
 	case cfg.Window <= 0 || cfg.Cooldown <= 0 || cfg.Threshold < 0:
 		return false, time.Time{}, fmt.Errorf("redis report failure: bad breaker config %+v", cfg)
 	}
-	ctx, cancel := s.callContext(ctx)
+	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	c := &scriptCall{sc: circuitFail, keys: []string{s.failuresKey(instance), s.circuitsKey()},
 		args: []any{instance, at.UnixMilli(), millis(cfg.Window), cfg.Threshold, millis(cfg.Cooldown), member}}
@@ -121,7 +121,7 @@ func (s *Store) ReportRecovered(ctx context.Context, instance string, at time.Ti
 	if instance == "" {
 		return false, fmt.Errorf("redis report recovered: empty instance")
 	}
-	ctx, cancel := s.callContext(ctx)
+	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	c := &scriptCall{sc: circuitRecover, keys: []string{s.failuresKey(instance), s.circuitsKey()}, args: []any{instance, at.UnixMilli()}}
 	s.exec(ctx, []*scriptCall{c}, nil)
@@ -137,7 +137,7 @@ func (s *Store) ReportRecovered(ctx context.Context, instance string, at time.Ti
 // time (a damaged field) is skipped; a half-open circuit unprobed for a
 // day is dropped.
 func (s *Store) Circuits(ctx context.Context, now time.Time) (map[string]time.Time, error) {
-	ctx, cancel := s.callContext(ctx)
+	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	all, err := s.client.HGetAll(ctx, s.circuitsKey()).Result()
 	if err != nil {

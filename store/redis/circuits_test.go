@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/internal/testenv"
 )
@@ -119,5 +121,35 @@ func testCircuits(t *testing.T, s *Store) {
 	}
 	if n, err := s.client.HExists(ctx, s.circuitsKey(), "old").Result(); err != nil || n {
 		t.Errorf("stale circuit still stored: %v, %v", n, err)
+	}
+}
+
+// TestOperationsOutliveTheRequestTimeout: with the request path's 10 ms
+// per call, an instance holding 20,000 sessions is still listed in full
+// (evacuation reads it): calls off the request path get OpTimeout.
+func TestOperationsOutliveTheRequestTimeout(t *testing.T) {
+	r := testenv.RedisServer(t)
+	s := newStoreT(t, r.Client(), DefaultOptions())
+	ctx := context.Background()
+	now := time.Now()
+	const n = 20000
+	pipe := r.Client().Pipeline()
+	for i := range n {
+		key := fmt.Sprintf("sess-%05d", i)
+		pipe.HSet(ctx, s.bindingKey(key), "i", "a", "s", now.UnixMilli(), "v", "v1")
+		pipe.PExpire(ctx, s.bindingKey(key), time.Minute)
+		pipe.ZAdd(ctx, s.indexKey("a"), goredis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: key})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	got, err := s.Bound(ctx, "a", 0, now)
+	if err != nil || len(got) != n {
+		t.Fatalf("Bound of %d sessions with a %v request timeout: %d, %v", n, DefaultTimeout, len(got), err)
+	}
+	t.Logf("Bound listed %d sessions in %v", n, time.Since(start))
+	if h := s.Health(); h.State != BreakerClosed {
+		t.Errorf("the Redis breaker is %v after an operation", h.State)
 	}
 }

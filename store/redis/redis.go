@@ -128,6 +128,9 @@ const (
 	// never wait long on Redis, the caller falls back to placement instead.
 	// A round trip to a Redis nearby takes well under a millisecond.
 	DefaultTimeout = 10 * time.Millisecond
+	// OpTimeout is the least time a round trip off the request path gets
+	// (see opContext).
+	OpTimeout = time.Second
 	// DefaultPrefix is prepended to every key.
 	DefaultPrefix = "tether:"
 	// markBatch is how many sessions Mark checks per pipeline.
@@ -143,8 +146,11 @@ var (
 // Options tunes a Store. Start from DefaultOptions: the zero value has no
 // per-call timeout.
 type Options struct {
-	// Timeout bounds each round trip with context.WithTimeout; 0 disables
-	// it (the client's own read and write timeouts still apply).
+	// Timeout bounds each round trip of the request path (GetOrBind,
+	// Replace, Ping) with context.WithTimeout; round trips off it (Show,
+	// Mark, Bound, SyncLoad, SetDrained, the breaker's circuits) get at
+	// least OpTimeout. 0 disables both (the client's own read and write
+	// timeouts still apply).
 	Timeout time.Duration
 	// Prefix replaces DefaultPrefix when not empty, for example to share one
 	// Redis between two tether deployments. It must not contain '{' or '}'
@@ -479,7 +485,7 @@ func (s *Store) indexError(err error) {
 // Show implements affinity.SessionIndex: one round trip, two when key is
 // an alias. It refreshes nothing.
 func (s *Store) Show(ctx context.Context, key string, _ time.Time) (affinity.Session, bool, error) {
-	ctx, cancel := s.callContext(ctx)
+	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return affinity.Session{}, false, fmt.Errorf("redis show: %w", err)
@@ -547,7 +553,7 @@ func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move
 			calls[i] = &scriptCall{sc: s.mark, keys: []string{s.bindingKey(z.Member.(string))},
 				args: []any{f.Instance, f.Version, boolArg(doMark), m.Version, m.Off}}
 		}
-		bctx, cancel := s.callContext(ctx)
+		bctx, cancel := s.opContext(ctx)
 		s.exec(bctx, calls, nil)
 		cancel()
 		for i, c := range calls {
@@ -577,7 +583,7 @@ func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move
 // liveMembers drops the expired members of an index and returns the others
 // with their scores.
 func (s *Store) liveMembers(ctx context.Context, idx string, now int64) ([]goredis.Z, error) {
-	ctx, cancel := s.callContext(ctx)
+	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	pipe := s.client.Pipeline()
 	pipe.ZRemRangeByScore(ctx, idx, "-inf", strconv.FormatInt(now, 10))
@@ -612,7 +618,7 @@ func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.
 			key := z.Member.(string) // liveMembers checked
 			calls[i] = &scriptCall{sc: s.show, keys: []string{s.bindingKey(key), s.linkKey(key)}, args: []any{boolArg(false)}}
 		}
-		cctx, cancel := s.callContext(ctx)
+		cctx, cancel := s.opContext(ctx)
 		s.exec(cctx, calls, nil)
 		cancel()
 		for i, c := range calls {
@@ -645,7 +651,7 @@ func (s *Store) pruneIndex(ctx context.Context, idx string, zs []goredis.Z) {
 			args = append(args, z.Member, strconv.FormatFloat(z.Score, 'f', -1, 64))
 		}
 		c := &scriptCall{sc: s.prune, keys: []string{idx}, args: args}
-		cctx, cancel := s.callContext(ctx)
+		cctx, cancel := s.opContext(ctx)
 		s.exec(cctx, []*scriptCall{c}, nil)
 		cancel()
 		if err := c.cmd.Err(); err != nil {
@@ -661,7 +667,7 @@ func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances [
 	if err := affinity.CheckReport(r, ttl); err != nil {
 		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
 	}
-	ctx, cancel := s.callContext(ctx)
+	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
@@ -702,7 +708,7 @@ func (s *Store) SetDrained(ctx context.Context, instance string, drained bool) e
 	if instance == "" {
 		return errors.New("redis set drained: empty instance name")
 	}
-	ctx, cancel := s.callContext(ctx)
+	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redis set drained: %w", err)
@@ -771,6 +777,19 @@ func (s *Store) callContext(ctx context.Context) (context.Context, context.Cance
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, s.timeout)
+}
+
+// opContext bounds a round trip off the request path (operations, load
+// sync, the breaker's shared state): Options.Timeout, but at least
+// OpTimeout. Such a call may read a whole instance's index or every
+// replica's report; nobody waits on it, and cutting it at the request
+// path's 10 ms would turn a large fleet's ordinary work into failures
+// (and the Redis breaker's count).
+func (s *Store) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.timeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, max(s.timeout, OpTimeout))
 }
 
 func boolArg(b bool) string {

@@ -480,19 +480,7 @@ func parseVmRSS(status string) (int64, error) {
 
 // scrapeGauges reads the named unlabelled metrics from tether's /metrics.
 func scrapeGauges(ctx context.Context, admin string, names ...string) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := adminClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
-	}
-	return parseGauges(bufio.NewScanner(resp.Body), names...)
+	return scrapeMetrics(ctx, admin, func(sc *bufio.Scanner) (map[string]float64, error) { return parseGauges(sc, names...) })
 }
 
 // parseGauges finds the unlabelled metrics names in Prometheus text format;

@@ -72,19 +72,26 @@ func rank(v []int, q float64) int {
 // decisions by kind (hit, bind, spilled …), summed over mode and identity
 // source.
 func decisions(ctx context.Context, admin string) (map[string]float64, error) {
+	return scrapeMetrics(ctx, admin, parseDecisions)
+}
+
+// scrapeMetrics fetches tether's /metrics from admin and hands the body to
+// parse.
+func scrapeMetrics[T any](ctx context.Context, admin string, parse func(*bufio.Scanner) (T, error)) (T, error) {
+	var zero T
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/metrics", nil)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	resp, err := adminClient.Do(req)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+		return zero, fmt.Errorf("GET /metrics: %s", resp.Status)
 	}
-	return parseDecisions(bufio.NewScanner(resp.Body))
+	return parse(bufio.NewScanner(resp.Body))
 }
 
 func parseDecisions(sc *bufio.Scanner) (map[string]float64, error) {

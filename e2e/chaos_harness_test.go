@@ -44,8 +44,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -294,9 +292,8 @@ type chaosEnvoy struct {
 	listen  string // the listener's host:port, fixed at the first start
 	logs    *syncbuf.Buffer
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
+	mu   sync.Mutex
+	proc *envoyProc // nil while stopped
 }
 
 func startChaosEnvoy(t *testing.T, cfg config.Config, extproc []string) *chaosEnvoy {
@@ -322,67 +319,13 @@ func (e *chaosEnvoy) start(listen string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	yaml, err := xds.YAML(b, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	cfgPath, adminPath := filepath.Join(dir, "envoy.yaml"), filepath.Join(dir, "admin.addr")
-	if err := os.WriteFile(cfgPath, yaml, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	fmt.Fprintf(e.logs, "--- envoy start, listener %s\n", listen)
-	cmd := exec.Command(testenv.EnvoyBin(t), "-c", cfgPath, "--admin-address-path", adminPath,
-		"--disable-hot-restart", "--concurrency", "2", "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = e.logs, e.logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	p := launchEnvoy(t, b, e.logs)
 	e.mu.Lock()
-	e.cmd, e.exited = cmd, exited
+	e.proc = p
 	e.mu.Unlock()
-
-	var admin string
-	waitFor(t, 30*time.Second, "envoy admin", func() bool {
-		select {
-		case <-exited:
-			t.Fatalf("envoy exited:\n%s", e.logs)
-		default:
-		}
-		b, err := os.ReadFile(adminPath)
-		if err != nil || len(b) == 0 {
-			return false
-		}
-		admin = "http://" + strings.TrimSpace(string(b))
-		resp, err := http.Get(admin + "/ready")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	waitFor(t, 30*time.Second, "envoy's listener", func() bool {
-		var listeners struct {
-			ListenerStatuses []struct {
-				LocalAddress struct {
-					SocketAddress struct {
-						Address   string `json:"address"`
-						PortValue int    `json:"port_value"`
-					} `json:"socket_address"`
-				} `json:"local_address"`
-			} `json:"listener_statuses"`
-		}
-		getJSON(t, admin+"/listeners?format=json", &listeners)
-		if len(listeners.ListenerStatuses) != 1 || listeners.ListenerStatuses[0].LocalAddress.SocketAddress.PortValue == 0 {
-			return false
-		}
-		sa := listeners.ListenerStatuses[0].LocalAddress.SocketAddress
-		e.listen = net.JoinHostPort(sa.Address, fmt.Sprint(sa.PortValue))
-		return true
-	})
+	admin, l := p.ready(t)
+	e.listen = l
 	if e.px.url == "" {
 		e.px.url = "http://" + e.listen
 	} else if e.px.url != "http://"+e.listen {
@@ -396,18 +339,11 @@ func (e *chaosEnvoy) kill() { e.stop(syscall.SIGKILL) }
 
 func (e *chaosEnvoy) stop(sig syscall.Signal) {
 	e.mu.Lock()
-	cmd, exited := e.cmd, e.exited
-	e.cmd = nil
+	p := e.proc
+	e.proc = nil
 	e.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-exited:
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-exited
+	if p != nil {
+		p.stop(sig)
 	}
 }
 

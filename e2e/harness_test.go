@@ -324,6 +324,30 @@ func startEnvoyADS(t *testing.T, ads string) *proxy {
 
 func runEnvoy(t *testing.T, bootstrap proto.Message) *proxy {
 	t.Helper()
+	logs := &syncbuf.Buffer{}
+	p := launchEnvoy(t, bootstrap, logs)
+	t.Cleanup(func() {
+		p.stop(syscall.SIGTERM)
+		if t.Failed() {
+			t.Logf("envoy logs:\n%s", logs)
+		}
+	})
+	admin, listen := p.ready(t)
+	return &proxy{url: "http://" + listen, admin: admin}
+}
+
+// envoyProc is one started Envoy process.
+type envoyProc struct {
+	cmd       *exec.Cmd
+	exited    chan struct{}
+	adminPath string // where Envoy writes its admin address
+	logs      *syncbuf.Buffer
+}
+
+// launchEnvoy writes bootstrap to a file and starts Envoy on it, its
+// output going to logs. ready waits until it serves.
+func launchEnvoy(t *testing.T, bootstrap proto.Message, logs *syncbuf.Buffer) *envoyProc {
+	t.Helper()
 	bin := testenv.EnvoyBin(t)
 	yaml, err := xds.YAML(bootstrap, "")
 	if err != nil {
@@ -334,7 +358,6 @@ func runEnvoy(t *testing.T, bootstrap proto.Message) *proxy {
 	if err := os.WriteFile(cfgPath, yaml, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncbuf.Buffer{}
 	cmd := exec.Command(bin, "-c", cfgPath, "--admin-address-path", adminPath,
 		"--disable-hot-restart", "--concurrency", "2", "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = logs, logs
@@ -342,33 +365,38 @@ func runEnvoy(t *testing.T, bootstrap proto.Message) *proxy {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("envoy logs:\n%s", logs)
-		}
-	})
-	p := &proxy{}
+	p := &envoyProc{cmd: cmd, exited: make(chan struct{}), adminPath: adminPath, logs: logs}
+	go func() { _ = cmd.Wait(); close(p.exited) }()
+	return p
+}
+
+// stop sends sig and waits for the exit, killing Envoy after 10 s.
+func (p *envoyProc) stop(sig syscall.Signal) {
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+// ready waits until Envoy's admin says ready and its one listener is
+// bound, and returns the admin URL and the listener's host:port.
+func (p *envoyProc) ready(t *testing.T) (admin, listen string) {
+	t.Helper()
 	waitFor(t, 30*time.Second, "envoy admin", func() bool {
 		select {
-		case <-exited:
-			t.Fatalf("envoy exited:\n%s", logs)
+		case <-p.exited:
+			t.Fatalf("envoy exited:\n%s", p.logs)
 		default:
 		}
-		b, err := os.ReadFile(adminPath)
+		b, err := os.ReadFile(p.adminPath)
 		if err != nil || len(b) == 0 {
 			return false
 		}
-		p.admin = "http://" + strings.TrimSpace(string(b))
-		resp, err := http.Get(p.admin + "/ready")
+		admin = "http://" + strings.TrimSpace(string(b))
+		resp, err := http.Get(admin + "/ready")
 		if err != nil {
 			return false
 		}
@@ -386,15 +414,15 @@ func runEnvoy(t *testing.T, bootstrap proto.Message) *proxy {
 				} `json:"local_address"`
 			} `json:"listener_statuses"`
 		}
-		getJSON(t, p.admin+"/listeners?format=json", &listeners)
+		getJSON(t, admin+"/listeners?format=json", &listeners)
 		if len(listeners.ListenerStatuses) != 1 || listeners.ListenerStatuses[0].LocalAddress.SocketAddress.PortValue == 0 {
 			return false
 		}
 		sa := listeners.ListenerStatuses[0].LocalAddress.SocketAddress
-		p.url = fmt.Sprintf("http://%s", net.JoinHostPort(sa.Address, fmt.Sprint(sa.PortValue)))
+		listen = net.JoinHostPort(sa.Address, fmt.Sprint(sa.PortValue))
 		return true
 	})
-	return p
+	return admin, listen
 }
 
 func getJSON(t *testing.T, url string, v any) {

@@ -75,7 +75,7 @@ func RedisCluster(t testing.TB) *Cluster {
 		if err := os.Mkdir(ndir, 0o700); err != nil {
 			t.Fatalf("redis cluster: %v", err)
 		}
-		p, addr, err := startClusterNode(ctx, server, ndir)
+		p, addr, err := startClusterNode(ctx, server, ndir, 5*time.Second)
 		if err != nil {
 			t.Fatalf("redis cluster node %d: %v", i, err)
 		}
@@ -106,8 +106,9 @@ func (c *Cluster) Addrs() []string { return c.addrs }
 func (c *Cluster) Client() *goredis.ClusterClient { return c.client }
 
 // startClusterNode starts one cluster-mode redis-server in dir on a free
-// loopback port and waits until it answers.
-func startClusterNode(ctx context.Context, bin, dir string) (*process, string, error) {
+// loopback port, with the given node timeout and replicas that sync at
+// once, and waits until it answers.
+func startClusterNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) (*process, string, error) {
 	conf := filepath.Join(dir, "nodes.conf")
 	return startOnFreePort(ctx, bin, goredis.Options{}, func(port int) ([]string, error) {
 		// A failed attempt may have left its node file behind.
@@ -119,7 +120,8 @@ func startClusterNode(ctx context.Context, bin, dir string) (*process, string, e
 			"--bind", "127.0.0.1",
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", conf,
-			"--cluster-node-timeout", "5000",
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
+			"--repl-diskless-sync-delay", "0",
 			"--dir", dir,
 			"--save", "",
 			"--appendonly", "no",

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,7 +87,7 @@ func RedisClusterWithReplicas(t testing.TB, opts ReplicatedClusterOptions) *Repl
 		if err := os.Mkdir(ndir, 0o700); err != nil {
 			t.Fatalf("redis cluster: %v", err)
 		}
-		p, addr, err := startReplicatedNode(ctx, server, ndir, opts.NodeTimeout)
+		p, addr, err := startClusterNode(ctx, server, ndir, opts.NodeTimeout)
 		if err != nil {
 			t.Fatalf("redis cluster node %d: %v", i, err)
 		}
@@ -108,31 +107,6 @@ func RedisClusterWithReplicas(t testing.TB, opts ReplicatedClusterOptions) *Repl
 	}
 	c.client = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
 	return c
-}
-
-// startReplicatedNode starts one cluster-mode redis-server in dir on a free
-// loopback port, as startClusterNode does, with the given node timeout and
-// replicas that sync at once.
-func startReplicatedNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) (*process, string, error) {
-	conf := filepath.Join(dir, "nodes.conf")
-	return startOnFreePort(ctx, bin, goredis.Options{}, func(port int) ([]string, error) {
-		if err := os.Remove(conf); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return nil, err
-		}
-		return []string{
-			"--port", strconv.Itoa(port),
-			"--bind", "127.0.0.1",
-			"--cluster-enabled", "yes",
-			"--cluster-config-file", conf,
-			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
-			"--repl-diskless-sync-delay", "0",
-			"--dir", dir,
-			"--save", "",
-			"--appendonly", "no",
-			"--daemonize", "no",
-			"--logfile", "",
-		}, nil
-	})
 }
 
 // Addrs are every node's address, masters and replicas, in start order,

@@ -12,7 +12,7 @@ help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: tools
-tools: ## Install pinned Envoy (.tools/envoy) and redis-server when missing
+tools: ## Install pinned Envoy (.tools/envoy), and redis-server, PostgreSQL and Prometheus from Debian when missing
 	@scripts/tools.sh
 
 .PHONY: build

@@ -42,11 +42,22 @@ type Recorder interface {
 	Response(instance string, status int)
 }
 
+// Auditor hears every decision, for the routing audit. Audit must not
+// block: it runs on the request path.
+type Auditor interface {
+	// Audit records one decision. requestID is Envoy's x-request-id as
+	// received ("" when absent) and userID the raw user header ("" when
+	// absent); neither has been checked.
+	Audit(requestID, userID string, id identity.Identity, d affinity.Decision, at time.Time)
+}
+
 // Options configure the Server.
 type Options struct {
-	ClusterHeader string // request header Envoy routes on
-	QueueHeader   string // response header in which instances report their queue depth
-	DebugHeaders  bool   // add x-tether-instance / x-tether-decision to responses
+	ClusterHeader string  // request header Envoy routes on
+	UserHeader    string  // request header holding the user id, for the audit
+	Auditor       Auditor // nil: no routing audit
+	QueueHeader   string  // response header in which instances report their queue depth
+	DebugHeaders  bool    // add x-tether-instance / x-tether-decision to responses
 	Logger        zerolog.Logger
 }
 
@@ -149,6 +160,9 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	}
 	s.rec.Decision(id, d, time.Since(start))
 	ex.decided, ex.decision = true, d
+	if s.opts.Auditor != nil {
+		s.opts.Auditor.Audit(h.Get("x-request-id"), h.Get(s.opts.UserHeader), id, d, start)
+	}
 	if d.Err != nil {
 		s.warn.Warn().Err(d.Err).Str("session", id.Key).Msg("binding store failed; placed by rendezvous hashing")
 	}

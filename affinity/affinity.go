@@ -58,6 +58,12 @@ type Decision struct {
 	Rule     string // the rule that matched, "" for none
 	// Stage is the fallback ladder's rung for a failover or fallback.
 	Stage Stage
+	// Previous is the instance the session was bound to before this
+	// request: the one holding its KV cache. It is "" for a new session
+	// and for requests routed without the store (random, anonymous, and
+	// degraded ones, whose binding could not be read). A follow-up whose
+	// Instance is Previous kept its continuity.
+	Previous string
 	// Err is the store error behind a degraded decision, for logging.
 	Err error
 }
@@ -193,7 +199,7 @@ func (d *Decider) available() []fleet.Instance {
 	return out
 }
 
-func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, healthy []fleet.Instance, now time.Time) (Decision, error) {
+func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, healthy []fleet.Instance, now time.Time) (dec Decision, err error) {
 	key := req.ID.Key
 	mode := Sticky
 	if c.adaptive {
@@ -218,13 +224,15 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		return d.storeFailed(ctx, key, cands, mode, err)
 	}
 	b := res.Binding
-	kind := KindHit
+	kind, prev := KindHit, b.Instance
 	switch res.Outcome {
 	case Created:
-		kind = KindBind
+		kind, prev = KindBind, ""
 	case Renewed:
-		kind = KindRebind
+		kind, prev = KindRebind, res.Previous.Instance
 	}
+	// Every decision from here on follows the binding read above.
+	defer func() { dec.Previous = prev }()
 	in, ok := find(healthy, b.Instance)
 	// Why the session must leave its instance, if it must.
 	switch {
@@ -256,7 +264,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	if err != nil {
 		return Decision{}, err
 	}
-	dec, err := d.rebind(ctx, res.Key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now}, lt, next, healthy)
+	dec, err = d.rebind(ctx, res.Key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now}, lt, next, healthy)
 	if err != nil {
 		return Decision{}, err
 	}

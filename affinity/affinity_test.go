@@ -90,6 +90,9 @@ func TestBindingOutlivesFleetChange(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if got.Previous != "" {
+			t.Fatalf("new session %d: previous instance %q, want none", i, got.Previous)
+		}
 		before[fmt.Sprint(i)] = got.Instance.Name
 	}
 	// Reweight: rendezvous now prefers other instances for many keys, but
@@ -110,6 +113,10 @@ func TestBindingOutlivesFleetChange(t *testing.T) {
 	moved := 0
 	for k, inst := range before {
 		got, _ := d.Decide(ctx, session(k))
+		if got.Previous != inst {
+			// Continuity is measured on it: the instance of the last turn.
+			t.Fatalf("session %s was on %s; decision %+v names %q as its previous instance", k, inst, got, got.Previous)
+		}
 		switch {
 		case inst == "gpu-3" && (got.Kind != affinity.KindMoved || got.Instance.Name == "gpu-3"):
 			t.Fatalf("session %s on removed gpu-3: %+v, want moved", k, got)

@@ -109,13 +109,34 @@ func NewWriter(sink Sink, cfg WriterConfig) (*Writer, error) {
 	return w, nil
 }
 
-// Write queues r unless it is sampled out, the buffer is full or the
-// writer is closed; it never waits. It reports whether r was queued.
+// Write queues r unless it is sampled out (see Sample), the buffer is
+// full or the writer is closed; it never waits. It reports whether r was
+// queued.
 func (w *Writer) Write(r Record) bool {
-	if !Sampled(r.RequestID, w.cfg.SampleRate) {
-		w.skipped.Add(1)
+	if !w.Sample(r.RequestID) {
 		return false
 	}
+	return w.WriteAlways(r)
+}
+
+// Sample reports whether the record of the decision with this request id
+// is kept at the writer's SampleRate (Sampled); when it is not, it is
+// counted as skipped. Write calls it. A caller whose records cost
+// something to build calls Sample first, then WriteAlways.
+func (w *Writer) Sample(requestID string) bool {
+	if Sampled(requestID, w.cfg.SampleRate) {
+		return true
+	}
+	w.skipped.Add(1)
+	return false
+}
+
+// WriteAlways queues r whatever the SampleRate, unless the buffer is full
+// or the writer is closed; it never waits. It reports whether r was
+// queued. It is for records that must not be sampled out (the Recorder's
+// binding changes, which forget relies on) and for records that passed
+// Sample.
+func (w *Writer) WriteAlways(r Record) bool {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	if w.closed {

@@ -237,3 +237,35 @@ func TestWriterPrunes(t *testing.T) {
 		t.Fatal("the writer never pruned an idle sink")
 	}
 }
+
+// TestWriterWriteAlways: WriteAlways ignores the sample rate; Sample is
+// Write's own test and counts what it leaves out.
+func TestWriterWriteAlways(t *testing.T) {
+	const n, rate = 2000, 0.1
+	sink := &memSink{}
+	w := newWriterT(t, sink, WriterConfig{SampleRate: rate, Buffer: 2 * n})
+	kept := 0
+	for i := range n {
+		if !w.WriteAlways(rec(i)) {
+			t.Fatalf("WriteAlways %d refused", i)
+		}
+		if w.Sample(rec(i).RequestID) {
+			kept++
+			if !Sampled(rec(i).RequestID, rate) {
+				t.Fatalf("Sample(%q) kept what Sampled leaves out", rec(i).RequestID)
+			}
+		}
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if sink.len() != n || w.Written() != n {
+		t.Fatalf("sink %d, written %d; want %d", sink.len(), w.Written(), n)
+	}
+	if int(w.Skipped()) != n-kept || kept == 0 || kept == n {
+		t.Fatalf("Sample kept %d of %d, skipped %d", kept, n, w.Skipped())
+	}
+	if w.WriteAlways(rec(0)) || w.Dropped() != 1 {
+		t.Fatal("WriteAlways after Close was not dropped")
+	}
+}

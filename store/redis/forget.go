@@ -1,0 +1,176 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// forgetSrc: KEYS[1] binding, KEYS[2] alias link of the same key (one
+// slot). Deletes both. Replies {binding deleted (0/1), link deleted (0/1),
+// the binding's instance or an empty string, the key the link led to or
+// an empty string}. A key of
+// another type than the layout's is deleted without being read.
+const forgetSrc = `
+local inst, to = '', ''
+if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+  inst = redis.call('HGET', KEYS[1], 'i') or ''
+end
+if redis.call('TYPE', KEYS[2]).ok == 'string' then
+  to = redis.call('GET', KEYS[2]) or ''
+end
+return {redis.call('DEL', KEYS[1]), redis.call('DEL', KEYS[2]), inst, to}
+`
+
+// forgetScript is immutable (its source and hash); exec loads it into a
+// server's script cache on first use (NOSCRIPT, then EVAL).
+var forgetScript = goredis.NewScript(forgetSrc)
+
+// zremBatch is the most members one ZREM of Forget names.
+const zremBatch = 1000
+
+// forgotten is what forgetting one key found.
+type forgotten struct {
+	binding   bool   // a binding was deleted
+	instance  string // the deleted binding's instance
+	linkedKey string // the key the deleted alias link led to
+}
+
+// Forget deletes everything the store holds for the given session keys,
+// for "forget this user" (the keys come from the routing audit's records):
+//
+//   - each key's binding and alias link;
+//   - when a key was an alias, the session its link led to, with that
+//     session's own link (one hop, as a request follows it);
+//   - each deleted session's entry in the index of the instance it was
+//     bound to, and the entries of every key (and linked key) in the
+//     indexes of the instances named in instances: the instances the
+//     user's decisions went to. An entry outlives its binding by up to
+//     Idle/4, and once the binding has expired the instance is known only
+//     from there.
+//
+// It returns how many bindings it deleted; alias links and index entries
+// are not counted. Empty and repeated keys are skipped.
+//
+// Each script touches one session's keys (one slot), and the index
+// removals are one pipeline on the {fleet} slot, so it works on Redis
+// Cluster. Each round trip gets at least OpTimeout. A request carrying one
+// of the keys while Forget runs may bind the session again: forget a user
+// whose traffic has stopped.
+func (s *Store) Forget(ctx context.Context, keys []string, instances ...string) (int, error) {
+	var todo, all []string
+	seen := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		if k != "" && !seen[k] {
+			seen[k] = true
+			todo = append(todo, k)
+		}
+	}
+	indexed := map[string][]string{} // instance → session keys to remove from its index
+	deleted := 0
+	// Round 0: the keys given; round 1: the keys their links led to.
+	for round := 0; round < 2 && len(todo) > 0; round++ {
+		all = append(all, todo...)
+		var next []string
+		for chunk := range slices.Chunk(todo, markBatch) {
+			got, err := s.forgetChunk(ctx, chunk)
+			for i, f := range got {
+				if f.binding {
+					deleted++
+					if f.instance != "" {
+						indexed[f.instance] = append(indexed[f.instance], chunk[i])
+					}
+				}
+				if round == 0 && f.linkedKey != "" && !seen[f.linkedKey] {
+					seen[f.linkedKey] = true
+					next = append(next, f.linkedKey)
+				}
+			}
+			if err != nil {
+				return deleted, fmt.Errorf("redis forget: %w", err)
+			}
+		}
+		todo = next
+	}
+	for _, in := range instances {
+		if in != "" {
+			indexed[in] = append(indexed[in], all...)
+		}
+	}
+	if err := s.unindex(ctx, indexed); err != nil {
+		return deleted, fmt.Errorf("redis forget: %w", err)
+	}
+	return deleted, nil
+}
+
+// forgetChunk runs the forget script on each key in one pipeline. It
+// returns what it learnt of the keys before the first failed one.
+func (s *Store) forgetChunk(ctx context.Context, keys []string) ([]forgotten, error) {
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	calls := make([]*scriptCall, len(keys))
+	for i, k := range keys {
+		calls[i] = &scriptCall{sc: forgetScript, keys: []string{s.bindingKey(k), s.linkKey(k)}}
+	}
+	s.exec(ctx, calls, nil)
+	out := make([]forgotten, 0, len(keys))
+	for i, c := range calls {
+		res, err := c.cmd.Slice()
+		if err != nil {
+			return out, err
+		}
+		f, err := parseForgetReply(res)
+		if err != nil {
+			return out, fmt.Errorf("key %q: %w", keys[i], err)
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+func parseForgetReply(res []any) (forgotten, error) {
+	if len(res) != 4 {
+		return forgotten{}, fmt.Errorf("unexpected forget reply of %d elements", len(res))
+	}
+	b, ok1 := res[0].(int64)
+	inst, ok2 := res[2].(string)
+	to, ok3 := res[3].(string)
+	if !ok1 || !ok2 || !ok3 {
+		return forgotten{}, fmt.Errorf("unexpected forget reply %v", res)
+	}
+	return forgotten{binding: b == 1, instance: inst, linkedKey: to}, nil
+}
+
+// unindex removes the members from each instance's index, in one
+// pipeline (every index is in the {fleet} slot).
+func (s *Store) unindex(ctx context.Context, members map[string][]string) error {
+	if len(members) == 0 {
+		return nil
+	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	pipe := s.client.Pipeline()
+	for in, keys := range members {
+		slices.Sort(keys)
+		keys = slices.Compact(keys)
+		for chunk := range slices.Chunk(keys, zremBatch) {
+			args := make([]any, len(chunk))
+			for i, k := range chunk {
+				args[i] = k
+			}
+			pipe.ZRem(ctx, s.indexKey(in), args...)
+		}
+	}
+	if pipe.Len() == 0 {
+		return nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("index: %w", err)
+	}
+	return nil
+}

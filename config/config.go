@@ -31,10 +31,14 @@ type Config struct {
 	OutlierDetection OutlierDetection `toml:"outlier_detection"`
 	CircuitBreakers  CircuitBreakers  `toml:"circuit_breakers"`
 
+	// Audit is the routing audit: a record per decision ([audit]).
+	Audit Audit `toml:"audit"`
+
 	// xdsSet records that the file set xds.addr, possibly to "" (off);
 	// epsilonSet and queueDepthSet that it set those keys, possibly to 0
 	// (refused, and off).
-	xdsSet, epsilonSet, queueDepthSet bool
+	// auditRateSet that it set audit.sample_rate (0 is refused).
+	xdsSet, epsilonSet, queueDepthSet, auditRateSet bool
 }
 
 // Server holds listen addresses and logging.
@@ -126,6 +130,49 @@ type Identity struct {
 	SecretEnv string `toml:"secret_env"`
 }
 
+// Audit configures the routing audit: one record per decision, with the
+// user id sealed (AES-256-GCM) and a keyed pseudonym to find a user's
+// records by. Secrets never sit in the file: the keys and the PostgreSQL
+// DSN come from environment variables (or key files) the file names.
+type Audit struct {
+	Enabled bool `toml:"enabled"`
+	// Sink is "redis" (a Stream, <prefix>audit, in the binding store's
+	// Redis or in RedisURL's), "postgres" or "file" (JSON lines, a file
+	// per UTC day in FileDir).
+	Sink string `toml:"sink"`
+	// Retention: at most 720h (30 days), and at least 24h for files.
+	Retention Duration `toml:"retention"`
+	// SampleRate is the fraction of hits and random decisions recorded,
+	// in (0, 1]; decisions that make or change a binding are always
+	// recorded, so forget finds every binding made.
+	SampleRate float64 `toml:"sample_rate"`
+	// Buffer is how many records may wait for the sink (past it they are
+	// dropped and counted); Batch is the most written at once.
+	Buffer int `toml:"buffer"`
+	Batch  int `toml:"batch"`
+	// PostgresDSNEnv names the environment variable holding the
+	// PostgreSQL DSN (it may hold a password).
+	PostgresDSNEnv string `toml:"postgres_dsn_env"`
+	FileDir        string `toml:"file_dir"`
+	// RedisURL, when set, puts the stream in another Redis than the
+	// binding store's (same forms as redis.url, except "embedded").
+	RedisURL string `toml:"redis_url"`
+	// The keyring ("id=key" entries, the current key first) and the
+	// pseudonym key: from the file when one is named, else from the
+	// environment variable.
+	KeyringEnv       string `toml:"keyring_env"`
+	KeyringFile      string `toml:"keyring_file"`
+	PseudonymKeyEnv  string `toml:"pseudonym_key_env"`
+	PseudonymKeyFile string `toml:"pseudonym_key_file"`
+}
+
+// Audit sinks.
+const (
+	AuditSinkRedis    = "redis"
+	AuditSinkPostgres = "postgres"
+	AuditSinkFile     = "file"
+)
+
 // Instance is one model server.
 type Instance struct {
 	Name    string  `toml:"name" json:"name"`
@@ -193,6 +240,16 @@ const (
 	DefaultFailureWindow    = 30 * time.Second
 	DefaultFailureCooldown  = 30 * time.Second
 	MaxFailureThreshold     = 10000
+
+	DefaultAuditRetention      = 30 * 24 * time.Hour
+	MaxAuditRetention          = 30 * 24 * time.Hour // the audit package's MaxRetention
+	DefaultAuditBuffer         = 4096
+	MaxAuditBuffer             = 1 << 20
+	DefaultAuditBatch          = 256
+	MaxAuditBatch              = 10000
+	DefaultAuditPostgresDSNEnv = "TETHER_AUDIT_POSTGRES_DSN"
+	DefaultAuditKeyringEnv     = "TETHER_AUDIT_KEYS"
+	DefaultAuditPseudonymEnv   = "TETHER_AUDIT_PSEUDONYM_KEY"
 )
 
 // Default returns a configuration with every default filled in and no instances.
@@ -240,6 +297,7 @@ func Parse(data []byte) (Config, error) {
 	c.xdsSet = md.IsDefined("xds", "addr")
 	c.epsilonSet = md.IsDefined("routing", "bounded_load_epsilon")
 	c.queueDepthSet = md.IsDefined("routing", "saturation_queue_depth")
+	c.auditRateSet = md.IsDefined("audit", "sample_rate")
 	c.setDefaults()
 	if err := c.Validate(); err != nil {
 		return Config{}, err
@@ -318,6 +376,21 @@ func (c *Config) setDefaults() {
 	for i := range c.Instances {
 		c.Instances[i].SetDefaults()
 	}
+	a := &c.Audit
+	str(&a.Sink, AuditSinkRedis)
+	dur(&a.Retention, DefaultAuditRetention)
+	if a.SampleRate == 0 && !c.auditRateSet {
+		a.SampleRate = 1
+	}
+	if a.Buffer == 0 {
+		a.Buffer = DefaultAuditBuffer
+	}
+	if a.Batch == 0 {
+		a.Batch = DefaultAuditBatch
+	}
+	str(&a.PostgresDSNEnv, DefaultAuditPostgresDSNEnv)
+	str(&a.KeyringEnv, DefaultAuditKeyringEnv)
+	str(&a.PseudonymKeyEnv, DefaultAuditPseudonymEnv)
 }
 
 // Sticky reports whether sessions are bound at all.
@@ -465,7 +538,74 @@ func (c *Config) Validate() error {
 		}
 	}
 	c.validateEnvoy(bad)
+	c.validateAudit(bad)
 	return errors.Join(errs...)
+}
+
+// validateAudit checks [audit] whether or not it is enabled, so a section
+// switched on later is already right; what only exists at start (the
+// keys, the DSN) is checked then.
+func (c *Config) validateAudit(bad func(key string, val any, why string)) {
+	a := &c.Audit
+	switch a.Sink {
+	case AuditSinkRedis, AuditSinkPostgres, AuditSinkFile:
+	default:
+		bad("audit.sink", a.Sink, `want "redis", "postgres" or "file"`)
+	}
+	switch r := a.Retention.D; {
+	case r <= 0:
+		bad("audit.retention", a.Retention, "must be positive")
+	case r > MaxAuditRetention:
+		bad("audit.retention", a.Retention, "longer than the maximum of 30 days (720h): audit records are kept 30 days at most")
+	case r < 24*time.Hour && a.Sink == AuditSinkFile:
+		bad("audit.retention", a.Retention, `want at least 24h with sink = "file" (a file per day)`)
+	}
+	if r := a.SampleRate; !(r > 0 && r <= 1) {
+		bad("audit.sample_rate", r, "want 0 < rate <= 1 (1 records every decision)")
+	}
+	if a.Buffer < 1 || a.Buffer > MaxAuditBuffer {
+		bad("audit.buffer", a.Buffer, fmt.Sprintf("want 1 to %d", MaxAuditBuffer))
+	}
+	if a.Batch < 1 || a.Batch > MaxAuditBatch {
+		bad("audit.batch", a.Batch, fmt.Sprintf("want 1 to %d", MaxAuditBatch))
+	}
+	for _, e := range []struct{ key, v string }{
+		{"audit.postgres_dsn_env", a.PostgresDSNEnv}, {"audit.keyring_env", a.KeyringEnv},
+		{"audit.pseudonym_key_env", a.PseudonymKeyEnv},
+	} {
+		if !envName.MatchString(e.v) {
+			// Not shown: a DSN or a key put where its variable's name goes.
+			bad(e.key, "(hidden)", "want the name of an environment variable, not its value")
+		}
+	}
+	if a.KeyringEnv == a.PseudonymKeyEnv {
+		bad("audit.pseudonym_key_env", a.PseudonymKeyEnv, "is also audit.keyring_env: the two keys must differ")
+	}
+	if a.KeyringFile != "" && a.KeyringFile == a.PseudonymKeyFile {
+		bad("audit.pseudonym_key_file", a.PseudonymKeyFile, "is also audit.keyring_file: the two keys must differ")
+	}
+	if a.Sink == AuditSinkFile && a.FileDir == "" {
+		bad("audit.file_dir", a.FileDir, `required with sink = "file"`)
+	}
+	if a.RedisURL != "" {
+		scheme, _, _ := strings.Cut(a.RedisURL, "://")
+		switch {
+		case a.Sink != AuditSinkRedis:
+			bad("audit.redis_url", scheme+"://…", `only used with sink = "redis"`)
+		case a.RedisURL == "embedded":
+			bad("audit.redis_url", a.RedisURL, "want a Redis URL: records in an embedded server die with the process")
+		default:
+			switch scheme {
+			case "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
+			default:
+				bad("audit.redis_url", scheme+"://…", "want redis://, rediss://, unix://, redis+cluster://, rediss+cluster://, redis+sentinel:// or rediss+sentinel://")
+			}
+		}
+	}
+	if a.Enabled && a.Sink == AuditSinkRedis && a.RedisURL == "" && c.Redis.URL == "embedded" {
+		bad("audit.sink", a.Sink, `with redis.url = "embedded" the records would live inside this process, where they die with it `+
+			"and `tether audit forget` cannot reach them: set audit.redis_url, or use sink = \"file\" or \"postgres\"")
+	}
 }
 
 func sortedKeys[V any](m map[string]V) []string {

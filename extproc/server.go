@@ -8,8 +8,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/metrics"
 )
 
 // Identifier extracts the caller's identity.
@@ -39,7 +42,7 @@ type Decider interface {
 type Recorder interface {
 	Decision(identity.Identity, affinity.Decision, time.Duration)
 	DecisionFailed(id identity.Identity, reason string)
-	Response(instance string, status int)
+	Response(d affinity.Decision, r metrics.Reply)
 }
 
 // Auditor hears every decision, for the routing audit. Audit must not
@@ -57,6 +60,8 @@ type Options struct {
 	UserHeader    string  // request header holding the user id, for the audit
 	Auditor       Auditor // nil: no routing audit
 	QueueHeader   string  // response header in which instances report their queue depth
+	OOMHeader     string  // response header in which instances report running out of memory ("true"/"1")
+	GPUHeader     string  // response header in which instances report GPU utilisation in percent (0–100)
 	DebugHeaders  bool    // add x-tether-instance / x-tether-decision to responses
 	Logger        zerolog.Logger
 }
@@ -87,6 +92,7 @@ func New(ids Identifier, decider Decider, rec Recorder, opts Options) *Server {
 
 // exchange is what one stream (one HTTP request) remembers between phases.
 type exchange struct {
+	start    time.Time // request headers arrived
 	decided  bool
 	finished bool // the decider heard how the request ended
 	decision affinity.Decision
@@ -135,10 +141,10 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 		// the first decision ends unanswered, so its in-flight count does too.
 		s.decider.Finish(ex.decision, affinity.Answer{})
 	}
-	*ex = exchange{}
+	start := time.Now()
+	*ex = exchange{start: start}
 	h := headers(msg.GetHeaders().GetHeaders())
 	id := s.ids.Extract(h)
-	start := time.Now()
 	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(":path"), Headers: h})
 	if err != nil {
 		ex.failure = failureReason(err)
@@ -178,17 +184,18 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *
 	if ex.decided && !ex.finished {
 		h := headers(msg.GetHeaders().GetHeaders())
 		code, _ := strconv.Atoi(h.Get(":status"))
-		s.rec.Response(ex.decision.Instance.Name, code)
 		peer := up.elsewhere(ex.decision.Instance.Address)
 		// Envoy's own replies that never reached an instance say nothing
 		// about it: neither a failure nor, for a half-open circuit, the
 		// good answer that would close it.
 		neutral := !peer && (up.none() || h.Get("x-envoy-overloaded") == "true")
-		queue, err := strconv.Atoi(h.Get(s.opts.QueueHeader))
+		rep := s.reports(h, code)
+		rep.Elapsed, rep.Served, rep.Peer = time.Since(ex.start), !neutral, peer
+		s.rec.Response(ex.decision, rep.Reply)
 		s.decider.Finish(ex.decision, affinity.Answer{
 			Answered: !neutral, Failed: peer || (!neutral && failed(code)),
 			// A peer's queue depth is not the instance's.
-			Queue: queue, QueueKnown: err == nil && queue >= 0 && s.opts.QueueHeader != "" && !peer && !neutral,
+			Queue: rep.queue, QueueKnown: rep.queueKnown && !peer && !neutral,
 		})
 		ex.finished = true
 	}
@@ -202,6 +209,48 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *
 		header{HeaderInstance, ex.decision.Instance.Name},
 		header{HeaderDecision, string(ex.decision.Kind)},
 	)
+}
+
+// reply is what the recorder hears about an answer, plus the queue depth
+// the decider hears.
+type reply struct {
+	metrics.Reply
+	queue      int
+	queueKnown bool
+}
+
+// reports reads what the instance reported in its response headers: its
+// queue depth, running out of memory (or status 507), its GPU utilisation
+// in percent. A header that is present but unreadable is ignored and named
+// in BadReports.
+func (s *Server) reports(h headers, status int) reply {
+	r := reply{Reply: metrics.Reply{Status: status, OOM: status == http.StatusInsufficientStorage}}
+	if v := h.Get(s.opts.QueueHeader); v != "" && s.opts.QueueHeader != "" {
+		q, err := strconv.Atoi(v)
+		if r.queueKnown = err == nil && q >= 0; r.queueKnown {
+			r.queue = q
+		} else {
+			r.BadReports = append(r.BadReports, "queue_depth")
+		}
+	}
+	if v := h.Get(s.opts.OOMHeader); v != "" && s.opts.OOMHeader != "" {
+		switch strings.ToLower(v) {
+		case "1", "true", "yes":
+			r.OOM = true
+		case "0", "false", "no":
+		default:
+			r.BadReports = append(r.BadReports, "oom")
+		}
+	}
+	if v := h.Get(s.opts.GPUHeader); v != "" && s.opts.GPUHeader != "" {
+		pct, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
+		if r.GPUKnown = err == nil && pct >= 0 && pct <= 100; r.GPUKnown {
+			r.GPU = pct / 100
+		} else {
+			r.BadReports = append(r.BadReports, "gpu_utilization")
+		}
+	}
+	return r
 }
 
 // failed says whether a status counts against the instance: any 5xx,

@@ -24,6 +24,7 @@ import (
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/metrics"
 	"github.com/tetherproxy/tether/store/memory"
 )
 
@@ -35,6 +36,7 @@ type recorded struct {
 	failures  []string
 	rejected  []identity.Reason
 	responses []string
+	replies   []metrics.Reply
 }
 
 func (r *recorded) Decision(id identity.Identity, d affinity.Decision, _ time.Duration) {
@@ -52,10 +54,11 @@ func (r *recorded) DecisionFailed(_ identity.Identity, reason string) {
 	r.failures = append(r.failures, reason)
 }
 
-func (r *recorded) Response(instance string, code int) {
+func (r *recorded) Response(d affinity.Decision, rep metrics.Reply) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.responses = append(r.responses, instance+":"+strconv.Itoa(code))
+	r.responses = append(r.responses, d.Instance.Name+":"+strconv.Itoa(rep.Status))
+	r.replies = append(r.replies, rep)
 }
 
 // start serves the processor on a loopback listener and returns a client.
@@ -358,5 +361,49 @@ func TestInFlightEndsWithEveryStream(t *testing.T) {
 	}
 	if q := dec.Load().Queue("a"); q != 7 {
 		t.Fatalf("queue depth %d, want the reported 7", q)
+	}
+}
+
+// TestInstanceReports: what instances report in response headers reaches
+// the recorder; a header present but unreadable is named, not used.
+func TestInstanceReports(t *testing.T) {
+	ids, err := identity.New(identity.Config{Secret: []byte("0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorded{}
+	dec := affinity.New(memory.New(), fleet.New(two), affinity.Policy{
+		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute, Max: time.Hour},
+	})
+	c := serve(t, extproc.New(ids, dec, rec, extproc.Options{
+		ClusterHeader: "x-tether-cluster", QueueHeader: "x-queue-depth", OOMHeader: "x-oom", GPUHeader: "x-gpu-utilization",
+		Logger: zerolog.Nop(),
+	}))
+	cases := []struct {
+		resp []string
+		want metrics.Reply
+	}{
+		{[]string{":status", "200", "x-queue-depth", "3", "x-oom", "false", "x-gpu-utilization", "87.5"},
+			metrics.Reply{Status: 200, GPU: 0.875, GPUKnown: true}},
+		{[]string{":status", "200", "x-oom", "TRUE", "x-gpu-utilization", "40%"},
+			metrics.Reply{Status: 200, OOM: true, GPU: 0.4, GPUKnown: true}},
+		{[]string{":status", "507"}, metrics.Reply{Status: 507, OOM: true}},
+		{[]string{":status", "200", "x-queue-depth", "-1", "x-oom", "maybe", "x-gpu-utilization", "150"},
+			metrics.Reply{Status: 200, BadReports: []string{"queue_depth", "oom", "gpu_utilization"}}},
+		{[]string{":status", "200", "x-gpu-utilization", "NaN"},
+			metrics.Reply{Status: 200, BadReports: []string{"gpu_utilization"}}},
+	}
+	for i, tc := range cases {
+		exchange(t, c, reqHeaders("x-session-id", "conv-1"), respHeaders(tc.resp...))
+		rec.mu.Lock()
+		got := rec.replies[i]
+		rec.mu.Unlock()
+		if got.Elapsed <= 0 || !got.Served || got.Peer {
+			t.Errorf("case %d: elapsed %v, served %v, peer %v: want a positive time, served by the instance", i, got.Elapsed, got.Served, got.Peer)
+		}
+		got.Elapsed, got.Served = 0, false
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("case %d %v (-want +got):\n%s", i, tc.resp, diff)
+		}
 	}
 }

@@ -25,6 +25,12 @@ type Metrics struct {
 	indexErrors       prometheus.Counter
 	redisUp           prometheus.Gauge
 	redisOpens        prometheus.Counter
+	inference         *prometheus.HistogramVec
+	followups         *prometheus.CounterVec
+	migrations        *prometheus.CounterVec
+	oom               *prometheus.CounterVec
+	gpu               *prometheus.GaugeVec
+	reportErrors      *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them with reg.
@@ -76,8 +82,33 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Times the binding store's breaker on Redis opened after consecutive failed calls (a start without Redis included; reopenings after a failed probe are not counted).",
 		}),
 	}
+	m.inference = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tether_inference_duration_seconds",
+		Help:    "Time from a request's headers to its response headers as tether sees them (queueing and prefill: the part a KV-cache hit shortens), by route: sticky (sticky and adaptive modes) or random (random mode, anonymous callers, the random fallback rung). Envoy's own replies without an instance are left out.",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"route"})
+	m.followups = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_followups_total",
+		Help: "Answered follow-up requests of bound sessions, by continuity: kept when the instance the session was bound to (the one holding its KV cache) answered it without error, broken otherwise (moved, failed over, retried on a peer, or a 5xx). Continuity rate = kept / all.",
+	}, []string{"continuity"})
+	m.migrations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_session_migrations_total",
+		Help: "Sessions moved to another instance at a request, by the instance they left and the reason (the decision: moved, migrated, drained, spilled, failover, rebind). Sessions moved ahead of their next request when a breaker opened are counted in tether_sessions_evacuated_total.",
+	}, []string{"instance", "reason"})
+	m.oom = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_instance_oom_total",
+		Help: "Out-of-memory answers per instance: status 507, or the instance's out-of-memory report header.",
+	}, []string{"instance"})
+	m.gpu = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tether_instance_gpu_utilization_ratio",
+		Help: "GPU utilisation (0 to 1) the instance last reported in its response header.",
+	}, []string{"instance"})
+	m.reportErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_instance_report_errors_total",
+		Help: "Instance report headers (queue depth, GPU utilisation, out of memory) that were present but unreadable; the value was ignored.",
+	}, []string{"header"})
 	reg.MustRegister(m.requests, m.failovers, m.identityRejected, m.decisionErrors, m.storeErrors, m.decisionSeconds, m.upstreamResponses,
-		m.loadSyncFailures, m.indexErrors, m.redisUp, m.redisOpens)
+		m.loadSyncFailures, m.indexErrors, m.redisUp, m.redisOpens, m.inference, m.followups, m.migrations, m.oom, m.gpu, m.reportErrors)
 	return m
 }
 
@@ -93,7 +124,18 @@ func (m *Metrics) Decision(id identity.Identity, d affinity.Decision, took time.
 	if d.Stage != affinity.StageNone {
 		m.failovers.WithLabelValues(d.Stage.String()).Inc()
 	}
+	if moved(d) {
+		m.migrations.WithLabelValues(d.Previous, string(d.Kind)).Inc()
+	}
 	m.decisionSeconds.Observe(took.Seconds())
+}
+
+// moved reports whether d rebound its session to another instance. A
+// fallback routes one request elsewhere but keeps the binding, and a
+// degraded decision stored nothing.
+func moved(d affinity.Decision) bool {
+	return d.Previous != "" && d.Instance.Name != d.Previous &&
+		d.Kind != affinity.KindFallback && d.Kind != affinity.KindDegraded
 }
 
 // DecisionFailed records a request that got no decision.
@@ -104,9 +146,61 @@ func (m *Metrics) DecisionFailed(id identity.Identity, reason string) {
 	m.decisionErrors.WithLabelValues(reason).Inc()
 }
 
-// Response records the status an instance answered with.
-func (m *Metrics) Response(instance string, status int) {
-	m.upstreamResponses.WithLabelValues(instance, statusClass(status)).Inc()
+// Reply is what a decided request's response headers said.
+type Reply struct {
+	Status int
+	// Elapsed runs from the request headers to the response headers.
+	Elapsed time.Duration
+	// Served: a host answered (not Envoy's own reply for which it picked
+	// none, nor its overflow).
+	Served bool
+	// Peer: another host than the chosen instance answered (Envoy retried
+	// or went past it).
+	Peer bool
+	// OOM: the instance reported running out of memory.
+	OOM bool
+	// GPU is the utilisation (0 to 1) the instance reported, when GPUKnown.
+	GPU      float64
+	GPUKnown bool
+	// BadReports names the report headers that were present but unreadable.
+	BadReports []string
+}
+
+// Response records how a decided request was answered.
+func (m *Metrics) Response(d affinity.Decision, r Reply) {
+	instance := d.Instance.Name
+	m.upstreamResponses.WithLabelValues(instance, statusClass(r.Status)).Inc()
+	for _, h := range r.BadReports {
+		m.reportErrors.WithLabelValues(h).Inc()
+	}
+	if !r.Served {
+		return
+	}
+	route := "sticky"
+	if d.Mode == affinity.Random {
+		route = "random"
+	}
+	m.inference.WithLabelValues(route).Observe(r.Elapsed.Seconds())
+	if d.Previous != "" {
+		kept := d.Instance.Name == d.Previous && !r.Peer && r.Status < 500
+		m.followups.WithLabelValues(continuity(kept)).Inc()
+	}
+	if r.Peer {
+		return // the reports are a peer's, not the instance's
+	}
+	if r.OOM {
+		m.oom.WithLabelValues(instance).Inc()
+	}
+	if r.GPUKnown {
+		m.gpu.WithLabelValues(instance).Set(r.GPU)
+	}
+}
+
+func continuity(kept bool) string {
+	if kept {
+		return "kept"
+	}
+	return "broken"
 }
 
 func statusClass(s int) string {

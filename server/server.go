@@ -105,7 +105,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	var breaker *fleet.Breaker
 	brec := metrics.NewBreaker(reg, func() uint64 { return breaker.Dropped() })
 	breaker = fleet.NewBreaker(breakerConfig(cfg.Routing), nil, brec.Changed)
-	decider := affinity.New(store, rt.fleet, rt.currentPolicy(), affinity.WithLoad(load), affinity.WithBreaker(breaker),
+	metrics.NewInstances(reg, fleetView{fleet: rt.fleet, load: load, breaker: breaker})
+	decider := affinity.New(metrics.NewStore(reg, store), rt.fleet, rt.currentPolicy(), affinity.WithLoad(load), affinity.WithBreaker(breaker),
 		affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
 	rt.setPolicy(decider.SetPolicy)
 	processor := extproc.New(ids, decider, rec, extproc.Options{

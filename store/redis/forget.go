@@ -11,8 +11,8 @@ import (
 // forgetSrc: KEYS[1] binding, KEYS[2] alias link of the same key (one
 // slot). Deletes both. Replies {binding deleted (0/1), link deleted (0/1),
 // the binding's instance or an empty string, the key the link led to or
-// an empty string}. A key of
-// another type than the layout's is deleted without being read.
+// an empty string}. A key of another type than the layout's is deleted
+// without being read.
 const forgetSrc = `
 local inst, to = '', ''
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then

@@ -78,6 +78,13 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return fmt.Errorf("binding store: %w", err)
 	}
 	defer store.Close()
+	// Deferred after store.Close, so it runs before it, and after the
+	// ext_proc server has stopped below: in-flight decisions are recorded.
+	auditor, stopAudit, err := startAudit(ctx, cfg, store, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopAudit()
 
 	ls, err := listen(cfg)
 	if err != nil {
@@ -111,6 +118,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	rt.setPolicy(decider.SetPolicy)
 	processor := extproc.New(ids, decider, rec, extproc.Options{
 		ClusterHeader: cfg.Routing.ClusterHeader,
+		UserHeader:    cfg.Identity.UserHeader,
+		Auditor:       auditor,
 		QueueHeader:   cfg.Routing.QueueDepthHeader,
 		DebugHeaders:  cfg.Server.DebugHeaders,
 		Logger:        log,

@@ -1,0 +1,159 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/tetherproxy/tether/audit"
+	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/extproc"
+	redisstore "github.com/tetherproxy/tether/store/redis"
+)
+
+var _ extproc.Auditor = (*audit.Recorder)(nil)
+
+// auditCloseTimeout bounds the flush of the routing audit on shutdown;
+// what is left after it is counted as dropped.
+const auditCloseTimeout = 5 * time.Second
+
+// AuditKeys says where the routing audit's keys come from.
+func AuditKeys(a config.Audit) audit.KeyConfig {
+	return audit.KeyConfig{
+		KeysEnv: a.KeyringEnv, KeysFile: a.KeyringFile,
+		PseudonymEnv: a.PseudonymKeyEnv, PseudonymFile: a.PseudonymKeyFile,
+	}
+}
+
+// OpenAuditSink opens the sink [audit] names, whether or not the audit is
+// enabled (`tether audit` reads records written while it was). store is
+// the binding store: the Redis sink writes to its Redis, under its key
+// prefix, unless audit.redis_url names another Redis. closeSink releases
+// the sink and what was opened for it, not the store.
+func OpenAuditSink(ctx context.Context, cfg config.Config, store *redisstore.Store) (sink audit.Sink, closeSink func() error, err error) {
+	a := cfg.Audit
+	switch a.Sink {
+	case config.AuditSinkFile:
+		s, err := audit.NewFileSink(audit.FileConfig{Dir: a.FileDir, Retention: a.Retention.D})
+		if err != nil {
+			return nil, nil, err
+		}
+		return s, s.Close, nil
+	case config.AuditSinkPostgres:
+		dsn := os.Getenv(a.PostgresDSNEnv)
+		if dsn == "" {
+			return nil, nil, fmt.Errorf("audit sink postgres: environment variable %s is not set (audit.postgres_dsn_env names it; it holds the DSN)", a.PostgresDSNEnv)
+		}
+		return openPostgresSink(ctx, dsn, a.Retention.D)
+	case config.AuditSinkRedis:
+		client, prefix, closeClient := store.Client(), store.Prefix(), func() error { return nil }
+		if a.RedisURL != "" {
+			c, err := redisstore.NewClient(a.RedisURL)
+			if err != nil {
+				return nil, nil, fmt.Errorf("audit.redis_url: %w", err)
+			}
+			client, prefix, closeClient = c, redisstore.DefaultPrefix, c.Close
+		}
+		s, err := audit.NewRedisSink(client, audit.RedisConfig{Prefix: prefix, Retention: a.Retention.D})
+		if err != nil {
+			_ = closeClient()
+			return nil, nil, err
+		}
+		return s, func() error { return errors.Join(s.Close(), closeClient()) }, nil
+	}
+	return nil, nil, fmt.Errorf("audit.sink %q: unknown", a.Sink)
+}
+
+// openPostgresSink is the PostgreSQL sink; the DSN is never shown.
+func openPostgresSink(ctx context.Context, dsn string, retention time.Duration) (audit.Sink, func() error, error) {
+	_, _, _ = ctx, dsn, retention
+	return nil, nil, errors.New("audit sink postgres: not in this build yet")
+}
+
+// startAudit builds the routing audit [audit] configures on the binding
+// store: the sink, its Writer and the Recorder extproc calls, with the
+// writer's counters registered on reg. When the audit is off it returns a
+// nil Auditor. stop flushes the buffered records (at most
+// auditCloseTimeout) and closes the sink: call it once the ext_proc
+// server has stopped, so in-flight decisions are recorded, and before the
+// store closes. Missing keys or DSN fail the start with a message that
+// names the variable.
+func startAudit(ctx context.Context, cfg config.Config, store *redisstore.Store, reg prometheus.Registerer, log zerolog.Logger) (auditor extproc.Auditor, stop func(), err error) {
+	a := cfg.Audit
+	if !a.Enabled {
+		return nil, func() {}, nil
+	}
+	sealer, err := audit.LoadSealer(AuditKeys(a))
+	if err != nil {
+		return nil, nil, fmt.Errorf("routing audit ([audit] enabled): %w", err)
+	}
+	sink, closeSink, err := OpenAuditSink(ctx, cfg, store)
+	if err != nil {
+		return nil, nil, fmt.Errorf("routing audit ([audit] enabled): %w", err)
+	}
+	warn := log.Sample(&zerolog.BurstSampler{Burst: 5, Period: time.Minute})
+	w, err := audit.NewWriter(sink, audit.WriterConfig{
+		Buffer: a.Buffer, Batch: a.Batch, SampleRate: a.SampleRate,
+		OnError: func(err error) { warn.Warn().Err(err).Str("sink", a.Sink).Msg("routing audit: records not written") },
+	})
+	if err != nil {
+		_ = closeSink()
+		return nil, nil, fmt.Errorf("routing audit: %w", err)
+	}
+	rec, err := audit.NewRecorder(w, sealer, audit.RecorderConfig{MaxUserIDBytes: cfg.Identity.MaxValueBytes})
+	if err == nil {
+		err = registerAuditMetrics(reg, w, rec)
+	}
+	if err != nil {
+		_ = w.Close(context.Background())
+		_ = closeSink()
+		return nil, nil, fmt.Errorf("routing audit: %w", err)
+	}
+	stop = func() {
+		cctx, cancel := context.WithTimeout(context.Background(), auditCloseTimeout)
+		defer cancel()
+		ev := log.Info()
+		if err := w.Close(cctx); err != nil {
+			ev = log.Warn().Err(err)
+		}
+		if err := closeSink(); err != nil {
+			ev = log.Warn().Err(err)
+		}
+		ev.Uint64("written", w.Written()).Uint64("dropped", w.Dropped()).Uint64("failed", w.Failed()).
+			Msg("routing audit closed")
+	}
+	log.Info().Str("sink", a.Sink).Dur("retention", a.Retention.D).Float64("sample_rate", a.SampleRate).
+		Str("key_id", sealer.CurrentKeyID()).Msg("routing audit on")
+	return rec, stop, nil
+}
+
+// registerAuditMetrics exposes the writer's and the recorder's counters.
+func registerAuditMetrics(reg prometheus.Registerer, w *audit.Writer, rec *audit.Recorder) error {
+	counter := func(name, help string, labels prometheus.Labels, f func() uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
+			func() float64 { return float64(f()) })
+	}
+	const recordsHelp = "Routing audit records: written (the sink took them), dropped (buffer full, or left at shutdown), " +
+		"failed (the sink refused them; not retried), skipped (sampled out)."
+	cs := []prometheus.Collector{
+		counter("tether_audit_records_total", recordsHelp, prometheus.Labels{"result": "written"}, w.Written),
+		counter("tether_audit_records_total", recordsHelp, prometheus.Labels{"result": "dropped"}, w.Dropped),
+		counter("tether_audit_records_total", recordsHelp, prometheus.Labels{"result": "failed"}, w.Failed),
+		counter("tether_audit_records_total", recordsHelp, prometheus.Labels{"result": "skipped"}, w.Skipped),
+		counter("tether_audit_request_ids_generated_total",
+			"Decisions recorded under a request id tether generated: x-request-id was absent or not a UUID.", nil, rec.RequestIDsGenerated),
+		counter("tether_audit_user_ids_rejected_total",
+			"User ids left out of audit records: longer than identity.max_value_bytes, or with control characters.", nil, rec.UserIDsRejected),
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+	}
+	return nil
+}

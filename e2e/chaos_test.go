@@ -349,7 +349,7 @@ func instanceKilled(t *testing.T, retries uint32) {
 	tt := s.Tethers[0]
 	victim := s.Instances[0].Name
 	state := func() float64 {
-		return tt.metric(t, "tether_instance_breaker_state", `instance="`+victim+`"`)
+		return tt.metric(t, "tether_instance_breaker_state", `upstream="`+victim+`"`)
 	}
 	var opened, restoredAt time.Duration
 	res := s.runChaos(t, chaosPlan{
@@ -381,7 +381,7 @@ func instanceKilled(t *testing.T, retries uint32) {
 			failedOver[res.Keys[r.session]] = true
 		}
 	}
-	evacuated := int(tt.metric(t, "tether_sessions_evacuated_total", `instance="`+victim+`"`))
+	evacuated := int(tt.metric(t, "tether_sessions_evacuated_total", `upstream="`+victim+`"`))
 	onVictim, movedByFailover, movedAhead, stayed, lost, otherMoved := 0, 0, 0, 0, 0, 0
 	sameZone := 0
 	zone := map[string]string{}

@@ -24,15 +24,15 @@ func NewBreaker(reg prometheus.Registerer, dropped func() uint64) *Breaker {
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tether_instance_breaker_state",
 			Help: "Instance breaker state as this replica sees it: 0 closed (available), 1 open (unavailable), 2 half-open (probing).",
-		}, []string{"instance"}),
+		}, []string{"upstream"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_instance_breaker_transitions_total",
 			Help: "Instance breaker state changes seen by this replica, by the state entered.",
-		}, []string{"instance", "state"}),
+		}, []string{"upstream", "state"}),
 		evacuated: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_sessions_evacuated_total",
 			Help: "Sessions this replica moved off an instance ahead of their next request, after its breaker opened.",
-		}, []string{"instance"}),
+		}, []string{"upstream"}),
 		syncErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_breaker_store_errors_total",
 			Help: "Failed exchanges of breaker state with the store; this replica's own view decides meanwhile.",

@@ -30,7 +30,7 @@ type instances struct {
 
 // NewInstances registers the per-instance gauges read from view.
 func NewInstances(reg prometheus.Registerer, view FleetView) {
-	label := []string{"instance"}
+	label := []string{"upstream"}
 	reg.MustRegister(&instances{
 		view: view,
 		inFlight: prometheus.NewDesc("tether_instance_in_flight",

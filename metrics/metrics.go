@@ -1,5 +1,7 @@
 // Package metrics holds tether's Prometheus collectors. The registry is
-// injected: nothing registers itself globally.
+// injected: nothing registers itself globally. A label naming a GPU
+// instance is called upstream: Prometheus gives every scraped series an
+// instance label of its own (the tether replica), which would rename ours.
 package metrics
 
 import (
@@ -94,15 +96,15 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.migrations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_session_migrations_total",
 		Help: "Sessions moved to another instance at a request, by the instance they left and the reason (the decision: moved, migrated, drained, spilled, failover, rebind). Sessions moved ahead of their next request when a breaker opened are counted in tether_sessions_evacuated_total.",
-	}, []string{"instance", "reason"})
+	}, []string{"upstream", "reason"})
 	m.oom = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_instance_oom_total",
 		Help: "Out-of-memory answers per instance: status 507, or the instance's out-of-memory report header.",
-	}, []string{"instance"})
+	}, []string{"upstream"})
 	m.gpu = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tether_instance_gpu_utilization_ratio",
 		Help: "GPU utilisation (0 to 1) the instance last reported in its response header.",
-	}, []string{"instance"})
+	}, []string{"upstream"})
 	m.reportErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_instance_report_errors_total",
 		Help: "Instance report headers (queue depth, GPU utilisation, out of memory) that were present but unreadable; the value was ignored.",

@@ -168,12 +168,12 @@ func TestInstanceGauges(t *testing.T) {
 	want := `
 # HELP tether_instance_available 1 when the instance takes requests (healthy, not drained, its breaker not open), else 0.
 # TYPE tether_instance_available gauge
-tether_instance_available{instance="a"} 1
-tether_instance_available{instance="b"} 0
+tether_instance_available{upstream="a"} 1
+tether_instance_available{upstream="b"} 0
 # HELP tether_instance_sessions Sessions bound to the instance (the heat map), from the fleet's session index as this replica last read it (aggregate with max).
 # TYPE tether_instance_sessions gauge
-tether_instance_sessions{instance="a"} 40
-tether_instance_sessions{instance="b"} 7
+tether_instance_sessions{upstream="a"} 40
+tether_instance_sessions{upstream="b"} 7
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tether_instance_available", "tether_instance_sessions"); err != nil {
 		t.Error(err)
@@ -181,8 +181,8 @@ tether_instance_sessions{instance="b"} 7
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP tether_instance_in_flight Requests in flight to the instance across the fleet's replicas, as this replica last heard (aggregate with max).
 # TYPE tether_instance_in_flight gauge
-tether_instance_in_flight{instance="a"} 2
-tether_instance_in_flight{instance="b"} 0
+tether_instance_in_flight{upstream="a"} 2
+tether_instance_in_flight{upstream="b"} 0
 `), "tether_instance_in_flight"); err != nil {
 		t.Error(err)
 	}

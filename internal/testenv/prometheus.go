@@ -1,0 +1,166 @@
+package testenv
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// Prometheus is a Prometheus server private to one test, on loopback.
+type Prometheus struct {
+	URL string // http://127.0.0.1:port
+	p   *process
+}
+
+// PrometheusServer starts Prometheus ($PROMETHEUS_BIN, else from PATH)
+// with config (a prometheus.yml body; rule files it names are read
+// relative to the test's working directory, so give absolute paths), and
+// stops it when the test ends. It skips or fails the test (see Require)
+// when the binary is missing.
+func PrometheusServer(t testing.TB, config string) *Prometheus {
+	t.Helper()
+	bin := redisBin(t, "prometheus", "PROMETHEUS_BIN")
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A free port, then Prometheus binds it; another process can take it
+	// in between, so a failed start is retried on a new one.
+	for attempt := 0; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		p, err := startProcess(bin,
+			"--config.file="+cfg,
+			"--storage.tsdb.path="+filepath.Join(dir, "data"),
+			"--web.listen-address="+addr,
+			"--log.level=warn",
+		)
+		if err != nil {
+			t.Fatalf("prometheus: start: %v", err)
+		}
+		prom := &Prometheus{URL: "http://" + addr, p: p}
+		if err := prom.waitReady(); err != nil {
+			p.kill()
+			if attempt < 2 {
+				continue
+			}
+			t.Fatalf("prometheus did not become ready: %v\n%s", err, p.out.String())
+		}
+		t.Cleanup(p.stop)
+		return prom
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (p *Prometheus) waitReady() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*startTimeout)
+	defer cancel()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/-/ready", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-p.p.done:
+			return fmt.Errorf("exited")
+		case <-ctx.Done():
+			return fmt.Errorf("no 200 from /-/ready: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Logs is what Prometheus printed so far.
+func (p *Prometheus) Logs() string { return p.p.out.String() }
+
+// Query evaluates an instant PromQL query and returns its samples: one
+// value per series (labels rendered by Prometheus), or a single value
+// under "" for a scalar.
+func (p *Prometheus) Query(ctx context.Context, q string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/api/v1/query?query="+url.QueryEscape(q), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			ResultType string          `json:"resultType"`
+			Result     json.RawMessage `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return nil, fmt.Errorf("query %q: %w", q, err)
+	}
+	if body.Status != "success" {
+		return nil, fmt.Errorf("query %q: %s", q, body.Error)
+	}
+	out := map[string]float64{}
+	switch body.Data.ResultType {
+	case "vector":
+		var vec []struct {
+			Metric map[string]string `json:"metric"`
+			Value  [2]any            `json:"value"`
+		}
+		if err := json.Unmarshal(body.Data.Result, &vec); err != nil {
+			return nil, fmt.Errorf("query %q: %w", q, err)
+		}
+		for _, s := range vec {
+			v, err := sampleValue(s.Value[1])
+			if err != nil {
+				return nil, fmt.Errorf("query %q: %w", q, err)
+			}
+			out[fmt.Sprint(s.Metric)] = v
+		}
+	case "scalar":
+		var s [2]any
+		if err := json.Unmarshal(body.Data.Result, &s); err != nil {
+			return nil, fmt.Errorf("query %q: %w", q, err)
+		}
+		v, err := sampleValue(s[1])
+		if err != nil {
+			return nil, fmt.Errorf("query %q: %w", q, err)
+		}
+		out[""] = v
+	default:
+		return nil, fmt.Errorf("query %q: result type %q", q, body.Data.ResultType)
+	}
+	return out, nil
+}
+
+func sampleValue(v any) (float64, error) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, fmt.Errorf("sample value %v is not a string", v)
+	}
+	return strconv.ParseFloat(s, 64)
+}

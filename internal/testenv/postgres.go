@@ -1,0 +1,355 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tetherproxy/tether/internal/syncbuf"
+)
+
+const (
+	// initdbTimeout bounds initdb: about a second on an idle machine, 4 to
+	// 6 s on a loaded one.
+	initdbTimeout = time.Minute
+	// postgresReadyTimeout bounds one start of the server, until it
+	// accepts a connection (well under a second when idle).
+	postgresReadyTimeout = 15 * time.Second
+	// postgresUser is the superuser of a test server; it logs in without a
+	// password (trust), over 127.0.0.1 or the unix socket.
+	postgresUser = "tether"
+)
+
+// noPostgresError is what makes a test skip (or fail under CI=true): the
+// binaries are not installed, or nobody but root could run them.
+type noPostgresError struct{ msg string }
+
+func (e *noPostgresError) Error() string { return e.msg }
+
+func isNoPostgres(err error) bool {
+	var e *noPostgresError
+	return errors.As(err, &e)
+}
+
+// Postgres starts a PostgreSQL server private to the test and returns its
+// DSN: superuser "tether", database "postgres", 127.0.0.1 on a free
+// port, sslmode=disable. The server runs with fsync off in a temporary
+// directory that also holds its unix socket; the test's cleanup stops it
+// and removes the directory. It skips or fails the test (see Require) when
+// the binaries are missing.
+//
+// The binaries are those in $POSTGRES_BIN_DIR, else the directory of
+// `postgres` on PATH (symbolic links followed), else the newest
+// /usr/lib/postgresql/<major>/bin (Debian's place, off PATH; `make tools`
+// installs the package). PostgreSQL refuses to run as root: under root,
+// initdb and the server run as the "postgres" system user the Debian
+// package creates.
+//
+// A test package with several PostgreSQL tests shares one server with a
+// SharedPostgres instead: initdb takes about a second.
+func Postgres(t testing.TB) string {
+	t.Helper()
+	s, err := startPostgres()
+	if isNoPostgres(err) {
+		Require(t, "postgresql", err)
+		return ""
+	}
+	if err != nil {
+		t.Fatalf("postgresql: %v", err)
+	}
+	t.Cleanup(s.stop)
+	return s.dsn
+}
+
+// SharedPostgres is one PostgreSQL server for a whole test package,
+// started by the first test that asks for it. Declare it next to TestMain
+// and call Stop after the tests have run:
+//
+//	var pg testenv.SharedPostgres
+//
+//	func TestMain(m *testing.M) {
+//		code := m.Run()
+//		pg.Stop()
+//		os.Exit(code)
+//	}
+//
+// Tests share the server: each should work in its own database, schema or
+// tables.
+type SharedPostgres struct {
+	once sync.Once
+	s    *postgresServer
+	err  error
+}
+
+// DSN starts the server on first use and returns its DSN (see Postgres).
+// It skips or fails the test when the binaries are missing, and fails it
+// when the server did not start (every later caller fails the same way).
+func (p *SharedPostgres) DSN(t testing.TB) string {
+	t.Helper()
+	p.once.Do(func() { p.s, p.err = startPostgres() })
+	if isNoPostgres(p.err) {
+		Require(t, "postgresql", p.err)
+		return ""
+	}
+	if p.err != nil {
+		t.Fatalf("postgresql: %v", p.err)
+	}
+	return p.s.dsn
+}
+
+// Stop stops the server, if one was started, and removes its directory.
+func (p *SharedPostgres) Stop() {
+	p.once.Do(func() { p.err = errors.New("stopped") }) // never start after Stop
+	if p.s != nil {
+		p.s.stop()
+	}
+}
+
+// postgresServer is a running server and the directory it owns.
+type postgresServer struct {
+	dir  string
+	dsn  string
+	proc *process
+}
+
+// stop asks for a fast shutdown (SIGINT: clients are disconnected, unlike
+// SIGTERM's wait for them), kills the server after stopTimeout, and
+// removes its directory.
+func (s *postgresServer) stop() {
+	_ = s.proc.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-s.proc.done:
+	case <-time.After(stopTimeout):
+		s.proc.kill()
+	}
+	_ = os.RemoveAll(s.dir)
+}
+
+func startPostgres() (*postgresServer, error) {
+	bin, err := postgresBinDir()
+	if err != nil {
+		return nil, err
+	}
+	cred, err := postgresCredential()
+	if err != nil {
+		return nil, err
+	}
+	// Under /tmp, not t.TempDir(): the postgres user must reach it, and a
+	// unix socket path must stay under about 100 bytes.
+	base := ""
+	if cred != nil {
+		base = "/tmp"
+	}
+	dir, err := os.MkdirTemp(base, "tpg")
+	if err != nil {
+		return nil, err
+	}
+	if cred != nil {
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	s, err := startPostgresIn(bin, dir, cred)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+func startPostgresIn(bin, dir string, cred *syscall.Credential) (*postgresServer, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), initdbTimeout)
+	defer cancel()
+	data := filepath.Join(dir, "data")
+	initdb := postgresCommand(ctx, cred, dir, filepath.Join(bin, "initdb"),
+		"-D", data, "-U", postgresUser, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	var last error
+	for range portAttempts {
+		port, err := loopbackPort()
+		if err != nil {
+			return nil, err
+		}
+		cmd := postgresCommand(context.Background(), cred, dir, filepath.Join(bin, "postgres"),
+			"-D", data,
+			"-c", "listen_addresses=127.0.0.1",
+			"-c", "port="+strconv.Itoa(port),
+			"-c", "unix_socket_directories="+dir,
+			"-c", "fsync=off",
+			"-c", "synchronous_commit=off",
+			"-c", "full_page_writes=off",
+			"-c", "max_connections=100",
+			"-c", "shared_buffers=32MB",
+			"-c", "logging_collector=off",
+		)
+		p, err := startCmd(cmd)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: start: %w", err)
+		}
+		dsn := fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable", postgresUser, port)
+		rctx, rcancel := context.WithTimeout(context.Background(), postgresReadyTimeout)
+		err = waitPostgres(rctx, dsn, p.done)
+		rcancel()
+		if err == nil {
+			return &postgresServer{dir: dir, dsn: dsn, proc: p}, nil
+		}
+		p.kill()
+		if !strings.Contains(p.out.String(), "Address already in use") {
+			return nil, fmt.Errorf("postgres did not become ready on port %d: %w\n%s", port, err, p.out.String())
+		}
+		last = fmt.Errorf("port %d taken", port)
+	}
+	return nil, fmt.Errorf("postgres: no free port after %d attempts: %w", portAttempts, last)
+}
+
+// loopbackPort returns a port that was free on 127.0.0.1 a moment ago.
+// PostgreSQL cannot take a listener from us, so the caller retries with
+// another port when the server finds this one taken.
+func loopbackPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("postgres: free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// postgresCommand builds a command that runs as cred (nil: as the test
+// binary's user) in dir, with the C locale (stable messages to match) and
+// the death signal of the test's other servers.
+func postgresCommand(ctx context.Context, cred *syscall.Credential, dir, bin string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
+	setDeathSignal(cmd)
+	if cred != nil {
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.Credential = cred
+	}
+	return cmd
+}
+
+// startCmd starts cmd as startProcess does (output captured, a process
+// that reports its exit), for a command startProcess cannot build: one
+// with credentials.
+func startCmd(cmd *exec.Cmd) (*process, error) {
+	out := &syncbuf.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &process{cmd: cmd, out: out, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// waitPostgres connects to dsn until a connection succeeds, the process
+// exits (done) or ctx ends.
+func waitPostgres(ctx context.Context, dsn string, done <-chan struct{}) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		c, err := pgconn.Connect(cctx, dsn)
+		cancel()
+		if err == nil {
+			return c.Close(ctx)
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("process exited: last connect: %w", err)
+		case <-ctx.Done():
+			return fmt.Errorf("%w: last connect: %v", ctx.Err(), err)
+		case <-tick.C:
+		}
+	}
+}
+
+// postgresBinDir finds the directory holding initdb and postgres.
+func postgresBinDir() (string, error) {
+	has := func(dir string) bool {
+		return executable(filepath.Join(dir, "postgres")) == nil && executable(filepath.Join(dir, "initdb")) == nil
+	}
+	if dir := os.Getenv("POSTGRES_BIN_DIR"); dir != "" {
+		if !has(dir) {
+			return "", &noPostgresError{"POSTGRES_BIN_DIR=" + dir + " lacks postgres or initdb"}
+		}
+		return dir, nil
+	}
+	if p, err := exec.LookPath("postgres"); err == nil {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			p = r
+		}
+		if dir := filepath.Dir(p); has(dir) {
+			return dir, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	slices.SortFunc(dirs, func(a, b string) int { // newest first: 15 > 9.6
+		return compareVersions(filepath.Base(filepath.Dir(b)), filepath.Base(filepath.Dir(a)))
+	})
+	for _, dir := range dirs {
+		if has(dir) {
+			return dir, nil
+		}
+	}
+	return "", &noPostgresError{"no postgres and initdb on PATH or in /usr/lib/postgresql/*/bin"}
+}
+
+// compareVersions compares dotted numeric versions ("9.6" < "15").
+func compareVersions(a, b string) int {
+	as, bs := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(as) || i < len(bs); i++ {
+		var x, y int
+		if i < len(as) {
+			x, _ = strconv.Atoi(as[i])
+		}
+		if i < len(bs) {
+			y, _ = strconv.Atoi(bs[i])
+		}
+		if x != y {
+			return x - y
+		}
+	}
+	return 0
+}
+
+// postgresCredential is nil unless the test runs as root: then it is the
+// "postgres" system user's, as PostgreSQL refuses to run as root.
+func postgresCredential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, &noPostgresError{"running as root, and no postgres user to run the server as: " + err.Error()}
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("postgres user: %w", err)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}

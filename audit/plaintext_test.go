@@ -3,19 +3,26 @@ package audit
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/hex"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tetherproxy/tether/internal/testenv"
 )
 
 // TestNoPlaintextUserID writes decisions through the Writer to every sink,
 // exports and forgets, then reads back everything stored (files, Redis
-// key names, stream fields and values) and fails if the plaintext user id
-// appears anywhere.
+// key names, stream fields and values, every PostgreSQL table of a server
+// of its own) and fails if the plaintext user id appears anywhere, as it
+// is or in hex or base64.
 func TestNoPlaintextUserID(t *testing.T) {
 	const user = "plain-user-7f3c@example.org"
 	sealer := testSealer(t)
@@ -23,7 +30,7 @@ func TestNoPlaintextUserID(t *testing.T) {
 		var out []Record
 		for i := range 50 {
 			r := Record{RequestID: NewRequestID(), ModelVersion: "v1", DecisionTime: time.Now(), Instance: "gpu-a",
-				Mode: "sticky", Decision: "bind", IdentitySource: "user_device"}
+				Mode: "sticky", Decision: "bind", IdentitySource: "user_device", SessionKeys: []string{"s:9f86d081884c7d65"}}
 			u := user
 			if i%3 == 0 {
 				u = "someone-else"
@@ -67,10 +74,21 @@ func TestNoPlaintextUserID(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	forms := map[string]string{
+		"plain":            user,
+		"hex":              hex.EncodeToString([]byte(user)),
+		"HEX":              strings.ToUpper(hex.EncodeToString([]byte(user))),
+		"base64":           base64.RawStdEncoding.EncodeToString([]byte(user)),
+		"base64url":        base64.RawURLEncoding.EncodeToString([]byte(user)),
+		"base64 (padded)":  base64.StdEncoding.EncodeToString([]byte(user)),
+		"base64url (pad.)": base64.URLEncoding.EncodeToString([]byte(user)),
+	}
 	check := func(t *testing.T, where string, b []byte) {
 		t.Helper()
-		if bytes.Contains(b, []byte(user)) {
-			t.Fatalf("plaintext user id found in %s", where)
+		for form, v := range forms {
+			if bytes.Contains(b, []byte(v)) {
+				t.Fatalf("plaintext user id (%s) found in %s", form, where)
+			}
 		}
 	}
 
@@ -118,6 +136,66 @@ func TestNoPlaintextUserID(t *testing.T) {
 					check(t, k+" "+m.ID+" "+f, []byte(f))
 					check(t, k+" "+m.ID+" "+f, []byte(v.(string)))
 				}
+			}
+		}
+	})
+	t.Run("postgres", func(t *testing.T) {
+		// A server of its own: the dump below covers every table in it.
+		dsn := testenv.Postgres(t)
+		ctx := context.Background()
+		s, err := NewPostgresSink(ctx, dsn, PostgresConfig{Retention: MaxRetention})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		drive(t, s)
+		c, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(ctx)
+		rows, err := c.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_tables
+			WHERE schemaname NOT IN ('pg_catalog', 'information_schema')`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(tables) == 0 {
+			t.Fatalf("tables %v, %v", tables, err)
+		}
+		for _, table := range tables {
+			check(t, "table name", []byte(table))
+			// What pg_dump --data-only writes: COPY's text format (bytea
+			// in hex, arrays as literals)...
+			var dump bytes.Buffer
+			if _, err := c.PgConn().CopyTo(ctx, &dump, "COPY "+table+" TO STDOUT"); err != nil {
+				t.Fatalf("COPY %s: %v", table, err)
+			}
+			check(t, table+" COPY dump", dump.Bytes())
+			// ...and every column cast to text, row by row, with bytea
+			// also as the raw bytes.
+			rows, err := c.Query(ctx, "SELECT t::text FROM "+table+" t")
+			if err != nil {
+				t.Fatal(err)
+			}
+			text, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			check(t, table+" rows as text", []byte(strings.Join(text, "\n")))
+			if table == "public."+DefaultPostgresTable {
+				if len(text) != 67 || dump.Len() == 0 { // 50 + 50 written, 33 forgotten
+					t.Fatalf("%s: %d rows, %d bytes of COPY; want 67 rows", table, len(text), dump.Len())
+				}
+				rows, err := c.Query(ctx, "SELECT coalesce(user_ct, '') FROM "+table)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cts, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+				if err != nil {
+					t.Fatal(err)
+				}
+				check(t, table+" user_ct bytes", bytes.Join(cts, nil))
 			}
 		}
 	})

@@ -45,6 +45,11 @@ type Record struct {
 	UserCiphertext []byte `json:"user_ct,omitempty"`
 	KeyID          string `json:"key_id,omitempty"`
 	UserPseudonym  string `json:"user_pseudonym,omitempty"`
+	// SessionKeys are the opaque session keys the decision used (already
+	// keyed hashes such as "s:…", never a plaintext session id or user
+	// id), so that "forget" can find the user's session bindings from the
+	// audit records.
+	SessionKeys []string `json:"session_keys,omitempty"`
 }
 
 // NewRequestID returns a random UUID (version 4), for a request that came

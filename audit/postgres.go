@@ -1,0 +1,438 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PostgresConfig configures a PostgresSink. Zero values take the defaults.
+type PostgresConfig struct {
+	// Table is the table's name (default "routing_audit"): lower-case
+	// letters, digits and underscores, starting with a letter or an
+	// underscore, at most 40 characters (its index names add 19 more, and
+	// PostgreSQL cuts names at 63).
+	// It is looked up on the connection's search_path: pick a schema with
+	// the DSN (…?search_path=audit).
+	Table string
+	// Retention: at most MaxRetention.
+	Retention time.Duration
+	// PruneBatch is the most rows one DELETE of Prune removes (default
+	// 10000); Prune repeats it until fewer are left.
+	PruneBatch int
+	// ConnectTimeout bounds each connection attempt (dial, TLS, startup)
+	// of a pool the sink opens, unless the DSN sets connect_timeout
+	// (default 5 s).
+	ConnectTimeout time.Duration
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// DefaultPostgresTable is the table PostgresSink uses when
+// PostgresConfig.Table is empty.
+const DefaultPostgresTable = "routing_audit"
+
+var tableNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
+
+// Validate checks the configuration.
+func (c PostgresConfig) Validate() error {
+	if c.Table != "" && !tableNameRE.MatchString(c.Table) {
+		return fmt.Errorf("audit postgres sink: table %q: want lower-case letters, digits and _, not starting with a digit, at most 40", c.Table)
+	}
+	if err := CheckRetention(c.Retention); err != nil {
+		return fmt.Errorf("audit postgres sink: %w", err)
+	}
+	if c.PruneBatch < 0 || c.ConnectTimeout < 0 {
+		return fmt.Errorf("audit postgres sink: negative prune_batch (%d) or connect_timeout (%v)", c.PruneBatch, c.ConnectTimeout)
+	}
+	return nil
+}
+
+func (c PostgresConfig) withDefaults() PostgresConfig {
+	if c.Table == "" {
+		c.Table = DefaultPostgresTable
+	}
+	if c.PruneBatch == 0 {
+		c.PruneBatch = 10000
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 5 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// ErrInvalidRecord marks records a sink could not store as they are (see
+// InvalidRecordsError).
+var ErrInvalidRecord = errors.New("invalid audit record")
+
+// InvalidRecordsError is what PostgresSink.Write returns when it skipped
+// records of a batch that PostgreSQL would refuse, and stored the others:
+// a request_id that is not a UUID in lower-case canonical form, or a text
+// field that is not UTF-8 or holds a NUL byte. It names the records by
+// position and the field by name, never by value. errors.Is(err,
+// ErrInvalidRecord) holds.
+type InvalidRecordsError struct {
+	Table   string
+	Total   int      // records in the batch
+	Index   []int    // positions of the skipped records, ascending
+	Reasons []string // why, one per skipped record
+}
+
+func (e *InvalidRecordsError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "audit postgres sink: write %s: skipped %d of %d records (the others are stored)", e.Table, len(e.Index), e.Total)
+	const show = 5
+	for i, idx := range e.Index[:min(len(e.Index), show)] {
+		fmt.Fprintf(&b, "; record %d: %s", idx, e.Reasons[i])
+	}
+	if len(e.Index) > show {
+		fmt.Fprintf(&b, "; and %d more", len(e.Index)-show)
+	}
+	return b.String()
+}
+
+func (e *InvalidRecordsError) Unwrap() error { return ErrInvalidRecord }
+
+// PostgresSink stores records in a PostgreSQL table, one row per record
+// (see README.md for the table). The request id is the primary key: a
+// record whose request id is already stored (an Envoy retry) is ignored.
+// Rows older than the retention are removed by Prune, which the Writer
+// calls every PruneInterval (the retention job), and are never exported.
+// Forget and export use an index on the pseudonym.
+//
+// decision_time is stored with PostgreSQL's precision, the microsecond
+// (the nanoseconds below it are truncated); Export returns it in UTC.
+type PostgresSink struct {
+	pool  *pgxpool.Pool
+	owned bool // the sink opened pool and closes it
+	cfg   PostgresConfig
+	where string // host:port/database, for errors; no user or password
+
+	insertSQL, pruneSQL, deleteSQL, exportSQL string
+
+	invalid atomic.Uint64
+}
+
+var (
+	_ Sink   = (*PostgresSink)(nil)
+	_ Pruner = (*PostgresSink)(nil)
+)
+
+// NewPostgresSink opens a pool on dsn (a postgres:// URL or key=value
+// pairs, with pgxpool's pool_* settings), creates the table and its
+// indexes if the table is missing, and returns a sink that closes the pool
+// on Close. ctx bounds the opening; errors show the DSN's host, port and
+// database, never the DSN itself.
+func NewPostgresSink(ctx context.Context, dsn string, cfg PostgresConfig) (*PostgresSink, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// pgx's message quotes the DSN, password masked on a best-effort
+		// basis only: say nothing of it.
+		return nil, fmt.Errorf("audit postgres sink: open %s: the dsn does not parse (not shown: it may hold a password); "+
+			"want postgres://user@host:port/database?sslmode=… or host=… port=… dbname=… pairs", cfg.Table)
+	}
+	if pc.ConnConfig.ConnectTimeout == 0 {
+		pc.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
+	}
+	where := pc.ConnConfig.Host + ":" + strconv.Itoa(int(pc.ConnConfig.Port)) + "/" + pc.ConnConfig.Database
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("audit postgres sink: open %s on %s: %w", cfg.Table, where, err)
+	}
+	s, err := newPostgresSink(ctx, pool, cfg, where)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.owned = true
+	return s, nil
+}
+
+// NewPostgresSinkFromPool builds a sink on pool, which the caller keeps
+// and closes, and creates the table and its indexes if the table is
+// missing.
+func NewPostgresSinkFromPool(ctx context.Context, pool *pgxpool.Pool, cfg PostgresConfig) (*PostgresSink, error) {
+	if pool == nil {
+		return nil, errors.New("audit postgres sink: nil pool")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	c := pool.Config().ConnConfig
+	return newPostgresSink(ctx, pool, cfg, c.Host+":"+strconv.Itoa(int(c.Port))+"/"+c.Database)
+}
+
+const columns = `request_id, model_version, decision_time, instance, mode, decision, identity_source, user_ct, key_id, user_pseudonym, session_keys`
+
+func newPostgresSink(ctx context.Context, pool *pgxpool.Pool, cfg PostgresConfig, where string) (*PostgresSink, error) {
+	t := pgx.Identifier{cfg.Table}.Sanitize()
+	s := &PostgresSink{
+		pool: pool, cfg: cfg, where: where,
+		insertSQL: `INSERT INTO ` + t + ` (` + columns + `) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ` +
+			`ON CONFLICT (request_id) DO NOTHING`,
+		pruneSQL: `DELETE FROM ` + t + ` WHERE request_id IN (SELECT request_id FROM ` + t +
+			` WHERE decision_time < $1 ORDER BY decision_time LIMIT $2)`,
+		deleteSQL: `DELETE FROM ` + t + ` WHERE user_pseudonym = $1`,
+		exportSQL: `SELECT request_id::text, model_version, decision_time, instance, mode, decision, identity_source, ` +
+			`user_ct, coalesce(key_id, ''), coalesce(user_pseudonym, ''), session_keys FROM ` + t +
+			` WHERE user_pseudonym = $1 AND decision_time >= $2 ORDER BY decision_time, request_id`,
+	}
+	if err := s.migrate(ctx); err != nil {
+		return nil, fmt.Errorf("audit postgres sink: open %s on %s: %w", cfg.Table, where, err)
+	}
+	return s, nil
+}
+
+// migrate creates the table and its indexes when the table is missing,
+// and checks that the table has the sink's columns. An advisory lock
+// serialises replicas that start together (concurrent CREATE TABLE IF
+// NOT EXISTS can fail); a table that exists needs no CREATE privilege,
+// so the sink can run as a role that may only insert, select and delete.
+func (s *PostgresSink) migrate(ctx context.Context) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	lock := int64(xxhash.Sum64String("tether audit table " + s.cfg.Table))
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lock); err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.cfg.Table).Scan(&exists); err != nil {
+		return fmt.Errorf("look up the table: %w", err)
+	}
+	t := pgx.Identifier{s.cfg.Table}.Sanitize()
+	if !exists {
+		for _, stmt := range []string{
+			`CREATE TABLE IF NOT EXISTS ` + t + ` (
+				request_id      UUID PRIMARY KEY,
+				model_version   TEXT NOT NULL,
+				decision_time   TIMESTAMPTZ NOT NULL,
+				instance        TEXT NOT NULL,
+				mode            TEXT NOT NULL,
+				decision        TEXT NOT NULL,
+				identity_source TEXT NOT NULL,
+				user_ct         BYTEA,
+				key_id          TEXT,
+				user_pseudonym  TEXT,
+				session_keys    TEXT[]
+			)`,
+			// Retention: Prune deletes the oldest rows first.
+			`CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{s.cfg.Table + "_decision_time_idx"}.Sanitize() +
+				` ON ` + t + ` (decision_time)`,
+			// Forget and export: a user's rows, in time order. Rows without
+			// a user are left out of it.
+			`CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{s.cfg.Table + "_user_pseudonym_idx"}.Sanitize() +
+				` ON ` + t + ` (user_pseudonym, decision_time) WHERE user_pseudonym IS NOT NULL`,
+		} {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("create: %w", err)
+			}
+		}
+	}
+	if _, err := tx.Exec(ctx, `SELECT `+columns+` FROM `+t+` LIMIT 0`); err != nil {
+		return fmt.Errorf("the table lacks the sink's columns: %w", err)
+	}
+	return tx.Commit(ctx)
+}
+
+// Table is the table's name.
+func (s *PostgresSink) Table() string { return s.cfg.Table }
+
+// Invalid counts the records Write skipped as invalid (see
+// InvalidRecordsError).
+func (s *PostgresSink) Invalid() uint64 { return s.invalid.Load() }
+
+func (s *PostgresSink) wrap(op string, err error) error {
+	return fmt.Errorf("audit postgres sink: %s %s: %w", op, s.cfg.Table, err)
+}
+
+// Write stores recs in one round trip (once a connection has prepared the
+// statement): one INSERT … ON CONFLICT (request_id) DO NOTHING per record,
+// pipelined in a pgx.Batch that runs as one transaction. A record already stored is ignored. A record
+// PostgreSQL would refuse (see InvalidRecordsError) is skipped, so it
+// cannot fail the batch: Write stores the others and returns an
+// *InvalidRecordsError, or, when the batch itself failed, that error
+// joined with it.
+func (s *PostgresSink) Write(ctx context.Context, recs []Record) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	var bad *InvalidRecordsError
+	b := &pgx.Batch{}
+	for i, r := range recs {
+		if reason := invalidReason(r); reason != "" {
+			if bad == nil {
+				bad = &InvalidRecordsError{Table: s.cfg.Table, Total: len(recs)}
+			}
+			bad.Index = append(bad.Index, i)
+			bad.Reasons = append(bad.Reasons, reason)
+			continue
+		}
+		b.Queue(s.insertSQL, r.RequestID, r.ModelVersion, r.DecisionTime, r.Instance, r.Mode, r.Decision,
+			r.IdentitySource, nullBytes(r.UserCiphertext), nullText(r.KeyID), nullText(r.UserPseudonym), nullTexts(r.SessionKeys))
+	}
+	var err error
+	if b.Len() > 0 {
+		err = s.pool.SendBatch(ctx, b).Close()
+	}
+	if bad != nil {
+		s.invalid.Add(uint64(len(bad.Index)))
+		if err != nil {
+			return errors.Join(s.wrap("write", err), bad)
+		}
+		return bad
+	}
+	if err != nil {
+		return s.wrap("write", err)
+	}
+	return nil
+}
+
+// invalidReason says why PostgreSQL would refuse r ("" if it would not).
+// The request id must be a lower-case canonical UUID, as PostgreSQL gives
+// it back: the user id's seal is bound to its exact text.
+func invalidReason(r Record) string {
+	if !isLowerUUID(r.RequestID) {
+		return "request_id is not a UUID (lower-case, 8-4-4-4-12 hex digits)"
+	}
+	for _, f := range [...]struct{ name, v string }{
+		{"model_version", r.ModelVersion}, {"instance", r.Instance}, {"mode", r.Mode},
+		{"decision", r.Decision}, {"identity_source", r.IdentitySource}, {"key_id", r.KeyID},
+		{"user_pseudonym", r.UserPseudonym},
+	} {
+		if !storableText(f.v) {
+			return f.name + " is not UTF-8 or holds a NUL byte"
+		}
+	}
+	for _, k := range r.SessionKeys {
+		if !storableText(k) {
+			return "session_keys: a key is not UTF-8 or holds a NUL byte"
+		}
+	}
+	return ""
+}
+
+func isLowerUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func storableText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+
+// nullText, nullBytes and nullTexts store an empty value as NULL; Export
+// gives NULL back as the empty value.
+func nullText(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func nullBytes(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+func nullTexts(ss []string) any {
+	if len(ss) == 0 {
+		return nil
+	}
+	return ss
+}
+
+// Prune deletes the rows whose decision_time is older than now minus the
+// retention, oldest first, at most PruneBatch rows per statement, until
+// none is left or ctx ends (the next Prune goes on from there).
+func (s *PostgresSink) Prune(ctx context.Context) error {
+	cutoff := s.cfg.Now().Add(-s.cfg.Retention)
+	for {
+		tag, err := s.pool.Exec(ctx, s.pruneSQL, cutoff, s.cfg.PruneBatch)
+		if err != nil {
+			return s.wrap("prune", err)
+		}
+		if tag.RowsAffected() < int64(s.cfg.PruneBatch) {
+			return nil
+		}
+	}
+}
+
+// Delete removes every row of pseudonym, expired or not, in one statement.
+func (s *PostgresSink) Delete(ctx context.Context, pseudonym string) (int, error) {
+	if pseudonym == "" {
+		return 0, errors.New("audit postgres sink: delete: empty pseudonym")
+	}
+	tag, err := s.pool.Exec(ctx, s.deleteSQL, pseudonym)
+	if err != nil {
+		return 0, s.wrap("delete", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// Export returns the unexpired records of pseudonym, oldest first (by
+// decision_time, then request_id), with decision_time in UTC.
+func (s *PostgresSink) Export(ctx context.Context, pseudonym string) ([]Record, error) {
+	if pseudonym == "" {
+		return nil, errors.New("audit postgres sink: export: empty pseudonym")
+	}
+	rows, err := s.pool.Query(ctx, s.exportSQL, pseudonym, s.cfg.Now().Add(-s.cfg.Retention))
+	if err != nil {
+		return nil, s.wrap("export", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
+		var r Record
+		err := row.Scan(&r.RequestID, &r.ModelVersion, &r.DecisionTime, &r.Instance, &r.Mode, &r.Decision,
+			&r.IdentitySource, &r.UserCiphertext, &r.KeyID, &r.UserPseudonym, &r.SessionKeys)
+		r.DecisionTime = r.DecisionTime.UTC()
+		return r, err
+	})
+	if err != nil {
+		return nil, s.wrap("export", err)
+	}
+	return out, nil
+}
+
+// Close closes the pool if the sink opened it (NewPostgresSink), not a
+// pool it was given.
+func (s *PostgresSink) Close() error {
+	if s.owned {
+		s.pool.Close()
+	}
+	return nil
+}

@@ -64,6 +64,14 @@ type Decision struct {
 	// degraded ones, whose binding could not be read). A follow-up whose
 	// Instance is Previous kept its continuity.
 	Previous string
+	// Key is the session key the binding is stored under (Result.Key:
+	// the request's key, or the session key it is an alias of) and
+	// Requests the session's request count with this request
+	// (Result.Requests; a rebinding keeps it). Both are unset for
+	// requests routed without the store (random, anonymous) and degraded
+	// ones whose binding could not be read.
+	Key      string
+	Requests int
 	// Err is the store error behind a degraded decision, for logging.
 	Err error
 }
@@ -232,7 +240,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		kind, prev = KindRebind, res.Previous.Instance
 	}
 	// Every decision from here on follows the binding read above.
-	defer func() { dec.Previous = prev }()
+	defer func() { dec.Previous, dec.Key, dec.Requests = prev, res.Key, res.Requests }()
 	in, ok := find(healthy, b.Instance)
 	// Why the session must leave its instance, if it must.
 	switch {

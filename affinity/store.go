@@ -85,6 +85,11 @@ type Result struct {
 	// Previous is the binding the candidate replaced (only on Renewed), so
 	// that a session re-placed after Lifetime.Max keeps its model version.
 	Previous Binding
+	// Requests is how many requests the session has made, this one
+	// included: 1 when Created, one more than before when Found or Renewed
+	// (a renewal places the same conversation again). Replace keeps it. A
+	// binding stored before the store kept counts starts from 0.
+	Requests int
 }
 
 // Store keeps session bindings. Keys are already hashed by the identity
@@ -102,12 +107,14 @@ type Store interface {
 	// one), links l.Aliases to the resolved key, and returns its binding,
 	// refreshing its idle timeout. When there is none, or it is older than
 	// l.Lifetime.Max measured at l.Candidate.Since, the candidate is stored
-	// and returned. A hit is one round trip to a remote store.
+	// and returned. Either way the request is counted (Result.Requests).
+	// A hit is one round trip to a remote store.
 	GetOrBind(ctx context.Context, l Lookup) (Result, error)
 	// Replace moves key to next if it is still bound to instance old (or not
 	// bound at all), clears any pending Move, and returns the binding now
 	// stored: next on success, the binding another caller stored first
-	// otherwise. key is a Result.Key, never an alias.
+	// otherwise. The session's request count is kept (it starts again from
+	// 0 when there was no binding). key is a Result.Key, never an alias.
 	Replace(ctx context.Context, key, old string, next Binding, lt Lifetime) (Binding, error)
 }
 

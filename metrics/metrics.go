@@ -33,6 +33,7 @@ type Metrics struct {
 	oom               *prometheus.CounterVec
 	gpu               *prometheus.GaugeVec
 	reportErrors      *prometheus.CounterVec
+	sessions          *SessionLengths // nil: not tracked (TrackSessions)
 }
 
 // New creates the collectors and registers them with reg.
@@ -130,6 +131,9 @@ func (m *Metrics) Decision(id identity.Identity, d affinity.Decision, took time.
 		m.migrations.WithLabelValues(d.Previous, string(d.Kind)).Inc()
 	}
 	m.decisionSeconds.Observe(took.Seconds())
+	if m.sessions != nil {
+		m.sessions.Seen(d.Key, d.Requests, time.Now())
+	}
 }
 
 // moved reports whether d rebound its session to another instance. A

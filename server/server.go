@@ -78,6 +78,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return fmt.Errorf("binding store: %w", err)
 	}
 	defer store.Close()
+	lengths := metrics.NewSessionLengths(reg, store, metrics.SessionLengthsOptions{})
+	rec.TrackSessions(lengths)
 	// Deferred after store.Close, so it runs before it, and after the
 	// ext_proc server has stopped below: in-flight decisions are recorded.
 	auditor, stopAudit, err := startAudit(ctx, cfg, store, reg, log)
@@ -149,7 +151,11 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		go func() { errc <- serveErr("xds", xs.Serve(ls.xds)) }()
 	}
 	wctx, stopWatch := context.WithCancel(ctx)
-	watchDone := make(chan struct{}, 3)
+	watchDone := make(chan struct{}, 4)
+	go func() {
+		defer func() { watchDone <- struct{}{} }()
+		lengths.Run(wctx)
+	}()
 	go func() {
 		defer func() { watchDone <- struct{}{} }()
 		syncLoad(wctx, load, rt.fleet, log, rec.LoadSyncFailures())
@@ -179,6 +185,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	case runErr = <-errc:
 	}
 	stopWatch()
+	<-watchDone
 	<-watchDone
 	<-watchDone
 	<-watchDone

@@ -47,9 +47,10 @@ var (
 )
 
 type entry struct {
-	b       affinity.Binding
-	move    affinity.Move
-	expires time.Time // lastUse + Idle of the last call that touched it
+	b        affinity.Binding
+	move     affinity.Move
+	expires  time.Time // lastUse + Idle of the last call that touched it
+	requests int       // the session's request count (Result.Requests)
 }
 
 // link is an alias: a weaker key that leads to a session key.
@@ -123,13 +124,17 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 	switch {
 	case ok && (l.Lifetime.Max == 0 || now.Sub(e.b.Since) < l.Lifetime.Max):
 		e.expires = now.Add(idle)
+		e.requests++
 		s.bindings[key] = e
-		res.Binding, res.Outcome, res.Move = e.b, affinity.Found, e.move
+		res.Binding, res.Outcome, res.Move, res.Requests = e.b, affinity.Found, e.move, e.requests
 	case ok:
-		res.Outcome, res.Previous = affinity.Renewed, e.b
-		fallthrough
+		// The same conversation placed again: it keeps counting.
+		res.Outcome, res.Previous, res.Requests = affinity.Renewed, e.b, e.requests+1
+		s.put(key, entry{b: l.Candidate, expires: now.Add(idle), requests: res.Requests})
+		res.Binding = l.Candidate
 	default:
-		s.put(key, entry{b: l.Candidate, expires: now.Add(idle)})
+		res.Requests = 1
+		s.put(key, entry{b: l.Candidate, expires: now.Add(idle), requests: 1})
 		res.Binding = l.Candidate
 	}
 	for _, a := range l.Aliases {
@@ -153,13 +158,20 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 	defer s.mu.Unlock()
 	s.housekeep(now)
 
-	if e, ok := s.live(key, now); ok && e.b.Instance != old {
+	e, ok := s.live(key, now)
+	if ok && e.b.Instance != old {
 		// Someone else moved it first: keep theirs, count this as a use.
 		e.expires = now.Add(lt.Idle)
 		s.bindings[key] = e
 		return e.b, nil
 	}
-	s.put(key, entry{b: next, expires: now.Add(lt.Idle)}) // no pending move
+	// No pending move; the same session, so the same count (0 when there
+	// was no binding).
+	n := 0
+	if ok {
+		n = e.requests
+	}
+	s.put(key, entry{b: next, expires: now.Add(lt.Idle), requests: n})
 	return next, nil
 }
 
@@ -228,6 +240,24 @@ func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.
 			break
 		}
 		out = append(out, affinity.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)})
+	}
+	return out, nil
+}
+
+// Requests returns the request count of each session key's live binding
+// at now, 0 for a key without one. keys are session keys: an alias link
+// is not followed.
+func (s *Store) Requests(ctx context.Context, keys []string, now time.Time) ([]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("memory requests: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]int, len(keys))
+	for i, k := range keys {
+		if e, ok := s.live(k, now); ok {
+			out[i] = e.requests
+		}
 	}
 	return out, nil
 }

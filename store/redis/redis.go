@@ -9,6 +9,7 @@
 // hash tag, so a session's binding and its alias link share a slot:
 //
 //	tether:{<key>}:b          HASH    i instance, v version, s since ms,
+//	                                  f failovers, n requests made,
 //	                                  mv move-to-version, mo move-off-instance,
 //	                                  x last index write ms, e index entry
 //	                                  expiry ms, l alias links' expiry ms;
@@ -366,7 +367,7 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 	if r.index != 0 || len(aliases) > 0 {
 		s.refresh(ctx, key, r.b.Instance, r.prevInstance, now, r.index, aliases, r.links)
 	}
-	res := affinity.Result{Key: key, Binding: r.b, Outcome: r.out}
+	res := affinity.Result{Key: key, Binding: r.b, Outcome: r.out, Requests: r.requests}
 	switch r.out {
 	case affinity.Found:
 		res.Move = r.move

@@ -24,6 +24,7 @@ type bindReply struct {
 	prevInstance string
 	index        int64 // write the index entry with this score (0: not due)
 	links        int64 // write the request's alias links to expire then (0: not due)
+	requests     int   // the session's request count with this request
 }
 
 func parseBindReply(res []any) (bindReply, error) {
@@ -36,7 +37,7 @@ func parseBindReply(res []any) (bindReply, error) {
 		}
 		return bad()
 	}
-	if len(res) != 13 {
+	if len(res) != 14 {
 		return bad()
 	}
 	out, ok := res[0].(int64)
@@ -70,6 +71,11 @@ func parseBindReply(res []any) (bindReply, error) {
 	if r.out != affinity.Found && r.index == 0 {
 		return bad() // a bind always writes the index
 	}
+	n, ok := res[13].(int64)
+	if !ok || n < 1 {
+		return bad() // every request is counted
+	}
+	r.requests = int(n)
 	return r, nil
 }
 

@@ -7,16 +7,18 @@ package redis
 // server's clock.
 //
 // Binding hash fields: i instance, v version, s since, f failovers (the
-// fallback ladder's stage, absent for 0), mv move-to-version, mo
-// move-off-instance, and the refresh bookkeeping: x when the session's
-// index entry was last written, e that entry's expiry (its score), l the
-// expiry of the alias links last written for the session. All are unix
-// milliseconds on the callers' clock.
+// fallback ladder's stage, absent for 0), n the session's request count
+// (1 on a bind, +1 on every hit and renewal, kept by a replace), mv
+// move-to-version, mo move-off-instance, and the refresh bookkeeping: x
+// when the session's index entry was last written, e that entry's expiry
+// (its score), l the expiry of the alias links last written for the
+// session. s, x, e and l are unix milliseconds on the callers' clock.
 //
 // A binding without an instance or an integer s is damaged: it counts as
 // absent and is overwritten, so a bad record heals instead of failing
 // forever. A missing or non-integer x, e or l makes the refresh it guards
-// due, which rewrites it.
+// due, which rewrites it. A missing or non-integer n (a binding stored
+// before counts were kept) counts as 0.
 //
 // The refresh rule, shared by getOrBindSrc and replaceSrc: a use at now
 // with idle timeout idle keeps the binding until now + idle. The index
@@ -38,8 +40,10 @@ package redis
 // Replies {0, linked key} when KEYS[2] links the key to another session
 // (nothing is written), otherwise {outcome, instance, since, version,
 // move-to-version, move-off, previous instance, previous since, previous
-// version, index expiry, link expiry, failovers, previous failovers}: outcome is affinity.Outcome (1
-// found, 2 created, 3 renewed); the previous fields are the binding a bind
+// version, index expiry, link expiry, failovers, previous failovers,
+// requests}: outcome is affinity.Outcome (1 found, 2 created, 3 renewed);
+// requests is the count n with this request (an integer, the other
+// fields are strings); the previous fields are the binding a bind
 // replaced (empty if none; a created binding may replace a damaged record's
 // instance, whose index the entry leaves); index expiry is empty unless
 // the caller must write the index entry with that score, link expiry empty
@@ -56,13 +60,22 @@ local function int(v)
   return nil
 end
 local now, reach = tonumber(ARGV[3]), tonumber(ARGV[3]) + tonumber(ARGV[4]) + tonumber(ARGV[9])
-local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l', 'mv', 'mo', 'f')
+local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l', 'mv', 'mo', 'f', 'n')
 local s = int(cur[2])
+-- Up to 15 digits: HINCRBY fails past 2^63, and Lua numbers are exact to 2^53.
+local n = nil
+if cur[10] and string.match(cur[10], '^%d+$') and #cur[10] <= 15 then n = tonumber(cur[10]) end
 local outcome = 2
 if cur[1] and cur[1] ~= '' and s then
   local max = tonumber(ARGV[5])
   if max == 0 or now - s < max then
     redis.call('PEXPIRE', KEYS[1], ARGV[4])
+    if n then
+      n = redis.call('HINCRBY', KEYS[1], 'n', 1)
+    else
+      n = 1
+      redis.call('HSET', KEYS[1], 'n', n)
+    end
     local x, e, l = int(cur[4]), int(cur[5]), int(cur[6])
     local ie, le = '', ''
     if not x or not e or now - x >= tonumber(ARGV[8]) or reach > e then
@@ -75,12 +88,14 @@ if cur[1] and cur[1] ~= '' and s then
       if l and l > tonumber(ARGV[7]) then le = cur[6] end
       redis.call('HSET', KEYS[1], 'l', le)
     end
-    return {1, cur[1], cur[2], cur[3] or '', cur[7] or '', cur[8] or '', '', '', '', ie, le, cur[9] or '', ''}
+    return {1, cur[1], cur[2], cur[3] or '', cur[7] or '', cur[8] or '', '', '', '', ie, le, cur[9] or '', '', n}
   end
   outcome = 3
 end
+-- A renewal places the same conversation again: it keeps counting.
+if outcome == 3 then n = (n or 0) + 1 else n = 1 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'i', ARGV[1], 's', ARGV[3], 'v', ARGV[2], 'x', ARGV[3], 'e', ARGV[7])
+redis.call('HSET', KEYS[1], 'i', ARGV[1], 's', ARGV[3], 'v', ARGV[2], 'x', ARGV[3], 'e', ARGV[7], 'n', n)
 local le = ''
 if ARGV[10] == '1' then
   le = ARGV[7]
@@ -91,7 +106,7 @@ local prev = {cur[1] or '', '', '', ''}
 if outcome == 3 then
   prev = {cur[1], cur[2], cur[3] or '', cur[9] or ''}
 end
-return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], ARGV[7], le, '', prev[4]}
+return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], ARGV[7], le, '', prev[4], n}
 `
 
 // replaceSrc: KEYS[1] binding. ARGV[1] old instance, [2] next instance,
@@ -104,14 +119,15 @@ return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], A
 // idle timeout is refreshed too, the caller is using the session. Index
 // expiry is empty unless the caller must write the index entry with that
 // score (always after a store). A stored next has no pending move and
-// keeps l: the session's links still lead to it.
+// keeps l (the session's links still lead to it) and n (it is the same
+// session).
 const replaceSrc = `
 local function int(v)
   if v and string.match(v, '^%d+$') then return tonumber(v) end
   return nil
 end
 local now = tonumber(ARGV[4])
-local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l', 'f')
+local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l', 'f', 'n')
 if cur[1] and cur[1] ~= '' and int(cur[2]) and cur[1] ~= ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   local x, e = int(cur[4]), int(cur[5])
@@ -130,6 +146,9 @@ if ARGV[9] ~= '0' then
 end
 if int(cur[6]) then
   redis.call('HSET', KEYS[1], 'l', cur[6])
+end
+if int(cur[8]) then
+  redis.call('HSET', KEYS[1], 'n', cur[8])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {1, ARGV[2], ARGV[4], ARGV[3], ARGV[6], cur[1] or '', ARGV[9]}

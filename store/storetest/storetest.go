@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,16 +16,21 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/tetherproxy/tether/affinity"
 )
 
-// Store is what the suite tests: the hot path, the session index and the
-// load exchange.
+// Store is what the suite tests: the hot path, the session index, the
+// load exchange and the reading of request counts.
 type Store interface {
 	affinity.Store
 	affinity.SessionIndex
 	affinity.LoadSyncer
+	// Requests returns the request count (Result.Requests) of each
+	// session key's binding at now, 0 for a key without one; an alias
+	// link is not followed.
+	Requests(ctx context.Context, keys []string, now time.Time) ([]int, error)
 }
 
 // Harness tells Run how to make a store and how to move its clock.
@@ -99,15 +105,42 @@ func (e *env) look(key string, candidate affinity.Binding, aliases ...string) af
 	return affinity.Lookup{Key: key, Aliases: aliases, Candidate: candidate, Lifetime: e.lt()}
 }
 
-// lookup calls GetOrBind and checks the whole result.
+// lookup calls GetOrBind and checks the whole result but its request
+// count (the count cases check that).
 func (e *env) lookup(l affinity.Lookup, want affinity.Result) {
 	e.t.Helper()
 	got, err := e.s.GetOrBind(e.ctx, l)
 	if err != nil {
 		e.t.Fatalf("GetOrBind(%q, %s): %v", l.Key, l.Candidate.Instance, err)
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(affinity.Result{}, "Requests")); diff != "" {
 		e.t.Errorf("GetOrBind(%q, aliases %q, %s) (-want +got):\n%s", l.Key, l.Aliases, l.Candidate.Instance, diff)
+	}
+}
+
+// count calls GetOrBind and checks the outcome, the session key and the
+// request count.
+func (e *env) count(l affinity.Lookup, wantKey string, wantOut affinity.Outcome, wantRequests int) {
+	e.t.Helper()
+	got, err := e.s.GetOrBind(e.ctx, l)
+	if err != nil {
+		e.t.Fatalf("GetOrBind(%q, %s): %v", l.Key, l.Candidate.Instance, err)
+	}
+	if got.Key != wantKey || got.Outcome != wantOut || got.Requests != wantRequests {
+		e.t.Errorf("GetOrBind(%q) = key %q, %v, %d requests; want key %q, %v, %d requests",
+			l.Key, got.Key, got.Outcome, got.Requests, wantKey, wantOut, wantRequests)
+	}
+}
+
+// requests calls Requests and checks the counts.
+func (e *env) requests(keys []string, want []int) {
+	e.t.Helper()
+	got, err := e.s.Requests(e.ctx, keys, e.now)
+	if err != nil {
+		e.t.Fatalf("Requests(%q): %v", keys, err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		e.t.Errorf("Requests(%q) (-want +got):\n%s", keys, diff)
 	}
 }
 
@@ -753,6 +786,78 @@ var cases = []testCase{
 			e.t.Error("Replace with failovers 3 succeeded")
 		}
 	}},
+	{"requests are counted per session", func(e *env) {
+		s, t, other := e.key("s"), e.key("t"), e.key("other")
+		e.requests([]string{s}, []int{0})
+		e.count(e.look(s, e.bind("a"), t), s, affinity.Created, 1)
+		e.skew(e.idle / 10)
+		e.count(e.look(s, e.bind("b")), s, affinity.Found, 2)
+		e.count(e.look(s, e.bind("b")), s, affinity.Found, 3)
+		// A request by an alias counts for the session it leads to.
+		e.count(e.look(t, e.bind("b")), s, affinity.Found, 4)
+		e.count(e.look(other, e.bind("b")), other, affinity.Created, 1)
+		// Counts are read by session key; an alias has none of its own.
+		e.requests([]string{s, t, other, e.key("none"), s}, []int{4, 0, 1, 0, 4})
+		e.requests(nil, []int{})
+	}},
+	{"a renewal keeps counting", func(e *env) {
+		k := e.key("k")
+		lt := affinity.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}
+		e.count(affinity.Lookup{Key: k, Candidate: e.bind("a"), Lifetime: lt}, k, affinity.Created, 1)
+		e.skew(time.Minute)
+		e.count(affinity.Lookup{Key: k, Candidate: e.bind("b"), Lifetime: lt}, k, affinity.Found, 2)
+		e.skew(lt.Max)
+		e.count(affinity.Lookup{Key: k, Candidate: e.bind("c"), Lifetime: lt}, k, affinity.Renewed, 3)
+		e.count(affinity.Lookup{Key: k, Candidate: e.bind("d"), Lifetime: lt}, k, affinity.Found, 4)
+		e.requests([]string{k}, []int{4})
+	}},
+	{"replace keeps the count", func(e *env) {
+		k := e.key("k")
+		e.count(e.look(k, e.bind("a")), k, affinity.Created, 1)
+		e.skew(e.idle / 10)
+		e.count(e.look(k, e.bind("x")), k, affinity.Found, 2)
+		b := e.bind("b")
+		e.replace(k, "a", b, b)
+		e.requests([]string{k}, []int{2})
+		e.count(e.look(k, e.bind("x")), k, affinity.Found, 3)
+		// A lost Replace keeps the winner's binding and count.
+		e.replace(k, "a", e.bind("c"), b)
+		e.count(e.look(k, e.bind("x")), k, affinity.Found, 4)
+		// Over no binding there is no count to keep: the next request is 1.
+		n := e.key("new")
+		e.replace(n, "a", b, b)
+		e.requests([]string{k, n}, []int{4, 0})
+		e.count(e.look(n, e.bind("x")), n, affinity.Found, 1)
+	}},
+	{"an ended session's count is gone", func(e *env) {
+		k := e.key("k")
+		e.count(e.look(k, e.bind("a")), k, affinity.Created, 1)
+		e.count(e.look(k, e.bind("a")), k, affinity.Found, 2)
+		e.advance(e.idle + e.idle/3)
+		e.requests([]string{k}, []int{0})
+		e.count(e.look(k, e.bind("b")), k, affinity.Created, 1)
+	}},
+	{"racing requests each get their own count", func(e *env) {
+		k := e.key("k")
+		e.count(e.look(k, e.bind("a")), k, affinity.Created, 1)
+		got := make([]int, races)
+		race(races, func(i int) {
+			r, err := e.s.GetOrBind(e.ctx, e.look(k, e.bind("b")))
+			if err != nil {
+				e.t.Errorf("racer %d: %v", i, err)
+			}
+			got[i] = r.Requests
+		})
+		slices.Sort(got)
+		want := make([]int, races)
+		for i := range want {
+			want[i] = i + 2
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			e.t.Errorf("counts of racing requests (-want +got):\n%s", diff)
+		}
+		e.requests([]string{k}, []int{races + 1})
+	}},
 	{"bound lists the live sessions of an instance", func(e *env) {
 		for i := range 5 {
 			e.getOrBind(e.key(fmt.Sprint("s", i)), e.bind("a"), e.lt(), e.bind("a"), affinity.Created)
@@ -865,6 +970,8 @@ var cases = []testCase{
 		_, err = e.s.SyncLoad(ctx, affinity.LoadReport{Replica: "r"}, []string{"a"}, reportTTL, e.now)
 		check("SyncLoad", err)
 		check("SetDrained", e.s.SetDrained(ctx, "a", true))
+		_, err = e.s.Requests(ctx, []string{e.key("k")}, e.now)
+		check("Requests", err)
 	}},
 }
 

@@ -43,6 +43,11 @@ var flaws = map[string]string{
 	"bound-stale":     "bound_lists_the_live_sessions_of_an_instance",
 	"inflight-self":   "sync_load_sums_the_other_replicas",
 	"report-forever":  "sync_load_sums_the_other_replicas",
+	"no-count":        "requests_are_counted_per_session",
+	"renew-resets":    "a_renewal_keeps_counting",
+	"replace-resets":  "replace_keeps_the_count",
+	"count-forever":   "an_ended_session's_count_is_gone",
+	"racy-count":      "racing_requests_each_get_their_own_count",
 }
 
 // TestSuiteCatchesFlaws runs the suite in a child process against a store
@@ -93,6 +98,7 @@ type fakeEntry struct {
 	// "index-last-idle": the index entry is rewritten when written
 	// Idle/4 ago, with the request's idle (the Redis store's old bug).
 	indexed, indexUntil time.Time
+	requests            int
 }
 
 // index records an index write at now under "index-last-idle".
@@ -221,14 +227,16 @@ func (s *fakeStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.
 			old = false
 		}
 		if !old {
+			refresh := func(e *fakeEntry) {}
 			if s.flaw != "no-refresh" {
-				e.expires = now.Add(lt.Idle)
-				if now.Sub(e.indexed) >= lt.Idle/4 {
-					e.index(now, lt.Idle)
+				refresh = func(e *fakeEntry) {
+					e.expires = now.Add(lt.Idle)
+					if now.Sub(e.indexed) >= lt.Idle/4 {
+						e.index(now, lt.Idle)
+					}
 				}
-				s.store(key, e)
 			}
-			r := affinity.Result{Key: key, Binding: e.b, Outcome: affinity.Found, Move: e.move}
+			r := affinity.Result{Key: key, Binding: e.b, Outcome: affinity.Found, Move: e.move, Requests: s.use(key, refresh)}
 			if s.flaw == "found-candidate" {
 				r.Binding = c
 			}
@@ -237,13 +245,16 @@ func (s *fakeStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.
 		out = affinity.Renewed
 	}
 	s.pause("racy")
-	stored := fakeEntry{b: c, expires: now.Add(lt.Idle)}
+	stored := fakeEntry{b: c, expires: now.Add(lt.Idle), requests: 1}
+	if out == affinity.Renewed && s.flaw != "renew-resets" {
+		stored.requests = e.requests + 1
+	}
 	stored.index(now, lt.Idle)
 	s.store(key, stored)
 	if s.flaw == "drop-version" {
 		c.Version = ""
 	}
-	r := affinity.Result{Key: key, Binding: c, Outcome: out}
+	r := affinity.Result{Key: key, Binding: c, Outcome: out, Requests: stored.requests}
 	if out == affinity.Renewed && s.flaw != "no-previous" {
 		r.Previous = e.b
 	}
@@ -265,6 +276,9 @@ func (s *fakeStore) Replace(ctx context.Context, key, old string, next affinity.
 	}
 	s.pause("racy-replace")
 	stored := fakeEntry{b: next, expires: next.Since.Add(lt.Idle)}
+	if ok && s.flaw != "replace-resets" {
+		stored.requests = e.requests
+	}
 	stored.index(next.Since, lt.Idle)
 	if s.flaw == "keep-move" {
 		stored.move = e.move
@@ -284,6 +298,43 @@ func (s *fakeStore) Replace(ctx context.Context, key, old string, next affinity.
 		next.Failovers = 0
 	}
 	return next, nil
+}
+
+// use refreshes key's live binding and counts a request of it, in one
+// step, and returns its count.
+func (s *fakeStore) use(key string, refresh func(*fakeEntry)) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.m[s.k(key)]
+	refresh(&e)
+	switch s.flaw {
+	case "no-count":
+		e.requests = 1
+	case "racy-count":
+		n := e.requests + 1
+		s.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		s.mu.Lock()
+		e = s.m[s.k(key)]
+		e.requests = n
+	default:
+		e.requests++
+	}
+	s.m[s.k(key)] = e
+	return e.requests
+}
+
+func (s *fakeStore) Requests(ctx context.Context, keys []string, now time.Time) ([]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]int, len(keys))
+	for i, k := range keys {
+		if e, ok := s.load(k, now); ok || s.flaw == "count-forever" {
+			out[i] = e.requests
+		}
+	}
+	return out, nil
 }
 
 func (s *fakeStore) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]affinity.Session, error) {

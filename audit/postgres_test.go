@@ -15,6 +15,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tetherproxy/tether/internal/testenv"
 )
 
 // pgTables numbers the tables tests make on the shared server, so that
@@ -550,16 +552,21 @@ func TestPostgresSinkBadDSN(t *testing.T) {
 	}
 }
 
-// TestSinksRoundTripSessionKeys: every sink that serialises the whole
-// Record gives SessionKeys back.
+// TestSinksRoundTripSessionKeys: every sink gives SessionKeys back (forget
+// finds a user's bindings through them).
 func TestSinksRoundTripSessionKeys(t *testing.T) {
 	sealer := testSealer(t)
 	r := Record{RequestID: NewRequestID(), DecisionTime: time.Now().Truncate(time.Microsecond).UTC(), Decision: "bind",
 		SessionKeys: []string{"s:0f1e2d", "s:a9b8c7"}}
 	sealer.Attach(&r, "alice")
+	rs, err := NewRedisSink(testenv.RedisServer(t).Client(), RedisConfig{Retention: MaxRetention})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, s := range map[string]Sink{
 		"file":     newFileSinkT(t, FileConfig{Dir: t.TempDir(), Retention: MaxRetention}),
 		"postgres": newPostgresSinkT(t, PostgresConfig{}),
+		"redis":    rs,
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()

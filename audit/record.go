@@ -1,6 +1,6 @@
 // Package audit records tether's routing decisions for auditors: one Record
 // per decision (sampled), written asynchronously by a Writer to a Sink (a
-// Redis Stream or JSON-lines files). The user id is never stored in plain
+// Redis Stream, a PostgreSQL table or JSON-lines files). The user id is never stored in plain
 // text: a Sealer encrypts it (AES-256-GCM, bound to the request id) and
 // derives a keyed pseudonym (HMAC-SHA256) that "forget" and "export" look
 // records up by. See README.md.

@@ -118,6 +118,8 @@ func fields(r Record) []any {
 		"user_ct", base64.StdEncoding.EncodeToString(r.UserCiphertext),
 		"key_id", r.KeyID,
 		"user_pseudonym", r.UserPseudonym,
+		// Session keys are "kind:base64url": a space never occurs in one.
+		"session_keys", strings.Join(r.SessionKeys, " "),
 	}
 }
 
@@ -127,6 +129,7 @@ func fromValues(v map[string]any) (Record, error) {
 		RequestID: str("request_id"), ModelVersion: str("model_version"), Instance: str("instance"),
 		Mode: str("mode"), Decision: str("decision"), IdentitySource: str("identity_source"),
 		KeyID: str("key_id"), UserPseudonym: str("user_pseudonym"),
+		SessionKeys: strings.Fields(str("session_keys")),
 	}
 	if t := str("decision_time"); t != "" {
 		var err error

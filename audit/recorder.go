@@ -60,6 +60,8 @@ func NewRecorder(w *Writer, s *Sealer, cfg RecorderConfig) (*Recorder, error) {
 //     forget finds every binding made while the audit is on; hits,
 //     random, anonymous, fallback and degraded decisions are sampled at
 //     the Writer's SampleRate (Writer.Sample);
+//   - the record names the session keys the decision used (the
+//     identity's key and aliases), for forget to find the bindings;
 //   - the user id is sealed into the record when it is at most
 //     MaxUserIDBytes long without control characters; otherwise it is
 //     left out and counted (UserIDsRejected).
@@ -84,11 +86,30 @@ func (r *Recorder) Audit(requestID, userID string, id identity.Identity, d affin
 		Mode:           string(d.Mode),
 		Decision:       string(d.Kind),
 		IdentitySource: string(id.Source),
+		SessionKeys:    sessionKeys(id),
 	}
 	if userOK {
 		r.sealer.Attach(&rec, userID)
 	}
 	r.w.WriteAlways(rec)
+}
+
+// sessionKeys are the keys the decision used: the identity's key and its
+// aliases (keyed hashes, never a raw identifier); nil when anonymous.
+func sessionKeys(id identity.Identity) []string {
+	if id.Key == "" && len(id.Aliases) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, 1+len(id.Aliases))
+	if id.Key != "" {
+		keys = append(keys, id.Key)
+	}
+	for _, a := range id.Aliases {
+		if a != "" {
+			keys = append(keys, a)
+		}
+	}
+	return keys
 }
 
 // RequestIDsGenerated counts the decisions whose x-request-id was absent

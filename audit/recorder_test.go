@@ -60,7 +60,8 @@ func TestRecorderRecord(t *testing.T) {
 	}
 	r := sink.recs[0]
 	want := Record{RequestID: rid, ModelVersion: "v2", DecisionTime: at.UTC(), Instance: "gpu-a", Mode: "sticky",
-		Decision: "bind", IdentitySource: "session", KeyID: sealer.CurrentKeyID(), UserPseudonym: sealer.Pseudonym("alice@example.org")}
+		Decision: "bind", IdentitySource: "session", KeyID: sealer.CurrentKeyID(), UserPseudonym: sealer.Pseudonym("alice@example.org"),
+		SessionKeys: []string{"s:abc", "t:def", "d:ghi"}}
 	got := r
 	got.UserCiphertext = nil
 	if !equalRecords(got, want) || got.DecisionTime.Location() != time.UTC {
@@ -77,7 +78,7 @@ func TestRecorderRecord(t *testing.T) {
 	// an empty model version is fine.
 	r = sink.recs[1]
 	if r.RequestID != rid || r.UserCiphertext != nil || r.KeyID != "" || r.UserPseudonym != "" ||
-		r.ModelVersion != "" || r.Mode != "random" || r.Decision != "anonymous" || r.IdentitySource != "anonymous" {
+		r.SessionKeys != nil || r.ModelVersion != "" || r.Mode != "random" || r.Decision != "anonymous" || r.IdentitySource != "anonymous" {
 		t.Fatalf("second record %+v", r)
 	}
 	if rec.RequestIDsGenerated() != 0 || rec.UserIDsRejected() != 0 {

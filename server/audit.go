@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/tetherproxy/tether/audit"
@@ -51,13 +52,19 @@ func OpenAuditSink(ctx context.Context, cfg config.Config, store *redisstore.Sto
 		}
 		return openPostgresSink(ctx, dsn, a.Retention.D)
 	case config.AuditSinkRedis:
-		client, prefix, closeClient := store.Client(), store.Prefix(), func() error { return nil }
-		if a.RedisURL != "" {
+		var client goredis.UniversalClient
+		prefix, closeClient := redisstore.DefaultPrefix, func() error { return nil }
+		switch {
+		case a.RedisURL != "":
 			c, err := redisstore.NewClient(a.RedisURL)
 			if err != nil {
 				return nil, nil, fmt.Errorf("audit.redis_url: %w", err)
 			}
-			client, prefix, closeClient = c, redisstore.DefaultPrefix, c.Close
+			client, closeClient = c, c.Close
+		case store != nil:
+			client, prefix = store.Client(), store.Prefix()
+		default:
+			return nil, nil, errors.New("audit sink redis: no binding store to write to, and no audit.redis_url")
 		}
 		s, err := audit.NewRedisSink(client, audit.RedisConfig{Prefix: prefix, Retention: a.Retention.D})
 		if err != nil {
@@ -69,10 +76,21 @@ func OpenAuditSink(ctx context.Context, cfg config.Config, store *redisstore.Sto
 	return nil, nil, fmt.Errorf("audit.sink %q: unknown", a.Sink)
 }
 
-// openPostgresSink is the PostgreSQL sink; the DSN is never shown.
+// postgresOpenTimeout bounds connecting to PostgreSQL and creating the
+// table when the sink opens.
+const postgresOpenTimeout = 10 * time.Second
+
+// openPostgresSink opens the PostgreSQL sink (its errors never show the
+// DSN). A database that does not answer fails the start: the audit is on
+// because records are required.
 func openPostgresSink(ctx context.Context, dsn string, retention time.Duration) (audit.Sink, func() error, error) {
-	_, _, _ = ctx, dsn, retention
-	return nil, nil, errors.New("audit sink postgres: not in this build yet")
+	ctx, cancel := context.WithTimeout(ctx, postgresOpenTimeout)
+	defer cancel()
+	s, err := audit.NewPostgresSink(ctx, dsn, audit.PostgresConfig{Retention: retention})
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, s.Close, nil
 }
 
 // startAudit builds the routing audit [audit] configures on the binding

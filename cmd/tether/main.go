@@ -36,6 +36,7 @@ func newRootCmd() *cobra.Command {
 		newSimulateCmd(),
 		newConfigCmd(),
 		newSessionsCmd(),
+		newAuditCmd(),
 	)
 	return root
 }

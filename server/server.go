@@ -43,6 +43,10 @@ type Options struct {
 	// Overrides re-applies command-line flags to every configuration read
 	// from ConfigPath, so a reload does not undo them.
 	Overrides func(*config.Config)
+	// WrapRegisterer, when set, wraps the registerer every collector is
+	// registered with (tests list tether's metrics through it); /metrics
+	// serves what reaches the registry underneath.
+	WrapRegisterer func(prometheus.Registerer) prometheus.Registerer
 }
 
 // Run serves until ctx ends, then drains open streams (bounded by
@@ -66,7 +70,11 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return fmt.Errorf("identity: %w", err)
 	}
 
-	reg := prometheus.NewRegistry()
+	registry := prometheus.NewRegistry()
+	var reg prometheus.Registerer = registry
+	if opts.WrapRegisterer != nil {
+		reg = opts.WrapRegisterer(registry)
+	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rec := metrics.New(reg)
 	// Open starts without Redis (its breaker open) rather than fail: tether
@@ -142,7 +150,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		Index: store, Drains: store, Load: load, Fleet: rt.fleet,
 		Identity: ids, Headers: cfg.Identity, Logger: log,
 	})
-	admin := &http.Server{Handler: adminMux(reg, ready, rt, sessions), ReadHeaderTimeout: 5 * time.Second}
+	admin := &http.Server{Handler: adminMux(registry, ready, rt, sessions), ReadHeaderTimeout: 5 * time.Second}
 
 	errc := make(chan error, 4)
 	go func() { errc <- serveErr("ext_proc", gs.Serve(ls.extproc)) }()

@@ -454,7 +454,13 @@ func TestStaticRefusesDynamic(t *testing.T) {
 func buildContext(t *testing.T, dst string) {
 	t.Helper()
 	d := readDockerignore(t)
+	// Other tests may add or remove files in the tree meanwhile: a file
+	// gone by the time it is read is skipped.
+	gone := func(err error) bool { return errors.Is(err, fs.ErrNotExist) }
 	err := filepath.WalkDir(root, func(p string, e fs.DirEntry, err error) error {
+		if gone(err) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -474,7 +480,9 @@ func buildContext(t *testing.T, dst string) {
 		case e.IsDir():
 			return os.MkdirAll(target, 0o755)
 		case e.Type().IsRegular():
-			return copyFile(p, target, 0o644)
+			if err := copyFile(p, target, 0o644); !gone(err) {
+				return err
+			}
 		}
 		return nil // symlinks, sockets: not part of the module
 	})

@@ -112,6 +112,11 @@ type Routing struct {
 	SaturationInFlight   int    `toml:"saturation_inflight"`
 	SaturationQueueDepth int    `toml:"saturation_queue_depth"`
 	QueueDepthHeader     string `toml:"queue_depth_header"`
+	// Instances may report running out of memory ("true" or "1"; status
+	// 507 counts too) and their GPU utilisation (percent, 0–100) in
+	// response headers; tether exports both per instance.
+	OOMHeader            string `toml:"oom_header"`
+	GPUUtilizationHeader string `toml:"gpu_utilization_header"`
 	// Rules override the policy for the requests they match; the first
 	// matching rule wins.
 	Rules []Rule `toml:"rules"`
@@ -235,6 +240,8 @@ const (
 	// a sixth of the KV-cache hits (BENCHMARKS.md). Tune it to the engine.
 	DefaultQueueDepth       = 12
 	DefaultQueueDepthHeader = "x-queue-depth"
+	DefaultOOMHeader        = "x-oom"
+	DefaultGPUHeader        = "x-gpu-utilization"
 	DefaultTimezone         = "UTC"
 	DefaultFailureThreshold = 3
 	DefaultFailureWindow    = 30 * time.Second
@@ -346,6 +353,8 @@ func (c *Config) setDefaults() {
 		c.Routing.SaturationQueueDepth = DefaultQueueDepth
 	}
 	str(&c.Routing.QueueDepthHeader, DefaultQueueDepthHeader)
+	str(&c.Routing.OOMHeader, DefaultOOMHeader)
+	str(&c.Routing.GPUUtilizationHeader, DefaultGPUHeader)
 	for i := range c.Routing.Rules {
 		if r := &c.Routing.Rules[i]; r.Hours != "" || len(r.Days) > 0 {
 			str(&r.Timezone, DefaultTimezone)
@@ -495,8 +504,19 @@ func (c *Config) Validate() error {
 			used[h.v] = h.key
 		}
 	}
-	if !headerName.MatchString(c.Routing.QueueDepthHeader) {
-		bad("routing.queue_depth_header", c.Routing.QueueDepthHeader, "want a lower-case header name")
+	reports := map[string]string{}
+	for _, h := range []struct{ key, v string }{
+		{"routing.queue_depth_header", c.Routing.QueueDepthHeader}, {"routing.oom_header", c.Routing.OOMHeader},
+		{"routing.gpu_utilization_header", c.Routing.GPUUtilizationHeader},
+	} {
+		switch {
+		case !headerName.MatchString(h.v):
+			bad(h.key, h.v, "want a lower-case header name")
+		case reports[h.v] != "":
+			bad(h.key, h.v, "already used by "+reports[h.v])
+		default:
+			reports[h.v] = h.key
+		}
 	}
 	c.validateRouting(bad)
 	if c.Identity.MaxValueBytes < 16 || c.Identity.MaxValueBytes > 8192 {

@@ -376,3 +376,19 @@ func FuzzRuleWindow(f *testing.F) {
 		}
 	})
 }
+
+func TestReportHeaders(t *testing.T) {
+	c := Default()
+	if c.Routing.OOMHeader != "x-oom" || c.Routing.GPUUtilizationHeader != "x-gpu-utilization" {
+		t.Fatalf("defaults: %q, %q", c.Routing.OOMHeader, c.Routing.GPUUtilizationHeader)
+	}
+	for _, tc := range []struct{ toml, want string }{
+		{"[routing]\noom_header = \"X-OOM\"", "routing.oom_header"},
+		{"[routing]\ngpu_utilization_header = \"x-queue-depth\"", "already used by routing.queue_depth_header"},
+		{"[routing]\ngpu_utilization_header = \"bad header\"", "routing.gpu_utilization_header"},
+	} {
+		if _, err := Parse([]byte(tc.toml)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want one naming %q", tc.toml, err, tc.want)
+		}
+	}
+}

@@ -154,6 +154,8 @@ func (r *runtime) warnRestartOnly(next config.Config) {
 		{"server", r.cfg.Server, next.Server}, {"redis", r.cfg.Redis, next.Redis},
 		{"routing.cluster_header", r.cfg.Routing.ClusterHeader, next.Routing.ClusterHeader},
 		{"routing.queue_depth_header", r.cfg.Routing.QueueDepthHeader, next.Routing.QueueDepthHeader},
+		{"routing.oom_header", r.cfg.Routing.OOMHeader, next.Routing.OOMHeader},
+		{"routing.gpu_utilization_header", r.cfg.Routing.GPUUtilizationHeader, next.Routing.GPUUtilizationHeader},
 		{"routing.random_seed", r.cfg.Routing.RandomSeed, next.Routing.RandomSeed},
 		{"routing.failure_threshold", *r.cfg.Routing.FailureThreshold, *next.Routing.FailureThreshold},
 		{"routing.failure_window", r.cfg.Routing.FailureWindow.D, next.Routing.FailureWindow.D},

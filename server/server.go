@@ -131,6 +131,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		UserHeader:    cfg.Identity.UserHeader,
 		Auditor:       auditor,
 		QueueHeader:   cfg.Routing.QueueDepthHeader,
+		OOMHeader:     cfg.Routing.OOMHeader,
+		GPUHeader:     cfg.Routing.GPUUtilizationHeader,
 		DebugHeaders:  cfg.Server.DebugHeaders,
 		Logger:        log,
 	})

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -25,15 +26,20 @@ func TestPrometheusSeesContinuity(t *testing.T) {
 	cfg := baseConfig(rds.URL(), startFleet(t, 4))
 	tt := startTether(t, cfg)
 	envoy := startEnvoy(t, cfg, tt.extproc)
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
 	prom := testenv.PrometheusServer(t, fmt.Sprintf(`
 global:
   scrape_interval: 1s
   evaluation_interval: 1s
+rule_files: [%q]
 scrape_configs:
   - job_name: tether
     static_configs:
       - targets: [%q]
-`, tt.admin))
+`, filepath.Join(root, "deploy", "prometheus", "alerts.yml"), tt.admin))
 
 	const sessions, turns, drainAt = 40, 6, 3
 	answers := make([][]answer, sessions)
@@ -110,6 +116,16 @@ scrape_configs:
 	}
 	t.Logf("continuity %.4f = %d/%d follow-ups, through Envoy and as Prometheus computes it from tether's metrics (%s drained with %d sessions)",
 		want, kept, followups, drained, count[drained])
+
+	// The shipped rules load and evaluate on tether's series: every
+	// group healthy, and the continuity recording rule has a value.
+	waitFor(t, 10*time.Second, "the recording rules to evaluate", func() bool {
+		r, err := prom.Query(ctx, `tether:continuity:ratio_rate5m`)
+		return err == nil && len(r) > 0
+	})
+	if bad := prom.UnhealthyRules(ctx, t); len(bad) > 0 {
+		t.Fatalf("rules Prometheus could not evaluate: %v", bad)
+	}
 
 	// The moves are counted as migrations off the drained instance.
 	moved, err := prom.Query(ctx, fmt.Sprintf(`sum(tether_session_migrations_total{upstream=%q,reason="drained"})`, drained))

@@ -164,3 +164,47 @@ func sampleValue(v any) (float64, error) {
 	}
 	return strconv.ParseFloat(s, 64)
 }
+
+// UnhealthyRules lists the loaded rules Prometheus reports as not healthy
+// ("name: error"); it fails the test when the rules API does not answer
+// or no rule is loaded at all.
+func (p *Prometheus) UnhealthyRules(ctx context.Context, t testing.TB) []string {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/api/v1/rules", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Data struct {
+			Groups []struct {
+				Rules []struct {
+					Name      string `json:"name"`
+					Health    string `json:"health"`
+					LastError string `json:"lastError"`
+				} `json:"rules"`
+			} `json:"groups"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("prometheus rules: %v", err)
+	}
+	var bad []string
+	n := 0
+	for _, g := range body.Data.Groups {
+		for _, r := range g.Rules {
+			n++
+			if r.Health != "ok" {
+				bad = append(bad, r.Name+": "+r.Health+" "+r.LastError)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("prometheus loaded no rules")
+	}
+	return bad
+}

@@ -3,8 +3,12 @@
 package config
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -34,6 +38,10 @@ type Config struct {
 	// Audit is the routing audit: a record per decision ([audit]).
 	Audit Audit `toml:"audit"`
 
+	// TLS secures the ext_proc and xDS gRPC servers ([tls]), and says how
+	// the Envoy configuration tether generates connects to them ([tls.envoy]).
+	TLS TLS `toml:"tls"`
+
 	// xdsSet records that the file set xds.addr, possibly to "" (off);
 	// epsilonSet and queueDepthSet that it set those keys, possibly to 0
 	// (refused, and off).
@@ -50,6 +58,13 @@ type Server struct {
 	LogLevel     string `toml:"log_level"`
 	// DrainTimeout bounds how long SIGTERM waits for open ext_proc streams.
 	DrainTimeout Duration `toml:"drain_timeout"`
+	// The admin API's bearer token: read from AdminTokenFile when one is
+	// named, else from the environment variable AdminTokenEnv; never from
+	// this file. With a token, every admin endpoint but /healthz and
+	// /readyz needs "Authorization: Bearer <token>"; without one the API is
+	// open to whoever reaches admin_addr (loopback by default).
+	AdminTokenEnv  string `toml:"admin_token_env"`
+	AdminTokenFile string `toml:"admin_token_file"`
 }
 
 // Redis says where bindings live.
@@ -227,6 +242,9 @@ const (
 	DefaultClusterHeader     = "x-tether-cluster"
 	DefaultSecretEnv         = "TETHER_IDENTITY_SECRET"
 	DefaultDrainTimeout      = 10 * time.Second
+	DefaultAdminTokenEnv     = "TETHER_ADMIN_TOKEN"
+	MinAdminToken            = 16 // bytes
+	DefaultTLSMinVersion     = "1.2"
 	DefaultVersion           = "default"
 	DefaultKVSessions        = 20
 	MaxKVSessions            = 100000
@@ -266,7 +284,8 @@ func Default() Config {
 	return c
 }
 
-// Load reads, defaults and validates a file.
+// Load reads, defaults and validates a file, then checks the files it
+// names (CheckFiles). Parse alone touches no file.
 func Load(path string) (Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -274,6 +293,9 @@ func Load(path string) (Config, error) {
 	}
 	c, err := Parse(data)
 	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := c.CheckFiles(time.Now()); err != nil {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
@@ -327,6 +349,8 @@ func (c *Config) setDefaults() {
 	str(&c.Server.AdminAddr, DefaultAdminAddr)
 	str(&c.Server.LogLevel, "info")
 	dur(&c.Server.DrainTimeout, DefaultDrainTimeout)
+	str(&c.Server.AdminTokenEnv, DefaultAdminTokenEnv)
+	str(&c.TLS.MinVersion, DefaultTLSMinVersion)
 	str(&c.Redis.URL, DefaultRedisURL)
 	dur(&c.Redis.Timeout, DefaultRedisTimeout)
 	str(&c.Routing.Mode, ModeSticky)
@@ -434,6 +458,10 @@ func (c *Config) Validate() error {
 	}
 	if c.Server.DrainTimeout.D < 0 {
 		bad("server.drain_timeout", c.Server.DrainTimeout, "must not be negative")
+	}
+	if !envName.MatchString(c.Server.AdminTokenEnv) {
+		// Not shown: a token put where its variable's name goes.
+		bad("server.admin_token_env", "(hidden)", "want the name of an environment variable, not its value")
 	}
 	// The scheme only: the store's parser (store/redis CheckURL) reads the
 	// rest, in `tether config validate` and when tether starts, and this
@@ -559,6 +587,7 @@ func (c *Config) Validate() error {
 	}
 	c.validateEnvoy(bad)
 	c.validateAudit(bad)
+	c.validateTLS(bad)
 	return errors.Join(errs...)
 }
 
@@ -666,4 +695,311 @@ func quote(v any) string {
 		return fmt.Sprintf("%q", s)
 	}
 	return fmt.Sprint(v)
+}
+
+// TLS is the [tls] section: tether's certificate for its gRPC servers
+// (ext_proc and xDS; Envoy is the client of both, so one certificate
+// serves both), the CA client certificates must chain to, and, in
+// [tls.envoy], the files Envoy presents and trusts in the configuration
+// tether generates for it. Without cert_file both servers speak
+// plaintext. The admin HTTP server is not covered: it listens on loopback
+// by default and takes a bearer token (server.admin_token_env).
+type TLS struct {
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
+	// ClientCAFile turns on mutual TLS: a client must present a
+	// certificate that chains to one of its CAs.
+	ClientCAFile string `toml:"client_ca_file"`
+	// RequireClientCert defaults to true when client_ca_file is set; false
+	// verifies a certificate a client offers but lets one without any in
+	// (for a migration only).
+	RequireClientCert *bool `toml:"require_client_cert"`
+	// MinVersion is "1.2" (the default) or "1.3", for tether and for the
+	// Envoy side.
+	MinVersion string `toml:"min_version"`
+	// Envoy is how Envoy connects: the tether-extproc cluster tether
+	// serves over xDS and the ADS cluster of the bootstrap get a TLS
+	// transport socket with these files (paths on Envoy's host).
+	Envoy EnvoyTLS `toml:"envoy"`
+}
+
+// EnvoyTLS is the [tls.envoy] section.
+type EnvoyTLS struct {
+	// CertFile and KeyFile are Envoy's client certificate (mutual TLS).
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
+	// CAFile verifies tether's certificate.
+	CAFile string `toml:"ca_file"`
+	// SNI is the server name Envoy sends and requires in tether's
+	// certificate (a DNS subject alternative name); "" checks the chain only.
+	SNI string `toml:"sni"`
+}
+
+// Enabled reports whether the gRPC servers speak TLS.
+func (t TLS) Enabled() bool { return t.CertFile != "" }
+
+// ClientAuth is how the gRPC servers treat client certificates.
+func (t TLS) ClientAuth() tls.ClientAuthType {
+	switch {
+	case t.ClientCAFile == "":
+		return tls.NoClientCert
+	case t.RequireClientCert != nil && !*t.RequireClientCert:
+		return tls.VerifyClientCertIfGiven
+	default:
+		return tls.RequireAndVerifyClientCert
+	}
+}
+
+// Mutual reports whether every client must present a valid certificate.
+func (t TLS) Mutual() bool { return t.ClientAuth() == tls.RequireAndVerifyClientCert }
+
+// MinTLSVersion is min_version as a crypto/tls constant.
+func (t TLS) MinTLSVersion() uint16 {
+	if t.MinVersion == "1.3" {
+		return tls.VersionTLS13
+	}
+	return tls.VersionTLS12
+}
+
+var dnsName = regexp.MustCompile(`^([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$`)
+
+// validateTLS checks how the keys fit together; CheckFiles reads the files.
+func (c *Config) validateTLS(bad func(key string, val any, why string)) {
+	t := c.TLS
+	switch {
+	case t.KeyFile != "" && t.CertFile == "":
+		bad("tls.key_file", t.KeyFile, "set without tls.cert_file")
+	case t.CertFile != "" && t.KeyFile == "":
+		bad("tls.cert_file", t.CertFile, "set without tls.key_file")
+	}
+	if t.ClientCAFile != "" && t.CertFile == "" {
+		bad("tls.client_ca_file", t.ClientCAFile, "mutual TLS needs tls.cert_file and tls.key_file too")
+	}
+	if t.RequireClientCert != nil && *t.RequireClientCert && t.ClientCAFile == "" {
+		bad("tls.require_client_cert", true, "needs tls.client_ca_file, the CA client certificates must chain to")
+	}
+	switch t.MinVersion {
+	case "1.2", "1.3":
+	default:
+		bad("tls.min_version", t.MinVersion, `want "1.2" or "1.3" (TLS 1.0 and 1.1 are deprecated, RFC 8996)`)
+	}
+	e := t.Envoy
+	for _, f := range []struct{ key, v string }{
+		{"tls.envoy.cert_file", e.CertFile}, {"tls.envoy.key_file", e.KeyFile}, {"tls.envoy.ca_file", e.CAFile}, {"tls.envoy.sni", e.SNI},
+	} {
+		if f.v != "" && !t.Enabled() {
+			bad(f.key, f.v, "tether serves plaintext: set tls.cert_file and tls.key_file, or remove it")
+		}
+	}
+	switch {
+	case e.CertFile != "" && e.KeyFile == "":
+		bad("tls.envoy.cert_file", e.CertFile, "set without tls.envoy.key_file")
+	case e.KeyFile != "" && e.CertFile == "":
+		bad("tls.envoy.key_file", e.KeyFile, "set without tls.envoy.cert_file")
+	}
+	if e.SNI != "" && (len(e.SNI) > 253 || !dnsName.MatchString(e.SNI)) {
+		bad("tls.envoy.sni", e.SNI, "want a DNS name (an IP address cannot be sent as SNI)")
+	}
+	// With the ADS server on, tether generates Envoy's side: it must work.
+	if t.Enabled() && c.XDS.Addr != "" {
+		if e.CAFile == "" {
+			bad("tls.envoy.ca_file", "", "required with tls.cert_file while the ADS server is on: Envoy must verify tether's certificate")
+		}
+		if t.Mutual() && e.CertFile == "" {
+			bad("tls.envoy.cert_file", "", "required with tls.client_ca_file while the ADS server is on: tether refuses an Envoy without a client certificate")
+		}
+	}
+}
+
+// maxPEM bounds a certificate, key or token file: a path such as
+// /dev/zero must not hang the start.
+const maxPEM = 1 << 20
+
+// readSmall reads a regular file of at most maxPEM bytes; errors name key.
+func readSmall(key, path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s = %q: %w", key, path, pathErr(err))
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s = %q: not a regular file", key, path)
+	}
+	if fi.Size() > maxPEM {
+		return nil, fmt.Errorf("%s = %q: larger than %d bytes", key, path, maxPEM)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s = %q: %w", key, path, pathErr(err))
+	}
+	return b, nil
+}
+
+// pathErr drops the path from an os error: the message names it already.
+func pathErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// TLSFiles is what [tls] names, read and checked.
+type TLSFiles struct {
+	// Certificate is tether's, with Leaf set.
+	Certificate tls.Certificate
+	// ClientCAs is nil without tls.client_ca_file.
+	ClientCAs *x509.CertPool
+}
+
+// ReadFiles reads and checks tls.cert_file, tls.key_file and
+// tls.client_ca_file: every certificate must be valid at now, the key
+// must be the certificate's, and the client CA file must hold CA
+// certificates. Errors name the key and the file.
+func (t TLS) ReadFiles(now time.Time) (*TLSFiles, error) {
+	if !t.Enabled() {
+		return nil, errors.New("tls: no tls.cert_file")
+	}
+	certPEM, err := readSmall("tls.cert_file", t.CertFile)
+	if err != nil {
+		return nil, err
+	}
+	chain, err := pemCertificates(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("tls.cert_file = %q: %w", t.CertFile, err)
+	}
+	for i, c := range chain {
+		if err := validAt(c, now); err != nil {
+			what := "the certificate"
+			if i > 0 {
+				what = fmt.Sprintf("chain certificate %d (%s)", i, c.Subject)
+			}
+			return nil, fmt.Errorf("tls.cert_file = %q: %s %w", t.CertFile, what, err)
+		}
+	}
+	keyPEM, err := readSmall("tls.key_file", t.KeyFile)
+	if err != nil {
+		return nil, err
+	}
+	if !strings.Contains(string(keyPEM), "PRIVATE KEY-----") {
+		return nil, fmt.Errorf("tls.key_file = %q: no PEM private key in the file", t.KeyFile)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("tls.key_file = %q: not the key of tls.cert_file %q: %w", t.KeyFile, t.CertFile, err)
+	}
+	pair.Leaf = chain[0]
+	out := &TLSFiles{Certificate: pair}
+	if t.ClientCAFile == "" {
+		return out, nil
+	}
+	caPEM, err := readSmall("tls.client_ca_file", t.ClientCAFile)
+	if err != nil {
+		return nil, err
+	}
+	cas, err := pemCertificates(caPEM)
+	if err != nil {
+		return nil, fmt.Errorf("tls.client_ca_file = %q: %w", t.ClientCAFile, err)
+	}
+	out.ClientCAs = x509.NewCertPool()
+	for _, ca := range cas {
+		if !ca.BasicConstraintsValid || !ca.IsCA {
+			return nil, fmt.Errorf("tls.client_ca_file = %q: %q is not a CA certificate (want the CA that signs client certificates, not a client's or tether's own)", t.ClientCAFile, ca.Subject.String())
+		}
+		if err := validAt(ca, now); err != nil {
+			return nil, fmt.Errorf("tls.client_ca_file = %q: CA %q %w", t.ClientCAFile, ca.Subject.String(), err)
+		}
+		out.ClientCAs.AddCert(ca)
+	}
+	return out, nil
+}
+
+// pemCertificates parses every CERTIFICATE block; none is an error.
+func pemCertificates(data []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for {
+		var b *pem.Block
+		b, data = pem.Decode(data)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("certificate %d: %w", len(out)+1, err)
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no PEM certificate in the file")
+	}
+	return out, nil
+}
+
+// validAt says why c is not valid at now, with its dates.
+func validAt(c *x509.Certificate, now time.Time) error {
+	span := fmt.Sprintf("(valid from %s to %s)", c.NotBefore.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339))
+	switch {
+	case now.After(c.NotAfter):
+		return fmt.Errorf("expired on %s %s", c.NotAfter.UTC().Format(time.RFC3339), span)
+	case now.Before(c.NotBefore):
+		return fmt.Errorf("is not valid until %s %s", c.NotBefore.UTC().Format(time.RFC3339), span)
+	}
+	return nil
+}
+
+// AdminToken returns the admin API's bearer token: the content of
+// server.admin_token_file when one is named (trailing white space
+// removed), else $server.admin_token_env; "" means the API is open.
+// Errors never show the token.
+func (s Server) AdminToken() (string, error) {
+	var tok, from string
+	if s.AdminTokenFile != "" {
+		b, err := readSmall("server.admin_token_file", s.AdminTokenFile)
+		if err != nil {
+			return "", err
+		}
+		tok, from = strings.TrimRight(string(b), " \t\r\n"), fmt.Sprintf("server.admin_token_file %q", s.AdminTokenFile)
+		if tok == "" {
+			return "", fmt.Errorf("server.admin_token_file = %q: empty", s.AdminTokenFile)
+		}
+	} else {
+		tok, from = os.Getenv(s.AdminTokenEnv), "$"+s.AdminTokenEnv
+		if tok == "" {
+			return "", nil
+		}
+	}
+	if len(tok) < MinAdminToken {
+		return "", fmt.Errorf("admin token (from %s) is shorter than %d bytes", from, MinAdminToken)
+	}
+	if strings.ContainsAny(tok, " \t\r\n") {
+		return "", fmt.Errorf("admin token (from %s) holds white space: it cannot be sent in an Authorization header", from)
+	}
+	return tok, nil
+}
+
+// CheckFiles reads what the configuration names on this host: the [tls]
+// certificates and key, the client CA file, and the admin token file (the
+// [tls.envoy] paths are on Envoy's host and are not read). Load calls it,
+// so `tether config validate` catches an expired certificate; tether
+// reads them again when it starts.
+func (c *Config) CheckFiles(now time.Time) error {
+	var errs []error
+	if c.TLS.Enabled() {
+		f, err := c.TLS.ReadFiles(now)
+		if err != nil {
+			errs = append(errs, err)
+		} else if sni := c.TLS.Envoy.SNI; sni != "" {
+			if err := f.Certificate.Leaf.VerifyHostname(sni); err != nil {
+				errs = append(errs, fmt.Errorf("tls.envoy.sni = %q: tls.cert_file %q does not name it, so Envoy would refuse tether: %w", sni, c.TLS.CertFile, err))
+			}
+		}
+	}
+	if c.Server.AdminTokenFile != "" {
+		if _, err := c.Server.AdminToken(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -1,6 +1,15 @@
 package config
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -363,5 +372,241 @@ func TestAuditBad(t *testing.T) {
 				t.Errorf("error %q shows a password", err)
 			}
 		})
+	}
+}
+
+func TestTLSKeys(t *testing.T) {
+	const on = "[tls]\ncert_file = \"/c.pem\"\nkey_file = \"/k.pem\"\n"
+	const envoy = "[tls.envoy]\nca_file = \"/e/ca.pem\"\n"
+	for _, tc := range []struct {
+		name, toml string
+		want       []string // empty: valid
+	}{
+		{"plaintext", "", nil},
+		{"TLS, ADS off, no Envoy side", "[xds]\naddr = \"\"\n" + on, nil},
+		{"TLS with Envoy's CA", on + envoy, nil},
+		{"mTLS with Envoy's client certificate", on + "client_ca_file = \"/ca.pem\"\n" + envoy + "cert_file = \"/e/c.pem\"\nkey_file = \"/e/k.pem\"\nsni = \"tether.svc\"\n", nil},
+		{"verify-if-given without Envoy's certificate", on + "client_ca_file = \"/ca.pem\"\nrequire_client_cert = false\n" + envoy, nil},
+		{"TLS 1.3", on + "min_version = \"1.3\"\n" + envoy, nil},
+		{"key without cert", "[tls]\nkey_file = \"/k.pem\"", []string{"tls.key_file", `"/k.pem"`, "without tls.cert_file"}},
+		{"cert without key", "[tls]\ncert_file = \"/c.pem\"", []string{"tls.cert_file", "without tls.key_file"}},
+		{"client CA without cert", "[tls]\nclient_ca_file = \"/ca.pem\"", []string{"tls.client_ca_file", `"/ca.pem"`}},
+		{"require without CA", on + "require_client_cert = true\n" + envoy, []string{"tls.require_client_cert", "tls.client_ca_file"}},
+		{"TLS 1.1", on + "min_version = \"1.1\"\n" + envoy, []string{"tls.min_version", `"1.1"`, "RFC 8996"}},
+		{"TLS 1.0 on plaintext too", "[tls]\nmin_version = \"1.0\"", []string{"tls.min_version"}},
+		{"Envoy side while plaintext", envoy, []string{"tls.envoy.ca_file", "plaintext"}},
+		{"Envoy cert without key", on + envoy + "cert_file = \"/e/c.pem\"\n", []string{"tls.envoy.cert_file", "tls.envoy.key_file"}},
+		{"SNI an IP", on + envoy + "sni = \"10.0.0.1:50051\"\n", []string{"tls.envoy.sni"}},
+		{"ADS on without Envoy's CA", on, []string{"tls.envoy.ca_file", "verify tether"}},
+		{"mTLS, ADS on, no Envoy certificate", on + "client_ca_file = \"/ca.pem\"\n" + envoy, []string{"tls.envoy.cert_file", "client certificate"}},
+		{"unknown key", on + "ca_file = \"/ca.pem\"\n", []string{"tls.ca_file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.toml))
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestTLSClientAuth(t *testing.T) {
+	no := false
+	for _, tc := range []struct {
+		tls    TLS
+		want   tls.ClientAuthType
+		mutual bool
+	}{
+		{TLS{CertFile: "c"}, tls.NoClientCert, false},
+		{TLS{CertFile: "c", ClientCAFile: "ca"}, tls.RequireAndVerifyClientCert, true},
+		{TLS{CertFile: "c", ClientCAFile: "ca", RequireClientCert: &no}, tls.VerifyClientCertIfGiven, false},
+	} {
+		if got := tc.tls.ClientAuth(); got != tc.want || tc.tls.Mutual() != tc.mutual {
+			t.Errorf("%+v: ClientAuth %v mutual %v, want %v %v", tc.tls, got, tc.tls.Mutual(), tc.want, tc.mutual)
+		}
+	}
+	if d := Default().TLS; d.Enabled() || d.MinVersion != "1.2" || d.MinTLSVersion() != tls.VersionTLS12 {
+		t.Errorf("default [tls] = %+v", d)
+	}
+	if v := (TLS{MinVersion: "1.3"}).MinTLSVersion(); v != tls.VersionTLS13 {
+		t.Errorf("1.3 → %x", v)
+	}
+}
+
+// writeCert writes a self-signed certificate and its key to dir.
+func writeCert(t *testing.T, dir, name string, from, to time.Time, ca bool) (cert, key string) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: from, NotAfter: to, DNSNames: []string{name},
+		BasicConstraintsValid: true, IsCA: ca,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	if err := os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cert, key
+}
+
+// TestLoadChecksTLSFiles: Load (and so `tether config validate`) reads the
+// files [tls] names; Parse does not.
+func TestLoadChecksTLSFiles(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	good, goodKey := writeCert(t, dir, "tether.test", now.Add(-time.Hour), now.Add(24*time.Hour), false)
+	_, otherKey := writeCert(t, dir, "other.test", now.Add(-time.Hour), now.Add(24*time.Hour), false)
+	old, oldKey := writeCert(t, dir, "old.test", time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC), false)
+	early, earlyKey := writeCert(t, dir, "early.test", now.Add(24*time.Hour), now.Add(48*time.Hour), false)
+	ca, _ := writeCert(t, dir, "ca.test", now.Add(-time.Hour), now.Add(24*time.Hour), true)
+	empty := filepath.Join(dir, "empty.pem")
+	if err := os.WriteFile(empty, []byte("# nothing here\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := func(cert, key, clientCA, sni string) string {
+		s := fmt.Sprintf("[xds]\naddr = \"\"\n[tls]\ncert_file = %q\nkey_file = %q\n", cert, key)
+		if clientCA != "" {
+			s += fmt.Sprintf("client_ca_file = %q\n", clientCA)
+		}
+		if sni != "" {
+			s += fmt.Sprintf("[tls.envoy]\nca_file = \"/envoy/ca.pem\"\nsni = %q\n", sni)
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name, toml string
+		want       []string
+	}{
+		{"good", file(good, goodKey, ca, "tether.test"), nil},
+		{"missing cert", file(filepath.Join(dir, "nope.crt"), goodKey, "", ""), []string{"tls.cert_file", "nope.crt", "no such file"}},
+		{"a directory", file(dir, goodKey, "", ""), []string{"tls.cert_file", "not a regular file"}},
+		{"no PEM", file(empty, goodKey, "", ""), []string{"tls.cert_file", "empty.pem", "no PEM certificate"}},
+		{"key of another certificate", file(good, otherKey, "", ""), []string{"tls.key_file", "other.test.key", "not the key of tls.cert_file", "tether.test.crt"}},
+		{"key file holds a certificate", file(good, good, "", ""), []string{"tls.key_file", "no PEM private key"}},
+		{"expired", file(old, oldKey, "", ""), []string{"tls.cert_file", "old.test.crt", "expired on 2021-01-01T00:00:00Z", "valid from 2020-01-01T00:00:00Z"}},
+		{"not yet valid", file(early, earlyKey, "", ""), []string{"tls.cert_file", "not valid until"}},
+		{"client CA without certificates", file(good, goodKey, empty, ""), []string{"tls.client_ca_file", "empty.pem", "no PEM certificate"}},
+		{"client CA is a leaf", file(good, goodKey, good, ""), []string{"tls.client_ca_file", "not a CA"}},
+		{"SNI the certificate lacks", file(good, goodKey, "", "tether.prod"), []string{"tls.envoy.sni", `"tether.prod"`, "does not name it"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := Parse([]byte(tc.toml)); err != nil {
+				t.Fatalf("Parse reads no file, yet: %v", err)
+			}
+			p := filepath.Join(t.TempDir(), "tether.toml")
+			if err := os.WriteFile(p, []byte(tc.toml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Load(p)
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			for _, w := range append(tc.want, p) {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestAdminToken(t *testing.T) {
+	const tok = "s3cret-admin-token-0123456789"
+	dir := t.TempDir()
+	write := func(name, s string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	c := Default()
+	if c.Server.AdminTokenEnv != "TETHER_ADMIN_TOKEN" || c.Server.AdminAddr != "127.0.0.1:8090" {
+		t.Fatalf("defaults: %+v", c.Server)
+	}
+	t.Setenv("TETHER_TEST_ADMIN", "")
+	c.Server.AdminTokenEnv = "TETHER_TEST_ADMIN"
+	if got, err := c.Server.AdminToken(); got != "" || err != nil {
+		t.Fatalf("unset: %q, %v; want no token", got, err)
+	}
+	t.Setenv("TETHER_TEST_ADMIN", tok)
+	if got, err := c.Server.AdminToken(); got != tok || err != nil {
+		t.Fatalf("from env: %q, %v", got, err)
+	}
+	c.Server.AdminTokenFile = write("token", "file-token-0123456789abcdef\n")
+	if got, err := c.Server.AdminToken(); got != "file-token-0123456789abcdef" || err != nil {
+		t.Fatalf("from file: %q, %v; the file wins and its newline goes", got, err)
+	}
+	for _, tc := range []struct {
+		name, file, env string
+		want            []string
+	}{
+		{"short env", "", "tiny-tok", []string{"$TETHER_TEST_ADMIN", "shorter than 16"}},
+		{"short file", write("short", "tiny-tok\n"), "", []string{"server.admin_token_file", "shorter than 16"}},
+		{"empty file", write("empty", "\n"), "", []string{"server.admin_token_file", "empty"}},
+		{"space inside", write("space", "tiny-tok 0123456789"), "", []string{"white space"}},
+		{"missing file", filepath.Join(dir, "nope"), "", []string{"server.admin_token_file", "no such file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := c.Server
+			s.AdminTokenFile = tc.file
+			t.Setenv("TETHER_TEST_ADMIN", tc.env)
+			_, err := s.AdminToken()
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "tiny-tok") {
+				t.Errorf("error %q shows the token", err)
+			}
+		})
+	}
+	// The variable's name, not a token, goes in the file.
+	_, err := Parse([]byte("[server]\nadmin_token_env = \"" + tok + "-x\""))
+	if err == nil || !strings.Contains(err.Error(), "server.admin_token_env") || strings.Contains(err.Error(), tok) {
+		t.Fatalf("token as admin_token_env: %v", err)
+	}
+	// Load checks the token file; the token itself is never in the TOML.
+	p := write("tether.toml", "[server]\nadmin_token_file = \""+filepath.Join(dir, "nope")+"\"\n")
+	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), "server.admin_token_file") {
+		t.Fatalf("Load with a missing token file: %v", err)
+	}
+	if _, err := Parse([]byte("[server]\nadmin_token = \"" + tok + "\"")); err == nil || !strings.Contains(err.Error(), "server.admin_token") {
+		t.Fatalf("admin_token in the file: %v", err)
 	}
 }

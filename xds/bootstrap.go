@@ -41,9 +41,13 @@ func StaticBootstrap(cfg config.Config, extproc []string, admin string) (*bootst
 }
 
 // ADSBootstrap names the node, the admin interface and tether's ADS server
-// (over HTTP/2), and nothing else: every listener, route, cluster and
-// endpoint comes over ADS.
-func ADSBootstrap(node, admin, ads string) (*bootstrapv3.Bootstrap, error) {
+// (over HTTP/2; over TLS WithTLS), and nothing else: every listener, route,
+// cluster and endpoint comes over ADS.
+func ADSBootstrap(node, admin, ads string, opts ...BootstrapOption) (*bootstrapv3.Bootstrap, error) {
+	var o bootstrapOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	a, err := adminConfig(admin)
 	if err != nil {
 		return nil, err
@@ -67,6 +71,9 @@ func ADSBootstrap(node, admin, ads string) (*bootstrapv3.Bootstrap, error) {
 	http2(b, xdsCluster)
 	if b.err != nil {
 		return nil, b.err
+	}
+	if xdsCluster.TransportSocket, err = upstreamTLS(o.tls); err != nil {
+		return nil, fmt.Errorf("ads bootstrap: %w", err)
 	}
 	return &bootstrapv3.Bootstrap{
 		Node:  &corev3.Node{Id: node, Cluster: node},

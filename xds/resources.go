@@ -85,7 +85,11 @@ func Build(cfg config.Config, extproc []string, mode Mode) (*Resources, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.Clusters = append(r.Clusters, b.extProcCluster(ext))
+	extc := b.extProcCluster(ext)
+	if extc.TransportSocket, err = upstreamTLS(cfg.TLS); err != nil {
+		return nil, fmt.Errorf("xds build: %w", err)
+	}
+	r.Clusters = append(r.Clusters, extc)
 	r.Endpoints = append(r.Endpoints, ext)
 
 	byVersion := map[string][]config.Instance{}

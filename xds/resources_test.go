@@ -221,3 +221,128 @@ func TestControlPlaneOnly(t *testing.T) {
 		}
 	}
 }
+
+// tlsConfig is testdata/fleet.toml with tether's gRPC servers on mutual
+// TLS and Envoy's side named (paths on Envoy's host: not read).
+func tlsConfig(t *testing.T) config.Config {
+	t.Helper()
+	cfg := loadConfig(t, "testdata/fleet.toml")
+	cfg.TLS = config.TLS{
+		CertFile: "/etc/tether/tls/tls.crt", KeyFile: "/etc/tether/tls/tls.key", ClientCAFile: "/etc/tether/tls/client-ca.crt",
+		MinVersion: "1.3",
+		Envoy: config.EnvoyTLS{
+			CertFile: "/etc/envoy/tls/client.crt", KeyFile: "/etc/envoy/tls/client.key",
+			CAFile: "/etc/envoy/tls/tether-ca.crt", SNI: "tether.tether.svc.cluster.local",
+		},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// TestGoldenADSResourcesTLS: with [tls], the tether-extproc cluster and the
+// bootstrap's ADS cluster get Envoy's client certificate, tether's CA and
+// the SNI to verify; nothing else changes.
+func TestGoldenADSResourcesTLS(t *testing.T) {
+	cfg := tlsConfig(t)
+	r, err := Build(cfg, cfg.Envoy.ExtProcEndpoints, ADS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := Build(loadConfig(t, "testdata/fleet.toml"), cfg.Envoy.ExtProcEndpoints, ADS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range r.Clusters {
+		if c.Name == ExtProcCluster {
+			golden(t, "testdata/cluster-tether-extproc-tls.golden.json", stableJSON(t, c))
+			if err := c.ValidateAll(); err != nil {
+				t.Errorf("%s: %v", c.Name, err)
+			}
+			continue
+		}
+		if !proto.Equal(c, plain.Clusters[i]) {
+			t.Errorf("cluster %s changed with [tls]", c.Name)
+		}
+	}
+	b, err := ADSBootstrap("tether-local", "127.0.0.1:9901", "10.0.0.5:18000", WithTLS(cfg.TLS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ValidateAll(); err != nil {
+		t.Errorf("bootstrap: %v", err)
+	}
+	y, err := YAML(b, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "testdata/bootstrap-xds-tls.golden.yaml", y)
+
+	// Without [tls], WithTLS changes nothing.
+	off, err := ADSBootstrap("n", "127.0.0.1:9901", "10.0.0.5:18000", WithTLS(config.TLS{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	none, err := ADSBootstrap("n", "127.0.0.1:9901", "10.0.0.5:18000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(off, none) {
+		t.Error("WithTLS without tls.cert_file changed the bootstrap")
+	}
+}
+
+func TestUpstreamTLSShapes(t *testing.T) {
+	base := tlsConfig(t).TLS
+	for _, tc := range []struct {
+		name    string
+		edit    func(*config.TLS)
+		wantErr string
+		check   func(*testing.T, string)
+	}{
+		{name: "server TLS only, chain check only", edit: func(c *config.TLS) {
+			c.ClientCAFile, c.Envoy.CertFile, c.Envoy.KeyFile, c.Envoy.SNI = "", "", "", ""
+		}, check: func(t *testing.T, j string) {
+			for _, absent := range []string{"tls_certificates", "match_typed_subject_alt_names", `"sni"`} {
+				if strings.Contains(j, absent) {
+					t.Errorf("%s present:\n%s", absent, j)
+				}
+			}
+		}},
+		{name: "TLS 1.2", edit: func(c *config.TLS) { c.MinVersion = "1.2" }, check: func(t *testing.T, j string) {
+			if !strings.Contains(j, `"tls_minimum_protocol_version": "TLSv1_2"`) {
+				t.Errorf("want TLSv1_2:\n%s", j)
+			}
+		}},
+		{name: "no CA", edit: func(c *config.TLS) { c.Envoy.CAFile = "" }, wantErr: "tls.envoy.ca_file"},
+		{name: "mTLS without a client certificate", edit: func(c *config.TLS) { c.Envoy.CertFile, c.Envoy.KeyFile = "", "" }, wantErr: "tls.envoy.cert_file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			tc.edit(&c)
+			ts, err := upstreamTLS(c)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one naming %s", err, tc.wantErr)
+				}
+				cfg := loadConfig(t, "testdata/fleet.toml")
+				cfg.TLS = c
+				if _, err := Build(cfg, []string{"127.0.0.1:50051"}, Static); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("Build: err = %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ts.ValidateAll(); err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, string(stableJSON(t, ts)))
+		})
+	}
+	if ts, err := upstreamTLS(config.TLS{}); ts != nil || err != nil {
+		t.Errorf("plaintext: %v, %v; want no transport socket", ts, err)
+	}
+}

@@ -23,6 +23,10 @@ build: ## Build bin/tether
 run: tools build ## Local stack: 8 emulated A100s, tether (embedded store), Envoy on 127.0.0.1:10000
 	@scripts/run-local.sh
 
+.PHONY: compose
+compose: ## docker compose up (needs Docker): docker-compose.yml's stack with Redis, Prometheus and Grafana
+	docker compose up --build
+
 .PHONY: test
 test: tools lint ## Unit, conformance, fuzz (TEST_FUZZTIME each) and e2e tests (real Envoy, real redis-server), with -race
 	$(GO) test -race -count=1 ./...

@@ -1,13 +1,68 @@
 package server
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"strings"
+
+	"github.com/rs/zerolog"
 
 	"github.com/tetherproxy/tether/config"
 )
+
+// adminAuth guards the admin API with tok, the bearer token of cfg
+// (server.admin_token_file or $server.admin_token_env): every endpoint but
+// /healthz and /readyz, which probes call without credentials, answers 401
+// to a request without it. Without a token the API is open; on an address
+// beyond loopback that is logged as a warning (the shipped Kubernetes
+// manifests listen on the pod address for the kubelet's probes and rely on
+// the Service and a NetworkPolicy). The token is never logged.
+func adminAuth(tok string, cfg config.Server, addr net.Addr, log zerolog.Logger, h http.Handler) http.Handler {
+	if tok == "" {
+		if ta, ok := addr.(*net.TCPAddr); ok && !ta.IP.IsLoopback() {
+			log.Warn().Str("admin", addr.String()).Str("env", cfg.AdminTokenEnv).
+				Msg("the admin API listens beyond loopback without a token: whoever reaches it can change the fleet and move or delete sessions; set the token or keep the port private")
+		}
+		return h
+	}
+	from := "$" + cfg.AdminTokenEnv
+	if cfg.AdminTokenFile != "" {
+		from = cfg.AdminTokenFile
+	}
+	log.Info().Str("token_from", from).Msg("the admin API requires a bearer token (except /healthz and /readyz)")
+	// Comparing digests keeps the comparison constant-time whatever the
+	// length of what the client sent.
+	want := sha256.Sum256([]byte(tok))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		got, ok := bearer(r.Header.Get("Authorization"))
+		sum := sha256.Sum256([]byte(got))
+		if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tether admin"`)
+			writeJSON(w, http.StatusUnauthorized, apiError{"this endpoint needs Authorization: Bearer <the admin token>"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// bearer returns the token of an "Authorization: Bearer <token>" value.
+func bearer(v string) (string, bool) {
+	scheme, tok, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
 
 // routes adds the fleet API to the admin server:
 //

@@ -76,6 +76,14 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		reg = opts.WrapRegisterer(registry)
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	creds, err := grpcCredentials(cfg.TLS, log, reg) // none when [tls] is off
+	if err != nil {
+		return err
+	}
+	adminToken, err := cfg.Server.AdminToken() // "" when none is set
+	if err != nil {
+		return fmt.Errorf("admin: %w", err)
+	}
 	rec := metrics.New(reg)
 	// Open starts without Redis (its breaker open) rather than fail: tether
 	// places requests without it and uses it once it answers.
@@ -137,13 +145,13 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		Logger:        log,
 	})
 
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(creds...)
 	extprocv3.RegisterExternalProcessorServer(gs, processor)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	var xs *grpc.Server
 	if ads != nil {
-		xs = grpc.NewServer()
+		xs = grpc.NewServer(creds...)
 		ads.Register(xs)
 	}
 
@@ -152,7 +160,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		Index: store, Drains: store, Load: load, Fleet: rt.fleet,
 		Identity: ids, Headers: cfg.Identity, Logger: log,
 	})
-	admin := &http.Server{Handler: adminMux(registry, ready, rt, sessions), ReadHeaderTimeout: 5 * time.Second}
+	adminAPI := adminAuth(adminToken, cfg.Server, ls.admin.Addr(), log, adminMux(registry, ready, rt, sessions))
+	admin := &http.Server{Handler: adminAPI, ReadHeaderTimeout: 5 * time.Second}
 
 	errc := make(chan error, 4)
 	go func() { errc <- serveErr("ext_proc", gs.Serve(ls.extproc)) }()

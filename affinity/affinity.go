@@ -239,6 +239,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	case Renewed:
 		kind, prev = KindRebind, res.Previous.Instance
 	}
+	outcome := kind
 	// Every decision from here on follows the binding read above.
 	defer func() { dec.Previous, dec.Key, dec.Requests = prev, res.Key, res.Requests }()
 	in, ok := find(healthy, b.Instance)
@@ -267,7 +268,8 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	}
 	next, kind, err := d.relocate(p, c, key, b, res.Move, kind, healthy)
 	if errors.Is(err, errStay) {
-		return Decision{Instance: in, Mode: mode, Kind: KindHit}, nil
+		// Still the store's outcome: a binding just made is a bind, not a hit.
+		return Decision{Instance: in, Mode: mode, Kind: outcome}, nil
 	}
 	if err != nil {
 		return Decision{}, err

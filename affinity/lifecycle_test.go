@@ -635,3 +635,22 @@ func TestRebindKeepsTheSessionsVersion(t *testing.T) {
 		t.Fatalf("the turn after: %+v, want a hit on v1", got)
 	}
 }
+
+// TestSaturatedFleetStillBinds: with every instance saturated a new
+// session is bound where it is placed, and says bind (the audit always
+// records binds; a hit there would hide the binding from forget).
+func TestSaturatedFleetStillBinds(t *testing.T) {
+	ins := instances(2)
+	p := affinity.Policy{Mode: affinity.Sticky, Adaptive: true, Lifetime: lifetime, Saturation: affinity.Saturation{QueueDepth: 4}}
+	d := affinity.New(memory.New(), fleet.New(ins), p)
+	for _, in := range ins {
+		d.Load().End(in.Name, 9, true)
+	}
+	got, err := d.Decide(context.Background(), session("new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Kind != affinity.KindBind || got.Previous != "" {
+		t.Fatalf("new session on a saturated fleet: %s (previous %q), want bind", got.Kind, got.Previous)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -54,9 +55,10 @@ const (
 type FileSink struct {
 	cfg FileConfig
 
-	mu  sync.Mutex
-	f   *os.File
-	day string // the day f belongs to
+	mu   sync.Mutex
+	f    *os.File
+	day  string   // the day f belongs to
+	lock *os.File // the directory's lock file (see locked)
 }
 
 var (
@@ -76,15 +78,38 @@ func NewFileSink(cfg FileConfig) (*FileSink, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit file sink: %w", err)
 	}
-	s := &FileSink{cfg: cfg}
-	tmps, _ := filepath.Glob(filepath.Join(cfg.Dir, ".audit-*.tmp"))
-	for _, t := range tmps {
-		_ = os.Remove(t)
+	lock, err := os.OpenFile(filepath.Join(cfg.Dir, lockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("audit file sink: %w", err)
 	}
-	if err := s.prune(); err != nil {
+	s := &FileSink{cfg: cfg, lock: lock}
+	err = s.locked(func() error {
+		tmps, _ := filepath.Glob(filepath.Join(cfg.Dir, ".audit-*.tmp"))
+		for _, t := range tmps {
+			_ = os.Remove(t)
+		}
+		return s.prune()
+	})
+	if err != nil {
+		_ = lock.Close()
 		return nil, err
 	}
 	return s, nil
+}
+
+// lockName is the file every FileSink on a directory locks while it
+// changes the directory: the serving tether appends while `tether audit
+// forget`, another process, rewrites files.
+const lockName = ".audit.lock"
+
+// locked runs fn holding the directory's lock (flock, so across
+// processes).
+func (s *FileSink) locked(fn func() error) error {
+	if err := syscall.Flock(int(s.lock.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("audit file sink: lock %s: %w", s.cfg.Dir, err)
+	}
+	defer func() { _ = syscall.Flock(int(s.lock.Fd()), syscall.LOCK_UN) }()
+	return fn()
 }
 
 // files lists the sink's files with their day, oldest first.
@@ -120,7 +145,7 @@ func fileDay(name string) (time.Time, bool) {
 func (s *FileSink) Prune(context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.prune()
+	return s.locked(s.prune)
 }
 
 func (s *FileSink) prune() error {
@@ -156,7 +181,17 @@ func (s *FileSink) Write(_ context.Context, recs []Record) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.locked(func() error { return s.append(buf.Bytes()) })
+}
+
+// append writes b to today's file, (re)opening it when the day changed or
+// another process replaced the file (a forget rewrote it).
+func (s *FileSink) append(b []byte) error {
 	name := filePrefix + s.cfg.Now().UTC().Format(dayLayout) + fileSuffix
+	if s.f != nil && !s.current(name) {
+		_ = s.f.Close()
+		s.f, s.day = nil, ""
+	}
 	if s.f == nil || s.day != name {
 		if s.f != nil {
 			_ = s.f.Close()
@@ -175,13 +210,21 @@ func (s *FileSink) Write(_ context.Context, recs []Record) error {
 		}
 		s.f, s.day = f, name
 	}
-	if _, err := s.f.Write(buf.Bytes()); err != nil {
+	if _, err := s.f.Write(b); err != nil {
 		return fmt.Errorf("audit file sink: %w", err)
 	}
 	if err := s.f.Sync(); err != nil {
 		return fmt.Errorf("audit file sink: %w", err)
 	}
 	return nil
+}
+
+// current reports whether the open file is still the one named name in
+// the directory.
+func (s *FileSink) current(name string) bool {
+	open, err1 := s.f.Stat()
+	onDisk, err2 := os.Stat(filepath.Join(s.cfg.Dir, name))
+	return err1 == nil && err2 == nil && os.SameFile(open, onDisk)
 }
 
 // pseudonymOf reads a line's pseudonym without decoding the whole record.
@@ -219,6 +262,16 @@ func (s *FileSink) Export(ctx context.Context, pseudonym string) ([]Record, erro
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var out []Record
+	err := s.locked(func() error {
+		var err error
+		out, err = s.export(ctx, pseudonym)
+		return err
+	})
+	return out, err
+}
+
+func (s *FileSink) export(ctx context.Context, pseudonym string) ([]Record, error) {
 	if err := s.prune(); err != nil {
 		return nil, err
 	}
@@ -259,6 +312,16 @@ func (s *FileSink) Delete(ctx context.Context, pseudonym string) (int, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	total := 0
+	err := s.locked(func() error {
+		var err error
+		total, err = s.delete(ctx, pseudonym)
+		return err
+	})
+	return total, err
+}
+
+func (s *FileSink) delete(ctx context.Context, pseudonym string) (int, error) {
 	if s.f != nil { // reopened by the next Write, on the new inode
 		_ = s.f.Close()
 		s.f, s.day = nil, ""
@@ -326,6 +389,7 @@ func (s *FileSink) rewrite(name, pseudonym string) (int, error) {
 func (s *FileSink) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	_ = s.lock.Close()
 	if s.f == nil {
 		return nil
 	}

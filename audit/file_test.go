@@ -28,9 +28,43 @@ func dirNames(t *testing.T, dir string) []string {
 	}
 	var out []string
 	for _, e := range ents {
-		out = append(out, e.Name())
+		if e.Name() != lockName {
+			out = append(out, e.Name())
+		}
 	}
 	return out
+}
+
+// TestFileSinkForgetFromAnotherProcess: `tether audit forget` rewrites the
+// files while the serving tether appends to them; the server's later
+// records go to the new file, not to the unlinked old one.
+func TestFileSinkForgetFromAnotherProcess(t *testing.T) {
+	ctx := context.Background()
+	sealer := testSealer(t)
+	dir := t.TempDir()
+	server := newFileSinkT(t, FileConfig{Dir: dir, Retention: MaxRetention})
+	cli := newFileSinkT(t, FileConfig{Dir: dir, Retention: MaxRetention})
+	write := func(users ...string) {
+		t.Helper()
+		for _, u := range users {
+			r := Record{RequestID: NewRequestID(), DecisionTime: time.Now().UTC(), Decision: "bind"}
+			sealer.Attach(&r, u)
+			if err := server.Write(ctx, []Record{r}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write("alice", "bob")
+	if n, err := cli.Delete(ctx, sealer.Pseudonym("alice")); err != nil || n != 1 {
+		t.Fatalf("forget alice: %d, %v", n, err)
+	}
+	write("bob", "carol")
+	for user, want := range map[string]int{"alice": 0, "bob": 2, "carol": 1} {
+		got, err := cli.Export(ctx, sealer.Pseudonym(user))
+		if err != nil || len(got) != want {
+			t.Errorf("%s: %d records (%v), want %d", user, len(got), err, want)
+		}
+	}
 }
 
 func newFileSinkT(t *testing.T, cfg FileConfig) *FileSink {

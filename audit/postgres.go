@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -105,6 +106,20 @@ func (e *InvalidRecordsError) Error() string {
 }
 
 func (e *InvalidRecordsError) Unwrap() error { return ErrInvalidRecord }
+
+// sort orders the skipped records by position, reasons along.
+func (e *InvalidRecordsError) sort() {
+	order := make([]int, len(e.Index))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return e.Index[a] - e.Index[b] })
+	idx, why := make([]int, len(order)), make([]string, len(order))
+	for i, o := range order {
+		idx[i], why[i] = e.Index[o], e.Reasons[o]
+	}
+	e.Index, e.Reasons = idx, why
+}
 
 // PostgresSink stores records in a PostgreSQL table, one row per record
 // (see README.md for the table). The request id is the primary key: a
@@ -278,24 +293,47 @@ func (s *PostgresSink) Write(ctx context.Context, recs []Record) error {
 		return nil
 	}
 	var bad *InvalidRecordsError
+	skip := func(i int, reason string) {
+		if bad == nil {
+			bad = &InvalidRecordsError{Table: s.cfg.Table, Total: len(recs)}
+		}
+		bad.Index = append(bad.Index, i)
+		bad.Reasons = append(bad.Reasons, reason)
+	}
 	b := &pgx.Batch{}
+	var queued []int // positions in recs of the queued inserts
 	for i, r := range recs {
 		if reason := invalidReason(r); reason != "" {
-			if bad == nil {
-				bad = &InvalidRecordsError{Table: s.cfg.Table, Total: len(recs)}
-			}
-			bad.Index = append(bad.Index, i)
-			bad.Reasons = append(bad.Reasons, reason)
+			skip(i, reason)
 			continue
 		}
 		b.Queue(s.insertSQL, r.RequestID, r.ModelVersion, r.DecisionTime, r.Instance, r.Mode, r.Decision,
 			r.IdentitySource, nullBytes(r.UserCiphertext), nullText(r.KeyID), nullText(r.UserPseudonym), nullTexts(r.SessionKeys))
+		queued = append(queued, i)
 	}
 	var err error
 	if b.Len() > 0 {
-		err = s.pool.SendBatch(ctx, b).Close()
+		br := s.pool.SendBatch(ctx, b)
+		for _, i := range queued {
+			tag, e := br.Exec()
+			if e != nil {
+				err = e
+				break
+			}
+			if tag.RowsAffected() == 0 {
+				// ON CONFLICT DO NOTHING: a client reused an x-request-id
+				// (Envoy passes a client's own through). The row already
+				// stored stays; this one is counted, not silently lost.
+				skip(i, "request_id already stored (a reused x-request-id)")
+			}
+		}
+		if e := br.Close(); err == nil {
+			err = e
+		}
 	}
 	if bad != nil {
+		bad.sort() // duplicates are found after the invalid ones
+
 		s.invalid.Add(uint64(len(bad.Index)))
 		if err != nil {
 			return errors.Join(s.wrap("write", err), bad)

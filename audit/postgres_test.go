@@ -169,8 +169,11 @@ func TestPostgresSinkRoundTrip(t *testing.T) {
 	}
 }
 
-// TestPostgresSinkDuplicate: a request id written twice (an Envoy retry),
-// in one batch or two, is stored once, the first time, without an error.
+// TestPostgresSinkDuplicate: a request id written twice (a client that
+// reuses its x-request-id, which Envoy passes through), in one batch or
+// two, is stored once, the first time; the later ones are reported as
+// skipped (the Writer counts them failed), never silently dropped, and the
+// rest of the batch is stored.
 func TestPostgresSinkDuplicate(t *testing.T) {
 	ctx := context.Background()
 	s := newPostgresSinkT(t, PostgresConfig{})
@@ -179,11 +182,12 @@ func TestPostgresSinkDuplicate(t *testing.T) {
 	retry := first
 	retry.Instance = "gpu-b"
 	other := Record{RequestID: NewRequestID(), DecisionTime: time.Now(), Instance: "gpu-c"}
-	if err := s.Write(ctx, []Record{first, retry, other}); err != nil {
-		t.Fatalf("batch with a duplicate: %v", err)
+	var bad *InvalidRecordsError
+	if err := s.Write(ctx, []Record{first, retry, other}); !errors.As(err, &bad) || !slices.Equal(bad.Index, []int{1}) {
+		t.Fatalf("batch with a duplicate: %v, want record 1 reported", err)
 	}
-	if err := s.Write(ctx, []Record{retry}); err != nil {
-		t.Fatalf("duplicate of a stored record: %v", err)
+	if err := s.Write(ctx, []Record{retry}); !errors.As(err, &bad) || !slices.Equal(bad.Index, []int{0}) {
+		t.Fatalf("duplicate of a stored record: %v, want it reported", err)
 	}
 	p := pgPoolT(t, pg.DSN(t))
 	if n := countRows(t, p, s.Table(), ""); n != 2 {

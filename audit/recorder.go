@@ -86,7 +86,7 @@ func (r *Recorder) Audit(requestID, userID string, id identity.Identity, d affin
 		Mode:           string(d.Mode),
 		Decision:       string(d.Kind),
 		IdentitySource: string(id.Source),
-		SessionKeys:    sessionKeys(id),
+		SessionKeys:    sessionKeys(id, d.Key),
 	}
 	if userOK {
 		r.sealer.Attach(&rec, userID)
@@ -94,15 +94,21 @@ func (r *Recorder) Audit(requestID, userID string, id identity.Identity, d affin
 	r.w.WriteAlways(rec)
 }
 
-// sessionKeys are the keys the decision used: the identity's key and its
-// aliases (keyed hashes, never a raw identifier); nil when anonymous.
-func sessionKeys(id identity.Identity) []string {
-	if id.Key == "" && len(id.Aliases) == 0 {
+// sessionKeys are the keys the decision used (keyed hashes, never a raw
+// identifier): the identity's key and its aliases, and the key the
+// binding is stored under when the identity's key is an alias linked to
+// it, so forget finds the binding even once the link has gone. Nil when
+// anonymous.
+func sessionKeys(id identity.Identity, stored string) []string {
+	if id.Key == "" && len(id.Aliases) == 0 && stored == "" {
 		return nil
 	}
-	keys := make([]string, 0, 1+len(id.Aliases))
+	keys := make([]string, 0, 2+len(id.Aliases))
 	if id.Key != "" {
 		keys = append(keys, id.Key)
+	}
+	if stored != "" && stored != id.Key {
+		keys = append(keys, stored)
 	}
 	for _, a := range id.Aliases {
 		if a != "" {

@@ -51,7 +51,9 @@ func TestRecorderRecord(t *testing.T) {
 	rec, sealer, closeW := newRecorderT(t, sink, 1, RecorderConfig{})
 	at := time.Date(2026, 3, 1, 13, 0, 0, 5, time.FixedZone("CET", 3600))
 	const rid = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
-	rec.Audit(rid, "alice@example.org", sess, decision(affinity.KindBind), at)
+	bind := decision(affinity.KindBind)
+	bind.Key = "s:linked" // s:abc is an alias of the session stored under s:linked
+	rec.Audit(rid, "alice@example.org", sess, bind, at)
 	rec.Audit(strings.ToUpper(rid), "", identity.Identity{Source: identity.SourceAnonymous},
 		affinity.Decision{Instance: fleet.Instance{Name: "gpu-b"}, Mode: affinity.Random, Kind: affinity.KindAnonymous}, at)
 	closeW()
@@ -61,7 +63,7 @@ func TestRecorderRecord(t *testing.T) {
 	r := sink.recs[0]
 	want := Record{RequestID: rid, ModelVersion: "v2", DecisionTime: at.UTC(), Instance: "gpu-a", Mode: "sticky",
 		Decision: "bind", IdentitySource: "session", KeyID: sealer.CurrentKeyID(), UserPseudonym: sealer.Pseudonym("alice@example.org"),
-		SessionKeys: []string{"s:abc", "t:def", "d:ghi"}}
+		SessionKeys: []string{"s:abc", "s:linked", "t:def", "d:ghi"}}
 	got := r
 	got.UserCiphertext = nil
 	if !equalRecords(got, want) || got.DecisionTime.Location() != time.UTC {

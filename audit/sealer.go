@@ -97,13 +97,15 @@ func ParseKeyring(text string) ([]Key, error) {
 	return keys, nil
 }
 
+// checkKeyID never quotes a bad id: a key pasted without "id=" (padded
+// base64 ends in '=') is cut there and would show up as the id.
 func checkKeyID(id string) error {
 	if id == "" || len(id) > 32 {
-		return fmt.Errorf("key id %q: want 1 to 32 characters", id)
+		return fmt.Errorf("key id of %d characters: want 1 to 32 (is the entry a bare key? write id=key)", len(id))
 	}
 	for _, r := range id {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
-			return fmt.Errorf("key id %q: only letters, digits, '.', '_' and '-'", id)
+			return errors.New("key id: only letters, digits, '.', '_' and '-' (is the entry a bare key? write id=key)")
 		}
 	}
 	return nil

@@ -164,6 +164,14 @@ func TestParseKeyringErrors(t *testing.T) {
 			}
 		})
 	}
+	// A bare padded base64 key (openssl rand -base64 32) is cut at its
+	// '=' padding: the part before it must not be quoted as an id.
+	for _, bare := range []string{"Dt0dm+o45hwkLJxcJfeFSqaCfr6yx4ltVd/kTC/ISfM=", "Dt0dm-o45hwkLJxcJfeFSqaCfr6yx4ltVd_kTC_ISfMab="} {
+		_, err := ParseKeyring(bare)
+		if err == nil || strings.Contains(err.Error(), bare[:20]) {
+			t.Fatalf("bare key %q: error %v; want one that does not quote it", bare[:6], err)
+		}
+	}
 }
 
 func TestLoadSealer(t *testing.T) {

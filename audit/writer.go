@@ -234,7 +234,17 @@ func (w *Writer) flush(batch []Record) {
 	ctx, cancel := context.WithTimeout(w.ctx, w.cfg.WriteTimeout)
 	err := w.sink.Write(ctx, batch)
 	cancel()
-	if err != nil {
+	// A sink that skipped some records stored the others: it returns
+	// *InvalidRecordsError alone (joined with another error when the
+	// write itself failed too).
+	skipped, only := err.(*InvalidRecordsError)
+	switch {
+	case only && skipped.Total == len(batch):
+		w.written.Add(uint64(len(batch) - len(skipped.Index)))
+		w.failed.Add(uint64(len(skipped.Index)))
+		w.report(err)
+		return
+	case err != nil:
 		w.failed.Add(uint64(len(batch)))
 		w.report(fmt.Errorf("audit write of %d records: %w", len(batch), err))
 		return

@@ -269,3 +269,29 @@ func TestWriterWriteAlways(t *testing.T) {
 		t.Fatal("WriteAlways after Close was not dropped")
 	}
 }
+
+// skipSink stores every record but the first of each batch, as the
+// PostgreSQL sink does with a record it cannot store.
+type skipSink struct{ memSink }
+
+func (s *skipSink) Write(ctx context.Context, recs []Record) error {
+	if err := s.memSink.Write(ctx, recs[1:]); err != nil {
+		return err
+	}
+	return &InvalidRecordsError{Table: "t", Total: len(recs), Index: []int{0}, Reasons: []string{"bad"}}
+}
+
+// TestWriterPartialBatch: records the sink stored count as written even
+// when it skipped others in the batch.
+func TestWriterPartialBatch(t *testing.T) {
+	w := newWriterT(t, &skipSink{}, WriterConfig{Batch: 4})
+	for i := range 4 {
+		w.Write(rec(i))
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if w.Written()+w.Failed() != 4 || w.Failed() < 1 || w.Written() < 2 {
+		t.Fatalf("written %d, failed %d: want the skipped ones failed and the rest written", w.Written(), w.Failed())
+	}
+}

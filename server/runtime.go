@@ -151,7 +151,7 @@ func (r *runtime) warnRestartOnly(next config.Config) {
 		name      string
 		old, next any
 	}{
-		{"server", r.cfg.Server, next.Server}, {"redis", r.cfg.Redis, next.Redis},
+		{"server", r.cfg.Server, next.Server}, {"redis", r.cfg.Redis, next.Redis}, {"audit", r.cfg.Audit, next.Audit},
 		{"routing.cluster_header", r.cfg.Routing.ClusterHeader, next.Routing.ClusterHeader},
 		{"routing.queue_depth_header", r.cfg.Routing.QueueDepthHeader, next.Routing.QueueDepthHeader},
 		{"routing.oom_header", r.cfg.Routing.OOMHeader, next.Routing.OOMHeader},

@@ -1,0 +1,250 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/syncbuf"
+	"github.com/tetherproxy/tether/xds"
+)
+
+// tlsSNI is the name in tether's certificate that Envoy asks for and checks.
+const tlsSNI = "tether.e2e.test"
+
+// e2eCA is a CA made for one test, its files under the test's temp dir.
+type e2eCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	file string
+}
+
+func newE2ECA(t *testing.T, dir, name string) *e2eCA {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(dir, name+".crt")
+	writePEM(t, f, "CERTIFICATE", der)
+	return &e2eCA{cert: c, key: k, file: f}
+}
+
+// issue writes a certificate for name signed by ca, and its key, to dir:
+// a server certificate (tlsSNI and 127.0.0.1) or a client one.
+func (ca *e2eCA) issue(t *testing.T, dir, name string, server bool) (cert, key string) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	if server {
+		tpl.DNSNames, tpl.IPAddresses = []string{tlsSNI}, []net.IP{net.IPv4(127, 0, 0, 1)}
+		tpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, ca.cert, &k.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	writePEM(t, cert, "CERTIFICATE", der)
+	writePEM(t, key, "PRIVATE KEY", kb)
+	return cert, key
+}
+
+func writePEM(t *testing.T, path, typ string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mtlsConfig is baseConfig with tether's gRPC servers on mutual TLS: a CA
+// signs tether's certificate and Envoy's client certificate. With
+// strangerEnvoy, Envoy's certificate comes from another CA instead.
+func mtlsConfig(t *testing.T, inst []config.Instance, strangerEnvoy bool) config.Config {
+	t.Helper()
+	dir := t.TempDir()
+	ca := newE2ECA(t, dir, "tether-ca")
+	cert, key := ca.issue(t, dir, "tether", true)
+	signer := ca
+	if strangerEnvoy {
+		signer = newE2ECA(t, dir, "other-ca")
+	}
+	ecert, ekey := signer.issue(t, dir, "envoy", false)
+	cfg := baseConfig("embedded", inst)
+	cfg.TLS = config.TLS{
+		CertFile: cert, KeyFile: key, ClientCAFile: ca.file, MinVersion: "1.2",
+		Envoy: config.EnvoyTLS{CertFile: ecert, KeyFile: ekey, CAFile: ca.file, SNI: tlsSNI},
+	}
+	return cfg
+}
+
+// sticks sends n requests of one session and checks tether decided each
+// and Envoy kept them on one instance.
+func sticks(t *testing.T, px *proxy, session string, n int) {
+	t.Helper()
+	var first string
+	for i := 0; i < n; i++ {
+		a := chat(t, px, map[string]string{"x-session-id": session})
+		if a.status != 200 || a.decision == "" {
+			t.Fatalf("request %d of %s: %+v, want 200 with x-tether-decision", i, session, a)
+		}
+		if i == 0 {
+			first = a.instance
+		} else if a.instance != first || a.decision != "hit" {
+			t.Fatalf("request %d of %s: %+v, want a hit on %s", i, session, a, first)
+		}
+	}
+}
+
+// TestTLSEnvoyExtProcMutual: Envoy, on the static bootstrap tether's
+// builder makes, calls ext_proc over mutual TLS with its client
+// certificate, checking tether's certificate and name; tether decides and
+// sessions stick.
+func TestTLSEnvoyExtProcMutual(t *testing.T) {
+	cfg := mtlsConfig(t, startFleet(t, 4), false)
+	tt := startTether(t, cfg)
+	px := startEnvoy(t, cfg, tt.extproc)
+	for s := 0; s < 3; s++ {
+		sticks(t, px, fmt.Sprintf("tls-session-%d", s), 5)
+	}
+	if n := px.stat(t, "cluster.tether-extproc.ssl.handshake"); n == 0 {
+		t.Error("no TLS handshake on the tether-extproc cluster")
+	}
+	if n := px.stat(t, "cluster.tether-extproc.ssl.connection_error"); n != 0 {
+		t.Errorf("%d TLS connection errors on the tether-extproc cluster", n)
+	}
+	if got := tt.metric(t, "tether_requests_total"); got < 15 {
+		t.Errorf("tether decided %v requests, want 15", got)
+	}
+}
+
+// TestTLSEnvoyOverADS: Envoy fetches its whole configuration over mutual
+// TLS ADS, and the tether-extproc cluster it gets speaks mutual TLS too.
+func TestTLSEnvoyOverADS(t *testing.T) {
+	cfg := mtlsConfig(t, startFleet(t, 4), false)
+	tt := startTether(t, cfg)
+	b, err := xds.ADSBootstrap("e2e-tls", "127.0.0.1:0", tt.xds, xds.WithTLS(cfg.TLS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := runEnvoy(t, b)
+	sticks(t, px, "ads-tls-session", 5)
+	for _, c := range []string{xds.ADSCluster, xds.ExtProcCluster} {
+		if n := px.stat(t, "cluster."+c+".ssl.handshake"); n == 0 {
+			t.Errorf("no TLS handshake on %s", c)
+		}
+	}
+	st := tt.xdsState(t)
+	if len(st.Nodes) != 1 || st.Nodes[0].ID != "e2e-tls" || len(st.Nodes[0].Acked) < 4 {
+		t.Fatalf("xds state: %+v", st)
+	}
+}
+
+// TestTLSEnvoyFromAnotherCA: tether refuses an Envoy whose client
+// certificate another CA signed. Requests still flow (failure_mode_allow,
+// the default route), but tether decides none: no x-tether-decision,
+// tether counts no request, and Envoy counts failed TLS connections and a
+// failed health check on the tether-extproc cluster.
+func TestTLSEnvoyFromAnotherCA(t *testing.T) {
+	cfg := mtlsConfig(t, startFleet(t, 4), true)
+	tt := startTether(t, cfg)
+	px := startEnvoy(t, cfg, tt.extproc)
+	for i := 0; i < 5; i++ {
+		a := chat(t, px, map[string]string{"x-session-id": "refused"})
+		if a.status != 200 || a.decision != "" || a.tethered != "" {
+			t.Fatalf("request %d: %+v, want 200 on the default route without tether", i, a)
+		}
+	}
+	waitFor(t, 10*time.Second, "Envoy to count a failed health check of tether", func() bool {
+		return px.stat(t, "cluster.tether-extproc.health_check.failure") > 0
+	})
+	stats := map[string]int{}
+	for _, s := range []string{"ssl.handshake", "ssl.connection_error", "upstream_cx_total", "health_check.failure"} {
+		stats[s] = px.stat(t, "cluster.tether-extproc."+s)
+	}
+	t.Logf("Envoy's tether-extproc cluster: %v", stats)
+	if stats["ssl.connection_error"] == 0 {
+		t.Error("Envoy counts no failed TLS connection to tether")
+	}
+	if got := tt.metric(t, "tether_requests_total"); got != 0 {
+		t.Errorf("tether decided %v requests for a refused Envoy", got)
+	}
+}
+
+// TestTLSADSFromAnotherCA: an Envoy whose client certificate another CA
+// signed gets no configuration: tether lists no node, and Envoy counts the
+// refused connections on its ADS cluster.
+func TestTLSADSFromAnotherCA(t *testing.T) {
+	cfg := mtlsConfig(t, startFleet(t, 2), true)
+	tt := startTether(t, cfg)
+	b, err := xds.ADSBootstrap("e2e-tls-refused", "127.0.0.1:0", tt.xds, xds.WithTLS(cfg.TLS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncbuf.Buffer{}
+	p := launchEnvoy(t, b, logs)
+	t.Cleanup(func() {
+		p.stop(syscall.SIGTERM)
+		if t.Failed() {
+			t.Logf("envoy logs:\n%s", logs)
+		}
+	})
+	var admin string
+	waitFor(t, 30*time.Second, "envoy admin", func() bool {
+		b, err := os.ReadFile(p.adminPath)
+		admin = "http://" + strings.TrimSpace(string(b))
+		return err == nil && len(b) > 0
+	})
+	px := &proxy{admin: admin}
+	waitFor(t, 20*time.Second, "Envoy to count a refused ADS connection", func() bool {
+		return px.stat(t, "cluster."+xds.ADSCluster+".ssl.connection_error") > 0
+	})
+	t.Logf("Envoy's %s cluster: ssl.handshake %d, ssl.connection_error %d, upstream_cx_total %d", xds.ADSCluster,
+		px.stat(t, "cluster."+xds.ADSCluster+".ssl.handshake"), px.stat(t, "cluster."+xds.ADSCluster+".ssl.connection_error"),
+		px.stat(t, "cluster."+xds.ADSCluster+".upstream_cx_total"))
+	if n := px.stat(t, "control_plane.connected_state"); n != 0 {
+		t.Errorf("control_plane.connected_state = %d, want 0", n)
+	}
+	if st := tt.xdsState(t); len(st.Nodes) != 0 {
+		t.Errorf("tether serves a refused Envoy: %+v", st.Nodes)
+	}
+}

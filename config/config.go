@@ -468,11 +468,10 @@ func (c *Config) Validate() error {
 	// package imports nothing of tether's. Only the scheme is shown: the
 	// rest may hold a password.
 	if c.Redis.URL != "embedded" {
-		scheme, _, _ := strings.Cut(c.Redis.URL, "://")
-		switch scheme {
+		switch urlScheme(c.Redis.URL) {
 		case "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
 		default:
-			bad("redis.url", scheme+"://…", `want "embedded", redis://, rediss://, unix://, redis+cluster://, rediss+cluster://, redis+sentinel:// or rediss+sentinel://`)
+			bad("redis.url", shownURL(c.Redis.URL), `want "embedded", redis://, rediss://, unix://, redis+cluster://, rediss+cluster://, redis+sentinel:// or rediss+sentinel://`)
 		}
 	}
 	// A store call must end well inside Envoy's ext_proc message timeout:
@@ -637,17 +636,16 @@ func (c *Config) validateAudit(bad func(key string, val any, why string)) {
 		bad("audit.file_dir", a.FileDir, `required with sink = "file"`)
 	}
 	if a.RedisURL != "" {
-		scheme, _, _ := strings.Cut(a.RedisURL, "://")
 		switch {
 		case a.Sink != AuditSinkRedis:
-			bad("audit.redis_url", scheme+"://…", `only used with sink = "redis"`)
+			bad("audit.redis_url", shownURL(a.RedisURL), `only used with sink = "redis"`)
 		case a.RedisURL == "embedded":
 			bad("audit.redis_url", a.RedisURL, "want a Redis URL: records in an embedded server die with the process")
 		default:
-			switch scheme {
+			switch urlScheme(a.RedisURL) {
 			case "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
 			default:
-				bad("audit.redis_url", scheme+"://…", "want redis://, rediss://, unix://, redis+cluster://, rediss+cluster://, redis+sentinel:// or rediss+sentinel://")
+				bad("audit.redis_url", shownURL(a.RedisURL), "want redis://, rediss://, unix://, redis+cluster://, rediss+cluster://, redis+sentinel:// or rediss+sentinel://")
 			}
 		}
 	}
@@ -1002,4 +1000,24 @@ func (c *Config) CheckFiles(now time.Time) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// urlScheme is the part of a URL before "://", "" when it has none.
+func urlScheme(u string) string {
+	scheme, _, ok := strings.Cut(u, "://")
+	if !ok {
+		return ""
+	}
+	return scheme
+}
+
+// shownURL is what an error may print of a Redis URL: its scheme only,
+// when it looks like one. The rest may hold a password, and so may a
+// string without "://" (host:port with credentials, a pasted secret).
+func shownURL(u string) string {
+	scheme := urlScheme(u)
+	if scheme == "" || len(scheme) > 20 || strings.Trim(scheme, "abcdefghijklmnopqrstuvwxyz+") != "" {
+		return "(not shown: not a URL)"
+	}
+	return scheme + "://…"
 }

@@ -610,3 +610,25 @@ func TestAdminToken(t *testing.T) {
 		t.Fatalf("admin_token in the file: %v", err)
 	}
 }
+
+// TestRedisURLErrorsHideSecrets: a Redis URL that is refused is never
+// printed beyond its scheme, also when it has no "://" at all.
+func TestRedisURLErrorsHideSecrets(t *testing.T) {
+	const secret = "hunter2secret"
+	for _, doc := range []string{
+		"[redis]\nurl = \"" + secret + "@redis.internal:6379\"",
+		"[redis]\nurl = \"http://u:" + secret + "@redis\"",
+		"[audit]\nsink = \"file\"\nfile_dir = \"/tmp/a\"\nredis_url = \"" + secret + "@redis:6379\"",
+		"[audit]\nredis_url = \"" + secret + "@redis:6379\"",
+		"[audit]\nredis_url = \"ftp://" + secret + "@redis:6379\"",
+	} {
+		_, err := Parse([]byte(doc))
+		if err == nil {
+			t.Errorf("%q accepted", doc)
+			continue
+		}
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("error shows the secret: %v", err)
+		}
+	}
+}

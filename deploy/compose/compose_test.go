@@ -361,6 +361,13 @@ func TestComposeRejects(t *testing.T) {
 			want: []string{"server.admin_addr", "127.0.0.1:8090", "loopback"},
 		},
 		{
+			name: "no identity secret",
+			edit: func(t *testing.T, c string) string {
+				return replace(t, c, "      TETHER_IDENTITY_SECRET: ${TETHER_IDENTITY_SECRET:-", "      IDENTITY_SECRET: ${TETHER_IDENTITY_SECRET:-")
+			},
+			want: []string{`service "tether"`, "TETHER_IDENTITY_SECRET", "identity.secret_env"},
+		},
+		{
 			name: "tether healthcheck on another port",
 			edit: func(t *testing.T, c string) string {
 				return replace(t, c, `"--admin", "http://127.0.0.1:8090"`, `"--admin", "http://127.0.0.1:8091"`)
@@ -603,7 +610,17 @@ func (s *stack) builtImages() map[string]string {
 	return m
 }
 
-var pinnedTag = regexp.MustCompile(`^[^@]+:[A-Za-z0-9_][A-Za-z0-9_.-]*$|@sha256:[0-9a-f]{64}$`)
+var digest = regexp.MustCompile(`@sha256:[0-9a-f]{64}$`)
+
+// pinned: the image names a digest, or a tag other than latest (a
+// registry's port, as in host:5000/name, is not a tag).
+func pinned(image string) bool {
+	if digest.MatchString(image) {
+		return true
+	}
+	_, tag, ok := strings.Cut(lastPathElem(image), ":")
+	return ok && tag != "" && tag != "latest"
+}
 
 // checkImages: every service has a build whose context and Dockerfile
 // exist, or an image that is pinned (a tag other than latest, or a digest),
@@ -636,10 +653,8 @@ func (s *stack) checkImages() {
 				s.errf("service %q: image %s is built by service %q: set pull_policy: never so compose does not look for it in a registry", svc.Name, svc.Image, built[svc.Image])
 			}
 		default:
-			img := svc.Image
-			_, tag, hasTag := strings.Cut(lastPathElem(img), ":")
-			if !pinnedTag.MatchString(img) || (hasTag && tag == "latest" && !strings.Contains(img, "@")) {
-				s.errf("service %q: image %s is not pinned: give a version tag (not latest) or a digest", svc.Name, img)
+			if !pinned(svc.Image) {
+				s.errf("service %q: image %s is not pinned: give a version tag (not latest) or a digest", svc.Name, svc.Image)
 			}
 		}
 		if strings.HasPrefix(svc.Image, "envoyproxy/envoy") {
@@ -1546,4 +1561,20 @@ func (s *stack) provisioningFiles(service, dir string) []provFile {
 		out = append(out, provFile{host: f, data: data})
 	}
 	return out
+}
+
+func TestPinned(t *testing.T) {
+	for image, want := range map[string]bool{
+		"redis:7.4.2":                             true,
+		"envoyproxy/envoy:v1.40.0":                true,
+		"redis":                                   false,
+		"redis:latest":                            false,
+		"localhost:5000/redis":                    false,
+		"localhost:5000/redis:7.4.2":              true,
+		"redis@sha256:" + strings.Repeat("a", 64): true,
+	} {
+		if got := pinned(image); got != want {
+			t.Errorf("pinned(%q) = %v, want %v", image, got, want)
+		}
+	}
 }

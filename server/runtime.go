@@ -152,6 +152,10 @@ func (r *runtime) warnRestartOnly(next config.Config) {
 		old, next any
 	}{
 		{"server", r.cfg.Server, next.Server}, {"redis", r.cfg.Redis, next.Redis}, {"audit", r.cfg.Audit, next.Audit},
+		// tether's own certificate files are re-read when they change;
+		// which files, and the client CA, only at a restart ([tls.envoy]
+		// reaches Envoy over xDS at once).
+		{"tls", serverTLS(r.cfg.TLS), serverTLS(next.TLS)},
 		{"routing.cluster_header", r.cfg.Routing.ClusterHeader, next.Routing.ClusterHeader},
 		{"routing.queue_depth_header", r.cfg.Routing.QueueDepthHeader, next.Routing.QueueDepthHeader},
 		{"routing.oom_header", r.cfg.Routing.OOMHeader, next.Routing.OOMHeader},
@@ -167,4 +171,10 @@ func (r *runtime) warnRestartOnly(next config.Config) {
 			r.log.Warn().Str("section", s.name).Msg("this section changed but takes effect only after a restart")
 		}
 	}
+}
+
+// serverTLS is the part of [tls] tether's own servers use.
+func serverTLS(t config.TLS) config.TLS {
+	t.Envoy = config.EnvoyTLS{}
+	return t
 }

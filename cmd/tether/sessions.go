@@ -36,7 +36,9 @@ func newSessionsCmd() *cobra.Command {
 		Short: "Inspect sessions, migrate them to another model version, drain an instance (through a running tether's admin API)",
 		Long: `Inspect sessions and move them, through a running tether's admin API (the only way to reach the
 embedded store). Moves are marks: each marked session moves at its next turn, so no request is
-failed or cut. Every replica sharing the Redis sees them.`,
+failed or cut. Every replica sharing the Redis sees them. When the admin API requires a token
+(server.admin_token_env), put it in the same variable here: $TETHER_ADMIN_TOKEN by default,
+--admin-token-env names another.`,
 		Example: `  tether sessions stats
   tether sessions show s:3q2-7wZx0VxQe9bJ4kL0Ag
   tether sessions show --session-id conv-1234
@@ -44,8 +46,16 @@ failed or cut. Every replica sharing the Redis sees them.`,
   tether sessions drain --instance gpu-7
   tether sessions drain --instance gpu-7 --undo`,
 	}
+	var tokenEnv string
 	cmd.PersistentFlags().StringVar(&admin, "admin", "http://"+config.DefaultAdminAddr, "base URL of tether's admin server (server.admin_addr)")
-	client := func() (*adminClient, error) { return newAdminClient(admin) }
+	cmd.PersistentFlags().StringVar(&tokenEnv, "admin-token-env", config.DefaultAdminTokenEnv, "environment variable holding the admin API's bearer token (sent when set)")
+	client := func() (*adminClient, error) {
+		c, err := newAdminClient(admin)
+		if err == nil {
+			c.token = os.Getenv(tokenEnv)
+		}
+		return c, err
+	}
 	cmd.AddCommand(
 		newSessionsStatsCmd(client),
 		newSessionsShowCmd(client),
@@ -392,8 +402,9 @@ sessions the drain already marked still move at their next turn.`,
 
 // adminClient calls tether's admin API.
 type adminClient struct {
-	base string
-	hc   *http.Client
+	base  string
+	hc    *http.Client
+	token string // bearer token, "" none
 }
 
 // newAdminClient takes the --admin value: a URL, or host:port for http.
@@ -436,6 +447,9 @@ func (c *adminClient) do(ctx context.Context, method, path string, in, out any) 
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

@@ -295,3 +295,30 @@ func TestNewAdminClient(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionsSendAdminToken: with the admin API behind a token, the CLI
+// sends the one in $TETHER_ADMIN_TOKEN (or the variable it is told).
+func TestSessionsSendAdminToken(t *testing.T) {
+	const token = "a-long-enough-admin-token"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
+			return
+		}
+		_, _ = w.Write([]byte(`{"instances":[]}`))
+	}))
+	defer srv.Close()
+	if _, _, err := runCLI(t.Context(), srv.URL, "sessions", "stats", "--json"); err == nil {
+		t.Fatal("stats without a token succeeded against a server that wants one")
+	}
+	t.Setenv(config.DefaultAdminTokenEnv, token)
+	if _, _, err := runCLI(t.Context(), srv.URL, "sessions", "stats", "--json"); err != nil {
+		t.Fatalf("stats with $%s: %v", config.DefaultAdminTokenEnv, err)
+	}
+	t.Setenv("OPS_TOKEN", token)
+	t.Setenv(config.DefaultAdminTokenEnv, "")
+	if _, _, err := runCLI(t.Context(), srv.URL, "sessions", "stats", "--json", "--admin-token-env", "OPS_TOKEN"); err != nil {
+		t.Fatalf("stats with --admin-token-env: %v", err)
+	}
+}

@@ -1,20 +1,15 @@
 package config
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tetherproxy/tether/internal/testenv"
 )
 
 const good = `
@@ -444,46 +439,21 @@ func TestTLSClientAuth(t *testing.T) {
 	}
 }
 
-// writeCert writes a self-signed certificate and its key to dir.
-func writeCert(t *testing.T, dir, name string, from, to time.Time, ca bool) (cert, key string) {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: from, NotAfter: to, DNSNames: []string{name},
-		BasicConstraintsValid: true, IsCA: ca,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalPKCS8PrivateKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, key = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	if err := os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
-}
-
 // TestLoadChecksTLSFiles: Load (and so `tether config validate`) reads the
 // files [tls] names; Parse does not.
 func TestLoadChecksTLSFiles(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Now()
-	good, goodKey := writeCert(t, dir, "tether.test", now.Add(-time.Hour), now.Add(24*time.Hour), false)
-	_, otherKey := writeCert(t, dir, "other.test", now.Add(-time.Hour), now.Add(24*time.Hour), false)
-	old, oldKey := writeCert(t, dir, "old.test", time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC), false)
-	early, earlyKey := writeCert(t, dir, "early.test", now.Add(24*time.Hour), now.Add(48*time.Hour), false)
-	ca, _ := writeCert(t, dir, "ca.test", now.Add(-time.Hour), now.Add(24*time.Hour), true)
+	authority := testenv.NewCA(t, "ca.test")
+	ca := testenv.WriteFile(t, filepath.Join(dir, "ca.test.crt"), authority.PEM)
+	writeCert := func(name string, from, to time.Time) (cert, key string) {
+		c, k := authority.Issue(t, name, true, from, to)
+		return testenv.WritePair(t, dir, name, c, k)
+	}
+	good, goodKey := writeCert("tether.test", now.Add(-time.Hour), now.Add(24*time.Hour))
+	_, otherKey := writeCert("other.test", now.Add(-time.Hour), now.Add(24*time.Hour))
+	old, oldKey := writeCert("old.test", time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC))
+	early, earlyKey := writeCert("early.test", now.Add(24*time.Hour), now.Add(48*time.Hour))
 	empty := filepath.Join(dir, "empty.pem")
 	if err := os.WriteFile(empty, []byte("# nothing here\n"), 0o600); err != nil {
 		t.Fatal(err)

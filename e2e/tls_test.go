@@ -3,15 +3,7 @@
 package e2e
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,98 +13,35 @@ import (
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/syncbuf"
+	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/xds"
 )
 
 // tlsSNI is the name in tether's certificate that Envoy asks for and checks.
 const tlsSNI = "tether.e2e.test"
 
-// e2eCA is a CA made for one test, its files under the test's temp dir.
-type e2eCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	file string
-}
-
-func newE2ECA(t *testing.T, dir, name string) *e2eCA {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := filepath.Join(dir, name+".crt")
-	writePEM(t, f, "CERTIFICATE", der)
-	return &e2eCA{cert: c, key: k, file: f}
-}
-
-// issue writes a certificate for name signed by ca, and its key, to dir:
-// a server certificate (tlsSNI and 127.0.0.1) or a client one.
-func (ca *e2eCA) issue(t *testing.T, dir, name string, server bool) (cert, key string) {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	if server {
-		tpl.DNSNames, tpl.IPAddresses = []string{tlsSNI}, []net.IP{net.IPv4(127, 0, 0, 1)}
-		tpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, ca.cert, &k.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalPKCS8PrivateKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, key = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	writePEM(t, cert, "CERTIFICATE", der)
-	writePEM(t, key, "PRIVATE KEY", kb)
-	return cert, key
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // mtlsConfig is baseConfig with tether's gRPC servers on mutual TLS: a CA
-// signs tether's certificate and Envoy's client certificate. With
-// strangerEnvoy, Envoy's certificate comes from another CA instead.
+// signs tether's certificate (tlsSNI and 127.0.0.1) and Envoy's client
+// certificate, all written to the test's temp dir. With strangerEnvoy,
+// Envoy's certificate comes from another CA instead.
 func mtlsConfig(t *testing.T, inst []config.Instance, strangerEnvoy bool) config.Config {
 	t.Helper()
 	dir := t.TempDir()
-	ca := newE2ECA(t, dir, "tether-ca")
-	cert, key := ca.issue(t, dir, "tether", true)
+	now := time.Now()
+	ca := testenv.NewCA(t, "tether-ca")
+	caFile := testenv.WriteFile(t, filepath.Join(dir, "tether-ca.crt"), ca.PEM)
+	c, k := ca.Issue(t, tlsSNI, true, now.Add(-time.Hour), now.Add(24*time.Hour))
+	cert, key := testenv.WritePair(t, dir, "tether", c, k)
 	signer := ca
 	if strangerEnvoy {
-		signer = newE2ECA(t, dir, "other-ca")
+		signer = testenv.NewCA(t, "other-ca")
 	}
-	ecert, ekey := signer.issue(t, dir, "envoy", false)
+	c, k = signer.Issue(t, "envoy", false, now.Add(-time.Hour), now.Add(24*time.Hour))
+	ecert, ekey := testenv.WritePair(t, dir, "envoy", c, k)
 	cfg := baseConfig("embedded", inst)
 	cfg.TLS = config.TLS{
-		CertFile: cert, KeyFile: key, ClientCAFile: ca.file, MinVersion: "1.2",
-		Envoy: config.EnvoyTLS{CertFile: ecert, KeyFile: ekey, CAFile: ca.file, SNI: tlsSNI},
+		CertFile: cert, KeyFile: key, ClientCAFile: caFile, MinVersion: "1.2",
+		Envoy: config.EnvoyTLS{CertFile: ecert, KeyFile: ekey, CAFile: caFile, SNI: tlsSNI},
 	}
 	return cfg
 }

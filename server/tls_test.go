@@ -2,15 +2,9 @@ package server
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -34,96 +28,15 @@ import (
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/syncbuf"
+	"github.com/tetherproxy/tether/internal/testenv"
 )
-
-// testCA is a certificate authority made for one test; nothing is
-// committed to the repository.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newKey(t *testing.T) *ecdsa.PrivateKey {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-func serial(t *testing.T) *big.Int {
-	t.Helper()
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func newCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	k := newKey(t)
-	tpl := &x509.Certificate{
-		SerialNumber: serial(t), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: c, key: k, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue signs a leaf for name (a DNS name; servers also get 127.0.0.1),
-// valid from..to, and returns it and its key as PEM.
-func (ca *testCA) issue(t *testing.T, name string, server bool, from, to time.Time) (certPEM, keyPEM []byte) {
-	t.Helper()
-	k := newKey(t)
-	tpl := &x509.Certificate{
-		SerialNumber: serial(t), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
-		NotBefore: from, NotAfter: to, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	if server {
-		tpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-		tpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, ca.cert, &k.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalPKCS8PrivateKey(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb})
-}
-
-func writeFile(t *testing.T, path string, data []byte) string {
-	t.Helper()
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
 
 // pkiFixture: a CA, tether's server certificate (127.0.0.1), a client
 // certificate from the CA and one from another CA, in files under a
 // temporary directory.
 type pkiFixture struct {
 	dir                        string
-	ca, other                  *testCA
+	ca, other                  *testenv.CA
 	serverCert, serverKey, cas string // files
 	client, stranger           tls.Certificate
 }
@@ -131,15 +44,15 @@ type pkiFixture struct {
 func newPKI(t *testing.T) *pkiFixture {
 	t.Helper()
 	now := time.Now()
-	f := &pkiFixture{dir: t.TempDir(), ca: newCA(t, "tether test CA"), other: newCA(t, "another CA")}
-	c, k := f.ca.issue(t, "tether.test", true, now.Add(-time.Hour), now.Add(24*time.Hour))
-	f.serverCert, f.serverKey = writeFile(t, filepath.Join(f.dir, "tls.crt"), c), writeFile(t, filepath.Join(f.dir, "tls.key"), k)
-	f.cas = writeFile(t, filepath.Join(f.dir, "ca.crt"), f.ca.pem)
+	f := &pkiFixture{dir: t.TempDir(), ca: testenv.NewCA(t, "tether test CA"), other: testenv.NewCA(t, "another CA")}
+	c, k := f.ca.Issue(t, "tether.test", true, now.Add(-time.Hour), now.Add(24*time.Hour))
+	f.serverCert, f.serverKey = testenv.WritePair(t, f.dir, "tls", c, k)
+	f.cas = testenv.WriteFile(t, filepath.Join(f.dir, "ca.crt"), f.ca.PEM)
 	var err error
-	if f.client, err = tls.X509KeyPair(f.ca.issue(t, "envoy.test", false, now.Add(-time.Hour), now.Add(24*time.Hour))); err != nil {
+	if f.client, err = tls.X509KeyPair(f.ca.Issue(t, "envoy.test", false, now.Add(-time.Hour), now.Add(24*time.Hour))); err != nil {
 		t.Fatal(err)
 	}
-	if f.stranger, err = tls.X509KeyPair(f.other.issue(t, "envoy.test", false, now.Add(-time.Hour), now.Add(24*time.Hour))); err != nil {
+	if f.stranger, err = tls.X509KeyPair(f.other.Issue(t, "envoy.test", false, now.Add(-time.Hour), now.Add(24*time.Hour))); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -160,7 +73,7 @@ func (f *pkiFixture) config(mutual bool) config.Config {
 // clientTLS trusts f's CA and presents certs.
 func (f *pkiFixture) clientTLS(certs ...tls.Certificate) *tls.Config {
 	pool := x509.NewCertPool()
-	pool.AddCert(f.ca.cert)
+	pool.AddCert(f.ca.Cert)
 	return &tls.Config{RootCAs: pool, Certificates: certs, MinVersion: tls.VersionTLS12}
 }
 
@@ -353,11 +266,11 @@ func TestTLSStartRefuses(t *testing.T) {
 	f := newPKI(t)
 	now := time.Now()
 	past := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
-	oldCert, oldKey := f.ca.issue(t, "tether.test", true, past, past.AddDate(1, 0, 0))
-	soonCert, soonKey := f.ca.issue(t, "tether.test", true, now.Add(48*time.Hour), now.Add(96*time.Hour))
-	_, otherKey := f.ca.issue(t, "tether.test", true, now.Add(-time.Hour), now.Add(time.Hour))
-	leaf, _ := f.ca.issue(t, "envoy.test", false, now.Add(-time.Hour), now.Add(time.Hour))
-	file := func(name string, data []byte) string { return writeFile(t, filepath.Join(f.dir, name), data) }
+	oldCert, oldKey := f.ca.Issue(t, "tether.test", true, past, past.AddDate(1, 0, 0))
+	soonCert, soonKey := f.ca.Issue(t, "tether.test", true, now.Add(48*time.Hour), now.Add(96*time.Hour))
+	_, otherKey := f.ca.Issue(t, "tether.test", true, now.Add(-time.Hour), now.Add(time.Hour))
+	leaf, _ := f.ca.Issue(t, "envoy.test", false, now.Add(-time.Hour), now.Add(time.Hour))
+	file := func(name string, data []byte) string { return testenv.WriteFile(t, filepath.Join(f.dir, name), data) }
 	for _, tc := range []struct {
 		name string
 		edit func(*config.TLS)
@@ -409,9 +322,9 @@ func TestCertificateReload(t *testing.T) {
 
 	// Renewed: both files replaced (mtimes moved on so the change shows on
 	// coarse file systems).
-	c, k := f.ca.issue(t, "tether.test", true, now.Add(-time.Hour), now.Add(48*time.Hour))
-	writeFile(t, f.serverKey, k)
-	writeFile(t, f.serverCert, c)
+	c, k := f.ca.Issue(t, "tether.test", true, now.Add(-time.Hour), now.Add(48*time.Hour))
+	testenv.WriteFile(t, f.serverKey, k)
+	testenv.WriteFile(t, f.serverCert, c)
 	touch(t, f.serverCert, f.serverKey)
 	if got := src.config().Certificates[0].Leaf.SerialNumber; got.Cmp(first) != 0 {
 		t.Fatal("files looked at again before the check interval passed")
@@ -427,8 +340,8 @@ func TestCertificateReload(t *testing.T) {
 
 	// Half a rotation (the certificate without its key): refused, the
 	// previous pair stays.
-	c, _ = f.ca.issue(t, "tether.test", true, now.Add(-time.Hour), now.Add(72*time.Hour))
-	writeFile(t, f.serverCert, c)
+	c, _ = f.ca.Issue(t, "tether.test", true, now.Add(-time.Hour), now.Add(72*time.Hour))
+	testenv.WriteFile(t, f.serverCert, c)
 	touch(t, f.serverCert)
 	clock = clock.Add(2 * reloadCheck)
 	if got := src.config().Certificates[0].Leaf.SerialNumber; got.Cmp(second.SerialNumber) != 0 {
@@ -463,9 +376,9 @@ func TestCertificateReloadThroughRun(t *testing.T) {
 	}
 	first := peer().SerialNumber
 	now := time.Now()
-	c, k := f.ca.issue(t, "tether.test", true, now.Add(-time.Hour), now.Add(48*time.Hour))
-	writeFile(t, f.serverKey, k)
-	writeFile(t, f.serverCert, c)
+	c, k := f.ca.Issue(t, "tether.test", true, now.Add(-time.Hour), now.Add(48*time.Hour))
+	testenv.WriteFile(t, f.serverKey, k)
+	testenv.WriteFile(t, f.serverCert, c)
 	touch(t, f.serverCert, f.serverKey)
 	deadline := time.Now().Add(10 * time.Second)
 	for peer().SerialNumber.Cmp(first) == 0 {
@@ -549,7 +462,7 @@ func TestAdminToken(t *testing.T) {
 				t.Setenv("TETHER_TEST_ADMIN_TOKEN", adminToken)
 			} else {
 				t.Setenv("TETHER_TEST_ADMIN_TOKEN", "")
-				cfg.Server.AdminTokenFile = writeFile(t, filepath.Join(t.TempDir(), "token"), []byte(adminToken+"\n"))
+				cfg.Server.AdminTokenFile = testenv.WriteFile(t, filepath.Join(t.TempDir(), "token"), []byte(adminToken+"\n"))
 			}
 			addrs, logs, stop := runLogged(t, cfg)
 			base := "http://" + addrs["admin"]

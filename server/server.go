@@ -169,29 +169,22 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if xs != nil {
 		go func() { errc <- serveErr("xds", xs.Serve(ls.xds)) }()
 	}
+	// The background loops, stopped (and waited for) before the drain.
 	wctx, stopWatch := context.WithCancel(ctx)
-	watchDone := make(chan struct{}, 4)
-	go func() {
-		defer func() { watchDone <- struct{}{} }()
-		lengths.Run(wctx)
-	}()
-	go func() {
-		defer func() { watchDone <- struct{}{} }()
-		syncLoad(wctx, load, rt.fleet, log, rec.LoadSyncFailures())
-	}()
-	go func() {
-		defer func() { watchDone <- struct{}{} }()
+	var watchers sync.WaitGroup
+	watchers.Go(func() { lengths.Run(wctx) })
+	watchers.Go(func() { syncLoad(wctx, load, rt.fleet, log, rec.LoadSyncFailures()) })
+	watchers.Go(func() {
 		share := &breakerShare{breaker: breaker, store: store, index: store, mover: decider, fleet: rt.fleet, replica: replica, rec: brec, log: log}
 		share.run(wctx)
-	}()
-	go func() {
-		defer func() { watchDone <- struct{}{} }()
-		if opts.ConfigPath != "" {
+	})
+	if opts.ConfigPath != "" {
+		watchers.Go(func() {
 			if err := watchConfig(wctx, opts.ConfigPath, log, func() { reloadFile(wctx, rt, opts) }); err != nil {
 				log.Error().Err(err).Msg("config file not watched; changes need a restart or the admin API")
 			}
-		}
-	}()
+		})
+	}
 	ev := log.Info().Str("extproc", ls.extproc.Addr().String()).Str("admin", ls.admin.Addr().String())
 	if ls.xds != nil {
 		ev = ev.Str("xds", ls.xds.Addr().String())
@@ -204,10 +197,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	case runErr = <-errc:
 	}
 	stopWatch()
-	<-watchDone
-	<-watchDone
-	<-watchDone
-	<-watchDone
+	watchers.Wait()
 	ready.drain()
 	hs.Shutdown()
 	log.Info().Dur("timeout", cfg.Server.DrainTimeout.D).Msg("draining ext_proc streams")

@@ -108,6 +108,48 @@ func TestTLSEnvoyOverADS(t *testing.T) {
 	}
 }
 
+// TestTLSMinVersion13: with min_version = "1.3", Envoy still reaches
+// tether over mutual TLS, on the static bootstrap and over ADS, and speaks
+// TLS 1.3 to it. Envoy's upstream default maximum is TLS 1.2, so the
+// generated transport socket must raise it.
+func TestTLSMinVersion13(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		clusters []string
+		envoy    func(t *testing.T, cfg config.Config, tt *tether) *proxy
+	}{
+		{name: "static", clusters: []string{xds.ExtProcCluster}, envoy: func(t *testing.T, cfg config.Config, tt *tether) *proxy {
+			return startEnvoy(t, cfg, tt.extproc)
+		}},
+		{name: "ADS", clusters: []string{xds.ADSCluster, xds.ExtProcCluster}, envoy: func(t *testing.T, cfg config.Config, tt *tether) *proxy {
+			b, err := xds.ADSBootstrap("e2e-tls13", "127.0.0.1:0", tt.xds, xds.WithTLS(cfg.TLS))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return runEnvoy(t, b)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := mtlsConfig(t, startFleet(t, 2), false)
+			cfg.TLS.MinVersion = "1.3"
+			tt := startTether(t, cfg)
+			px := tc.envoy(t, cfg, tt)
+			sticks(t, px, "tls13-session", 5)
+			for _, c := range tc.clusters {
+				if n := px.stat(t, "cluster."+c+".ssl.versions.TLSv1.3"); n == 0 {
+					t.Errorf("no TLS 1.3 connection on %s", c)
+				}
+				if n := px.stat(t, "cluster."+c+".ssl.connection_error"); n != 0 {
+					t.Errorf("%d TLS connection errors on %s", n, c)
+				}
+			}
+			if got := tt.metric(t, "tether_requests_total"); got < 5 {
+				t.Errorf("tether decided %v requests, want 5", got)
+			}
+		})
+	}
+}
+
 // TestTLSEnvoyFromAnotherCA: tether refuses an Envoy whose client
 // certificate another CA signed. Requests still flow (failure_mode_allow,
 // the default route), but tether decides none: no x-tether-decision,

@@ -311,8 +311,19 @@ func TestUpstreamTLSShapes(t *testing.T) {
 			}
 		}},
 		{name: "TLS 1.2", edit: func(c *config.TLS) { c.MinVersion = "1.2" }, check: func(t *testing.T, j string) {
-			if !strings.Contains(j, `"tls_minimum_protocol_version": "TLSv1_2"`) {
-				t.Errorf("want TLSv1_2:\n%s", j)
+			for _, want := range []string{`"tls_minimum_protocol_version": "TLSv1_2"`, `"tls_maximum_protocol_version": "TLSv1_3"`} {
+				if !strings.Contains(j, want) {
+					t.Errorf("want %s:\n%s", want, j)
+				}
+			}
+		}},
+		// Envoy's upstream default maximum is TLS 1.2: without an explicit
+		// maximum, a TLS 1.3 minimum leaves Envoy nothing to offer.
+		{name: "TLS 1.3", edit: func(c *config.TLS) { c.MinVersion = "1.3" }, check: func(t *testing.T, j string) {
+			for _, want := range []string{`"tls_minimum_protocol_version": "TLSv1_3"`, `"tls_maximum_protocol_version": "TLSv1_3"`} {
+				if !strings.Contains(j, want) {
+					t.Errorf("want %s:\n%s", want, j)
+				}
 			}
 		}},
 		{name: "no CA", edit: func(c *config.TLS) { c.Envoy.CAFile = "" }, wantErr: "tls.envoy.ca_file"},

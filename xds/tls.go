@@ -30,7 +30,9 @@ func WithTLS(t config.TLS) BootstrapOption {
 // presents [tls.envoy]'s certificate (mutual TLS), verifies tether's
 // against its CA and, with an SNI, requires that name in it. The files are
 // Envoy's: tether does not read them. ALPN offers h2, which gRPC servers
-// require.
+// require. The maximum version is always TLS 1.3: Envoy's upstream default
+// maximum is TLS 1.2, so min_version = "1.3" alone would leave Envoy no
+// version to offer.
 func upstreamTLS(t config.TLS) (*corev3.TransportSocket, error) {
 	if !t.Enabled() {
 		return nil, nil
@@ -59,7 +61,10 @@ func upstreamTLS(t config.TLS) (*corev3.TransportSocket, error) {
 	ctx := &tlsv3.UpstreamTlsContext{
 		Sni: e.SNI,
 		CommonTlsContext: &tlsv3.CommonTlsContext{
-			TlsParams:             &tlsv3.TlsParameters{TlsMinimumProtocolVersion: version},
+			TlsParams: &tlsv3.TlsParameters{
+				TlsMinimumProtocolVersion: version,
+				TlsMaximumProtocolVersion: tlsv3.TlsParameters_TLSv1_3,
+			},
 			AlpnProtocols:         []string{"h2"},
 			ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: vc},
 		},

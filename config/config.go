@@ -795,7 +795,12 @@ func (c *Config) validateTLS(bad func(key string, val any, why string)) {
 	case e.KeyFile != "" && e.CertFile == "":
 		bad("tls.envoy.key_file", e.KeyFile, "set without tls.envoy.cert_file")
 	}
-	if e.SNI != "" && (len(e.SNI) > 253 || !dnsName.MatchString(e.SNI)) {
+	// An IP address passes the DNS name pattern (127.0.0.1 is four
+	// labels) but is not one: it cannot be sent as SNI, and the check
+	// tether generates matches DNS subject alternative names only.
+	if _, err := netip.ParseAddr(e.SNI); err == nil {
+		bad("tls.envoy.sni", e.SNI, "an IP address, not a DNS name: an IP cannot be sent as SNI and Envoy would look for it among the certificate's DNS names; name a DNS name of tether's certificate, or leave sni empty to check the chain only")
+	} else if e.SNI != "" && (len(e.SNI) > 253 || !dnsName.MatchString(e.SNI)) {
 		bad("tls.envoy.sni", e.SNI, "want a DNS name (an IP address cannot be sent as SNI)")
 	}
 	// With the ADS server on, tether generates Envoy's side: it must work.

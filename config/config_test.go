@@ -391,7 +391,11 @@ func TestTLSKeys(t *testing.T) {
 		{"TLS 1.0 on plaintext too", "[tls]\nmin_version = \"1.0\"", []string{"tls.min_version"}},
 		{"Envoy side while plaintext", envoy, []string{"tls.envoy.ca_file", "plaintext"}},
 		{"Envoy cert without key", on + envoy + "cert_file = \"/e/c.pem\"\n", []string{"tls.envoy.cert_file", "tls.envoy.key_file"}},
-		{"SNI an IP", on + envoy + "sni = \"10.0.0.1:50051\"\n", []string{"tls.envoy.sni"}},
+		{"SNI an IP and port", on + envoy + "sni = \"10.0.0.1:50051\"\n", []string{"tls.envoy.sni"}},
+		// The DNS name pattern matches a dotted quad: refused by name.
+		{"SNI an IPv4 address", on + envoy + "sni = \"127.0.0.1\"\n", []string{"tls.envoy.sni", `"127.0.0.1"`, "an IP address"}},
+		{"SNI an IPv6 address", on + envoy + "sni = \"::1\"\n", []string{"tls.envoy.sni", `"::1"`, "an IP address"}},
+		{"SNI a name with digits", on + envoy + "sni = \"tether-0.1.example\"\n", nil},
 		{"ADS on without Envoy's CA", on, []string{"tls.envoy.ca_file", "verify tether"}},
 		{"mTLS, ADS on, no Envoy certificate", on + "client_ca_file = \"/ca.pem\"\n" + envoy, []string{"tls.envoy.cert_file", "client certificate"}},
 		{"unknown key", on + "ca_file = \"/ca.pem\"\n", []string{"tls.ca_file"}},

@@ -804,14 +804,38 @@ func (c *Config) validateTLS(bad func(key string, val any, why string)) {
 		bad("tls.envoy.sni", e.SNI, "want a DNS name (an IP address cannot be sent as SNI)")
 	}
 	// With the ADS server on, tether generates Envoy's side: it must work.
-	if t.Enabled() && c.XDS.Addr != "" {
-		if e.CAFile == "" {
-			bad("tls.envoy.ca_file", "", "required with tls.cert_file while the ADS server is on: Envoy must verify tether's certificate")
-		}
-		if t.Mutual() && e.CertFile == "" {
-			bad("tls.envoy.cert_file", "", "required with tls.client_ca_file while the ADS server is on: tether refuses an Envoy without a client certificate")
+	// With it off (Envoy configured elsewhere, as in Istio) [tls.envoy] may
+	// be left out, and the generated resources then carry no TLS for
+	// Envoy's side; named at all, it must be whole. xds.Build follows the
+	// same rule (EnvoyMissing), so a valid configuration always builds.
+	for _, m := range t.EnvoyMissing() {
+		switch {
+		case c.XDS.Addr != "":
+			bad(m.Key, "", m.Why+" (required while the ADS server is on)")
+		case e != EnvoyTLS{}:
+			bad(m.Key, "", m.Why+" (with the ADS server off, name all of [tls.envoy] or none of it)")
 		}
 	}
+}
+
+// Missing is a key [tls.envoy] lacks, and why Envoy needs it.
+type Missing struct{ Key, Why string }
+
+// EnvoyMissing lists what [tls.envoy] lacks for Envoy to reach tether's
+// [tls] servers: tether's CA, and under mutual TLS Envoy's client
+// certificate. Nothing while tether serves plaintext.
+func (t TLS) EnvoyMissing() []Missing {
+	if !t.Enabled() {
+		return nil
+	}
+	var out []Missing
+	if t.Envoy.CAFile == "" {
+		out = append(out, Missing{"tls.envoy.ca_file", "required with tls.cert_file: Envoy must verify tether's certificate"})
+	}
+	if t.Mutual() && t.Envoy.CertFile == "" {
+		out = append(out, Missing{"tls.envoy.cert_file", "required with tls.client_ca_file: tether refuses an Envoy without a client certificate"})
+	}
+	return out
 }
 
 // maxPEM bounds a certificate, key or token file: a path such as

@@ -379,6 +379,12 @@ func TestTLSKeys(t *testing.T) {
 	}{
 		{"plaintext", "", nil},
 		{"TLS, ADS off, no Envoy side", "[xds]\naddr = \"\"\n" + on, nil},
+		{"mTLS, ADS off, no Envoy side", "[xds]\naddr = \"\"\n" + on + "client_ca_file = \"/ca.pem\"\n", nil},
+		// Named at all, Envoy's side must be whole: xds.Build generates it.
+		{"mTLS, ADS off, Envoy side without its certificate", "[xds]\naddr = \"\"\n" + on + "client_ca_file = \"/ca.pem\"\n" + envoy,
+			[]string{"tls.envoy.cert_file", "client certificate", "none of it"}},
+		{"TLS, ADS off, Envoy side without tether's CA", "[xds]\naddr = \"\"\n" + on + "[tls.envoy]\nsni = \"tether.svc\"\n",
+			[]string{"tls.envoy.ca_file", "verify tether", "none of it"}},
 		{"TLS with Envoy's CA", on + envoy, nil},
 		{"mTLS with Envoy's client certificate", on + "client_ca_file = \"/ca.pem\"\n" + envoy + "cert_file = \"/e/c.pem\"\nkey_file = \"/e/k.pem\"\nsni = \"tether.svc\"\n", nil},
 		{"verify-if-given without Envoy's certificate", on + "client_ca_file = \"/ca.pem\"\nrequire_client_cert = false\n" + envoy, nil},
@@ -469,6 +475,9 @@ func TestLoadChecksTLSFiles(t *testing.T) {
 		}
 		if sni != "" {
 			s += fmt.Sprintf("[tls.envoy]\nca_file = \"/envoy/ca.pem\"\nsni = %q\n", sni)
+			if clientCA != "" {
+				s += "cert_file = \"/envoy/client.crt\"\nkey_file = \"/envoy/client.key\"\n"
+			}
 		}
 		return s
 	}

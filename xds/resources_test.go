@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -355,5 +356,56 @@ func TestUpstreamTLSShapes(t *testing.T) {
 	}
 	if ts, err := upstreamTLS(config.TLS{}); ts != nil || err != nil {
 		t.Errorf("plaintext: %v, %v; want no transport socket", ts, err)
+	}
+}
+
+// TestValidTLSBuilds: every [tls] config.Parse accepts builds, with the ADS
+// server on or off, and Envoy's side is generated exactly when [tls.envoy]
+// names it. With the ADS server off [tls.envoy] may be left out (Envoy is
+// configured elsewhere, as in Istio); tether then still starts, its
+// tether-extproc cluster without a transport socket.
+func TestValidTLSBuilds(t *testing.T) {
+	fleet, err := os.ReadFile("testdata/fleet.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := 0
+	for _, xdsAddr := range []string{"127.0.0.1:18000", ""} {
+		for _, clientCA := range []string{"", "client_ca_file = \"/tls/ca.crt\"\n", "client_ca_file = \"/tls/ca.crt\"\nrequire_client_cert = false\n"} {
+			for envoy := range 8 {
+				var e strings.Builder
+				if envoy&1 != 0 {
+					e.WriteString("ca_file = \"/envoy/ca.crt\"\n")
+				}
+				if envoy&2 != 0 {
+					e.WriteString("cert_file = \"/envoy/c.crt\"\nkey_file = \"/envoy/c.key\"\n")
+				}
+				if envoy&4 != 0 {
+					e.WriteString("sni = \"tether.test\"\n")
+				}
+				doc := fmt.Sprintf("%s\n[xds]\naddr = %q\n[tls]\ncert_file = \"/tls/t.crt\"\nkey_file = \"/tls/t.key\"\n%s[tls.envoy]\n%s",
+					fleet, xdsAddr, clientCA, e.String())
+				name := fmt.Sprintf("xds=%q client_ca=%t envoy=%03b", xdsAddr, clientCA != "", envoy)
+				cfg, err := config.Parse([]byte(doc))
+				if err != nil {
+					continue
+				}
+				accepted++
+				for _, mode := range []Mode{ADS, Static} {
+					r, err := Build(cfg, cfg.Envoy.ExtProcEndpoints, mode)
+					if err != nil {
+						t.Errorf("%s: valid, yet Build: %v", name, err)
+						continue
+					}
+					ts := r.Clusters[0].GetTransportSocket()
+					if r.Clusters[0].GetName() != ExtProcCluster || (ts != nil) != (envoy != 0) {
+						t.Errorf("%s: %s transport socket %v, want one exactly when [tls.envoy] is named", name, r.Clusters[0].GetName(), ts)
+					}
+				}
+			}
+		}
+	}
+	if accepted < 10 {
+		t.Fatalf("only %d of the combinations are valid: the test checks too little", accepted)
 	}
 }

@@ -20,13 +20,18 @@ type bootstrapOptions struct {
 }
 
 // WithTLS makes the bootstrap's ADS cluster connect to tether over TLS as
-// t ([tls] and [tls.envoy]) says; a t without cert_file changes nothing.
+// t ([tls] and [tls.envoy]) says; a t without cert_file, or with an empty
+// [tls.envoy], changes nothing.
 func WithTLS(t config.TLS) BootstrapOption {
 	return func(o *bootstrapOptions) { o.tls = t }
 }
 
 // upstreamTLS is the transport socket of a cluster that reaches tether's
-// gRPC servers when they speak TLS ([tls]), nil when they do not: Envoy
+// gRPC servers when they speak TLS ([tls]), nil when they do not, and nil
+// when [tls.envoy] is empty: config.Validate allows that only with the
+// ADS server off, where Envoy is configured elsewhere (Istio) and the
+// resources tether builds are not served, so Envoy's TLS to tether is
+// that configuration's to set (docs/security.md). Otherwise Envoy
 // presents [tls.envoy]'s certificate (mutual TLS), verifies tether's
 // against its CA and, with an SNI, requires that name in it. The files are
 // Envoy's: tether does not read them. ALPN offers h2, which gRPC servers
@@ -34,15 +39,16 @@ func WithTLS(t config.TLS) BootstrapOption {
 // maximum is TLS 1.2, so min_version = "1.3" alone would leave Envoy no
 // version to offer.
 func upstreamTLS(t config.TLS) (*corev3.TransportSocket, error) {
-	if !t.Enabled() {
+	e := t.Envoy
+	if !t.Enabled() || e == (config.EnvoyTLS{}) {
 		return nil, nil
 	}
-	e := t.Envoy
-	if e.CAFile == "" {
-		return nil, errors.New("tls.envoy.ca_file: required with tls.cert_file: Envoy must verify tether's certificate")
+	var errs []error
+	for _, m := range t.EnvoyMissing() {
+		errs = append(errs, fmt.Errorf("%s: %s", m.Key, m.Why))
 	}
-	if t.Mutual() && e.CertFile == "" {
-		return nil, errors.New("tls.envoy.cert_file: required with tls.client_ca_file: tether refuses an Envoy without a client certificate")
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	file := func(p string) *corev3.DataSource {
 		return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: p}}

@@ -25,8 +25,15 @@ const ackWait = 5 * time.Second
 // reads and the Envoy resources made from the same configuration. Every
 // change goes through apply, so the two move together.
 type runtime struct {
-	mu      sync.Mutex // one change at a time
-	cfg     config.Config
+	mu sync.Mutex // one change at a time
+	// cfg is the configuration last accepted, start is the one tether
+	// started with: the restart-only parts of cfg may differ from what
+	// runs, which is start's.
+	cfg, start config.Config
+	// tls is the [tls] Envoy's side is built from: tether's own servers
+	// keep the [tls] they started with, so Envoy must too; only
+	// [tls.envoy] follows the configuration (see envoyTLS).
+	tls     config.TLS
 	fleet   *fleet.Fleet
 	ads     *xds.Server // nil when the ADS server is off
 	extproc []string    // ext_proc endpoints Envoy is told to call
@@ -93,20 +100,35 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 	if err != nil {
 		return "", r.refuse(source, err)
 	}
-	res, err := xds.Build(next, r.extproc, xds.ADS)
+	starting := r.version == ""
+	if starting {
+		r.start, r.tls = next, next.TLS
+		if next.TLS.Enabled() && next.TLS.Envoy == (config.EnvoyTLS{}) {
+			// Valid only with the ADS server off (config.Validate).
+			r.log.Info().Msg("[tls.envoy] is empty and the ADS server is off: tether generates no TLS for Envoy's side, " +
+				"so the Envoy configuration (an Istio EnvoyFilter) must give its tether-extproc cluster a TLS transport socket (docs/security.md)")
+		}
+	}
+	tlsNow := r.envoyTLS(next.TLS)
+	built := next
+	built.TLS = tlsNow
+	res, err := xds.Build(built, r.extproc, xds.ADS)
 	if err != nil {
 		return "", r.refuse(source, err)
 	}
 	if version, err = xds.Version(res); err != nil {
 		return "", r.refuse(source, err)
 	}
+	if !starting {
+		r.warnRestartOnly(next)
+	}
 	if version == r.version && reflect.DeepEqual(next.Instances, r.cfg.Instances) &&
 		reflect.DeepEqual(next.Routing, r.cfg.Routing) && reflect.DeepEqual(next.Versions, r.cfg.Versions) {
+		// Nothing in force changes; next is remembered, so a restart-only
+		// change is warned about once.
+		r.cfg = next
 		r.reloads.WithLabelValues(source, "unchanged").Inc()
 		return version, nil
-	}
-	if r.version != "" {
-		r.warnRestartOnly(next)
 	}
 
 	now := Instances(next)
@@ -133,7 +155,7 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 	if r.policy != nil {
 		r.policy(pol)
 	}
-	r.cfg, r.version, r.pol = next, version, pol
+	r.cfg, r.version, r.pol, r.tls = next, version, pol, tlsNow
 	r.reloads.WithLabelValues(source, "applied").Inc()
 	r.log.Info().Str("source", source).Str("version", version).Int("instances", len(now)).Msg("configuration applied")
 	return version, nil
@@ -145,29 +167,78 @@ func (r *runtime) refuse(source string, err error) error {
 	return fmt.Errorf("%w: %w", ErrInvalid, err)
 }
 
-// warnRestartOnly logs the sections a running tether does not change.
-func (r *runtime) warnRestartOnly(next config.Config) {
-	for _, s := range []struct {
-		name      string
-		old, next any
-	}{
-		{"server", r.cfg.Server, next.Server}, {"redis", r.cfg.Redis, next.Redis}, {"audit", r.cfg.Audit, next.Audit},
+// envoyTLS is the [tls] Envoy's side is built from for a configuration
+// whose [tls] is next. tether's servers keep the [tls] they started with
+// until a restart (certificate files are re-read in place, see certSource;
+// which files, the client CA and min_version are not), so Envoy keeps
+// being told to speak that: a [tls] edit that reached Envoy at once would
+// make its handshakes with tether fail and every request skip tether.
+// Only [tls.envoy] (Envoy's own files, the SNI) follows next, and only
+// while it fits the [tls] in force: TLS neither turned on nor off, and
+// nothing Envoy needs left out. Otherwise Envoy keeps its side as it is.
+func (r *runtime) envoyTLS(next config.TLS) config.TLS {
+	t := r.tls
+	if next.Envoy == t.Envoy {
+		return t
+	}
+	why := ""
+	switch {
+	case next.Enabled() != t.Enabled():
+		why = "TLS was turned on or off, which takes a restart"
+	default:
+		try := t
+		try.Envoy = next.Envoy
+		check := r.start
+		check.TLS = try
+		if err := check.Validate(); err != nil {
+			why = err.Error()
+			break
+		}
+		return try
+	}
+	if next.Envoy != r.cfg.TLS.Envoy { // once per change
+		r.log.Warn().Str("section", "tls.envoy").Str("reason", why).
+			Msg("[tls.envoy] changed but does not fit the [tls] tether runs with; Envoy keeps its previous side until a restart")
+	}
+	return t
+}
+
+// restartSection is a part of the configuration a running tether does
+// not change, by its name.
+type restartSection struct {
+	name  string
+	value any
+}
+
+// restartOnly lists c's restart-only parts.
+func restartOnly(c config.Config) []restartSection {
+	return []restartSection{
+		{"server", c.Server}, {"redis", c.Redis}, {"audit", c.Audit},
 		// tether's own certificate files are re-read when they change;
-		// which files, and the client CA, only at a restart ([tls.envoy]
-		// reaches Envoy over xDS at once).
-		{"tls", serverTLS(r.cfg.TLS), serverTLS(next.TLS)},
-		{"routing.cluster_header", r.cfg.Routing.ClusterHeader, next.Routing.ClusterHeader},
-		{"routing.queue_depth_header", r.cfg.Routing.QueueDepthHeader, next.Routing.QueueDepthHeader},
-		{"routing.oom_header", r.cfg.Routing.OOMHeader, next.Routing.OOMHeader},
-		{"routing.gpu_utilization_header", r.cfg.Routing.GPUUtilizationHeader, next.Routing.GPUUtilizationHeader},
-		{"routing.random_seed", r.cfg.Routing.RandomSeed, next.Routing.RandomSeed},
-		{"routing.failure_threshold", *r.cfg.Routing.FailureThreshold, *next.Routing.FailureThreshold},
-		{"routing.failure_window", r.cfg.Routing.FailureWindow.D, next.Routing.FailureWindow.D},
-		{"routing.failure_cooldown", r.cfg.Routing.FailureCooldown.D, next.Routing.FailureCooldown.D},
-		{"identity", r.cfg.Identity, next.Identity},
-		{"xds", r.cfg.XDS, next.XDS},
-	} {
-		if !reflect.DeepEqual(s.old, s.next) {
+		// which files, the client CA and min_version only at a restart
+		// ([tls.envoy] reaches Envoy over xDS at once, see envoyTLS).
+		{"tls", serverTLS(c.TLS)},
+		{"routing.cluster_header", c.Routing.ClusterHeader},
+		{"routing.queue_depth_header", c.Routing.QueueDepthHeader},
+		{"routing.oom_header", c.Routing.OOMHeader},
+		{"routing.gpu_utilization_header", c.Routing.GPUUtilizationHeader},
+		{"routing.random_seed", c.Routing.RandomSeed},
+		{"routing.failure_threshold", *c.Routing.FailureThreshold},
+		{"routing.failure_window", c.Routing.FailureWindow.D},
+		{"routing.failure_cooldown", c.Routing.FailureCooldown.D},
+		{"identity", c.Identity},
+		{"xds", c.XDS},
+	}
+}
+
+// warnRestartOnly logs each restart-only section next changes: one that
+// differs from what tether runs with (start) and from the configuration
+// last accepted, so a change is logged once and a return to the running
+// value not at all.
+func (r *runtime) warnRestartOnly(next config.Config) {
+	start, last := restartOnly(r.start), restartOnly(r.cfg)
+	for i, s := range restartOnly(next) {
+		if !reflect.DeepEqual(s.value, start[i].value) && !reflect.DeepEqual(s.value, last[i].value) {
 			r.log.Warn().Str("section", s.name).Msg("this section changed but takes effect only after a restart")
 		}
 	}

@@ -4,13 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
 	"testing"
+	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/xds"
 )
 
@@ -72,5 +84,220 @@ func TestApply(t *testing.T) {
 	v2, err := rt.apply(ctx, fleetConfig("a", "b", "c"), "admin")
 	if err != nil || v2 == v1 || len(rt.fleet.All()) != 3 {
 		t.Fatalf("add: %q, %v, %d instances", v2, err, len(rt.fleet.All()))
+	}
+}
+
+// servedExtProcTLS asks the ADS server at addr for its clusters, as an
+// Envoy would, and returns the tether-extproc cluster's upstream TLS
+// context (nil when it has no transport socket). The stream is closed,
+// and gone from ads, before it returns.
+func servedExtProcTLS(t *testing.T, ads *xds.Server, addr string) *tlsv3.UpstreamTlsContext {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer func() {
+		cancel()
+		deadline := time.Now().Add(5 * time.Second)
+		for len(ads.Nodes()) != 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("ADS stream still open 5s after it was closed")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "runtime-test"}, TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range resp.GetResources() {
+		var c clusterv3.Cluster
+		if err := a.UnmarshalTo(&c); err != nil {
+			t.Fatal(err)
+		}
+		if c.GetName() != xds.ExtProcCluster {
+			continue
+		}
+		ts := c.GetTransportSocket()
+		if ts == nil {
+			return nil
+		}
+		var u tlsv3.UpstreamTlsContext
+		if err := ts.GetTypedConfig().UnmarshalTo(&u); err != nil {
+			t.Fatal(err)
+		}
+		return &u
+	}
+	t.Fatalf("no %s cluster served", xds.ExtProcCluster)
+	return nil
+}
+
+// TestApplyKeepsServerTLS: tether's own servers keep the [tls] they
+// started with until a restart, so the tether-extproc cluster Envoy is
+// served keeps it too (else Envoy's handshakes would fail and every
+// request skip tether); only [tls.envoy] follows a live edit, while it
+// fits that [tls].
+func TestApplyKeepsServerTLS(t *testing.T) {
+	mtls := func(c *config.Config) {
+		c.TLS = config.TLS{
+			CertFile: "/tether/tls.crt", KeyFile: "/tether/tls.key", ClientCAFile: "/tether/ca.crt", MinVersion: "1.2",
+			Envoy: config.EnvoyTLS{CAFile: "/envoy/ca.crt", CertFile: "/envoy/client.crt", KeyFile: "/envoy/client.key", SNI: "tether.test"},
+		}
+	}
+	plain := func(*config.Config) {}
+	// want describes the served context: nil for none, else the minimum
+	// version and Envoy's certificate file ("" for none).
+	type want struct {
+		tls      bool
+		min      tlsv3.TlsParameters_TlsProtocol
+		certFile string
+	}
+	started := want{true, tlsv3.TlsParameters_TLSv1_2, "/envoy/client.crt"}
+	for _, tc := range []struct {
+		name        string
+		start, edit func(*config.Config)
+		want        want
+	}{
+		{"TLS turned off", mtls, func(c *config.Config) { c.TLS = config.TLS{MinVersion: "1.2"} }, started},
+		{"TLS turned on", plain, mtls, want{}},
+		{"min_version raised", mtls, func(c *config.Config) { c.TLS.MinVersion = "1.3" }, started},
+		{"client CA dropped", mtls, func(c *config.Config) { c.TLS.ClientCAFile = "" }, started},
+		// tether still asks for a client certificate: Envoy keeps its own.
+		{"client CA and Envoy's certificate dropped", mtls, func(c *config.Config) {
+			c.TLS.ClientCAFile, c.TLS.Envoy.CertFile, c.TLS.Envoy.KeyFile = "", "", ""
+		}, started},
+		{"Envoy's certificate moved", mtls, func(c *config.Config) {
+			c.TLS.Envoy.CertFile, c.TLS.Envoy.KeyFile = "/envoy/new.crt", "/envoy/new.key"
+		}, want{true, tlsv3.TlsParameters_TLSv1_2, "/envoy/new.crt"}},
+		{"Envoy's certificate moved, min_version raised", mtls, func(c *config.Config) {
+			c.TLS.MinVersion = "1.3"
+			c.TLS.Envoy.CertFile, c.TLS.Envoy.KeyFile = "/envoy/new.crt", "/envoy/new.key"
+		}, want{true, tlsv3.TlsParameters_TLSv1_2, "/envoy/new.crt"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			reg := prometheus.NewRegistry()
+			ads := xds.NewServer(ctx, zerolog.Nop(), reg)
+			gs := grpc.NewServer()
+			ads.Register(gs)
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { _ = gs.Serve(lis) }()
+			defer gs.Stop()
+			rt := newRuntime([]string{"127.0.0.1:50051"}, ads, zerolog.Nop(), reg)
+
+			cfg := fleetConfig("a", "b")
+			tc.start(&cfg)
+			if _, err := rt.apply(ctx, cfg, "start"); err != nil {
+				t.Fatal(err)
+			}
+			before := servedExtProcTLS(t, ads, lis.Addr().String())
+			next := fleetConfig("a", "b", "c") // and a change that is served
+			tc.start(&next)
+			tc.edit(&next)
+			if _, err := rt.apply(ctx, next, "file"); err != nil {
+				t.Fatal(err)
+			}
+			if n := len(rt.fleet.All()); n != 3 {
+				t.Errorf("fleet has %d instances, want the new one too", n)
+			}
+			got := servedExtProcTLS(t, ads, lis.Addr().String())
+			if (got != nil) != tc.want.tls {
+				t.Fatalf("served TLS context %v, want one: %t", got, tc.want.tls)
+			}
+			if got == nil {
+				return
+			}
+			if m := got.GetCommonTlsContext().GetTlsParams().GetTlsMinimumProtocolVersion(); m != tc.want.min {
+				t.Errorf("minimum version %v, want %v", m, tc.want.min)
+			}
+			cert := ""
+			if cs := got.GetCommonTlsContext().GetTlsCertificates(); len(cs) > 0 {
+				cert = cs[0].GetCertificateChain().GetFilename()
+			}
+			if cert != tc.want.certFile {
+				t.Errorf("Envoy's certificate %q, want %q", cert, tc.want.certFile)
+			}
+			if tc.want == started && !proto.Equal(got, before) {
+				t.Errorf("served TLS changed:\nbefore %v\nafter  %v", before, got)
+			}
+		})
+	}
+}
+
+// TestRestartOnlyWarned: a change to a restart-only section alone (nothing
+// Envoy or the decision sees) is logged with the section's name, once; a
+// return to the running value is not.
+func TestRestartOnlyWarned(t *testing.T) {
+	withTLS := func(c *config.Config) {
+		c.TLS = config.TLS{CertFile: "/t.crt", KeyFile: "/t.key", MinVersion: "1.2", Envoy: config.EnvoyTLS{
+			CAFile: "/envoy/ca.crt", CertFile: "/envoy/client.crt", KeyFile: "/envoy/client.key",
+		}}
+	}
+	for _, tc := range []struct {
+		key, section string
+		edit         func(*config.Config)
+	}{
+		{"server.log_level", "server", func(c *config.Config) { c.Server.LogLevel = "debug" }},
+		{"audit.sample_rate", "audit", func(c *config.Config) { c.Audit.SampleRate = 0.5 }},
+		{"tls.client_ca_file", "tls", func(c *config.Config) { c.TLS.ClientCAFile = "/ca.crt" }},
+		{"tls.min_version", "tls", func(c *config.Config) { c.TLS.MinVersion = "1.3" }},
+	} {
+		t.Run(tc.key, func(t *testing.T) {
+			ctx := context.Background()
+			logs := &syncbuf.Buffer{}
+			reg := prometheus.NewRegistry()
+			rt := newRuntime([]string{"127.0.0.1:50051"}, nil, zerolog.New(logs), reg)
+			start := fleetConfig("a", "b")
+			withTLS(&start)
+			if _, err := rt.apply(ctx, start, "start"); err != nil {
+				t.Fatal(err)
+			}
+			next := fleetConfig("a", "b")
+			withTLS(&next)
+			tc.edit(&next)
+			if err := next.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			warned := func() int {
+				n := 0
+				for l := range strings.SplitSeq(logs.String(), "\n") {
+					if strings.Contains(l, "only after a restart") && strings.Contains(l, `"section":"`+tc.section+`"`) {
+						n++
+					}
+				}
+				return n
+			}
+			for i := range 2 {
+				if _, err := rt.apply(ctx, next, "file"); err != nil {
+					t.Fatal(err)
+				}
+				if n := warned(); n != 1 {
+					t.Fatalf("apply %d: %d warnings naming %s, want 1:\n%s", i+1, n, tc.section, logs)
+				}
+			}
+			if n := testutil.ToFloat64(rt.reloads.WithLabelValues("file", "unchanged")); n != 2 {
+				t.Errorf("unchanged count %v, want 2", n)
+			}
+			if _, err := rt.apply(ctx, start, "file"); err != nil {
+				t.Fatal(err)
+			}
+			if n := warned(); n != 1 {
+				t.Errorf("back to the running value: %d warnings, want still 1:\n%s", n, logs)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -547,5 +548,47 @@ func TestAdminBeyondLoopbackWarns(t *testing.T) {
 		if strings.Contains(logs.String(), adminToken) {
 			t.Errorf("the token is in the logs: %s", logs)
 		}
+	}
+}
+
+// TestTLSWithoutADSStarts: the Istio setup, the ADS server off and tether
+// on mutual TLS with no [tls.envoy] (the mesh configures Envoy's side),
+// passes config.Load and starts: ext_proc answers over mutual TLS, and
+// the log says Envoy's TLS is not generated.
+func TestTLSWithoutADSStarts(t *testing.T) {
+	f := newPKI(t)
+	path := testenv.WriteFile(t, filepath.Join(f.dir, "tether.toml"), fmt.Appendf(nil, `
+[server]
+extproc_addr = "127.0.0.1:0"
+admin_addr = "127.0.0.1:0"
+[xds]
+addr = ""
+[tls]
+cert_file = %q
+key_file = %q
+client_ca_file = %q
+[[instances]]
+name = "a"
+address = "127.0.0.1:1"
+`, f.serverCert, f.serverKey, f.cas))
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("config validate would refuse it: %v", err)
+	}
+	addrs, logs, stop := runLogged(t, cfg)
+	if addrs["xds"] != "" {
+		t.Fatalf("ADS server on at %s", addrs["xds"])
+	}
+	conn := dial(t, addrs["extproc"], credentials.NewTLS(f.clientTLS(f.client)))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health over mutual TLS: %v, %v", h, err)
+	}
+	if !strings.Contains(logs.String(), "tether generates no TLS for Envoy's side") {
+		t.Errorf("no note that Envoy's TLS is not generated:\n%s", logs)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
 	}
 }

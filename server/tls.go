@@ -33,7 +33,7 @@ func grpcCredentials(cfg config.TLS, log zerolog.Logger, reg prometheus.Register
 	reg.MustRegister(src.reloads, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tether_tls_certificate_expiry_timestamp_seconds",
 		Help: "When the certificate the gRPC servers present expires (Unix time).",
-	}, func() float64 { return float64(src.notAfter().Unix()) }))
+	}, src.expiry))
 	leaf := src.files.Certificate.Leaf
 	log.Info().Str("cert", cfg.CertFile).Str("subject", leaf.Subject.String()).Time("not_after", leaf.NotAfter).
 		Str("client_auth", cfg.ClientAuth().String()).Str("min_version", cfg.MinVersion).Msg("ext_proc and xDS servers speak TLS")
@@ -157,6 +157,15 @@ func (s *certSource) config() *tls.Config {
 	s.log.Info().Str("cert", s.cfg.CertFile).Str("subject", f.Certificate.Leaf.Subject.String()).
 		Time("not_after", f.Certificate.Leaf.NotAfter).Msg("TLS certificate reloaded")
 	return s.current
+}
+
+// expiry is the expiry gauge: when the certificate in force expires,
+// after the (rate-limited) look at the files a handshake makes. Without
+// it, a renewed file would show only after the next handshake, and a
+// tether no Envoy connects to would report the old date until it expired.
+func (s *certSource) expiry() float64 {
+	s.config()
+	return float64(s.notAfter().Unix())
 }
 
 func (s *certSource) notAfter() time.Time {

@@ -359,6 +359,47 @@ func TestCertificateReload(t *testing.T) {
 	}
 }
 
+// TestExpiryGaugeReloads: the expiry gauge looks at the files itself (at
+// most once per check interval), so a renewed certificate shows on
+// /metrics without any handshake.
+func TestExpiryGaugeReloads(t *testing.T) {
+	f := newPKI(t)
+	reg := prometheus.NewRegistry()
+	if _, err := grpcCredentials(f.config(false).TLS, zerolog.Nop(), reg); err != nil {
+		t.Fatal(err)
+	}
+	gauge := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "tether_tls_certificate_expiry_timestamp_seconds" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no expiry gauge")
+		return 0
+	}
+	now := time.Now()
+	renewed := now.Add(72 * time.Hour).Truncate(time.Second)
+	if gauge() == float64(renewed.Unix()) {
+		t.Fatal("the first certificate already expires then")
+	}
+	c, k := f.ca.Issue(t, "tether.test", true, now.Add(-time.Hour), renewed)
+	testenv.WriteFile(t, f.serverKey, k)
+	testenv.WriteFile(t, f.serverCert, c)
+	touch(t, f.serverCert, f.serverKey)
+	deadline := time.Now().Add(10 * time.Second)
+	for gauge() != float64(renewed.Unix()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gauge %v 10s after the renewal, want %v", gauge(), float64(renewed.Unix()))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestCertificateReloadThroughRun: a client connecting after the files
 // changed sees the new certificate, on the same running tether.
 func TestCertificateReloadThroughRun(t *testing.T) {

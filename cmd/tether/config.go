@@ -29,6 +29,11 @@ func newConfigCmd() *cobra.Command {
 				}
 				return fmt.Errorf("%s: redis.url: not a usable Redis URL", args[0])
 			}
+			// A weak token in $server.admin_token_env stops `tether serve`:
+			// say so now (the error never shows the token).
+			if _, err := c.Server.AdminToken(); err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d instances, mode %s)\n", args[0], len(c.Instances), c.Routing.Mode)
 			return nil
 		},

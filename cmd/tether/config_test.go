@@ -42,3 +42,50 @@ func TestConfigValidateReadsTheStoreURL(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigValidateChecksTheAdminToken: `tether config validate` refuses
+// the token in $server.admin_token_env that `tether serve` would refuse,
+// names the variable and never shows the token.
+func TestConfigValidateChecksTheAdminToken(t *testing.T) {
+	const env = "TETHER_TEST_VALIDATE_TOKEN"
+	for _, tc := range []struct {
+		name, token, want string // want "": valid
+	}{
+		{"unset", "", ""},
+		{"strong", "0123456789abcdef-strong", ""},
+		{"short", "s3cret", "shorter than 16 bytes"},
+		{"white space", "s3cret s3cret s3cret", "white space"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(env, tc.token)
+			path := filepath.Join(t.TempDir(), "tether.toml")
+			if err := os.WriteFile(path, []byte("[server]\nadmin_token_env = \""+env+"\"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cmd := newConfigCmd()
+			var out bytes.Buffer
+			cmd.SetOut(&out)
+			cmd.SetErr(&out)
+			cmd.SetArgs([]string{"validate", path})
+			err := cmd.Execute()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("validate passed, want an error")
+			}
+			msg := err.Error() + out.String()
+			for _, w := range []string{path, "$" + env, tc.want} {
+				if !strings.Contains(msg, w) {
+					t.Errorf("%q does not mention %q", err, w)
+				}
+			}
+			if strings.Contains(msg, "s3cret") {
+				t.Errorf("%q shows the token", msg)
+			}
+		})
+	}
+}

@@ -20,6 +20,7 @@ COPY --from=build /out/tether /tether
 # distroless's nonroot user.
 USER 65532:65532
 # ext_proc gRPC, xDS (ADS) gRPC, admin HTTP (/healthz, /readyz, /metrics):
-# the ports of deploy/k8s/configmap.yaml.
+# the ports of deploy/k8s/configmap.yaml and deploy/compose/tether.toml
+# (xDS: compose only; the Kubernetes one turns the ADS server off).
 EXPOSE 50051 18000 8090
 ENTRYPOINT ["/tether", "serve", "--config", "/etc/tether/tether.toml"]

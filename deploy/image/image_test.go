@@ -322,11 +322,23 @@ func TestDockerfile(t *testing.T) {
 		t.Fatalf("ConfigMap %s: %v", im.configMap.Name, err)
 	}
 
-	// EXPOSE lists the ports of the configuration the image runs with.
+	// EXPOSE lists the ports of the configurations the image runs with:
+	// the Kubernetes ConfigMap's, and deploy/compose's, whose tether also
+	// serves ADS (the ConfigMap's is off: the Istio gateway does not use it).
+	composeTOML, err := os.ReadFile(filepath.Join(root, "deploy/compose/tether.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	compose, err := config.Parse(composeTOML)
+	if err != nil {
+		t.Fatalf("deploy/compose/tether.toml: %v", err)
+	}
 	var want []string
-	for _, a := range []string{cfg.Server.ExtProcAddr, cfg.XDS.Addr, cfg.Server.AdminAddr} {
-		if _, p, err := net.SplitHostPort(a); err == nil {
-			want = append(want, p)
+	for _, c := range []config.Config{cfg, compose} {
+		for _, a := range []string{c.Server.ExtProcAddr, c.XDS.Addr, c.Server.AdminAddr} {
+			if _, p, err := net.SplitHostPort(a); err == nil && !slices.Contains(want, p) {
+				want = append(want, p)
+			}
 		}
 	}
 	got := slices.Clone(im.final.expose)

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -38,6 +39,7 @@ import (
 	istionet "istio.io/api/networking/v1alpha3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -83,12 +85,13 @@ type patch struct {
 
 // kinds are the Kubernetes types the manifests may hold.
 var kinds = map[string]func() any{
-	"v1/Namespace":                  func() any { return &corev1.Namespace{} },
-	"v1/ConfigMap":                  func() any { return &corev1.ConfigMap{} },
-	"v1/Service":                    func() any { return &corev1.Service{} },
-	"v1/Secret":                     func() any { return &corev1.Secret{} },
-	"apps/v1/Deployment":            func() any { return &appsv1.Deployment{} },
-	"policy/v1/PodDisruptionBudget": func() any { return &policyv1.PodDisruptionBudget{} },
+	"v1/Namespace":                             func() any { return &corev1.Namespace{} },
+	"v1/ConfigMap":                             func() any { return &corev1.ConfigMap{} },
+	"v1/Service":                               func() any { return &corev1.Service{} },
+	"v1/Secret":                                func() any { return &corev1.Secret{} },
+	"apps/v1/Deployment":                       func() any { return &appsv1.Deployment{} },
+	"policy/v1/PodDisruptionBudget":            func() any { return &policyv1.PodDisruptionBudget{} },
+	"networking.k8s.io/v1/NetworkPolicy":       func() any { return &networkingv1.NetworkPolicy{} },
 	"networking.istio.io/v1alpha3/EnvoyFilter": nil, // decodeEnvoyFilter
 }
 
@@ -317,6 +320,7 @@ type manifests struct {
 	configMap  *corev1.ConfigMap
 	services   []*corev1.Service
 	pdb        *policyv1.PodDisruptionBudget
+	netpol     *networkingv1.NetworkPolicy
 	namespace  *corev1.Namespace
 	filter     *envoyFilter
 }
@@ -352,6 +356,8 @@ func load(t *testing.T) *manifests {
 			setOnce(t, &m.configMap, v, o.file)
 		case *policyv1.PodDisruptionBudget:
 			setOnce(t, &m.pdb, v, o.file)
+		case *networkingv1.NetworkPolicy:
+			setOnce(t, &m.netpol, v, o.file)
 		case *corev1.Namespace:
 			setOnce(t, &m.namespace, v, o.file)
 		case *envoyFilter:
@@ -362,7 +368,7 @@ func load(t *testing.T) *manifests {
 	}
 	for name, missing := range map[string]bool{
 		"Deployment": m.deployment == nil, "ConfigMap": m.configMap == nil, "PodDisruptionBudget": m.pdb == nil,
-		"Service": len(m.services) == 0, "EnvoyFilter": m.filter == nil,
+		"Service": len(m.services) == 0, "EnvoyFilter": m.filter == nil, "NetworkPolicy": m.netpol == nil,
 	} {
 		if missing {
 			t.Fatalf("deploy/k8s has no %s", name)
@@ -468,9 +474,18 @@ func TestDeployment(t *testing.T) {
 		{"admin", "server.admin_addr", cfg.Server.AdminAddr},
 		{"xds", "xds.addr", cfg.XDS.Addr},
 	} {
+		if p.addr == "" { // off
+			if n, ok := ports[p.name]; ok {
+				t.Errorf("container port %q = %d, but %s is off (empty) in %s", p.name, n, p.key, configKey)
+			}
+			continue
+		}
 		if want := port(t, p.key, p.addr); ports[p.name] != want {
 			t.Errorf("container port %q = %d, want %d (%s in %s)", p.name, ports[p.name], want, p.key, configKey)
 		}
+	}
+	if len(ports) != len(c.Ports) {
+		t.Errorf("container ports %v: two share a name", c.Ports)
 	}
 
 	// Probes: /healthz for liveness, /readyz for readiness, on the admin port.
@@ -567,6 +582,20 @@ func TestDeployment(t *testing.T) {
 		t.Errorf("env %s: want it from a secretKeyRef, never a literal value", cfg.Identity.SecretEnv)
 	}
 
+	// The admin token too, in the variable the config names; optional, so
+	// the pods start before anyone created that Secret.
+	token := false
+	for _, e := range c.Env {
+		if e.Name == cfg.Server.AdminTokenEnv {
+			ref := e.ValueFrom
+			token = e.Value == "" && ref != nil && ref.SecretKeyRef != nil && ref.SecretKeyRef.Name != "" && ref.SecretKeyRef.Key != "" &&
+				ref.SecretKeyRef.Optional != nil && *ref.SecretKeyRef.Optional
+		}
+	}
+	if !token {
+		t.Errorf("env %s (server.admin_token_env): want it from a secretKeyRef with optional: true, never a literal value", cfg.Server.AdminTokenEnv)
+	}
+
 	// The ConfigMap is mounted where the image's ENTRYPOINT reads it.
 	volume := ""
 	for _, v := range pod.Spec.Volumes {
@@ -602,16 +631,48 @@ func servicePort(c corev1.Container, sp corev1.ServicePort) int32 {
 	return sp.Port
 }
 
+// listening maps each port tether listens on to what it serves.
+func listening(t *testing.T, cfg config.Config) map[int32]string {
+	t.Helper()
+	out := map[int32]string{
+		port(t, "server.extproc_addr", cfg.Server.ExtProcAddr): "extproc",
+		port(t, "server.admin_addr", cfg.Server.AdminAddr):     "admin",
+	}
+	if cfg.XDS.Addr != "" {
+		out[port(t, "xds.addr", cfg.XDS.Addr)] = "xds"
+	}
+	return out
+}
+
+// TestADSServer: an ADS server would tell Envoy to call ext_proc at
+// envoy.extproc_endpoints, or at server.extproc_addr when none is set,
+// which in a pod is 0.0.0.0, an address no other pod can use. The Istio
+// gateway takes its configuration from istiod, so these manifests turn
+// the ADS server off; one that turns it on must name endpoints.
+func TestADSServer(t *testing.T) {
+	cfg := load(t).tetherConfig(t)
+	if cfg.XDS.Addr == "" {
+		return
+	}
+	eps := cfg.Envoy.ExtProcEndpoints
+	if len(eps) == 0 {
+		eps = []string{cfg.Server.ExtProcAddr}
+	}
+	for _, ep := range eps {
+		host, _, err := net.SplitHostPort(ep)
+		if ip := net.ParseIP(host); err != nil || host == "localhost" || (ip != nil && (ip.IsUnspecified() || ip.IsLoopback())) {
+			t.Errorf("xds.addr = %q serves Envoy the ext_proc endpoint %q, which no other pod can call: "+
+				"set envoy.extproc_endpoints, or turn the ADS server off (xds.addr = \"\") as the Istio gateway does not use it", cfg.XDS.Addr, ep)
+		}
+	}
+}
+
 func TestServicesAndPDB(t *testing.T) {
 	m := load(t)
 	cfg := m.tetherConfig(t)
 	pod := m.deployment.Spec.Template
 	c := pod.Spec.Containers[0]
-	want := map[int32]string{ // container port → what it serves
-		port(t, "server.extproc_addr", cfg.Server.ExtProcAddr): "extproc",
-		port(t, "server.admin_addr", cfg.Server.AdminAddr):     "admin",
-		port(t, "xds.addr", cfg.XDS.Addr):                      "xds",
-	}
+	want := listening(t, cfg)
 	served := map[string]bool{}
 	for _, s := range m.services {
 		if len(s.Spec.Selector) == 0 || !labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(pod.Labels)) {
@@ -632,7 +693,7 @@ func TestServicesAndPDB(t *testing.T) {
 			}
 		}
 	}
-	for _, what := range []string{"extproc", "xds", "admin"} {
+	for _, what := range want {
 		if !served[what] {
 			t.Errorf("no Service port for %s", what)
 		}
@@ -645,6 +706,94 @@ func TestServicesAndPDB(t *testing.T) {
 	}
 	if ma := pdb.Spec.MinAvailable; ma == nil || ma.IntVal < 1 || ma.IntVal >= *m.deployment.Spec.Replicas {
 		t.Errorf("PodDisruptionBudget %s: minAvailable %v, want at least 1 and below the replicas", pdb.Name, ma)
+	}
+}
+
+// TestNetworkPolicy: the policy selects tether's pods and admits, on
+// ports that are tether's container and Service ports, ext_proc from the
+// gateway the EnvoyFilter attaches tether to and the admin port from the
+// monitoring namespace only; nothing else, and no rule open to all.
+func TestNetworkPolicy(t *testing.T) {
+	m := load(t)
+	cfg := m.tetherConfig(t)
+	np := m.netpol
+	pod := m.deployment.Spec.Template
+	c := pod.Spec.Containers[0]
+	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	if err != nil || sel.Empty() || !sel.Matches(labels.Set(pod.Labels)) {
+		t.Errorf("NetworkPolicy %s: podSelector %v does not select the tether pods %v (%v)", np.Name, np.Spec.PodSelector, pod.Labels, err)
+	}
+	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+		t.Errorf("NetworkPolicy %s: policyTypes %v, want Ingress", np.Name, np.Spec.PolicyTypes)
+	}
+
+	want := listening(t, cfg)
+	serviced := map[int32]bool{} // container ports a Service leads to
+	for _, s := range m.services {
+		for _, sp := range s.Spec.Ports {
+			serviced[servicePort(c, sp)] = true
+		}
+	}
+	gateway := map[string]string{"kubernetes.io/metadata.name": m.filter.Metadata.Namespace}
+	gatewayPods := m.filter.Spec.GetWorkloadSelector().GetLabels()
+	admitted := map[string]int{} // what → rules
+	for i, rule := range np.Spec.Ingress {
+		where := fmt.Sprintf("NetworkPolicy %s ingress[%d]", np.Name, i)
+		if len(rule.From) == 0 || len(rule.Ports) == 0 {
+			t.Errorf("%s: from %v, ports %v: a rule without peers or ports admits everyone or every port", where, rule.From, rule.Ports)
+			continue
+		}
+		for _, p := range rule.Ports {
+			if p.Protocol == nil || *p.Protocol != corev1.ProtocolTCP || p.Port == nil || p.EndPort != nil {
+				t.Errorf("%s: port %v, want one TCP port", where, p)
+				continue
+			}
+			// A named port is the container port of that name.
+			n := p.Port.IntVal
+			if p.Port.StrVal != "" {
+				n = 0
+				for _, cp := range c.Ports {
+					if cp.Name == p.Port.StrVal {
+						n = cp.ContainerPort
+					}
+				}
+			}
+			what, ok := want[n]
+			if !ok {
+				t.Errorf("%s: port %s is no port tether listens on (%v)", where, p.Port.String(), want)
+				continue
+			}
+			if !serviced[n] {
+				t.Errorf("%s: port %s (%d) is no Service's target port", where, p.Port.String(), n)
+			}
+			admitted[what]++
+			for j, peer := range rule.From {
+				pw := fmt.Sprintf("%s from[%d]", where, j)
+				if peer.IPBlock != nil || peer.NamespaceSelector == nil || len(peer.NamespaceSelector.MatchExpressions) > 0 {
+					t.Errorf("%s: %v, want a namespaceSelector by matchLabels only", pw, peer)
+					continue
+				}
+				ns := peer.NamespaceSelector.MatchLabels
+				switch what {
+				case "extproc":
+					if !maps.Equal(ns, gateway) || peer.PodSelector == nil || !maps.Equal(peer.PodSelector.MatchLabels, gatewayPods) {
+						t.Errorf("%s: ext_proc from namespace %v pods %v, want the gateway's: namespace %v pods %v",
+							pw, ns, peer.PodSelector, gateway, gatewayPods)
+					}
+				case "admin":
+					if !maps.Equal(ns, map[string]string{"kubernetes.io/metadata.name": "monitoring"}) {
+						t.Errorf("%s: admin from namespace %v, want the monitoring namespace only", pw, ns)
+					}
+				default:
+					t.Errorf("%s: %s admitted; only ext_proc and admin are", pw, what)
+				}
+			}
+		}
+	}
+	for _, what := range []string{"extproc", "admin"} {
+		if admitted[what] == 0 {
+			t.Errorf("NetworkPolicy %s admits no one to %s", np.Name, what)
+		}
 	}
 }
 
@@ -852,7 +1001,7 @@ func TestBadManifests(t *testing.T) {
 		}
 		return string(data)
 	}
-	deployment, filter := read("deployment.yaml"), read("istio-envoyfilter.yaml")
+	deployment, filter, netpol := read("deployment.yaml"), read("istio-envoyfilter.yaml"), read("networkpolicy.yaml")
 	for _, tc := range []struct {
 		name, file, data string
 		old, new         string
@@ -868,6 +1017,10 @@ func TestBadManifests(t *testing.T) {
 			[]string{"deployment.yaml", `kind "Deploymint"`, "not a kind"}},
 		{"duplicate key", "deployment.yaml", deployment, "  replicas: 2", "  replicas: 2\n  replicas: 3",
 			[]string{"deployment.yaml", "replicas"}},
+		{"network policy field misspelt", "networkpolicy.yaml", netpol, "  policyTypes:", "  policyTypez:",
+			[]string{"networkpolicy.yaml", `unknown field "spec.policyTypez"`}},
+		{"network policy peer misspelt", "networkpolicy.yaml", netpol, "- namespaceSelector:", "- namespaceSelektor:",
+			[]string{"networkpolicy.yaml", `unknown field "spec.ingress[0].from[0].namespaceSelektor"`}},
 		{"ext_proc field misspelt", "istio-envoyfilter.yaml", filter, "failure_mode_allow:", "failure_mode_alow:",
 			[]string{"istio-envoyfilter.yaml", "configPatches[2]", "HttpFilter", "failure_mode_alow"}},
 		{"cluster field misspelt", "istio-envoyfilter.yaml", filter, "connect_timeout:", "conect_timeout:",

@@ -90,6 +90,10 @@ var ErrInvalid = errors.New("invalid configuration")
 //     waits, bounded, for every connected Envoy to acknowledge them;
 //  3. only then do new instances get decisions, so tether never names a
 //     cluster Envoy does not have yet.
+//
+// Sections a running tether does not change are logged as restart-only,
+// and Envoy's side of [tls] follows what tether's servers run with
+// (envoyTLS), not next.
 func (r *runtime) apply(ctx context.Context, next config.Config, source string) (version string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

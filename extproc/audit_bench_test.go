@@ -64,23 +64,7 @@ func BenchmarkAuditOverhead(b *testing.B) {
 					"user-agent", "bench", "x-user-id", "user-7f3c@example.org", "x-request-id", "5b8f1c2e-0d3a-4f6b-9c1d-2e3f4a5b6c7d"),
 				withUpstream(respHeaders(":status", "200"), "127.0.0.1:8001"),
 			}
-			ctx := context.Background()
-			b.ReportAllocs()
-			for b.Loop() {
-				s, err := c.Process(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				for _, m := range msgs {
-					if err := s.Send(m); err != nil {
-						b.Fatal(err)
-					}
-					if _, err := s.Recv(); err != nil {
-						b.Fatal(err)
-					}
-				}
-				_ = s.CloseSend()
-			}
+			benchExchange(b, c, msgs)
 			if w != nil {
 				b.StopTimer()
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -287,6 +287,11 @@ func BenchmarkProcess(b *testing.B) {
 		// As Envoy sends it: with the response attributes tether asks for.
 		withUpstream(respHeaders(":status", "200"), "127.0.0.1:8001"),
 	}
+	benchExchange(b, c, msgs)
+}
+
+// benchExchange runs msgs as one ext_proc stream per iteration.
+func benchExchange(b *testing.B, c extprocv3.ExternalProcessorClient, msgs []*extprocv3.ProcessingRequest) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

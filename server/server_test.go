@@ -51,41 +51,8 @@ func (w logWatcher) Write(p []byte) (int, error) {
 // addresses, and a stop function that cancels and waits for Run's result.
 func run(t *testing.T, cfg config.Config) (extproc, admin string, stop func() error) {
 	t.Helper()
-	w := logWatcher{lines: make(chan map[string]any, 64)}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, Options{Logger: zerolog.New(w)}) }()
-	deadline := time.After(10 * time.Second)
-	for extproc == "" {
-		select {
-		case m := <-w.lines:
-			if m["message"] == "tether ready" {
-				extproc, admin = m["extproc"].(string), m["admin"].(string)
-			}
-		case err := <-done:
-			cancel()
-			t.Fatalf("Run returned before ready: %v", err)
-		case <-deadline:
-			cancel()
-			t.Fatal("not ready within 10s")
-		}
-	}
-	var stopped bool
-	var result error
-	stop = func() error {
-		if !stopped {
-			stopped = true
-			cancel()
-			select {
-			case result = <-done:
-			case <-time.After(15 * time.Second):
-				t.Fatal("Run did not return within 15s of cancel")
-			}
-		}
-		return result
-	}
-	t.Cleanup(func() { _ = stop() })
-	return extproc, admin, stop
+	addrs, _, stop := runLogged(t, cfg)
+	return addrs["extproc"], addrs["admin"], stop
 }
 
 func testConfig() config.Config {

@@ -91,9 +91,9 @@ var ErrInvalid = errors.New("invalid configuration")
 //  3. only then do new instances get decisions, so tether never names a
 //     cluster Envoy does not have yet.
 //
-// Sections a running tether does not change are logged as restart-only,
-// and Envoy's side of [tls] follows what tether's servers run with
-// (envoyTLS), not next.
+// Sections a running tether does not change are logged as restart-only;
+// Envoy's side of [tls], the routing header and the identity headers
+// follow what tether runs with, not next.
 func (r *runtime) apply(ctx context.Context, next config.Config, source string) (version string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -114,8 +114,15 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 		}
 	}
 	tlsNow := r.envoyTLS(next.TLS)
+	// Envoy is told what tether runs with where the two must agree: its
+	// [tls] (envoyTLS), the header it routes on and the identity headers
+	// both hash on, which tether reads from start until a restart. A
+	// cluster_header edit that reached Envoy alone would send every
+	// request past tether's decision to the default pool.
 	built := next
 	built.TLS = tlsNow
+	built.Routing.ClusterHeader = r.start.Routing.ClusterHeader
+	built.Identity = r.start.Identity
 	res, err := xds.Build(built, r.extproc, xds.ADS)
 	if err != nil {
 		return "", r.refuse(source, err)
@@ -221,6 +228,8 @@ func restartOnly(c config.Config) []restartSection {
 		// tether's own certificate files are re-read when they change;
 		// which files, the client CA and min_version only at a restart
 		// ([tls.envoy] reaches Envoy over xDS at once, see envoyTLS).
+		// Envoy keeps the cluster and identity headers tether started
+		// with (apply) until then too.
 		{"tls", serverTLS(c.TLS)},
 		{"routing.cluster_header", c.Routing.ClusterHeader},
 		{"routing.queue_depth_header", c.Routing.QueueDepthHeader},

@@ -11,6 +11,7 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/syncbuf"
@@ -87,11 +89,25 @@ func TestApply(t *testing.T) {
 	}
 }
 
-// servedExtProcTLS asks the ADS server at addr for its clusters, as an
-// Envoy would, and returns the tether-extproc cluster's upstream TLS
-// context (nil when it has no transport socket). The stream is closed,
-// and gone from ads, before it returns.
-func servedExtProcTLS(t *testing.T, ads *xds.Server, addr string) *tlsv3.UpstreamTlsContext {
+// startADS serves an ADS server on loopback until ctx ends or the test
+// does, and returns it with its address.
+func startADS(ctx context.Context, t *testing.T, reg prometheus.Registerer) (*xds.Server, string) {
+	t.Helper()
+	ads := xds.NewServer(ctx, zerolog.Nop(), reg)
+	gs := grpc.NewServer()
+	ads.Register(gs)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	return ads, lis.Addr().String()
+}
+
+// served fetches the resources of one type the ADS server serves now,
+// over a stream of its own that it closes before returning.
+func served(t *testing.T, ads *xds.Server, addr, typeURL string) []*anypb.Any {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer func() {
@@ -113,14 +129,25 @@ func servedExtProcTLS(t *testing.T, ads *xds.Server, addr string) *tlsv3.Upstrea
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "runtime-test"}, TypeUrl: resource.ClusterType}); err != nil {
+	req := &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "runtime-test"}, TypeUrl: typeURL}
+	if typeURL == resource.RouteType {
+		req.ResourceNames = []string{xds.RouteName}
+	}
+	if err := s.Send(req); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := s.Recv()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range resp.GetResources() {
+	return resp.GetResources()
+}
+
+// servedExtProcTLS returns the TLS context of the tether-extproc cluster
+// served now, nil when it has none.
+func servedExtProcTLS(t *testing.T, ads *xds.Server, addr string) *tlsv3.UpstreamTlsContext {
+	t.Helper()
+	for _, a := range served(t, ads, addr, resource.ClusterType) {
 		var c clusterv3.Cluster
 		if err := a.UnmarshalTo(&c); err != nil {
 			t.Fatal(err)
@@ -188,15 +215,7 @@ func TestApplyKeepsServerTLS(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			reg := prometheus.NewRegistry()
-			ads := xds.NewServer(ctx, zerolog.Nop(), reg)
-			gs := grpc.NewServer()
-			ads.Register(gs)
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			go func() { _ = gs.Serve(lis) }()
-			defer gs.Stop()
+			ads, addr := startADS(ctx, t, reg)
 			rt := newRuntime([]string{"127.0.0.1:50051"}, ads, zerolog.Nop(), reg)
 
 			cfg := fleetConfig("a", "b")
@@ -204,7 +223,7 @@ func TestApplyKeepsServerTLS(t *testing.T) {
 			if _, err := rt.apply(ctx, cfg, "start"); err != nil {
 				t.Fatal(err)
 			}
-			before := servedExtProcTLS(t, ads, lis.Addr().String())
+			before := servedExtProcTLS(t, ads, addr)
 			next := fleetConfig("a", "b", "c") // and a change that is served
 			tc.start(&next)
 			tc.edit(&next)
@@ -214,7 +233,7 @@ func TestApplyKeepsServerTLS(t *testing.T) {
 			if n := len(rt.fleet.All()); n != 3 {
 				t.Errorf("fleet has %d instances, want the new one too", n)
 			}
-			got := servedExtProcTLS(t, ads, lis.Addr().String())
+			got := servedExtProcTLS(t, ads, addr)
 			if (got != nil) != tc.want.tls {
 				t.Fatalf("served TLS context %v, want one: %t", got, tc.want.tls)
 			}
@@ -235,6 +254,54 @@ func TestApplyKeepsServerTLS(t *testing.T) {
 				t.Errorf("served TLS changed:\nbefore %v\nafter  %v", before, got)
 			}
 		})
+	}
+}
+
+// TestApplyKeepsRoutingHeaders: the routing header and the identity
+// headers change in tether only at a restart, so a live edit of them must
+// not reach Envoy either; the rest of the change is served.
+func TestApplyKeepsRoutingHeaders(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg := prometheus.NewRegistry()
+	ads, addr := startADS(ctx, t, reg)
+	logs := &syncbuf.Buffer{}
+	rt := newRuntime([]string{"127.0.0.1:50051"}, ads, zerolog.New(logs), reg)
+	start := fleetConfig("a", "b")
+	if _, err := rt.apply(ctx, start, "start"); err != nil {
+		t.Fatal(err)
+	}
+	next := fleetConfig("a", "b", "c")
+	next.Routing.ClusterHeader = "x-edited-cluster"
+	next.Identity.SessionHeader = "x-edited-session"
+	if _, err := rt.apply(ctx, next, "file"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(rt.fleet.All()); n != 3 {
+		t.Errorf("fleet has %d instances, want the new one too", n)
+	}
+	routes := served(t, ads, addr, resource.RouteType)
+	if len(routes) != 1 {
+		t.Fatalf("%d route configurations served, want 1", len(routes))
+	}
+	var rc routev3.RouteConfiguration
+	if err := routes[0].UnmarshalTo(&rc); err != nil {
+		t.Fatal(err)
+	}
+	tether := rc.GetVirtualHosts()[0].GetRoutes()[0]
+	if h := tether.GetMatch().GetHeaders()[0].GetName(); h != start.Routing.ClusterHeader {
+		t.Errorf("tether's route matches %q, want %q, the header tether still sets", h, start.Routing.ClusterHeader)
+	}
+	if h := tether.GetRoute().GetClusterHeader(); h != start.Routing.ClusterHeader {
+		t.Errorf("tether's route reads the cluster from %q, want %q", h, start.Routing.ClusterHeader)
+	}
+	if h := tether.GetRoute().GetHashPolicy()[0].GetHeader().GetHeaderName(); h != start.Identity.SessionHeader {
+		t.Errorf("first hash policy on %q, want %q, the session header tether still reads", h, start.Identity.SessionHeader)
+	}
+	for _, section := range []string{"routing.cluster_header", "identity"} {
+		if !strings.Contains(logs.String(), `"section":"`+section+`"`) {
+			t.Errorf("no restart-only warning naming %s:\n%s", section, logs)
+		}
 	}
 }
 

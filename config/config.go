@@ -56,6 +56,10 @@ type Server struct {
 	// DebugHeaders adds x-tether-instance and x-tether-decision to responses.
 	DebugHeaders bool   `toml:"debug_headers"`
 	LogLevel     string `toml:"log_level"`
+	// DrainDelay is how long tether keeps taking new ext_proc streams after
+	// SIGTERM while it reports itself not ready and not serving, so Envoy's
+	// health checks take the replica out before its listener closes.
+	DrainDelay Duration `toml:"drain_delay"`
 	// DrainTimeout bounds how long SIGTERM waits for open ext_proc streams.
 	DrainTimeout Duration `toml:"drain_timeout"`
 	// The admin API's bearer token: read from AdminTokenFile when one is
@@ -242,6 +246,8 @@ const (
 	DefaultClusterHeader     = "x-tether-cluster"
 	DefaultSecretEnv         = "TETHER_IDENTITY_SECRET"
 	DefaultDrainTimeout      = 10 * time.Second
+	DefaultDrainDelay        = 2 * time.Second
+	MaxDrainDelay            = 5 * time.Minute
 	DefaultAdminTokenEnv     = "TETHER_ADMIN_TOKEN"
 	MinAdminToken            = 16 // bytes
 	DefaultTLSMinVersion     = "1.2"
@@ -349,6 +355,7 @@ func (c *Config) setDefaults() {
 	str(&c.Server.AdminAddr, DefaultAdminAddr)
 	str(&c.Server.LogLevel, "info")
 	dur(&c.Server.DrainTimeout, DefaultDrainTimeout)
+	dur(&c.Server.DrainDelay, DefaultDrainDelay)
 	str(&c.Server.AdminTokenEnv, DefaultAdminTokenEnv)
 	str(&c.TLS.MinVersion, DefaultTLSMinVersion)
 	str(&c.Redis.URL, DefaultRedisURL)
@@ -458,6 +465,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Server.DrainTimeout.D < 0 {
 		bad("server.drain_timeout", c.Server.DrainTimeout, "must not be negative")
+	}
+	if d := c.Server.DrainDelay.D; d < 0 || d > MaxDrainDelay {
+		bad("server.drain_delay", c.Server.DrainDelay, fmt.Sprintf("want 0 (off) to %v", MaxDrainDelay))
 	}
 	if !envName.MatchString(c.Server.AdminTokenEnv) {
 		// Not shown: a token put where its variable's name goes.

@@ -86,6 +86,9 @@ func TestParseBad(t *testing.T) {
 		{"redis scheme", "[redis]\nurl = \"http://:hunter2@h:1\"", []string{"redis.url"}},
 		{"bad listen", "[server]\nextproc_addr = \"50051\"", []string{"server.extproc_addr", `"50051"`}},
 		{"bad log level", "[server]\nlog_level = \"loud\"", []string{"server.log_level"}},
+		{"negative drain delay", "[server]\ndrain_delay = \"-1s\"", []string{"server.drain_delay", "-1s", "0 (off) to 5m0s"}},
+		{"drain delay of an hour", "[server]\ndrain_delay = \"1h\"", []string{"server.drain_delay", "1h0m0s"}},
+		{"drain delay not a duration", "[server]\ndrain_delay = \"2 seconds\"", []string{"drain_delay", `"2 seconds"`}},
 		{"duplicate instance", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\n[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:2\"", []string{"instances[1].name", "duplicate of instances[0]"}},
 		{"instance name", "[[instances]]\nname = \"A B\"\naddress = \"10.0.0.1:1\"", []string{"instances[0].name", `"A B"`}},
 		{"instance address", "[[instances]]\nname = \"a\"\naddress = \"nowhere\"", []string{"instances[0].address", `"nowhere"`}},
@@ -613,5 +616,26 @@ func TestRedisURLErrorsHideSecrets(t *testing.T) {
 		if strings.Contains(err.Error(), secret) {
 			t.Errorf("error shows the secret: %v", err)
 		}
+	}
+}
+
+// TestDrainDelay: 2 s unless set; "0s" turns it off rather than taking
+// the default.
+func TestDrainDelay(t *testing.T) {
+	for toml, want := range map[string]time.Duration{
+		"":                                   DefaultDrainDelay,
+		"[server]\ndrain_delay = \"0s\"":     0,
+		"[server]\ndrain_delay = \"7500ms\"": 7500 * time.Millisecond,
+	} {
+		c, err := Parse([]byte(toml))
+		if err != nil {
+			t.Fatalf("%q: %v", toml, err)
+		}
+		if got := c.Server.DrainDelay.D; got != want {
+			t.Errorf("%q: drain_delay %v, want %v", toml, got, want)
+		}
+	}
+	if d := Default().Server.DrainDelay.D; d != DefaultDrainDelay {
+		t.Errorf("Default() drain_delay %v, want %v", d, DefaultDrainDelay)
 	}
 }

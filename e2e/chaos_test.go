@@ -169,6 +169,53 @@ func TestChaosTetherReplicaKilled(t *testing.T) {
 	}
 }
 
+// TestChaosTetherReplicaStopped: a rolling update's stop. One of two
+// replicas gets SIGTERM mid-load and is started again 3 s after it exits.
+// For server.drain_delay (the default 2 s) it reports NOT_SERVING but
+// keeps deciding, so Envoy's health checks take it out before its port
+// closes: no request skips tether and none fails.
+func TestChaosTetherReplicaStopped(t *testing.T) {
+	s := startChaosStack(t, chaosOptions{Tethers: 2, Configure: func(c *config.Config) {
+		c.Server.DrainDelay = config.Dur(config.DefaultDrainDelay)
+	}})
+	var decided float64
+	var took time.Duration
+	res := s.runChaos(t, chaosPlan{
+		Fault: func(t *testing.T, load *loadDriver) {
+			decided = s.Tethers[1].metric(t, "tether_requests_total")
+			began := time.Now()
+			s.Tethers[1].Stop()
+			took = time.Since(began)
+			load.keepRunning(t, 3*time.Second)
+			s.RestartTether(1)
+		},
+	})
+	d := res.Phases[phaseDuring]
+	res.report(t, "tether-replica-stopped",
+		fmt.Sprintf("drain_delay=%v", s.Config.Server.DrainDelay.D),
+		fmt.Sprintf("stopped_replica_decided_before=%.0f", decided),
+		fmt.Sprintf("sigterm_to_exit=%v", took.Round(10*time.Millisecond)),
+		fmt.Sprintf("bypassed_during=%d_of_%d", d.Bypassed, d.Requests))
+	res.requireNothingLost(t)
+	if decided == 0 {
+		t.Fatal("the stopped replica had decided no request: the fault changed nothing")
+	}
+	if took < s.Config.Server.DrainDelay.D {
+		t.Errorf("the replica exited %v after SIGTERM, before its %v drain delay", took, s.Config.Server.DrainDelay.D)
+	}
+	for p := range phases {
+		if f := res.Phases[p].Failed; f > 0 {
+			t.Errorf("%d requests failed %s the stop: %s", f, p, res.failures(p))
+		}
+		if b := res.Phases[p].Bypassed; b > 0 {
+			t.Errorf("%d requests bypassed tether %s the stop: Envoy sent streams to a closed port", b, p)
+		}
+	}
+	if res.Verdict.Intact != res.Verdict.Checked || len(res.OffBinding) > 0 {
+		t.Errorf("a replica's stop moved bindings: %v, off their binding %v", res.Verdict, res.OffBinding)
+	}
+}
+
 // TestChaosRedisOutage: the redis-server is killed (SIGKILL) for 10 s and
 // started again with its data (an append-only file, see KillRedis).
 // No request fails: tether places by rendezvous hashing meanwhile

@@ -144,6 +144,9 @@ func baseConfig(redisURL string, instances []config.Instance) config.Config {
 	c.Server.AdminAddr = "127.0.0.1:0"
 	c.Server.DebugHeaders = true
 	c.Server.DrainTimeout = config.Dur(5 * time.Second)
+	// Every test stops its tethers; TestChaosTetherReplicaStopped is the
+	// one that needs the drain delay.
+	c.Server.DrainDelay = config.Dur(0)
 	c.XDS.Addr = "127.0.0.1:0"
 	c.Envoy.ListenerAddr = "127.0.0.1:0"
 	c.Redis.URL = redisURL

@@ -49,7 +49,8 @@ type Options struct {
 	WrapRegisterer func(prometheus.Registerer) prometheus.Registerer
 }
 
-// Run serves until ctx ends, then drains open streams (bounded by
+// Run serves until ctx ends, then reports itself down while still serving
+// for server.drain_delay, drains open streams (bounded by
 // server.drain_timeout) and returns. It returns an error only when tether
 // cannot start or a listener fails.
 func Run(ctx context.Context, cfg config.Config, opts Options) error {
@@ -169,8 +170,10 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if xs != nil {
 		go func() { errc <- serveErr("xds", xs.Serve(ls.xds)) }()
 	}
-	// The background loops, stopped (and waited for) before the drain.
-	wctx, stopWatch := context.WithCancel(ctx)
+	// The background loops: they keep running through the drain delay,
+	// while the replica still decides, and are stopped (and waited for)
+	// before its listener closes.
+	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	var watchers sync.WaitGroup
 	watchers.Go(func() { lengths.Run(wctx) })
 	watchers.Go(func() { syncLoad(wctx, load, rt.fleet, log, rec.LoadSyncFailures()) })
@@ -196,10 +199,13 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	case <-ctx.Done():
 	case runErr = <-errc:
 	}
-	stopWatch()
-	watchers.Wait()
 	ready.drain()
 	hs.Shutdown()
+	if d := cfg.Server.DrainDelay.D; d > 0 && runErr == nil {
+		runErr = lameDuck(d, errc, log)
+	}
+	stopWatch()
+	watchers.Wait()
 	log.Info().Dur("timeout", cfg.Server.DrainTimeout.D).Msg("draining ext_proc streams")
 	stopGRPC(gs, cfg.Server.DrainTimeout.D)
 	if xs != nil {
@@ -281,6 +287,24 @@ func randomSource(seed uint64) func() uint64 {
 		mu.Lock()
 		defer mu.Unlock()
 		return r.Uint64()
+	}
+}
+
+// lameDuck waits out server.drain_delay with /readyz and the gRPC health
+// service already reporting the replica down but its ext_proc listener
+// still open: Envoy's health checks (twice a second, out after two
+// failures) and Kubernetes' endpoints take it out of rotation meanwhile,
+// so no new stream meets a closed port and skips tether. A server that
+// fails in the meantime ends the wait with its error.
+func lameDuck(d time.Duration, errc <-chan error, log zerolog.Logger) error {
+	log.Info().Dur("delay", d).Msg("not ready; still deciding until Envoy stops sending streams")
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case err := <-errc:
+		return err
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/testenv"
@@ -61,6 +63,7 @@ func testConfig() config.Config {
 	c.Server.AdminAddr = "127.0.0.1:0"
 	c.XDS.Addr = "127.0.0.1:0"
 	c.Server.DrainTimeout = config.Dur(5 * time.Second)
+	c.Server.DrainDelay = config.Dur(0) // TestLameDuck covers it
 	// A loaded test machine can hold a store call past the 10ms default;
 	// these tests are about the server, not store timeouts.
 	c.Envoy.MessageTimeout = config.Dur(2 * time.Second)
@@ -167,6 +170,79 @@ func TestDrainLetsOpenStreamsFinish(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after the last stream closed")
+	}
+}
+
+// TestLameDuck: for server.drain_delay after the context ends (SIGTERM),
+// /readyz and the gRPC health service report the replica down while new
+// connections and streams still get decisions; then Run drains and
+// returns, and the port is closed.
+func TestLameDuck(t *testing.T) {
+	cfg := testConfig()
+	const delay = 1500 * time.Millisecond
+	cfg.Server.DrainDelay = config.Dur(delay)
+	extproc, admin, stop := run(t, cfg)
+
+	began := time.Now()
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, body := get(t, "http://"+admin+"/readyz")
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "draining") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never said draining: %d %s", code, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// A client that connects now, as Envoy does until its health checks
+	// fail, is served and told the replica is going.
+	conn, err := grpc.NewClient(extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health during the drain delay: %v, %v; want NOT_SERVING", h, err)
+	}
+	s, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatalf("new stream during the drain delay: %v", err)
+	}
+	hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: "x-session-id", RawValue: []byte("late")}}}
+	if err := s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: hm}}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Recv()
+	if err != nil {
+		t.Fatalf("decision during the drain delay: %v", err)
+	}
+	if got := string(r.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()[0].GetHeader().GetRawValue()); got != "inst-a" {
+		t.Fatalf("routed to %q during the drain delay", got)
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after the drain delay")
+	}
+	if took := time.Since(began); took < delay {
+		t.Errorf("Run returned %v after the context ended, before the %v drain delay", took, delay)
+	}
+	if c, err := net.DialTimeout("tcp", extproc, time.Second); err == nil {
+		c.Close()
+		t.Error("the ext_proc port still accepts connections after Run returned")
 	}
 }
 

@@ -15,6 +15,9 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal starts a graceful stop; a second one, back on the
+	// default handler, ends the process at once.
+	go func() { <-ctx.Done(); stop() }()
 	if err := newRootCmd().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "tether:", err)
 		os.Exit(1)

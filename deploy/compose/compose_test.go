@@ -313,6 +313,20 @@ func TestComposeRejects(t *testing.T) {
 			want: []string{`service "tether"`, "/etc/tether/tether.toml", "nothing is mounted"},
 		},
 		{
+			name: "stop grace period shorter than the drain",
+			edit: func(t *testing.T, c string) string {
+				return replace(t, c, "    stop_grace_period: 15s\n", "    stop_grace_period: 5s\n")
+			},
+			want: []string{`service "tether"`, "stop_grace_period 5s", "server.drain_delay 2s", "server.drain_timeout 10s"},
+		},
+		{
+			name: "stop grace period left at Docker's default",
+			edit: func(t *testing.T, c string) string {
+				return replace(t, c, "    stop_grace_period: 15s\n", "")
+			},
+			want: []string{`service "tether"`, "stop_grace_period 10s"},
+		},
+		{
 			name: "redis host is not a service",
 			edit: func(t *testing.T, c string) string {
 				dir := configDir(t, func(s string) string {
@@ -557,6 +571,7 @@ func (s *stack) check() error {
 	} else {
 		s.cfg = cfg
 		s.checkTetherListens(cfg)
+		s.checkStopGrace(cfg)
 		s.checkRedis(cfg)
 		s.checkInstances(cfg)
 		s.checkEnvoy(cfg)
@@ -1021,6 +1036,25 @@ func (s *stack) checkTetherListens(cfg *config.Config) {
 			s.errf("service %q: publishes container port %d, which tether does not serve (ext_proc %d, admin %d, xds %d)",
 				svcTether, p.Target, port(cfg.Server.ExtProcAddr), port(cfg.Server.AdminAddr), port(cfg.XDS.Addr))
 		}
+	}
+}
+
+// checkStopGrace: Docker waits long enough after SIGTERM for tether's
+// drain delay and drain timeout, plus 2 s for the admin server, before it
+// kills the container.
+func (s *stack) checkStopGrace(cfg *config.Config) {
+	svc, err := s.service(svcTether)
+	if err != nil {
+		s.add(err)
+		return
+	}
+	grace := 10 * time.Second // Docker's default
+	if svc.StopGracePeriod != nil {
+		grace = time.Duration(*svc.StopGracePeriod)
+	}
+	if need := cfg.Server.DrainDelay.D + cfg.Server.DrainTimeout.D + 2*time.Second; grace <= need {
+		s.errf("service %q: stop_grace_period %v, want above server.drain_delay %v + server.drain_timeout %v + 2s, or Docker kills tether mid-drain",
+			svcTether, grace, cfg.Server.DrainDelay.D, cfg.Server.DrainTimeout.D)
 	}
 }
 

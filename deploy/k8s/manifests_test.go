@@ -555,8 +555,9 @@ func TestDeployment(t *testing.T) {
 		t.Error("no topology spread or pod anti-affinity across kubernetes.io/hostname")
 	}
 
-	// SIGTERM drains for server.drain_timeout, after the preStop pause: the
-	// grace period must cover both, or the kubelet kills open streams.
+	// SIGTERM keeps deciding for server.drain_delay, then drains for
+	// server.drain_timeout, after the preStop pause: the grace period must
+	// cover all three, or the kubelet kills open streams.
 	var preStop time.Duration
 	if lc := c.Lifecycle; lc != nil && lc.PreStop != nil && lc.PreStop.Sleep != nil {
 		preStop = time.Duration(lc.PreStop.Sleep.Seconds) * time.Second
@@ -565,9 +566,9 @@ func TestDeployment(t *testing.T) {
 	if pod.Spec.TerminationGracePeriodSeconds != nil {
 		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
 	}
-	if need := preStop + cfg.Server.DrainTimeout.D + 2*time.Second; grace <= need {
-		t.Errorf("terminationGracePeriodSeconds %v, want above preStop %v + server.drain_timeout %v + 2s for the admin server",
-			grace, preStop, cfg.Server.DrainTimeout.D)
+	if need := preStop + cfg.Server.DrainDelay.D + cfg.Server.DrainTimeout.D + 2*time.Second; grace <= need {
+		t.Errorf("terminationGracePeriodSeconds %v, want above preStop %v + server.drain_delay %v + server.drain_timeout %v + 2s for the admin server",
+			grace, preStop, cfg.Server.DrainDelay.D, cfg.Server.DrainTimeout.D)
 	}
 
 	// The identity secret comes from a Secret, in the variable the config names.

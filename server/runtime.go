@@ -36,7 +36,7 @@ type runtime struct {
 	tls     config.TLS
 	fleet   *fleet.Fleet
 	ads     *xds.Server // nil when the ADS server is off
-	extproc []string    // ext_proc endpoints Envoy is told to call
+	self    string      // this replica's ext_proc address (see endpoints)
 	version string      // of the Envoy resources in force
 	log     zerolog.Logger
 	reloads *prometheus.CounterVec
@@ -60,9 +60,9 @@ func (r *runtime) setPolicy(f func(affinity.Policy)) {
 	r.policy = f
 }
 
-func newRuntime(extproc []string, ads *xds.Server, log zerolog.Logger, reg prometheus.Registerer) *runtime {
+func newRuntime(self string, ads *xds.Server, log zerolog.Logger, reg prometheus.Registerer) *runtime {
 	r := &runtime{
-		fleet: fleet.New(nil), ads: ads, extproc: extproc, log: log,
+		fleet: fleet.New(nil), ads: ads, self: self, log: log,
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_config_reloads_total",
 			Help: "Configuration changes by source (file, admin) and result (applied, unchanged, invalid).",
@@ -100,13 +100,26 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 	if err := next.Validate(); err != nil {
 		return "", r.refuse(source, err)
 	}
-	pol, err := Policy(next)
-	if err != nil {
-		return "", r.refuse(source, err)
-	}
 	starting := r.version == ""
 	if starting {
 		r.start, r.tls = next, next.TLS
+	}
+	// What runs is next with the routing header and the identity headers
+	// tether started with (they change only at a restart); Envoy is told
+	// the same. It must validate as a whole too: an edit that moved
+	// cluster_header and gave a rule header the old name would otherwise
+	// match on a header Envoy strips from every request.
+	eff := next
+	eff.Routing.ClusterHeader = r.start.Routing.ClusterHeader
+	eff.Identity = r.start.Identity
+	if err := eff.Validate(); err != nil {
+		return "", r.refuse(source, fmt.Errorf("with the routing and identity headers tether runs with until a restart: %w", err))
+	}
+	pol, err := Policy(eff)
+	if err != nil {
+		return "", r.refuse(source, err)
+	}
+	if starting {
 		if next.TLS.Enabled() && next.TLS.Envoy == (config.EnvoyTLS{}) {
 			// Valid only with the ADS server off (config.Validate).
 			r.log.Info().Msg("[tls.envoy] is empty and the ADS server is off: tether generates no TLS for Envoy's side, " +
@@ -115,15 +128,13 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 	}
 	tlsNow := r.envoyTLS(next.TLS)
 	// Envoy is told what tether runs with where the two must agree: its
-	// [tls] (envoyTLS), the header it routes on and the identity headers
-	// both hash on, which tether reads from start until a restart. A
-	// cluster_header edit that reached Envoy alone would send every
-	// request past tether's decision to the default pool.
-	built := next
+	// [tls] (envoyTLS) and, through eff, the header it routes on and the
+	// identity headers both hash on. A cluster_header edit that reached
+	// Envoy alone would send every request past tether's decision to the
+	// default pool.
+	built := eff
 	built.TLS = tlsNow
-	built.Routing.ClusterHeader = r.start.Routing.ClusterHeader
-	built.Identity = r.start.Identity
-	res, err := xds.Build(built, r.extproc, xds.ADS)
+	res, err := xds.Build(built, r.endpoints(next), xds.ADS)
 	if err != nil {
 		return "", r.refuse(source, err)
 	}
@@ -170,6 +181,15 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 	r.reloads.WithLabelValues(source, "applied").Inc()
 	r.log.Info().Str("source", source).Str("version", version).Int("instances", len(now)).Msg("configuration applied")
 	return version, nil
+}
+
+// endpoints are the tether replicas Envoy is told to call:
+// envoy.extproc_endpoints, else this replica alone.
+func (r *runtime) endpoints(c config.Config) []string {
+	if len(c.Envoy.ExtProcEndpoints) > 0 {
+		return c.Envoy.ExtProcEndpoints
+	}
+	return []string{r.self}
 }
 
 func (r *runtime) refuse(source string, err error) error {

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -42,7 +44,7 @@ func TestApply(t *testing.T) {
 	defer cancel()
 	reg := prometheus.NewRegistry()
 	ads := xds.NewServer(ctx, zerolog.Nop(), reg)
-	rt := newRuntime([]string{"127.0.0.1:50051"}, ads, zerolog.Nop(), reg)
+	rt := newRuntime("127.0.0.1:50051", ads, zerolog.Nop(), reg)
 
 	v1, err := rt.apply(ctx, fleetConfig("a", "b"), "start")
 	if err != nil || v1 == "" || ads.Version() != v1 {
@@ -216,7 +218,7 @@ func TestApplyKeepsServerTLS(t *testing.T) {
 			defer cancel()
 			reg := prometheus.NewRegistry()
 			ads, addr := startADS(ctx, t, reg)
-			rt := newRuntime([]string{"127.0.0.1:50051"}, ads, zerolog.Nop(), reg)
+			rt := newRuntime("127.0.0.1:50051", ads, zerolog.Nop(), reg)
 
 			cfg := fleetConfig("a", "b")
 			tc.start(&cfg)
@@ -266,7 +268,7 @@ func TestApplyKeepsRoutingHeaders(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	ads, addr := startADS(ctx, t, reg)
 	logs := &syncbuf.Buffer{}
-	rt := newRuntime([]string{"127.0.0.1:50051"}, ads, zerolog.New(logs), reg)
+	rt := newRuntime("127.0.0.1:50051", ads, zerolog.New(logs), reg)
 	start := fleetConfig("a", "b")
 	if _, err := rt.apply(ctx, start, "start"); err != nil {
 		t.Fatal(err)
@@ -303,6 +305,69 @@ func TestApplyKeepsRoutingHeaders(t *testing.T) {
 			t.Errorf("no restart-only warning naming %s:\n%s", section, logs)
 		}
 	}
+
+	// Valid as a file, but not with the header tether still routes on: a
+	// rule on it would never match, since Envoy strips it from requests.
+	clash := next
+	clash.Routing.Rules = []config.Rule{{Name: "old-header", Header: start.Routing.ClusterHeader, Mode: config.ModeRandom}}
+	if err := clash.Validate(); err != nil {
+		t.Fatalf("test setup: the file itself should validate: %v", err)
+	}
+	_, err := rt.apply(ctx, clash, "file")
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "routing.rules[0].header") ||
+		!strings.Contains(err.Error(), "until a restart") {
+		t.Errorf("apply of a rule on the running cluster header: %v, want refused naming routing.rules[0].header", err)
+	}
+	if n := testutil.ToFloat64(rt.reloads.WithLabelValues("file", "invalid")); n != 1 {
+		t.Errorf("invalid count %v, want 1", n)
+	}
+}
+
+// TestApplyExtProcEndpoints: envoy.extproc_endpoints is live: the
+// replicas Envoy is told to call follow an edit, and an empty list means
+// this replica alone.
+func TestApplyExtProcEndpoints(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg := prometheus.NewRegistry()
+	ads, addr := startADS(ctx, t, reg)
+	rt := newRuntime("127.0.0.1:50051", ads, zerolog.Nop(), reg)
+	replicas := func() []string {
+		t.Helper()
+		var out []string
+		for _, a := range served(t, ads, addr, resource.EndpointType) {
+			var cla endpointv3.ClusterLoadAssignment
+			if err := a.UnmarshalTo(&cla); err != nil {
+				t.Fatal(err)
+			}
+			if cla.GetClusterName() != xds.ExtProcCluster {
+				continue
+			}
+			for _, le := range cla.GetEndpoints() {
+				for _, e := range le.GetLbEndpoints() {
+					sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+					out = append(out, net.JoinHostPort(sa.GetAddress(), fmt.Sprint(sa.GetPortValue())))
+				}
+			}
+		}
+		return out
+	}
+	cfg := fleetConfig("a")
+	for _, tc := range []struct {
+		endpoints, want []string
+	}{
+		{nil, []string{"127.0.0.1:50051"}},
+		{[]string{"10.0.0.7:50051", "10.0.0.8:50051"}, []string{"10.0.0.7:50051", "10.0.0.8:50051"}},
+		{nil, []string{"127.0.0.1:50051"}},
+	} {
+		cfg.Envoy.ExtProcEndpoints = tc.endpoints
+		if _, err := rt.apply(ctx, cfg, "file"); err != nil {
+			t.Fatal(err)
+		}
+		if got := replicas(); !slices.Equal(got, tc.want) {
+			t.Errorf("extproc_endpoints %v: Envoy is told to call %v, want %v", tc.endpoints, got, tc.want)
+		}
+	}
 }
 
 // TestRestartOnlyWarned: a change to a restart-only section alone (nothing
@@ -327,7 +392,7 @@ func TestRestartOnlyWarned(t *testing.T) {
 			ctx := context.Background()
 			logs := &syncbuf.Buffer{}
 			reg := prometheus.NewRegistry()
-			rt := newRuntime([]string{"127.0.0.1:50051"}, nil, zerolog.New(logs), reg)
+			rt := newRuntime("127.0.0.1:50051", nil, zerolog.New(logs), reg)
 			start := fleetConfig("a", "b")
 			withTLS(&start)
 			if _, err := rt.apply(ctx, start, "start"); err != nil {

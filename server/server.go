@@ -117,11 +117,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if ls.xds != nil {
 		ads = xds.NewServer(sctx, log, reg)
 	}
-	extprocEndpoints := cfg.Envoy.ExtProcEndpoints
-	if len(extprocEndpoints) == 0 {
-		extprocEndpoints = []string{ls.extproc.Addr().String()}
-	}
-	rt := newRuntime(extprocEndpoints, ads, log, reg)
+	rt := newRuntime(ls.extproc.Addr().String(), ads, log, reg)
 	if _, err := rt.apply(ctx, cfg, "start"); err != nil {
 		return err
 	}
@@ -300,11 +296,15 @@ func lameDuck(d time.Duration, errc <-chan error, log zerolog.Logger) error {
 	log.Info().Dur("delay", d).Msg("not ready; still deciding until Envoy stops sending streams")
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case err := <-errc:
-		return err
+	for {
+		select {
+		case <-t.C:
+			return nil
+		case err := <-errc:
+			if err != nil {
+				return err
+			}
+		}
 	}
 }
 

@@ -246,7 +246,7 @@ const (
 	DefaultClusterHeader     = "x-tether-cluster"
 	DefaultSecretEnv         = "TETHER_IDENTITY_SECRET"
 	DefaultDrainTimeout      = 10 * time.Second
-	DefaultDrainDelay        = 2 * time.Second
+	DefaultDrainDelay        = 3 * time.Second
 	MaxDrainDelay            = 5 * time.Minute
 	DefaultAdminTokenEnv     = "TETHER_ADMIN_TOKEN"
 	MinAdminToken            = 16 // bytes

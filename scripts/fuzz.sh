@@ -33,7 +33,9 @@ for f in $(git ls-files --cached --others --exclude-standard '*_test.go' | xargs
 	for t in $(grep -o '^func Fuzz[A-Za-z0-9_]*' "$f" | cut -c6-); do
 		for attempt in 1 2; do
 			echo "fuzz $t $pkg for $fuzztime"
-			if "$go" test -run '^$' -fuzz "^$t\$" -fuzztime "$fuzztime" "$pkg" 2>&1 | tee "$log"; then
+			# $go unquoted: GO may carry words of its own (GO="env GOFLAGS=-x go").
+			# shellcheck disable=SC2086
+			if $go test -run '^$' -fuzz "^$t\$" -fuzztime "$fuzztime" "$pkg" 2>&1 | tee "$log"; then
 				break
 			fi
 			if [ "$attempt" = 1 ] && toolchain_race; then

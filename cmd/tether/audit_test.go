@@ -108,7 +108,7 @@ func TestAuditExportAndForget(t *testing.T) {
 			t.Run(backend+"/"+sink, func(t *testing.T) {
 				setAuditKeys(t)
 				b := newBackend(t)
-				toml := fmt.Sprintf("[redis]\nurl = %q\n[audit]\nenabled = true\nsink = %q\nsample_rate = 0.000001\n", b.url, sink)
+				toml := fmt.Sprintf("[server]\ndrain_delay = \"0s\"\n[redis]\nurl = %q\n[audit]\nenabled = true\nsink = %q\nsample_rate = 0.000001\n", b.url, sink)
 				switch sink {
 				case "file":
 					toml += fmt.Sprintf("file_dir = %q\n", filepath.Join(t.TempDir(), "audit"))

@@ -315,14 +315,14 @@ func TestComposeRejects(t *testing.T) {
 		{
 			name: "stop grace period shorter than the drain",
 			edit: func(t *testing.T, c string) string {
-				return replace(t, c, "    stop_grace_period: 15s\n", "    stop_grace_period: 5s\n")
+				return replace(t, c, "    stop_grace_period: 20s\n", "    stop_grace_period: 5s\n")
 			},
-			want: []string{`service "tether"`, "stop_grace_period 5s", "server.drain_delay 2s", "server.drain_timeout 10s"},
+			want: []string{`service "tether"`, "stop_grace_period 5s", "server.drain_delay 3s", "server.drain_timeout 10s"},
 		},
 		{
 			name: "stop grace period left at Docker's default",
 			edit: func(t *testing.T, c string) string {
-				return replace(t, c, "    stop_grace_period: 15s\n", "")
+				return replace(t, c, "    stop_grace_period: 20s\n", "")
 			},
 			want: []string{`service "tether"`, "stop_grace_period 10s"},
 		},
@@ -1040,8 +1040,8 @@ func (s *stack) checkTetherListens(cfg *config.Config) {
 }
 
 // checkStopGrace: Docker waits long enough after SIGTERM for tether's
-// drain delay and drain timeout, plus 2 s for the admin server, before it
-// kills the container.
+// drain delay and drain timeout, 1 s for the ADS server's streams when it
+// runs and 2 s for the admin server, before it kills the container.
 func (s *stack) checkStopGrace(cfg *config.Config) {
 	svc, err := s.service(svcTether)
 	if err != nil {
@@ -1052,9 +1052,13 @@ func (s *stack) checkStopGrace(cfg *config.Config) {
 	if svc.StopGracePeriod != nil {
 		grace = time.Duration(*svc.StopGracePeriod)
 	}
-	if need := cfg.Server.DrainDelay.D + cfg.Server.DrainTimeout.D + 2*time.Second; grace <= need {
-		s.errf("service %q: stop_grace_period %v, want above server.drain_delay %v + server.drain_timeout %v + 2s, or Docker kills tether mid-drain",
-			svcTether, grace, cfg.Server.DrainDelay.D, cfg.Server.DrainTimeout.D)
+	rest := 2 * time.Second
+	if cfg.XDS.Addr != "" {
+		rest += time.Second
+	}
+	if need := cfg.Server.DrainDelay.D + cfg.Server.DrainTimeout.D + rest; grace <= need {
+		s.errf("service %q: stop_grace_period %v, want above server.drain_delay %v + server.drain_timeout %v + %v for the ADS and admin servers, or Docker kills tether mid-drain",
+			svcTether, grace, cfg.Server.DrainDelay.D, cfg.Server.DrainTimeout.D, rest)
 	}
 }
 

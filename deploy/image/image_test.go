@@ -574,6 +574,7 @@ func TestStaticBinaryRunsAlone(t *testing.T) {
 [server]
 extproc_addr = "127.0.0.1:0"
 admin_addr = "127.0.0.1:0"
+drain_delay = "1s"
 drain_timeout = "2s"
 
 [redis]
@@ -691,7 +692,7 @@ address = "127.0.0.1:9"
 		if !strings.Contains(l, "tether stopped") {
 			t.Errorf("no \"tether stopped\" in the logs:\n%s", l)
 		}
-	case <-time.After(10 * time.Second): // drain_timeout 2s, ADS 1s, admin 2s
+	case <-time.After(10 * time.Second): // drain_delay 1s, drain_timeout 2s, ADS 1s, admin 2s
 		t.Fatal("tether serve did not stop within 10s of SIGTERM")
 	}
 }

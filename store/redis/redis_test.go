@@ -31,9 +31,11 @@ func TestMain(m *testing.M) {
 	// the server's clock to pass an idle timeout, not on a CPU; the default
 	// -test.parallel (GOMAXPROCS) would run them two at a time on a
 	// two-core machine and multiply the suite's time. An explicit
-	// -test.parallel is kept.
+	// -test.parallel is kept, and so is the default when fuzzing, where it
+	// is the number of fuzz workers: 16 of them on two cores starve at the
+	// -fuzztime deadline (see scripts/fuzz.sh).
 	explicit := false
-	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" || f.Name == "test.fuzz" })
 	if !explicit {
 		if err := flag.Set("test.parallel", strconv.Itoa(max(runtime.GOMAXPROCS(0), minParallel))); err != nil {
 			panic(err)

@@ -8,12 +8,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -37,6 +39,13 @@ type PostgresConfig struct {
 	ConnectTimeout time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Lazy opens the sink even when the server cannot be reached (a
+	// connection error; any other error still fails the opening): the
+	// table is checked, and created, by the first call that reaches the
+	// server, and every call fails with the connection error until one
+	// does. tether serve sets it, so a database outage at a restart costs
+	// records (counted as failed), not routing; the CLI does not.
+	Lazy bool
 }
 
 // DefaultPostgresTable is the table PostgresSink uses when
@@ -139,6 +148,8 @@ type PostgresSink struct {
 	insertSQL, pruneSQL, deleteSQL, exportSQL string
 
 	invalid atomic.Uint64
+	ready   atomic.Bool // the table was checked (migrate)
+	migrMu  sync.Mutex  // one migrate at a time
 }
 
 var (
@@ -210,10 +221,36 @@ func newPostgresSink(ctx context.Context, pool *pgxpool.Pool, cfg PostgresConfig
 			`user_ct, coalesce(key_id, ''), coalesce(user_pseudonym, ''), session_keys FROM ` + t +
 			` WHERE user_pseudonym = $1 AND decision_time >= $2 ORDER BY decision_time, request_id`,
 	}
-	if err := s.migrate(ctx); err != nil {
-		return nil, fmt.Errorf("audit postgres sink: open %s on %s: %w", cfg.Table, where, err)
+	if err := s.ensure(ctx); err != nil {
+		var ce *pgconn.ConnectError
+		if !cfg.Lazy || !errors.As(err, &ce) {
+			return nil, fmt.Errorf("audit postgres sink: open %s on %s: %w", cfg.Table, where, err)
+		}
 	}
 	return s, nil
+}
+
+// Ready reports whether the sink has reached the server and checked its
+// table; only a Lazy sink can be open without.
+func (s *PostgresSink) Ready() bool { return s.ready.Load() }
+
+// ensure checks (and creates) the table once: when the sink opens, or for
+// a Lazy sink that could not reach the server then, at each call until
+// one does.
+func (s *PostgresSink) ensure(ctx context.Context) error {
+	if s.ready.Load() {
+		return nil
+	}
+	s.migrMu.Lock()
+	defer s.migrMu.Unlock()
+	if s.ready.Load() {
+		return nil
+	}
+	if err := s.migrate(ctx); err != nil {
+		return err
+	}
+	s.ready.Store(true)
+	return nil
 }
 
 // migrate creates the table and its indexes when the table is missing,
@@ -291,6 +328,9 @@ func (s *PostgresSink) wrap(op string, err error) error {
 func (s *PostgresSink) Write(ctx context.Context, recs []Record) error {
 	if len(recs) == 0 {
 		return nil
+	}
+	if err := s.ensure(ctx); err != nil {
+		return s.wrap("write", err)
 	}
 	var bad *InvalidRecordsError
 	skip := func(i int, reason string) {
@@ -419,6 +459,9 @@ func nullTexts(ss []string) any {
 // retention, oldest first, at most PruneBatch rows per statement, until
 // none is left or ctx ends (the next Prune goes on from there).
 func (s *PostgresSink) Prune(ctx context.Context) error {
+	if err := s.ensure(ctx); err != nil {
+		return s.wrap("prune", err)
+	}
 	cutoff := s.cfg.Now().Add(-s.cfg.Retention)
 	for {
 		tag, err := s.pool.Exec(ctx, s.pruneSQL, cutoff, s.cfg.PruneBatch)
@@ -436,6 +479,9 @@ func (s *PostgresSink) Delete(ctx context.Context, pseudonym string) (int, error
 	if pseudonym == "" {
 		return 0, errors.New("audit postgres sink: delete: empty pseudonym")
 	}
+	if err := s.ensure(ctx); err != nil {
+		return 0, s.wrap("delete", err)
+	}
 	tag, err := s.pool.Exec(ctx, s.deleteSQL, pseudonym)
 	if err != nil {
 		return 0, s.wrap("delete", err)
@@ -448,6 +494,9 @@ func (s *PostgresSink) Delete(ctx context.Context, pseudonym string) (int, error
 func (s *PostgresSink) Export(ctx context.Context, pseudonym string) ([]Record, error) {
 	if pseudonym == "" {
 		return nil, errors.New("audit postgres sink: export: empty pseudonym")
+	}
+	if err := s.ensure(ctx); err != nil {
+		return nil, s.wrap("export", err)
 	}
 	rows, err := s.pool.Query(ctx, s.exportSQL, pseudonym, s.cfg.Now().Add(-s.cfg.Retention))
 	if err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tetherproxy/tether/internal/testenv"
@@ -607,4 +610,121 @@ func BenchmarkPostgresSinkWrite(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*len(batch)), "µs/record")
+}
+
+// gate is a TCP proxy on loopback to a PostgreSQL server that, while
+// closed, accepts connections and hangs up at once, as a server that is
+// restarting does.
+type gate struct {
+	addr    string
+	backend string
+	open    atomic.Bool
+}
+
+func newGate(t *testing.T, backend string) *gate {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{addr: l.Addr().String(), backend: backend}
+	var conns sync.WaitGroup
+	t.Cleanup(func() { _ = l.Close(); conns.Wait() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if !g.open.Load() {
+				_ = c.Close()
+				continue
+			}
+			conns.Go(func() { g.pipe(c) })
+		}
+	}()
+	return g
+}
+
+// pipe copies between c and a new connection to the backend until either
+// side closes.
+func (g *gate) pipe(c net.Conn) {
+	defer c.Close()
+	b, err := net.Dial("tcp", g.backend)
+	if err != nil {
+		return
+	}
+	defer b.Close()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(b, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, b); done <- struct{}{} }()
+	<-done
+}
+
+// TestPostgresSinkLazy: while the server hangs up on every connection, a
+// sink that is not Lazy refuses to open and a Lazy one opens, not Ready,
+// and fails each call with the connection error; once the server answers,
+// the Lazy sink creates its table and stores, exports and forgets. A
+// Lazy opening still fails on an error other than a connection's.
+func TestPostgresSinkLazy(t *testing.T) {
+	ctx := context.Background()
+	dsn := pg.DSN(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGate(t, u.Host)
+	u.Host = g.addr
+	gated := u.String()
+	table := pgTableName(t)
+	cfg := PostgresConfig{Table: table, Retention: time.Hour, ConnectTimeout: 2 * time.Second}
+
+	if _, err := NewPostgresSink(ctx, gated, cfg); err == nil || !strings.Contains(err.Error(), "open "+table) {
+		t.Fatalf("opening while the server hangs up, not Lazy: %v, want refused", err)
+	}
+	cfg.Lazy = true
+	s, err := NewPostgresSink(ctx, gated, cfg)
+	if err != nil {
+		t.Fatalf("Lazy opening while the server hangs up: %v", err)
+	}
+	defer s.Close()
+	if s.Ready() {
+		t.Fatal("Ready before the server was reached")
+	}
+	rec := Record{RequestID: NewRequestID(), ModelVersion: "v1", DecisionTime: time.Now(), UserPseudonym: "p1"}
+	var ce *pgconn.ConnectError
+	if err := s.Write(ctx, []Record{rec}); !errors.As(err, &ce) {
+		t.Fatalf("Write while the server hangs up: %v, want a connection error", err)
+	}
+	if _, err := s.Export(ctx, "p1"); !errors.As(err, &ce) {
+		t.Fatalf("Export while the server hangs up: %v, want a connection error", err)
+	}
+
+	g.open.Store(true)
+	if err := s.Write(ctx, []Record{rec}); err != nil {
+		t.Fatalf("Write once the server answers: %v", err)
+	}
+	if !s.Ready() {
+		t.Error("not Ready after a Write reached the server")
+	}
+	p := pgPoolT(t, dsn)
+	if n := countRows(t, p, table, ""); n != 1 {
+		t.Fatalf("%d rows, want the record written after the server came back", n)
+	}
+	if got, err := s.Export(ctx, "p1"); err != nil || len(got) != 1 || got[0].RequestID != rec.RequestID {
+		t.Fatalf("Export: %v, %v", got, err)
+	}
+	if n, err := s.Delete(ctx, "p1"); err != nil || n != 1 {
+		t.Fatalf("Delete: %d, %v", n, err)
+	}
+
+	// A table of another shape is a configuration error, Lazy or not.
+	other := table + "_other"
+	if _, err := p.Exec(ctx, `CREATE TABLE `+other+` (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Table = other
+	if _, err := NewPostgresSink(ctx, gated, cfg); err == nil || !strings.Contains(err.Error(), other) {
+		t.Fatalf("Lazy opening of a table of another shape: %v, want refused", err)
+	}
 }

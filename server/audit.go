@@ -35,8 +35,14 @@ func AuditKeys(a config.Audit) audit.KeyConfig {
 // enabled (`tether audit` reads records written while it was). store is
 // the binding store: the Redis sink writes to its Redis, under its key
 // prefix, unless audit.redis_url names another Redis. closeSink releases
-// the sink and what was opened for it, not the store.
+// the sink and what was opened for it, not the store. A PostgreSQL server
+// that cannot be reached fails the opening (the CLI's export and forget
+// need it now); tether serve opens it lazily instead (startAudit).
 func OpenAuditSink(ctx context.Context, cfg config.Config, store *redisstore.Store) (sink audit.Sink, closeSink func() error, err error) {
+	return openAuditSink(ctx, cfg, store, false)
+}
+
+func openAuditSink(ctx context.Context, cfg config.Config, store *redisstore.Store, lazy bool) (sink audit.Sink, closeSink func() error, err error) {
 	a := cfg.Audit
 	switch a.Sink {
 	case config.AuditSinkFile:
@@ -50,7 +56,7 @@ func OpenAuditSink(ctx context.Context, cfg config.Config, store *redisstore.Sto
 		if dsn == "" {
 			return nil, nil, fmt.Errorf("audit sink postgres: environment variable %s is not set (audit.postgres_dsn_env names it; it holds the DSN)", a.PostgresDSNEnv)
 		}
-		return openPostgresSink(ctx, dsn, a.Retention.D)
+		return openPostgresSink(ctx, dsn, a.Retention.D, lazy)
 	case config.AuditSinkRedis:
 		var client goredis.UniversalClient
 		prefix, closeClient := redisstore.DefaultPrefix, func() error { return nil }
@@ -81,17 +87,21 @@ func OpenAuditSink(ctx context.Context, cfg config.Config, store *redisstore.Sto
 const postgresOpenTimeout = 10 * time.Second
 
 // openPostgresSink opens the PostgreSQL sink (its errors never show the
-// DSN). A database that does not answer fails the start: the audit is on
-// because records are required.
-func openPostgresSink(ctx context.Context, dsn string, retention time.Duration) (audit.Sink, func() error, error) {
+// DSN). lazy opens it even when the server cannot be reached
+// (audit.PostgresConfig.Lazy).
+func openPostgresSink(ctx context.Context, dsn string, retention time.Duration, lazy bool) (audit.Sink, func() error, error) {
 	ctx, cancel := context.WithTimeout(ctx, postgresOpenTimeout)
 	defer cancel()
-	s, err := audit.NewPostgresSink(ctx, dsn, audit.PostgresConfig{Retention: retention})
+	s, err := audit.NewPostgresSink(ctx, dsn, audit.PostgresConfig{Retention: retention, Lazy: lazy})
 	if err != nil {
 		return nil, nil, err
 	}
 	return s, s.Close, nil
 }
+
+// recordBytes is what one record costs in a Redis Stream (MEMORY USAGE
+// over 20,000 records with sealed user ids on redis-server 7.0).
+const recordBytes = 489
 
 // startAudit builds the routing audit [audit] configures on the binding
 // store: the sink, its Writer and the Recorder extproc calls, with the
@@ -100,11 +110,9 @@ func openPostgresSink(ctx context.Context, dsn string, retention time.Duration) 
 // auditCloseTimeout) and closes the sink: call it once the ext_proc
 // server has stopped, so in-flight decisions are recorded, and before the
 // store closes. Missing keys or DSN fail the start with a message that
-// names the variable.
-// recordBytes is what one record costs in a Redis Stream (MEMORY USAGE
-// over 20,000 records with sealed user ids on redis-server 7.0).
-const recordBytes = 489
-
+// names the variable; a PostgreSQL server that cannot be reached does
+// not: routing must not wait for the audit, so records fail (counted, and
+// alerted on by TetherAuditRecordsLost) until it answers.
 func startAudit(ctx context.Context, cfg config.Config, store *redisstore.Store, reg prometheus.Registerer, log zerolog.Logger) (auditor extproc.Auditor, stop func(), err error) {
 	a := cfg.Audit
 	if !a.Enabled {
@@ -114,9 +122,13 @@ func startAudit(ctx context.Context, cfg config.Config, store *redisstore.Store,
 	if err != nil {
 		return nil, nil, fmt.Errorf("routing audit ([audit] enabled): %w", err)
 	}
-	sink, closeSink, err := OpenAuditSink(ctx, cfg, store)
+	sink, closeSink, err := openAuditSink(ctx, cfg, store, true)
 	if err != nil {
 		return nil, nil, fmt.Errorf("routing audit ([audit] enabled): %w", err)
+	}
+	if ps, ok := sink.(*audit.PostgresSink); ok && !ps.Ready() {
+		log.Error().Str("table", ps.Table()).Msg("routing audit: PostgreSQL cannot be reached; tether starts anyway, " +
+			"and records fail (tether_audit_records_total{result=\"failed\"}) until it answers")
 	}
 	warn := log.Sample(&zerolog.BurstSampler{Burst: 5, Period: time.Minute})
 	w, err := audit.NewWriter(sink, audit.WriterConfig{

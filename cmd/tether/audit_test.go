@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -307,6 +308,7 @@ func TestServeRecordsDecisions(t *testing.T) {
 [server]
 extproc_addr = "127.0.0.1:0"
 admin_addr = "127.0.0.1:0"
+drain_delay = "0s"
 [xds]
 addr = ""
 [redis]
@@ -343,28 +345,9 @@ address = "127.0.0.1:9001"
 		}
 	}
 
-	conn, err := grpc.NewClient(extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const user, rid = "carol@example.org", "5b8f1c2e-0d3a-4f6b-9c1d-2e3f4a5b6c7d"
-	h := &corev3.HeaderMap{}
-	for _, kv := range [][2]string{{":path", "/v1/chat/completions"}, {"x-session-id", "conv-1"}, {"x-user-id", user}, {"x-request-id", rid}} {
-		h.Headers = append(h.Headers, &corev3.HeaderValue{Key: kv[0], RawValue: []byte(kv[1])})
-	}
-	if err := stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
-		RequestHeaders: &extprocv3.HttpHeaders{Headers: h}}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Recv(); err != nil {
-		t.Fatal(err)
-	}
-	_ = stream.CloseSend()
+	decide(ctx, t, extproc, [2]string{":path", "/v1/chat/completions"}, [2]string{"x-session-id", "conv-1"},
+		[2]string{"x-user-id", user}, [2]string{"x-request-id", rid})
 
 	resp, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {
@@ -402,6 +385,119 @@ address = "127.0.0.1:9001"
 		if strings.Contains(k, user) {
 			t.Errorf("Redis key %q holds the user id", k)
 		}
+	}
+}
+
+// decide sends one request's headers to tether's ext_proc server at addr
+// and waits for its decision.
+func decide(ctx context.Context, t *testing.T, addr string, headers ...[2]string) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &corev3.HeaderMap{}
+	for _, kv := range headers {
+		h.Headers = append(h.Headers, &corev3.HeaderValue{Key: kv[0], RawValue: []byte(kv[1])})
+	}
+	if err := stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: h}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.CloseSend()
+}
+
+// TestServeWithPostgresDown: tether serve starts and decides while the
+// audit's PostgreSQL cannot be reached (its records fail, counted), while
+// `tether audit export` on the same configuration refuses with the
+// connection error. Neither shows the DSN's password.
+func TestServeWithPostgresDown(t *testing.T) {
+	setAuditKeys(t)
+	t.Setenv(config.DefaultSecretEnv, "an-identity-secret-of-32-bytes!!")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := l.Addr().String()
+	_ = l.Close() // nothing listens there now
+	const password = "pg-pass-never-shown"
+	t.Setenv("TETHER_TEST_AUDIT_DSN", "postgres://tether:"+password+"@"+down+"/audit?connect_timeout=1")
+	path, cfg := writeConfig(t, `
+[server]
+extproc_addr = "127.0.0.1:0"
+admin_addr = "127.0.0.1:0"
+drain_delay = "0s"
+[xds]
+addr = ""
+[audit]
+enabled = true
+sink = "postgres"
+postgres_dsn_env = "TETHER_TEST_AUDIT_DSN"
+[[instances]]
+name = "gpu-a"
+address = "127.0.0.1:9001"
+`)
+	lines := make(chan map[string]any, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- server.Run(ctx, cfg, server.Options{Logger: zerolog.New(lineWriter(lines))}) }()
+	var logs []map[string]any
+	extproc := ""
+	for deadline := time.After(15 * time.Second); extproc == ""; {
+		select {
+		case l := <-lines:
+			logs = append(logs, l)
+			if l["message"] == "tether ready" {
+				extproc = l["extproc"].(string)
+			}
+		case err := <-done:
+			t.Fatalf("Run with PostgreSQL down: %v, want it to start", err)
+		case <-deadline:
+			t.Fatal("tether did not start")
+		}
+	}
+	decide(ctx, t, extproc, [2]string{"x-session-id", "conv-1"}, [2]string{"x-user-id", "dave@example.org"})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	for more := true; more; {
+		select {
+		case l := <-lines:
+			logs = append(logs, l)
+		default:
+			more = false
+		}
+	}
+	warned, closed := false, false
+	for _, l := range logs {
+		if b, _ := json.Marshal(l); strings.Contains(string(b), password) {
+			t.Errorf("log line shows the DSN's password: %s", b)
+		}
+		warned = warned || strings.Contains(fmt.Sprint(l["message"]), "PostgreSQL cannot be reached")
+		if l["message"] == "routing audit closed" {
+			closed = l["failed"] == 1.0 && l["written"] == 0.0
+		}
+	}
+	if !warned || !closed {
+		t.Errorf("logs: warned at start %t, closed with 1 failed and 0 written %t:\n%v", warned, closed, logs)
+	}
+
+	_, stderr, err := runTether(t.Context(), "", "audit", "export", "--user", "dave@example.org", "--config", path)
+	if err == nil || !strings.Contains(err.Error(), "open routing_audit on "+down) {
+		t.Errorf("export with PostgreSQL down: %v, want the sink's open error naming %s", err, down)
+	}
+	if strings.Contains(fmt.Sprint(err)+stderr, password) {
+		t.Errorf("export's error shows the DSN's password: %v %s", err, stderr)
 	}
 }
 

@@ -40,7 +40,8 @@ type PostgresConfig struct {
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Lazy opens the sink even when the server cannot be reached (a
-	// connection error; any other error still fails the opening): the
+	// connection error, or the opening's deadline passing; any other
+	// error still fails the opening): the
 	// table is checked, and created, by the first call that reaches the
 	// server, and every call fails with the connection error until one
 	// does. tether serve sets it, so a database outage at a restart costs
@@ -223,7 +224,8 @@ func newPostgresSink(ctx context.Context, pool *pgxpool.Pool, cfg PostgresConfig
 	}
 	if err := s.ensure(ctx); err != nil {
 		var ce *pgconn.ConnectError
-		if !cfg.Lazy || !errors.As(err, &ce) {
+		unreachable := errors.As(err, &ce) || errors.Is(err, context.DeadlineExceeded)
+		if !cfg.Lazy || !unreachable {
 			return nil, fmt.Errorf("audit postgres sink: open %s on %s: %w", cfg.Table, where, err)
 		}
 	}

@@ -67,6 +67,9 @@ func (h *handler) serveJob(w http.ResponseWriter, r *http.Request, j job) {
 
 	depth := int(h.inFlight.Add(1) - 1)
 	defer h.inFlight.Add(-1)
+	if u, ok := h.latency.(Utilizer); ok { // before this request's own work
+		w.Header().Set(GPUUtilizationHeader, strconv.FormatFloat(100*u.Utilization(h.now()), 'f', 1, 64))
+	}
 	out, cost := h.work(r, j, depth)
 	w.Header().Set(CachedTokensHeader, strconv.Itoa(out.usage.PromptTokensDetails.CachedTokens))
 	w.Header().Set(QueueDepthHeader, strconv.Itoa(depth))

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -61,6 +62,13 @@ type ModelStats struct {
 	DecodeGPUSeconds  float64 `json:"decode_gpu_seconds"`
 }
 
+// Utilizer is a LatencyModel that reports how busy its GPU is: the share
+// of the time just before now it was working, 0 to 1. The handler sends it
+// as GPUUtilizationHeader.
+type Utilizer interface {
+	Utilization(now time.Time) float64
+}
+
 // StatefulModel is a LatencyModel with state that the admin endpoints report
 // (GET /admin/stats) and reset (POST /admin/reset).
 type StatefulModel interface {
@@ -98,9 +106,22 @@ type GPU struct {
 	prefillFree time.Time // when the prefills admitted so far are done
 	prefillGPU  time.Duration
 	decodeGPU   float64 // ns
+	// busy are the spans the GPU is booked for (prefills, decodes), in
+	// wall time, for Utilization; those that ended a window ago are
+	// dropped.
+	busy []span
 }
 
-var _ StatefulModel = (*GPU)(nil)
+// span is a stretch of wall time, [from, to).
+type span struct{ from, to time.Time }
+
+// UtilizationWindow is the trailing window Utilization measures over.
+const UtilizationWindow = time.Second
+
+var (
+	_ StatefulModel = (*GPU)(nil)
+	_ Utilizer      = (*GPU)(nil)
+)
 
 // NewGPU returns a GPU model with an empty cache.
 func NewGPU(cfg GPUConfig) (*GPU, error) {
@@ -167,6 +188,9 @@ func (g *GPU) Cost(r Request) Cost {
 
 	g.prefillGPU += prefill
 	g.decodeGPU += float64(decode) / float64(batch)
+	old := r.Arrived.Add(-UtilizationWindow)
+	g.busy = slices.DeleteFunc(g.busy, func(s span) bool { return !s.to.After(old) })
+	g.busy = append(g.busy, span{start, decodeEnd})
 	return Cost{
 		Wait:         prefillEnd.Sub(r.Arrived),
 		Decode:       decodeEnd.Sub(prefillEnd),
@@ -193,12 +217,63 @@ func (g *GPU) Stats() ModelStats {
 	}
 }
 
+// Utilization implements Utilizer: the share of the UtilizationWindow
+// before now in which the GPU was prefilling or decoding some request, as
+// the model booked it (from a prefill's start to its decode's end;
+// concurrent decodes count once, as one batch). A report, not a figure
+// the model's costs depend on.
+func (g *GPU) Utilization(now time.Time) float64 {
+	from := now.Add(-UtilizationWindow)
+	g.mu.Lock()
+	spans := make([]span, 0, len(g.busy))
+	for _, s := range g.busy {
+		a, b := later(s.from, from), earlier(s.to, now)
+		if b.After(a) {
+			spans = append(spans, span{a, b})
+		}
+	}
+	g.mu.Unlock()
+	slices.SortFunc(spans, func(a, b span) int { return a.from.Compare(b.from) })
+	var busy time.Duration
+	var cur span
+	for i, s := range spans {
+		switch {
+		case i == 0:
+			cur = s
+		case s.from.After(cur.to):
+			busy += cur.to.Sub(cur.from)
+			cur = s
+		default:
+			cur.to = later(cur.to, s.to)
+		}
+	}
+	if len(spans) > 0 {
+		busy += cur.to.Sub(cur.from)
+	}
+	return min(float64(busy)/float64(UtilizationWindow), 1)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
 // Reset implements StatefulModel: it empties the cache, forgets the prefill
 // queue and zeroes the counters.
 func (g *GPU) Reset() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.cache.Reset()
+	g.busy = nil
 	g.prefillFree = time.Time{}
 	g.prefillGPU = 0
 	g.decodeGPU = 0

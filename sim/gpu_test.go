@@ -373,3 +373,60 @@ func BenchmarkGPUCost16kHit(b *testing.B) {
 		g.Cost(Request{Prompt: second, Completion: "served by gpu-a", CompletionTokens: 3, Arrived: t0.Add(time.Duration(i) * time.Hour)})
 	}
 }
+
+// TestGPUUtilization: the share of the last second the GPU was booked for,
+// from a prefill's start to its decode's end; concurrent work counts once,
+// and work that ended over a second ago or starts later not at all.
+func TestGPUUtilization(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	g := newGPU(t, GPUConfig{Profile: ProfileA100(), TimeScale: 0.1})
+	if u := g.Utilization(t0); u != 0 {
+		t.Fatalf("idle: %v, want 0", u)
+	}
+	first, _ := turnRequests(8192)
+	c := g.Cost(Request{Prompt: first, PromptTokens: 8448, CompletionTokens: 64, Arrived: t0})
+	work := c.Wait + c.Decode
+	if work <= 0 || work >= UtilizationWindow/2 {
+		t.Fatalf("test setup: one request takes %v, want between 0 and %v", work, UtilizationWindow/2)
+	}
+	share := func(d time.Duration) float64 { return float64(d) / float64(UtilizationWindow) }
+	for _, tc := range []struct {
+		at   time.Duration
+		want float64
+	}{
+		{0, 0},                      // booked, not yet worked
+		{work / 2, share(work / 2)}, // half done
+		{work, share(work)},
+		{work + UtilizationWindow/2, share(work)}, // done, still in the window
+		{work/2 + UtilizationWindow, share(work / 2)},
+		{work + UtilizationWindow, 0},
+	} {
+		if u := g.Utilization(t0.Add(tc.at)); math.Abs(u-tc.want) > 1e-9 {
+			t.Errorf("at %v: %v, want %v", tc.at, u, tc.want)
+		}
+	}
+
+	// 50 requests at once: the prefills queue one after another and the
+	// decodes overlap, so the GPU is busy without a gap until the last
+	// ends, and never more than fully.
+	g = newGPU(t, GPUConfig{Profile: ProfileA100()})
+	var end time.Duration
+	for i := range 50 {
+		p, _ := turnRequests(2048 + 64*i)
+		c := g.Cost(Request{Prompt: p, PromptTokens: 2304 + 64*i, CompletionTokens: 128, Arrived: t0, InFlight: i})
+		end = max(end, c.Wait+c.Decode)
+	}
+	if end <= UtilizationWindow {
+		t.Fatalf("test setup: 50 requests end after %v, want more than %v", end, UtilizationWindow)
+	}
+	for _, at := range []time.Duration{UtilizationWindow / 2, UtilizationWindow, end} {
+		want := min(share(at), 1)
+		if u := g.Utilization(t0.Add(at)); math.Abs(u-want) > 1e-9 {
+			t.Errorf("50 concurrent requests, at %v: %v, want %v", at, u, want)
+		}
+	}
+	g.Reset()
+	if u := g.Utilization(t0.Add(end)); u != 0 {
+		t.Errorf("after Reset: %v, want 0", u)
+	}
+}

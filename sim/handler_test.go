@@ -413,6 +413,9 @@ func TestLatencyModel(t *testing.T) {
 			if got := resp.Header.Get(QueueDepthHeader); got != "0" {
 				t.Errorf("%s = %q, want 0", QueueDepthHeader, got)
 			}
+			if got, ok := resp.Header[http.CanonicalHeaderKey(GPUUtilizationHeader)]; ok {
+				t.Errorf("%s = %q from a model that reports no utilisation", GPUUtilizationHeader, got)
+			}
 			if diff := cmp.Diff([]Request{tc.want}, m.requests()); diff != "" {
 				t.Errorf("model saw (-want +got):\n%s", diff)
 			}
@@ -690,6 +693,32 @@ func TestCountTokens(t *testing.T) {
 		}
 		if got, want := CountTokens(tc.in), len(strings.Fields(tc.in)); got != want {
 			t.Errorf("CountTokens(%q) = %d, strings.Fields gives %d", tc.in, got, want)
+		}
+	}
+}
+
+// TestGPUUtilizationHeader: an instance on the GPU model sends how busy
+// its GPU was over the last second, in percent: 0 when idle, above 0
+// right after a request it served.
+func TestGPUUtilizationHeader(t *testing.T) {
+	g, err := NewGPU(GPUConfig{Profile: ProfileA100(), TimeScale: 0.01})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newServer(t, Instance{Name: "gpu-u", LatencyModel: g})
+	body := `{"model":"` + DefaultModel + `","messages":[{"role":"user","content":"` + strings.Repeat("word ", 2000) + `"}],"max_tokens":16}`
+	for i, check := range []func(float64) bool{
+		func(u float64) bool { return u == 0 },
+		func(u float64) bool { return u > 0 && u <= 100 },
+	} {
+		resp, b := doHeaders(t, srv, "POST", "/v1/chat/completions", strings.NewReader(body), nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.StatusCode, b)
+		}
+		got := resp.Header.Get(GPUUtilizationHeader)
+		u, err := strconv.ParseFloat(got, 64)
+		if err != nil || !check(u) {
+			t.Errorf("request %d: %s = %q", i+1, GPUUtilizationHeader, got)
 		}
 	}
 }

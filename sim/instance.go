@@ -54,6 +54,12 @@ const (
 	// working on when the request arrived.
 	QueueDepthHeader = "x-queue-depth"
 
+	// GPUUtilizationHeader is the response header of a completion answer
+	// that gives, in percent, how busy the emulated GPU was over the
+	// second before the request arrived (Utilizer; only models that
+	// implement it).
+	GPUUtilizationHeader = "x-gpu-utilization"
+
 	// SessionHeader is the request header whose value a latency model
 	// receives as Request.Session: the KV cache counts conversations by it.
 	SessionHeader = "x-session-id"

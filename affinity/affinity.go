@@ -272,6 +272,9 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		return Decision{Instance: in, Mode: mode, Kind: outcome}, nil
 	}
 	if err != nil {
+		if res.Outcome == Renewed && errors.Is(err, ErrNoVersion) {
+			d.restore(ctx, res, now, lt)
+		}
 		return Decision{}, err
 	}
 	dec, err = d.rebind(ctx, res.Key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now}, lt, next, healthy)
@@ -283,6 +286,18 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		dec.Kind = kind
 	}
 	return dec, nil
+}
+
+// restore puts back the version of a session that GetOrBind renewed onto
+// an instance of another version (res) when strict version affinity found
+// none of its own up: the session goes on failing on its version, as
+// strict asks, instead of continuing on the other one from its next
+// request. Best effort: the request fails with ErrNoVersion either way.
+func (d *Decider) restore(ctx context.Context, res Result, now time.Time, lt Lifetime) {
+	prev := res.Previous
+	d.load.reserveName(prev.Instance)
+	nb, err := d.store.Replace(ctx, res.Key, res.Binding.Instance, Binding{Instance: prev.Instance, Version: prev.Version, Since: now}, lt)
+	d.load.settle(prev.Instance, err == nil && nb.Instance == prev.Instance, res.Binding.Instance)
 }
 
 // errStay: the session keeps its instance (a saturated instance with no
@@ -326,6 +341,11 @@ func (d *Decider) relocate(p *Policy, c choice, key string, b Binding, mv Move, 
 	default:
 		cands = ofVersion(others, b.Version)
 		if len(cands) == 0 && p.VersionAffinity == Prefer {
+			if kind == KindRebind {
+				// Renewed onto another version while none of its own is
+				// up: prefer lets it stay on the instance just bound.
+				return fleet.Instance{}, kind, errStay
+			}
 			cands = stickyCandidates(p.versionOf(c, d.rand), others)
 		}
 	}

@@ -636,6 +636,44 @@ func TestRebindKeepsTheSessionsVersion(t *testing.T) {
 	}
 }
 
+// TestRebindWhenTheSessionsVersionIsDown: past max_sticky_duration the
+// store renews a session onto an instance of today's version; when none of
+// the session's own version is up, strict keeps the session on its version
+// (the request fails, and so does the next, rather than continuing on the
+// other version) and prefer lets it stay on the instance just bound.
+func TestRebindWhenTheSessionsVersionIsDown(t *testing.T) {
+	for _, va := range []affinity.VersionAffinity{affinity.Strict, affinity.Prefer} {
+		t.Run(string(va), func(t *testing.T) {
+			clk := &clock{t: time.Unix(1_700_000_000, 0)}
+			p := affinity.Policy{Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}, VersionAffinity: va,
+				Versions: []affinity.VersionWeight{{Name: "v1", Weight: 1}, {Name: "v2", Weight: 0}}}
+			all := versioned(1)
+			f := fleet.New(all)
+			d := affinity.New(memory.New(), f, p, affinity.WithClock(clk.now))
+			if got := decide(t, d, session("r")); got.Instance.Name != "v1-0" {
+				t.Fatalf("first turn on %s", got.Instance.Name)
+			}
+			f.Replace(all[1:]) // v1-0 leaves: only v2-0 is up
+			clk.add(11 * time.Minute)
+			for turn := 2; turn <= 3; turn++ {
+				got, err := d.Decide(context.Background(), session("r"))
+				d.Finish(got, affinity.Answer{Answered: true})
+				switch {
+				case va == affinity.Strict && !errors.Is(err, affinity.ErrNoVersion):
+					t.Fatalf("turn %d under strict with v1 down: %+v, %v; want ErrNoVersion, not the session moved to v2", turn, got, err)
+				case va == affinity.Prefer && (err != nil || got.Instance.Name != "v2-0"):
+					t.Fatalf("turn %d under prefer with v1 down: %+v, %v; want v2-0", turn, got, err)
+				}
+			}
+			f.Replace(all)
+			got := decide(t, d, session("r"))
+			if want := map[affinity.VersionAffinity]string{affinity.Strict: "v1", affinity.Prefer: "v2"}[va]; got.Instance.Version != want {
+				t.Errorf("once v1 is back: %+v, want the session on %s", got, want)
+			}
+		})
+	}
+}
+
 // TestSaturatedFleetStillBinds: with every instance saturated a new
 // session is bound where it is placed, and says bind (the audit always
 // records binds; a hit there would hide the binding from forget).

@@ -74,6 +74,10 @@ type Decision struct {
 	Requests int
 	// Err is the store error behind a degraded decision, for logging.
 	Err error
+
+	// probe: the request is the probe of Instance's half-open circuit
+	// (fleet.Breaker.Begin), for Finish.
+	probe bool
 }
 
 // Decider makes decisions. It is safe for concurrent use.
@@ -152,6 +156,30 @@ func (d *Decider) Load() *Load { return d.load }
 // Decide picks the instance for a request. A decision counts as a request
 // in flight to its instance until Finish.
 func (d *Decider) Decide(ctx context.Context, req Request) (Decision, error) {
+	dec, err := d.decide(ctx, req)
+	if err != nil {
+		return Decision{}, err
+	}
+	if d.breaker != nil {
+		probe, ok := d.breaker.TryBegin(dec.Instance.Name)
+		if !ok {
+			// The instance is half-open and another request took its
+			// probe after this one read it available: decide again, now
+			// without it. Once: the second decision goes as it is. (The
+			// session's request count in the store counts both.)
+			if dec, err = d.decide(ctx, req); err != nil {
+				return Decision{}, err
+			}
+			probe = d.breaker.Begin(dec.Instance.Name)
+		}
+		dec.probe = probe
+	}
+	d.load.Begin(dec.Instance.Name)
+	return dec, nil
+}
+
+// decide is Decide before the request is counted on its instance.
+func (d *Decider) decide(ctx context.Context, req Request) (Decision, error) {
 	p := d.policy.Load()
 	healthy := d.available()
 	if len(healthy) == 0 {
@@ -173,10 +201,6 @@ func (d *Decider) Decide(ctx context.Context, req Request) (Decision, error) {
 		return Decision{}, err
 	}
 	dec.Rule = c.rule
-	d.load.Begin(dec.Instance.Name)
-	if d.breaker != nil {
-		d.breaker.Begin(dec.Instance.Name)
-	}
 	return dec, nil
 }
 
@@ -185,7 +209,7 @@ func (d *Decider) Decide(ctx context.Context, req Request) (Decision, error) {
 func (d *Decider) Finish(dec Decision, a Answer) {
 	d.load.End(dec.Instance.Name, a.Queue, a.QueueKnown && a.Answered)
 	if d.breaker != nil {
-		d.breaker.Done(dec.Instance.Name, a.Answered, a.Failed)
+		d.breaker.Done(dec.Instance.Name, fleet.Outcome{Probe: dec.probe, Answered: a.Answered, Failed: a.Failed})
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,8 +45,8 @@ func newFailoverEnv(t *testing.T, p affinity.Policy, instances []fleet.Instance)
 func (e *failoverEnv) kill(instance string) {
 	e.t.Helper()
 	for range fleet.DefaultBreaker.Threshold + 1 {
-		e.breaker.Begin(instance)
-		e.breaker.Done(instance, true, true)
+		probe := e.breaker.Begin(instance)
+		e.breaker.Done(instance, fleet.Outcome{Probe: probe, Answered: true, Failed: true})
 	}
 	if e.breaker.Available(instance) {
 		e.t.Fatalf("%s still available", instance)
@@ -134,8 +135,8 @@ func TestGradualLadder(t *testing.T) {
 	// Its instance comes back (a good probe closes the circuit): the
 	// session is sticky there again.
 	e.clk.add(fleet.DefaultBreaker.Cooldown)
-	e.breaker.Begin(third)
-	e.breaker.Done(third, true, false)
+	probe := e.breaker.Begin(third)
+	e.breaker.Done(third, fleet.Outcome{Probe: probe, Answered: true})
 	if got := e.must(req); got.Kind != affinity.KindHit || got.Instance.Name != third {
 		t.Fatalf("after recovery: %s on %s, want a hit on %s", got.Kind, got.Instance.Name, third)
 	}
@@ -337,4 +338,73 @@ func contains(s string, subs ...string) bool {
 		}
 	}
 	return true
+}
+
+// gatedStore holds the first GetOrBind of key until release is closed,
+// after closing entered.
+type gatedStore struct {
+	*memory.Store
+	key              string
+	once             sync.Once
+	entered, release chan struct{}
+}
+
+func (g *gatedStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
+	if l.Key == g.key {
+		g.once.Do(func() { close(g.entered); <-g.release })
+	}
+	return g.Store.GetOrBind(ctx, l)
+}
+
+// TestHalfOpenTakesOneProbe: two requests read a half-open instance as
+// available at once; the one that begins first is its probe, and the
+// other decides again without it instead of probing too.
+func TestHalfOpenTakesOneProbe(t *testing.T) {
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	st := &gatedStore{Store: memory.New(), entered: make(chan struct{}), release: make(chan struct{})}
+	br := fleet.NewBreaker(fleet.DefaultBreaker, clk.now, nil)
+	d := affinity.New(st, fleet.New(zoned()), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime},
+		affinity.WithClock(clk.now), affinity.WithBreaker(br))
+	e := &failoverEnv{t: t, clk: clk, store: st.Store, breaker: br, d: d}
+	var on []affinity.Request // two sessions bound to z1-0
+	for i := 0; len(on) < 2; i++ {
+		if i == 1000 {
+			t.Fatal("fewer than two of 1000 sessions placed on z1-0")
+		}
+		if req := session(fmt.Sprint("half-open-", i)); e.must(req).Instance.Name == "z1-0" {
+			on = append(on, req)
+		}
+	}
+	first, second := on[0], on[1]
+	e.kill("z1-0")
+	clk.add(fleet.DefaultBreaker.Cooldown)
+	if br.State("z1-0") != fleet.HalfOpen {
+		t.Fatalf("z1-0 %v after the cooldown, want half-open", br.State("z1-0"))
+	}
+
+	st.key = first.ID.Key
+	type result struct {
+		dec affinity.Decision
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		dec, err := d.Decide(context.Background(), first)
+		done <- result{dec, err}
+	}()
+	<-st.entered // first has read z1-0 available, and waits for the store
+	dec2, err := d.Decide(context.Background(), second)
+	if err != nil || dec2.Instance.Name != "z1-0" {
+		t.Fatalf("second request: %+v, %v; want the probe on z1-0", dec2, err)
+	}
+	close(st.release)
+	r := <-done
+	if r.err != nil || r.dec.Instance.Name == "z1-0" {
+		t.Fatalf("first request, whose read of z1-0 preceded the probe: %+v, %v; want it placed elsewhere", r.dec, r.err)
+	}
+	d.Finish(r.dec, affinity.Answer{Answered: true})
+	d.Finish(dec2, affinity.Answer{Answered: true})
+	if br.State("z1-0") != fleet.Closed {
+		t.Errorf("after the probe answered: %v, want closed", br.State("z1-0"))
+	}
 }

@@ -142,25 +142,57 @@ func (b *Breaker) State(instance string) State {
 	return Closed
 }
 
-// Begin counts a request sent to instance: on a half-open circuit it is
-// the probe.
-func (b *Breaker) Begin(instance string) {
+// Begin counts a request sent to instance and says whether it is the probe
+// of a half-open circuit (Outcome.Probe, for Done). It counts the request
+// even when another probe is in flight; TryBegin does not.
+func (b *Breaker) Begin(instance string) (probe bool) {
+	probe, _ = b.begin(instance, true)
+	return probe
+}
+
+// TryBegin is Begin that refuses (ok false, nothing counted) a half-open
+// instance whose probe is in flight: Available said yes to every request
+// that asked before the first of them began, and only one may probe.
+func (b *Breaker) TryBegin(instance string) (probe, ok bool) {
+	return b.begin(instance, false)
+}
+
+func (b *Breaker) begin(instance string, force bool) (probe, ok bool) {
 	if b.notClosed.Load() == 0 {
-		return
+		return false, true
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if c := b.circuits[instance]; c != nil && b.stateLocked(instance, c) == HalfOpen {
-		c.probes++
+	c := b.circuits[instance]
+	if c == nil || b.stateLocked(instance, c) != HalfOpen {
+		return false, true
 	}
+	if c.probes > 0 && !force {
+		return false, false
+	}
+	c.probes++
+	return true, true
 }
 
-// Done records how a request Begin counted ended: failed (a 5xx, or a
-// reply Envoy made because the instance could not answer), or answered
-// (false, false: the request ended without an answer, which says nothing
-// about the instance). It returns true when this failure opened the
-// circuit.
-func (b *Breaker) Done(instance string, answered, failed bool) (opened bool) {
+// Outcome is how a request Begin counted ended.
+type Outcome struct {
+	// Probe is what Begin returned: the request was a half-open probe.
+	Probe bool
+	// Answered: the instance answered, with any status. Neither Answered
+	// nor Failed: the request ended without an answer, which says nothing
+	// about the instance.
+	Answered bool
+	// Failed: a 5xx, or a reply Envoy made because the instance could not
+	// answer.
+	Failed bool
+}
+
+// Done records how a request Begin counted ended. While the circuit is
+// half-open only its probes count: a request sent before the circuit
+// opened says nothing of the instance since its cooldown. It returns true
+// when this failure opened the circuit.
+func (b *Breaker) Done(instance string, o Outcome) (opened bool) {
+	answered, failed := o.Answered, o.Failed
 	if !failed && b.notClosed.Load() == 0 {
 		return false
 	}
@@ -176,8 +208,13 @@ func (b *Breaker) Done(instance string, answered, failed bool) (opened bool) {
 		b.circuits[instance] = c
 	}
 	st := b.stateLocked(instance, c)
-	if st == HalfOpen && c.probes > 0 {
-		c.probes--
+	if st == HalfOpen {
+		if !o.Probe {
+			return false
+		}
+		if c.probes > 0 {
+			c.probes--
+		}
 	}
 	switch {
 	case !answered && !failed:

@@ -27,9 +27,11 @@ func newTestBreaker(t *testing.T) (*Breaker, *clock, *[]string) {
 }
 
 // fail sends a request to in and records a failure.
-func fail(b *Breaker, in string) bool { b.Begin(in); return b.Done(in, true, true) }
+func fail(b *Breaker, in string) bool {
+	return b.Done(in, Outcome{Probe: b.Begin(in), Answered: true, Failed: true})
+}
 
-func ok(b *Breaker, in string) { b.Begin(in); b.Done(in, true, false) }
+func ok(b *Breaker, in string) { b.Done(in, Outcome{Probe: b.Begin(in), Answered: true}) }
 
 func drain(b *Breaker) []Report {
 	var out []Report
@@ -99,12 +101,17 @@ func TestBreakerHalfOpenProbe(t *testing.T) {
 	if st := b.State("a"); st != HalfOpen || !b.Available("a") {
 		t.Fatalf("after the cooldown: %v, available %v", st, b.Available("a"))
 	}
-	b.Begin("a") // the probe
+	if probe, ok := b.TryBegin("a"); !probe || !ok {
+		t.Fatalf("the first request after the cooldown: probe %v, ok %v; want the probe", probe, ok)
+	}
 	if b.Available("a") {
 		t.Fatal("a second request went to a half-open instance while its probe is in flight")
 	}
+	if probe, ok := b.TryBegin("a"); probe || ok {
+		t.Fatalf("a second request while the probe is in flight: probe %v, ok %v; want refused", probe, ok)
+	}
 	// A probe that ends unanswered frees the slot without a verdict.
-	b.Done("a", false, false)
+	b.Done("a", Outcome{Probe: true})
 	if !b.Available("a") || b.State("a") != HalfOpen {
 		t.Fatalf("after an unanswered probe: %v", b.State("a"))
 	}
@@ -147,7 +154,7 @@ func TestBreakerFailuresWhileOpenAreNotCounted(t *testing.T) {
 	}
 	drain(b)
 	for range 10 { // requests that were in flight when it opened
-		if b.Done("a", true, true) {
+		if b.Done("a", Outcome{Answered: true, Failed: true}) {
 			t.Fatal("a failure while open opened it again")
 		}
 	}
@@ -224,8 +231,7 @@ func TestBreakerConcurrent(t *testing.T) {
 			for i := range 2000 {
 				in := string(rune('a' + (w+i)%3))
 				if b.Available(in) {
-					b.Begin(in)
-					b.Done(in, i%5 != 0, i%3 == 0)
+					b.Done(in, Outcome{Probe: b.Begin(in), Answered: i%5 != 0, Failed: i%3 == 0})
 				}
 				if i%100 == 0 {
 					b.Sync(map[string]time.Time{"a": time.Now()}, all)
@@ -289,3 +295,32 @@ func TestBreakerForgetsRemovedInstances(t *testing.T) {
 }
 
 func fleet30s() time.Duration { return DefaultBreaker.Cooldown }
+
+// TestBreakerHalfOpenCountsOnlyProbes: requests sent before the circuit
+// opened that end after its cooldown, answered or failed, neither close nor
+// reopen it, nor free the probe's slot: the probe decides.
+func TestBreakerHalfOpenCountsOnlyProbes(t *testing.T) {
+	b, c, _ := newTestBreaker(t)
+	early := []bool{b.Begin("a"), b.Begin("a")} // in flight while it opens
+	for range 4 {
+		fail(b, "a")
+	}
+	c.add(30 * time.Second)
+	probe, ok := b.TryBegin("a")
+	if !probe || !ok || b.State("a") != HalfOpen {
+		t.Fatalf("after the cooldown: probe %v, ok %v, state %v", probe, ok, b.State("a"))
+	}
+	if early[0] || early[1] {
+		t.Fatal("requests sent while closed were counted as probes")
+	}
+	b.Done("a", Outcome{Probe: early[0], Answered: true})
+	b.Done("a", Outcome{Probe: early[1], Answered: true, Failed: true})
+	if b.State("a") != HalfOpen || b.Available("a") {
+		t.Fatalf("after two requests from before the opening ended: %v, available %v; want half-open with the probe in flight",
+			b.State("a"), b.Available("a"))
+	}
+	b.Done("a", Outcome{Probe: probe, Answered: true})
+	if b.State("a") != Closed {
+		t.Errorf("after the probe answered: %v, want closed", b.State("a"))
+	}
+}

@@ -79,8 +79,7 @@ func TestReplicasAgreeOnCircuits(t *testing.T) {
 	// Two failures of z1-0 on each replica: neither opens it alone …
 	for range 2 {
 		for _, r := range []*replicaUnderTest{a, b} {
-			r.breaker.Begin("z1-0")
-			r.breaker.Done("z1-0", true, true)
+			r.breaker.Done("z1-0", fleet.Outcome{Probe: r.breaker.Begin("z1-0"), Answered: true, Failed: true})
 		}
 	}
 	// … but the fleet's count (4 > 3) does, and both replicas keep it out.
@@ -115,8 +114,7 @@ func TestReplicasAgreeOnCircuits(t *testing.T) {
 
 	// After the cooldown, a good probe on b closes the circuit for a too.
 	waitUntil(t, 5*time.Second, "half-open on b", func() bool { return b.breaker.State("z1-0") == fleet.HalfOpen })
-	b.breaker.Begin("z1-0")
-	b.breaker.Done("z1-0", true, false)
+	b.breaker.Done("z1-0", fleet.Outcome{Probe: b.breaker.Begin("z1-0"), Answered: true})
 	waitUntil(t, 5*time.Second, "closed on a", func() bool { return a.breaker.State("z1-0") == fleet.Closed })
 	cancel()
 }

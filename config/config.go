@@ -247,6 +247,7 @@ const (
 	DefaultSecretEnv         = "TETHER_IDENTITY_SECRET"
 	DefaultDrainTimeout      = 10 * time.Second
 	DefaultDrainDelay        = 3 * time.Second
+	DefaultMaxValueBytes     = 4096 // identity.DefaultMaxValueBytes
 	MaxDrainDelay            = 5 * time.Minute
 	DefaultAdminTokenEnv     = "TETHER_ADMIN_TOKEN"
 	MinAdminToken            = 16 // bytes
@@ -397,7 +398,7 @@ func (c *Config) setDefaults() {
 	str(&c.Identity.UserHeader, "x-user-id")
 	str(&c.Identity.SecretEnv, DefaultSecretEnv)
 	if c.Identity.MaxValueBytes == 0 {
-		c.Identity.MaxValueBytes = 512
+		c.Identity.MaxValueBytes = DefaultMaxValueBytes
 	}
 	if c.XDS.Addr == "" && !c.xdsSet {
 		c.XDS.Addr = DefaultXDSAddr

@@ -83,12 +83,14 @@ type Config struct {
 	UserAgent      string // default user-agent
 	AcceptLanguage string // default accept-language
 	ForwardedFor   string // default x-forwarded-for
-	MaxValueBytes  int    // default 512
+	MaxValueBytes  int    // default DefaultMaxValueBytes
 	Secret         []byte // HMAC key; at least 16 bytes
 }
 
-// DefaultMaxValueBytes bounds an identifier's length.
-const DefaultMaxValueBytes = 512
+// DefaultMaxValueBytes bounds an identifier's length: room for a JWT
+// bearer token (commonly 1-2 KB with its claims), a bound on the work per
+// request.
+const DefaultMaxValueBytes = 4096
 
 // ErrShortSecret is returned by New for a secret under 16 bytes.
 var ErrShortSecret = errors.New("identity secret must be at least 16 bytes")

@@ -18,7 +18,10 @@ func newExtractor(t testing.TB) *Extractor {
 
 func TestExtract(t *testing.T) {
 	e := newExtractor(t)
-	long := strings.Repeat("a", 513)
+	long := strings.Repeat("a", DefaultMaxValueBytes+1)
+	// A JWT bearer token of 1.4 KB, as an OIDC provider issues with a few
+	// dozen claims: header.payload.signature in base64url.
+	jwt := "eyJhbGciOiJSUzI1NiIsImtpZCI6ImsxIn0." + strings.Repeat("eyJzdWIiOiJ1c2VyLTEyMyJ9", 50) + ".c2lnbmF0dXJl"
 	tests := []struct {
 		name     string
 		h        Map
@@ -38,8 +41,9 @@ func TestExtract(t *testing.T) {
 		{"fingerprint and user", Map{"user-agent": "curl/8", "accept-language": "en", "x-forwarded-for": "203.0.113.9, 10.0.0.1", "x-user-id": "u1"}, SourceDevice, "d:", "", ""},
 		{"fingerprint without user", Map{"user-agent": "curl/8", "accept-language": "en"}, SourceAnonymous, "", "", ""},
 		{"nothing", Map{}, SourceAnonymous, "", "", ""},
-		{"512 bytes is fine", Map{"x-session-id": long[:512]}, SourceSession, "s:", "", ""},
-		{"513 bytes is too long", Map{"x-session-id": long}, SourceAnonymous, "", ReasonTooLong, "x-session-id"},
+		{"at the limit is fine", Map{"x-session-id": long[:DefaultMaxValueBytes]}, SourceSession, "s:", "", ""},
+		{"a byte over the limit is too long", Map{"x-session-id": long}, SourceAnonymous, "", ReasonTooLong, "x-session-id"},
+		{"JWT bearer token", Map{"authorization": "Bearer " + jwt}, SourceToken, "t:", "", ""},
 		{"10 KB session id", Map{"x-session-id": strings.Repeat("x", 10<<10)}, SourceAnonymous, "", ReasonTooLong, "x-session-id"},
 		{"control byte", Map{"x-session-id": "a\x01b"}, SourceAnonymous, "", ReasonControlChars, "x-session-id"},
 		{"tab is a control character", Map{"x-session-id": "a\tb"}, SourceAnonymous, "", ReasonControlChars, "x-session-id"},

@@ -243,8 +243,8 @@ func TestAuditUserErrors(t *testing.T) {
 	}{
 		{"empty", "", "", "empty user id"},
 		{"empty stdin", "-", "", "empty user id"},
-		{"too long", secret + strings.Repeat("x", 600), "", "longer than identity.max_value_bytes (512 bytes)"},
-		{"too long on stdin", "-", secret + strings.Repeat("x", 600) + "\n", "longer than identity.max_value_bytes"},
+		{"too long", secret + strings.Repeat("x", 5000), "", "longer than identity.max_value_bytes (4096 bytes)"},
+		{"too long on stdin", "-", secret + strings.Repeat("x", 5000) + "\n", "longer than identity.max_value_bytes"},
 		{"control characters", secret + "\x1b[2J", "", "control characters"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -274,7 +274,7 @@ func TestSessionLookup(t *testing.T) {
 		{"user alone", `{"user_id": "user-secret-1"}`, http.StatusBadRequest, "needs device_id"},
 		{"user with session", `{"session_id": "conv-secret-7", "user_id": "user-secret-1"}`, http.StatusBadRequest, "device_id only"},
 		{"control char", `{"session_id": "secret\u0001"}`, http.StatusBadRequest, "control_chars"},
-		{"too long", `{"session_id": "secret` + strings.Repeat("x", 600) + `"}`, http.StatusBadRequest, "too_long"},
+		{"too long", `{"session_id": "secret` + strings.Repeat("x", 5000) + `"}`, http.StatusBadRequest, "too_long"},
 		{"malformed token", `{"token": "not a secret token"}`, http.StatusBadRequest, "malformed_auth"},
 		{"no session", `{"session_id": "never-seen-secret"}`, http.StatusNotFound, "no session s:"},
 		{"device without its user", `{"device_id": "dev-secret-1"}`, http.StatusNotFound, "no session d:"},

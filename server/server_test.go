@@ -72,6 +72,23 @@ func testConfig() config.Config {
 	return c
 }
 
+// waitDraining waits, at most 5 s, for the admin server at admin to
+// answer /readyz with 503 "draining".
+func waitDraining(t *testing.T, admin string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, body := get(t, "http://"+admin+"/readyz")
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "draining") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never said draining: %d %s", code, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -142,17 +159,7 @@ func TestDrainLetsOpenStreamsFinish(t *testing.T) {
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
 	// Readiness turns to draining while the stream is open.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		code, body := get(t, "http://"+admin+"/readyz")
-		if code == http.StatusServiceUnavailable && strings.Contains(body, "draining") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz never said draining: %d %s", code, body)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitDraining(t, admin)
 	r = send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: hm(":status", "200")}})
 	if hs := r.GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders(); len(hs) != 2 || !bytes.Equal(hs[1].GetHeader().GetRawValue(), []byte("bind")) {
 		t.Fatalf("response phase during drain: %v", r)
@@ -186,17 +193,7 @@ func TestLameDuck(t *testing.T) {
 	began := time.Now()
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		code, body := get(t, "http://"+admin+"/readyz")
-		if code == http.StatusServiceUnavailable && strings.Contains(body, "draining") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz never said draining: %d %s", code, body)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitDraining(t, admin)
 	// A client that connects now, as Envoy does until its health checks
 	// fail, is served and told the replica is going.
 	conn, err := grpc.NewClient(extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))

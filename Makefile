@@ -16,8 +16,9 @@ tools: ## Install pinned Envoy (.tools/envoy), and redis-server, PostgreSQL and 
 	@scripts/tools.sh
 
 .PHONY: build
-build: ## Build bin/tether
+build: ## Build bin/tether (the product) and bin/tether-lab (emulator, loadgen, bench, simulator)
 	$(GO) build -o bin/tether ./cmd/tether
+	$(GO) build -o bin/tether-lab ./cmd/tether-lab
 
 .PHONY: run
 run: tools build ## Local stack: 8 emulated A100s, tether (embedded store), Envoy on 127.0.0.1:10000
@@ -51,20 +52,20 @@ lint: ## gofmt and go vet
 
 .PHONY: bench
 bench: tools build ## Benchmark suite through real Envoy and redis-server (~16 min): writes BENCHMARKS.md and docs/bench/*.png
-	bin/tether bench --envoy $(ENVOY_BIN) --scale full --out BENCHMARKS.md --charts docs/bench
+	bin/tether-lab bench --envoy $(ENVOY_BIN) --scale full --out BENCHMARKS.md --charts docs/bench
 
 # The soak is run by hand, never by make test: it takes SOAK_DURATION. It
-# fails when tether's RSS or goroutine count is not flat (bench/soak.go
+# fails when tether's RSS or goroutine count is not flat (lab/bench/soak.go
 # states the rule) and writes docs/soak.md either way.
 SOAK_DURATION ?= 10m
 
 .PHONY: soak
 soak: tools build ## Soak benchmark, 10 min, not part of make test: tether's RSS and goroutines under steady load (docs/soak.md)
-	bin/tether bench soak --envoy $(ENVOY_BIN) --duration $(SOAK_DURATION) --out docs/soak.md --chart docs/bench/soak.png
+	bin/tether-lab bench soak --envoy $(ENVOY_BIN) --duration $(SOAK_DURATION) --out docs/soak.md --chart docs/bench/soak.png
 
 .PHONY: bench-go
 bench-go: tools ## Go benchmarks of the decision path (memory store, miniredis, redis-server)
-	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/ ./sim/...
+	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/ ./lab/emulator/...
 
 .PHONY: envoy-config
 envoy-config: ## Regenerate envoy/*.yaml and the xds golden files from the builder

@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherproxy/tether/bench"
 	"github.com/tetherproxy/tether/internal/testenv"
-	"github.com/tetherproxy/tether/sim"
-	"github.com/tetherproxy/tether/sim/workload"
-	"github.com/tetherproxy/tether/simulate"
+	"github.com/tetherproxy/tether/lab/bench"
+	"github.com/tetherproxy/tether/lab/emulator"
+	"github.com/tetherproxy/tether/lab/simulator"
+	"github.com/tetherproxy/tether/lab/workload"
 )
 
 // TestBenchSmoke runs the whole benchmark suite at its smoke scale, so the
@@ -140,7 +140,7 @@ func checkHotspot(t *testing.T, rows []bench.HotspotRow) {
 	}
 }
 
-// crossCheck runs tether simulate on the smoke scale's workload and checks
+// crossCheck runs tether-lab simulate on the smoke scale's workload and checks
 // it agrees with what the same workload measured through real Envoy: hit
 // rates within a few points, continuity within a few more (the issue's
 // cross-check of the discrete-event simulation).
@@ -149,17 +149,17 @@ func crossCheck(t *testing.T, rep *bench.Report) {
 	sc := bench.Smoke
 	for _, q := range rep.Quality {
 		if q.Policy == "tether adaptive" {
-			continue // tether simulate has no adaptive policy (it does not model saturation)
+			continue // tether-lab simulate has no adaptive policy (it does not model saturation)
 		}
-		p, ok := map[string]simulate.Policy{
-			"Envoy round robin": simulate.RoundRobin, "Envoy ring hash": simulate.RingHash,
-			"tether random": simulate.Random, "tether sticky": simulate.Sticky,
+		p, ok := map[string]simulator.Policy{
+			"Envoy round robin": simulator.RoundRobin, "Envoy ring hash": simulator.RingHash,
+			"tether random": simulator.Random, "tether sticky": simulator.Sticky,
 		}[q.Policy]
 		if !ok {
 			t.Fatalf("no simulated policy for %q", q.Policy)
 		}
-		res, err := simulate.Run(context.Background(), simulate.Options{
-			Policy: p, Instances: 8, Zones: 2, Profile: sim.ProfileA100(), TimeScale: sc.TimeScale,
+		res, err := simulator.Run(context.Background(), simulator.Options{
+			Policy: p, Instances: 8, Zones: 2, Profile: emulator.ProfileA100(), TimeScale: sc.TimeScale,
 			Workload: workload.Config{Seed: 7}, Rate: sc.Rate, Duration: sc.Duration, ThinkScale: sc.ThinkScale,
 			Stream: true, Seed: 7,
 		})
@@ -171,7 +171,7 @@ func crossCheck(t *testing.T, rep *bench.Report) {
 			q.Policy, 100*q.HitRate, 100*hit, 100*q.Continuity, 100*cont)
 		// Continuity of the random policies depends on which draws each run
 		// makes; only the deterministic ones are compared on it.
-		deterministic := p == simulate.Sticky || p == simulate.RingHash
+		deterministic := p == simulator.Sticky || p == simulator.RingHash
 		if math.Abs(hit-q.HitRate) > 0.06 || (deterministic && math.Abs(cont-q.Continuity) > 0.12) {
 			t.Errorf("%s: simulation disagrees with the real run", q.Policy)
 		}

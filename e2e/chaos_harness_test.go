@@ -58,7 +58,7 @@ import (
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/internal/testenv"
-	"github.com/tetherproxy/tether/sim"
+	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/xds"
 )
 
@@ -257,7 +257,7 @@ func (in *chaosInstance) start(t *testing.T) {
 	if in.srv != nil {
 		return
 	}
-	h, err := sim.NewHandler(sim.Instance{Name: in.Name, Latency: time.Millisecond})
+	h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, Latency: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

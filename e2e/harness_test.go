@@ -31,7 +31,7 @@ import (
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/internal/testenv"
-	"github.com/tetherproxy/tether/sim"
+	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/xds"
 )
 
@@ -80,7 +80,7 @@ func startFaultyFleet(t *testing.T, n int) ([]config.Instance, map[string]*atomi
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := sim.NewHandler(sim.Instance{Name: name, Latency: time.Millisecond})
+		h, err := emulator.NewHandler(emulator.Instance{Name: name, Latency: time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +95,7 @@ func startFaultyFleet(t *testing.T, n int) ([]config.Instance, map[string]*atomi
 			h.ServeHTTP(w, r)
 		})
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = sim.Serve(ctx, ln, faulty) }()
+		go func() { defer wg.Done(); _ = emulator.Serve(ctx, ln, faulty) }()
 		out[i] = config.Instance{Name: name, Address: ln.Addr().String(), Zone: zone, Version: "v1", Weight: 1}
 	}
 	return out, broken
@@ -116,12 +116,12 @@ func startInstances(t *testing.T, specs ...config.Instance) []config.Instance {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := sim.NewHandler(sim.Instance{Name: in.Name, Latency: time.Millisecond})
+		h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, Latency: time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = sim.Serve(ctx, ln, h) }()
+		go func() { defer wg.Done(); _ = emulator.Serve(ctx, ln, h) }()
 		in.Address = ln.Addr().String()
 		if in.Zone == "" {
 			in.Zone = "zone-a"

@@ -8,6 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 config=deploy/local/tether.toml
 tether=bin/tether
+lab=bin/tether-lab
 envoy=${ENVOY_BIN:-$root/.tools/envoy/envoy/_bin/envoy}
 logs=$(mktemp -d "${TMPDIR:-/tmp}/tether-local.XXXXXX")
 
@@ -23,7 +24,7 @@ stop() {
 trap stop INT TERM EXIT
 
 "$tether" config validate "$config"
-"$tether" emulate --config "$config" 2>"$logs/emulate.log" &
+"$lab" emulate --config "$config" 2>"$logs/emulate.log" &
 pids+=($!)
 "$tether" serve --config "$config" 2>"$logs/tether.log" &
 pids+=($!)

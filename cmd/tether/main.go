@@ -33,10 +33,6 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(
 		newServeCmd(),
-		newEmulateCmd(),
-		newLoadgenCmd(),
-		newBenchCmd(),
-		newSimulateCmd(),
 		newConfigCmd(),
 		newSessionsCmd(),
 		newAuditCmd(),

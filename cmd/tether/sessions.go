@@ -81,7 +81,7 @@ func newSessionsStatsCmd(client func() (*adminClient, error)) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return writeJSONFile("-", cmd.OutOrStdout(), st)
+				return printJSON(cmd.OutOrStdout(), st)
 			}
 			return writeStats(cmd.OutOrStdout(), st)
 		},
@@ -152,7 +152,7 @@ tether hashes the identifier with its own secret; the raw value is neither logge
 				return err
 			}
 			if asJSON {
-				return writeJSONFile("-", cmd.OutOrStdout(), s)
+				return printJSON(cmd.OutOrStdout(), s)
 			}
 			return writeSession(cmd.OutOrStdout(), s, time.Now())
 		},
@@ -240,7 +240,7 @@ and the migration keeps going. A progress bar on standard error counts the sessi
 			if sum.Batches > 0 || sum.Interrupted {
 				var err error
 				if o.asJSON {
-					err = writeJSONFile("-", cmd.OutOrStdout(), sum)
+					err = printJSON(cmd.OutOrStdout(), sum)
 				} else {
 					err = writemigrateSummary(cmd.OutOrStdout(), sum)
 				}
@@ -381,7 +381,7 @@ sessions the drain already marked still move at their next turn.`,
 				return err
 			}
 			if asJSON {
-				return writeJSONFile("-", cmd.OutOrStdout(), res)
+				return printJSON(cmd.OutOrStdout(), res)
 			}
 			if undo {
 				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s takes new sessions again (sessions the drain marked still move at their next turn)\n", res.Instance)
@@ -497,4 +497,11 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// printJSON writes v to w as indented JSON (the --json flags).
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }

@@ -1103,7 +1103,7 @@ func (s *stack) checkRedis(cfg *config.Config) {
 }
 
 // checkInstances: every [[instances]] entry is a compose service of the
-// same name that runs `tether emulate` for that instance, on the
+// same name that runs `tether-lab emulate` for that instance, on the
 // instance's port, at the instance's address; and every emulated instance
 // is one tether routes to.
 func (s *stack) checkInstances(cfg *config.Config) {
@@ -1127,7 +1127,7 @@ func (s *stack) checkInstances(cfg *config.Config) {
 			continue
 		}
 		if !slices.Contains(argv, "emulate") {
-			s.errf("service %q: runs %q, not tether emulate, for %s", svc.Name, argv, key)
+			s.errf("service %q: runs %q, not tether-lab emulate, for %s", svc.Name, argv, key)
 			continue
 		}
 		var listen string
@@ -1162,7 +1162,7 @@ func (s *stack) checkInstances(cfg *config.Config) {
 				svc.Name, addrs, in.Name, in.Address, ap.Addr())
 		}
 		if tsvc, err := s.service(svcTether); err == nil && svc.Image != tsvc.Image {
-			s.errf("service %q: image %q: want tether's image %q, whose `tether emulate` the instances run", svc.Name, svc.Image, tsvc.Image)
+			s.errf("service %q: image %q: want tether's image %q, whose `tether-lab emulate` the instances run", svc.Name, svc.Image, tsvc.Image)
 		}
 	}
 	for _, svc := range s.sortedServices() {

@@ -1,0 +1,419 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/lab/bench"
+	"github.com/tetherproxy/tether/lab/emulator"
+	"github.com/tetherproxy/tether/lab/simulator"
+	"github.com/tetherproxy/tether/lab/workload"
+)
+
+// simulateFlags are the flags of `tether-lab simulate`.
+type simulateFlags struct {
+	policy             string
+	instances, zones   int
+	rate               float64
+	duration, drain    time.Duration
+	thinkScale         float64
+	timeScale          float64
+	profile            string
+	seed               uint64
+	kvCapacityTokens   int
+	kvMaxConversations int
+	maxInFlight        int
+	idleTimeout        time.Duration
+	maxSticky          time.Duration
+	mix, identities    string
+	stream             bool
+	exact              bool
+	parallel           int
+	likeBench          string
+	jsonOut            string
+	noProgress         bool
+}
+
+func newSimulateCmd() *cobra.Command {
+	var fl simulateFlags
+	cmd := &cobra.Command{
+		Use:   "simulate",
+		Short: "Evaluate routing policies on an emulated GPU fleet in virtual time, at the field's scale in minutes",
+		Long: `Simulate the field's traffic mix (the workload tether-lab loadgen replays) on emulated GPU instances
+in virtual time: a discrete-event simulation with no network and no sleeping, so an hour at
+10,000 requests/s runs in minutes. Requests are routed by tether's own decision code (sticky,
+random: affinity.Decider over the in-memory store) or by emulations of Envoy's ring hash and
+round robin, and priced by the emulator's cost model (prefix KV cache, prefill queue, decode
+batch). The figures are loadgen's and the bench's: KV hit rate (cached / prompt tokens), TTFT and
+latency percentiles, session continuity, load imbalance, GPU busy, GPU-seconds per 1k output
+tokens. Several policies run in parallel, one per CPU. See lab/simulator/README.md.
+
+--like-bench full|smoke takes the rate, duration, think and time scales of 'tether-lab bench''s
+quality scenario (8 instances, 2 zones, streamed answers), to cross-check its table.`,
+		Example: `  tether-lab simulate --policy all --instances 8 --rate 10000 --duration 1h
+  tether-lab simulate --like-bench full --seed 1
+  tether-lab simulate --policy sticky --instances 64 --rate 200 --duration 10m --think-scale 1 --json out.json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyLikeBench(cmd, &fl); err != nil {
+				return err
+			}
+			policies, base, err := simulateOptions(&fl)
+			if err != nil {
+				return err
+			}
+			return runSimulations(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), &fl, policies, base)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&fl.policy, "policy", "all", "routing policy: sticky, random, ring-hash, round-robin, or all (comma-separated lists work too)")
+	f.IntVar(&fl.instances, "instances", simulator.DefaultInstances, "emulated GPU instances")
+	f.IntVar(&fl.zones, "zones", simulator.DefaultZones, "zones the instances are spread over, in turn")
+	f.Float64Var(&fl.rate, "rate", 10000, "requests per second, follow-up turns included (as tether-lab loadgen's --rate)")
+	f.DurationVar(&fl.duration, "duration", time.Hour, "simulated time during which requests start")
+	f.DurationVar(&fl.drain, "drain", simulator.DefaultDrain, "after --duration, how long requests may finish before they are cancelled")
+	f.Float64Var(&fl.thinkScale, "think-scale", 1, "multiply the think time between turns (mean 5s): 0 none")
+	f.Float64Var(&fl.timeScale, "time-scale", 1, "multiply every emulated GPU duration, as tether-lab emulate --time-scale (the bench's smoke scale uses 0.05)")
+	f.StringVar(&fl.profile, "profile", "a100", "emulated GPU: "+strings.Join(emulator.ProfileNames(), " or "))
+	f.Uint64Var(&fl.seed, "seed", 1, "seed of the workload, the arrival times and the routers' random draws")
+	f.IntVar(&fl.kvCapacityTokens, "kv-capacity-tokens", 0, "KV cache of each instance in tokens (0: the profile's)")
+	f.IntVar(&fl.kvMaxConversations, "kv-max-conversations", emulator.DefaultMaxConversations,
+		"conversations each KV cache keeps, as tether-lab emulate's (0: no cap)")
+	f.IntVar(&fl.maxInFlight, "max-inflight", 0,
+		fmt.Sprintf("most requests in flight across the fleet, as tether-lab loadgen's (0: %d per instance; -1: no bound)", simulator.DefaultMaxInFlightPerInstance))
+	f.DurationVar(&fl.idleTimeout, "idle-timeout", config.DefaultIdleTimeout,
+		"sticky: a binding expires after this long unused, as tether's routing.idle_timeout (the bindings held grow with rate × idle timeout)")
+	f.DurationVar(&fl.maxSticky, "max-sticky-duration", config.DefaultMaxStickyDuration,
+		"sticky: a binding is placed again after this long, as tether's routing.max_sticky_duration (0: never)")
+	f.StringVar(&fl.mix, "mix", "", "shares of conversation kinds, as tether-lab loadgen's --mix")
+	f.StringVar(&fl.identities, "identities", "", "shares of identity kinds, as tether-lab loadgen's --identities")
+	f.BoolVar(&fl.stream, "stream", true, "streamed answers, as the bench asks for them: TTFT is the time to the first token")
+	f.BoolVar(&fl.exact, "exact", false, "price each request on its real text through emulator.GPU (slow; a check of the fast path)")
+	f.IntVar(&fl.parallel, "parallel", 0, "policies simulated at once (0: one per CPU)")
+	f.StringVar(&fl.likeBench, "like-bench", "", "take rate, duration, think and time scales from tether-lab bench's scale: full or smoke")
+	f.StringVar(&fl.jsonOut, "json", "", `write the results as JSON to this file ("-" for standard output)`)
+	f.BoolVar(&fl.noProgress, "no-progress", false, "do not draw the progress bar on standard error")
+	return cmd
+}
+
+// applyLikeBench sets the flags the user left alone from a bench scale.
+func applyLikeBench(cmd *cobra.Command, fl *simulateFlags) error {
+	var sc bench.Scale
+	switch fl.likeBench {
+	case "":
+		return nil
+	case "full":
+		sc = bench.Full
+	case "smoke":
+		sc = bench.Smoke
+	default:
+		return fmt.Errorf("--like-bench %q: want full or smoke", fl.likeBench)
+	}
+	changed := cmd.Flags().Changed
+	set := func(name string, apply func()) {
+		if !changed(name) {
+			apply()
+		}
+	}
+	set("rate", func() { fl.rate = sc.Rate })
+	set("duration", func() { fl.duration = sc.Duration })
+	set("think-scale", func() { fl.thinkScale = sc.ThinkScale })
+	set("time-scale", func() { fl.timeScale = sc.TimeScale })
+	set("instances", func() { fl.instances = 8 })
+	set("zones", func() { fl.zones = 2 })
+	set("stream", func() { fl.stream = true })
+	return nil
+}
+
+// simulateOptions checks the flags and turns them into the policies to run
+// and the options they share.
+func simulateOptions(fl *simulateFlags) ([]simulator.Policy, simulator.Options, error) {
+	var policies []simulator.Policy
+	for name := range strings.SplitSeq(fl.policy, ",") {
+		name = strings.TrimSpace(name)
+		if strings.EqualFold(name, "all") {
+			policies = append(policies, simulator.Policies()...)
+			continue
+		}
+		p, err := simulator.ParsePolicy(name)
+		if err != nil {
+			return nil, simulator.Options{}, fmt.Errorf("--policy: %w", err)
+		}
+		policies = append(policies, p)
+	}
+	switch {
+	case fl.instances < 1:
+		return nil, simulator.Options{}, fmt.Errorf("--instances %d: want at least 1", fl.instances)
+	case fl.zones < 1:
+		return nil, simulator.Options{}, fmt.Errorf("--zones %d: want at least 1", fl.zones)
+	case fl.drain <= 0:
+		return nil, simulator.Options{}, fmt.Errorf("--drain %v: want above 0", fl.drain)
+	case math.IsNaN(fl.timeScale) || fl.timeScale <= 0:
+		return nil, simulator.Options{}, fmt.Errorf("--time-scale %v: want above 0", fl.timeScale)
+	case fl.kvCapacityTokens < 0:
+		return nil, simulator.Options{}, fmt.Errorf("--kv-capacity-tokens %d: want 0 (the profile's) or more", fl.kvCapacityTokens)
+	case fl.kvMaxConversations < 0:
+		return nil, simulator.Options{}, fmt.Errorf("--kv-max-conversations %d: want 0 (no cap) or more", fl.kvMaxConversations)
+	case fl.maxInFlight < -1:
+		return nil, simulator.Options{}, fmt.Errorf("--max-inflight %d: want -1 (no bound), 0 (the default) or more", fl.maxInFlight)
+	case fl.idleTimeout < time.Second:
+		return nil, simulator.Options{}, fmt.Errorf("--idle-timeout %v: want at least 1s", fl.idleTimeout)
+	case fl.maxSticky < 0:
+		return nil, simulator.Options{}, fmt.Errorf("--max-sticky-duration %v: want 0 (never) or more", fl.maxSticky)
+	case fl.parallel < 0:
+		return nil, simulator.Options{}, fmt.Errorf("--parallel %d: want 0 (one per CPU) or more", fl.parallel)
+	}
+	profile, err := emulator.ProfileByName(fl.profile)
+	if err != nil {
+		return nil, simulator.Options{}, fmt.Errorf("--profile: %w", err)
+	}
+	wl := workload.Config{Seed: fl.seed}
+	if fl.mix != "" {
+		if wl.Mix, err = workload.ParseMix(fl.mix); err != nil {
+			return nil, simulator.Options{}, fmt.Errorf("--mix: %w", err)
+		}
+	}
+	if fl.identities != "" {
+		if wl.Identities, err = workload.ParseIdentityMix(fl.identities); err != nil {
+			return nil, simulator.Options{}, fmt.Errorf("--identities: %w", err)
+		}
+	}
+	maxConv := fl.kvMaxConversations
+	if maxConv == 0 {
+		maxConv = -1 // no cap
+	}
+	opts := simulator.Options{
+		Instances:   fl.instances,
+		Zones:       fl.zones,
+		Profile:     profile,
+		TimeScale:   fl.timeScale,
+		Cache:       emulator.CacheConfig{CapacityTokens: fl.kvCapacityTokens, MaxConversations: maxConv},
+		Workload:    wl,
+		Rate:        fl.rate,
+		Duration:    fl.duration,
+		Drain:       fl.drain,
+		ThinkScale:  fl.thinkScale,
+		MaxInFlight: fl.maxInFlight,
+		Lifetime:    affinity.Lifetime{Idle: fl.idleTimeout, Max: fl.maxSticky},
+		Stream:      fl.stream,
+		Seed:        fl.seed,
+		Exact:       fl.exact,
+	}
+	for _, p := range policies {
+		o := opts
+		o.Policy = p
+		if err := o.Validate(); err != nil {
+			return nil, simulator.Options{}, err
+		}
+	}
+	return policies, opts, nil
+}
+
+// runSimulations runs the policies, at most --parallel at once, and
+// reports them. An interrupted run (SIGINT) still reports what it measured.
+func runSimulations(ctx context.Context, stdout, stderr io.Writer, fl *simulateFlags, policies []simulator.Policy, base simulator.Options) error {
+	parallel := fl.parallel
+	if parallel == 0 {
+		parallel = runtime.GOMAXPROCS(0)
+	}
+	var prog *simulateProgress
+	if !fl.noProgress {
+		prog = startSimulateProgress(stderr, len(policies), base.Duration)
+	}
+	results := make([]*simulator.Result, len(policies))
+	errs := make([]error, len(policies))
+	slots := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	for i, p := range policies {
+		o := base
+		o.Policy = p
+		if prog != nil {
+			o.Progress = prog.reporter(i)
+		}
+		wg.Go(func() {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				errs[i] = ctx.Err()
+				return
+			}
+			defer func() { <-slots }()
+			results[i], errs[i] = simulator.Run(ctx, o)
+		})
+	}
+	wg.Wait()
+	if prog != nil {
+		prog.stop()
+	}
+	var done []*simulator.Result
+	for _, r := range results {
+		if r != nil {
+			done = append(done, r)
+		}
+	}
+	if len(done) > 0 {
+		if err := writeSimulateTable(stdout, done); err != nil {
+			return err
+		}
+		if fl.jsonOut != "" {
+			if err := writeJSONFile(fl.jsonOut, stdout, struct {
+				Results []*simulator.Result `json:"results"`
+			}{done}); err != nil {
+				return err
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// writeSimulateTable prints one row per policy, then what the settings
+// were and what the wall clock says.
+func writeSimulateTable(w io.Writer, results []*simulator.Result) error {
+	st := results[0].Settings
+	first := "TTFB"
+	if st.Stream {
+		first = "TTFT"
+	}
+	fmt.Fprintf(w, "%d × %s instances in %d zones, %.0f requests/s for %s (drain %s), think times ×%g, time scale %g, seed %d\n",
+		st.Instances, st.Profile, st.Zones, st.Rate, st.Duration, st.Drain, st.ThinkScale, st.TimeScale, st.Seed)
+	fmt.Fprintf(w, "KV cache %d tokens per instance, %s; at most %s requests in flight; sticky bindings idle %s, max %s\n\n",
+		st.Cache.CapacityTokens, convCap(st.Cache.MaxConversations), inFlightCap(st.MaxInFlight), st.IdleTimeout, st.MaxStickyDuration)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "policy\trequests\tok\tdropped\tcancelled\tKV hit\t%s p50\t%s p99\tlatency p50\tlatency p99\tcontinuity\timbalance (req)\tGPU imbalance\tGPU busy\tGPU-s/1k out\t\n", first, first)
+	for _, r := range results {
+		s := r.Summary
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.1f%%\t%s\t%s\t%s\t%s\t%.1f%%\t%.2f\t%.2f\t%.0f%%\t%.2f\t\n",
+			r.Settings.Label, s.Requests, s.OK, s.Dropped, s.Cancelled, 100*s.KVHitRate,
+			simMs(s.TTFB.P50), simMs(s.TTFB.P99), simMs(s.Latency.P50), simMs(s.Latency.P99),
+			100*s.Continuity, s.LoadImbalance, r.GPUImbalance, 100*r.GPUBusy, r.GPUSecondsPer1kOutput)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	for _, r := range results {
+		note := ""
+		if r.Interrupted {
+			note = " (interrupted)"
+		}
+		rate := ""
+		if r.Wall > 0 {
+			rate = fmt.Sprintf(" (%.2fM events/s)", float64(r.Events)/r.Wall.Seconds()/1e6)
+		}
+		fmt.Fprintf(w, "%s: %d events in %s%s, %s simulated%s\n", r.Settings.Label, r.Events,
+			r.Wall.Round(time.Millisecond), rate, r.Simulated.Round(time.Millisecond), note)
+	}
+	for _, r := range results {
+		if r.PrefillLoad >= 0.9 {
+			fmt.Fprintf(w, "warning: %s: the instances spent %.0f%% of the run prefilling: the fleet is overloaded at this rate (requests queue, then are dropped or cancelled)\n",
+				r.Settings.Label, 100*r.PrefillLoad)
+		}
+	}
+	return nil
+}
+
+func convCap(n int) string {
+	if n < 0 {
+		return "no conversation cap"
+	}
+	return fmt.Sprintf("at most %d conversations", n)
+}
+
+func inFlightCap(n int) string {
+	if n < 0 {
+		return "unbounded"
+	}
+	return fmt.Sprint(n)
+}
+
+func simMs(d time.Duration) string {
+	return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+}
+
+// simulateProgress draws one bar for all the policies: the simulated time
+// they have covered out of policies × duration.
+type simulateProgress struct {
+	bar      *progressbar.ProgressBar
+	w        io.Writer
+	total    int64 // ms
+	reached  []atomic.Int64
+	requests []atomic.Int64
+	quit     chan struct{}
+	done     chan struct{}
+}
+
+func startSimulateProgress(w io.Writer, policies int, d time.Duration) *simulateProgress {
+	p := &simulateProgress{
+		w:        w,
+		total:    max(int64(policies)*d.Milliseconds(), 1),
+		reached:  make([]atomic.Int64, policies),
+		requests: make([]atomic.Int64, policies),
+		quit:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	p.bar = progressbar.NewOptions64(p.total,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription("simulated"),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionShowDescriptionAtLineEnd(),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionSetRenderBlankState(true),
+	)
+	go func() {
+		defer close(p.done)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-p.quit:
+				return
+			case <-tick.C:
+				p.draw()
+			}
+		}
+	}()
+	return p
+}
+
+// reporter is the Progress callback of policy i; d caps what one policy
+// counts (the drain runs past the duration).
+func (p *simulateProgress) reporter(i int) func(simulator.Progress) {
+	per := p.total / int64(len(p.reached))
+	return func(pr simulator.Progress) {
+		p.reached[i].Store(min(pr.Simulated.Milliseconds(), per))
+		p.requests[i].Store(pr.Requests)
+	}
+}
+
+func (p *simulateProgress) draw() {
+	var at, reqs int64
+	for i := range p.reached {
+		at += p.reached[i].Load()
+		reqs += p.requests[i].Load()
+	}
+	_ = p.bar.Set64(min(at, p.total-1))
+	p.bar.Describe(fmt.Sprintf("%d requests simulated", reqs))
+}
+
+func (p *simulateProgress) stop() {
+	close(p.quit)
+	<-p.done
+	p.draw()
+	_ = p.bar.Finish()
+	fmt.Fprintln(p.w)
+}

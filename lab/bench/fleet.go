@@ -1,0 +1,182 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/lab/emulator"
+)
+
+// simFleet runs emulated instances in this process. An instance can be
+// killed (its listener and connections closed at once, as when a GPU node
+// dies) and restored on the same address with an empty KV cache, as a
+// restarted model server has.
+type simFleet struct {
+	mu      sync.Mutex
+	model   func(name string) (emulator.LatencyModel, error)
+	servers map[string]*simServer
+	order   []string
+	// depths holds, per instance, the queue depth each of its completion
+	// answers reported (x-queue-depth) since the last reset: what adaptive
+	// routing reads, and how the load spread.
+	depths map[string][]int
+}
+
+type simServer struct {
+	cfg config.Instance
+	srv *http.Server
+	ln  net.Listener
+}
+
+func newSimFleet(model func(name string) (emulator.LatencyModel, error)) *simFleet {
+	return &simFleet{model: model, servers: map[string]*simServer{}, depths: map[string][]int{}}
+}
+
+// add starts an instance on a free loopback port; zone and version are for
+// the tether config it returns.
+func (f *simFleet) add(name, zone, version string) (config.Instance, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return config.Instance{}, err
+	}
+	in := config.Instance{Name: name, Address: ln.Addr().String(), Zone: zone, Version: version, Weight: 1}
+	if err := f.serve(in, ln); err != nil {
+		ln.Close()
+		return config.Instance{}, err
+	}
+	f.mu.Lock()
+	f.order = append(f.order, name)
+	f.mu.Unlock()
+	return in, nil
+}
+
+func (f *simFleet) serve(in config.Instance, ln net.Listener) error {
+	m, err := f.model(in.Name)
+	if err != nil {
+		return err
+	}
+	h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, LatencyModel: m})
+	if err != nil {
+		return err
+	}
+	// The header map outlives the answer: read what the instance reported
+	// once it is done.
+	probe := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		if d, err := strconv.Atoi(w.Header().Get(emulator.QueueDepthHeader)); err == nil {
+			f.mu.Lock()
+			f.depths[in.Name] = append(f.depths[in.Name], d)
+			f.mu.Unlock()
+		}
+	})
+	s := &simServer{cfg: in, ln: ln, srv: &http.Server{Handler: probe, ReadHeaderTimeout: 10 * time.Second}}
+	go func() { _ = s.srv.Serve(ln) }()
+	f.mu.Lock()
+	f.servers[in.Name] = s
+	f.mu.Unlock()
+	return nil
+}
+
+// kill closes the instance's listener and every connection at once.
+func (f *simFleet) kill(name string) error {
+	f.mu.Lock()
+	s, ok := f.servers[name]
+	f.mu.Unlock()
+	if !ok || s.srv == nil {
+		return fmt.Errorf("kill %s: not running", name)
+	}
+	err := s.srv.Close()
+	f.mu.Lock()
+	s.srv = nil
+	f.mu.Unlock()
+	return err
+}
+
+// restore starts a killed instance again on its address, cache empty.
+func (f *simFleet) restore(name string) error {
+	f.mu.Lock()
+	s, ok := f.servers[name]
+	f.mu.Unlock()
+	if !ok || s.srv != nil {
+		return fmt.Errorf("restore %s: not killed", name)
+	}
+	var ln net.Listener
+	var err error
+	// The port was ours a moment ago; the kernel may hold it briefly.
+	for i := 0; i < 50; i++ {
+		if ln, err = net.Listen("tcp", s.cfg.Address); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("restore %s: %w", name, err)
+	}
+	return f.serve(s.cfg, ln)
+}
+
+// reset empties every running instance's cache and counters.
+func (f *simFleet) reset(ctx context.Context) error {
+	f.mu.Lock()
+	f.depths = map[string][]int{}
+	f.mu.Unlock()
+	var errs []error
+	for _, in := range f.instances() {
+		errs = append(errs, postJSON(ctx, "http://"+in.Address+"/admin/reset", nil))
+	}
+	return errors.Join(errs...)
+}
+
+// stats sums the running instances' counters.
+func (f *simFleet) stats(ctx context.Context) ([]emulator.Stats, error) {
+	var out []emulator.Stats
+	for _, in := range f.instances() {
+		var s emulator.Stats
+		if err := getJSON(ctx, "http://"+in.Address+"/admin/stats", &s); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// queueDepths returns, per instance, the queue depths its answers reported
+// since the last reset.
+func (f *simFleet) queueDepths() map[string][]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string][]int, len(f.depths))
+	for in, d := range f.depths {
+		out[in] = append([]int(nil), d...)
+	}
+	return out
+}
+
+func (f *simFleet) instances() []config.Instance {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []config.Instance
+	for _, n := range f.order {
+		if s := f.servers[n]; s.srv != nil {
+			out = append(out, s.cfg)
+		}
+	}
+	return out
+}
+
+func (f *simFleet) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range f.servers {
+		if s.srv != nil {
+			_ = s.srv.Close()
+		}
+	}
+}

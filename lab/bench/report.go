@@ -1,0 +1,263 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+)
+
+// Markers delimit the part of BENCHMARKS.md a run rewrites; the rest of
+// the file (the Go benchmarks of the decision path) is kept.
+const (
+	MarkerStart = "<!-- tether-lab bench: start -->"
+	MarkerEnd   = "<!-- tether-lab bench: end -->"
+)
+
+// Meta describes where and how a run happened.
+type Meta struct {
+	Command, Commit, Machine string
+}
+
+// Markdown renders the report between the markers.
+func (r *Report) Markdown(m Meta, charts []string) string {
+	var b strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	w("%s\n## Through Envoy: overhead, routing quality, hot spot, churn\n\n", MarkerStart)
+	w("```sh\n%s\n```\n\n", m.Command)
+	w("Run of %s, commit %s, %s, scale %q. All servers on loopback on this one machine: the load\n",
+		r.Started.UTC().Format("2006-01-02 15:04 MST"), m.Commit, m.Machine, r.Scale.Name)
+	w("generator, Envoy, tether, redis-server and the emulated instances share its cores, so compare\n")
+	w("rows of one table, not absolute figures.\n\n")
+
+	if len(r.Overhead) > 0 {
+		base := r.Overhead[0]
+		w("### Overhead on a zero-latency backend\n\n")
+		w("Four instances that answer at once. Latency at %.0f requests/s (open loop, %s, timed from each\n",
+			r.Scale.OverheadRate, r.Scale.OverheadDuration)
+		w("request's scheduled send); throughput with %d closed-loop clients (%s), which is the rate at that\n",
+			r.Scale.OverheadWorkers, r.Scale.OverheadDuration)
+		w("concurrency, not a proven maximum. Envoy runs one worker thread. \"Envoy alone\" has the same clusters\n")
+		w("with tether off the request path.\n\n")
+		w("| configuration | p50 | p99 | added p50 | added p99 | throughput at %d clients | vs Envoy alone | tether (+redis) CPU per request | failed | dropped |\n", r.Scale.OverheadWorkers)
+		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, o := range r.Overhead {
+			cpu := "–"
+			if o.TetherCPUPerRequest > 0 {
+				cpu = fmt.Sprintf("%d µs", o.TetherCPUPerRequest.Microseconds())
+			}
+			ratio := 0.0
+			if base.Throughput > 0 {
+				ratio = o.Throughput / base.Throughput
+			}
+			w("| %s | %s | %s | %s | %s | %.0f/s | %.2f | %s | %d | %d |\n", o.Name, ms(o.P50), ms(o.P99),
+				ms(o.P50-base.P50), ms(o.P99-base.P99), o.Throughput, ratio, cpu, o.Failed, o.Dropped)
+		}
+		w("\n")
+	}
+	if len(r.Quality) > 0 {
+		w("### Routing quality: the field's mix on eight emulated A100s\n\n")
+		w("%s\n\n", qualityPreamble(r.Scale, r.Saturation))
+		w("| policy | KV hit rate | TTFT p50 | TTFT p99 | latency p50 | latency p99 | session continuity | GPU-time imbalance (max/mean) | GPU busy | GPU-s per 1k output tokens | requests | failed |\n")
+		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, q := range r.Quality {
+			w("| %s | %.1f%% | %s | %s | %s | %s | %.1f%% | %.2f | %.0f%% | %.2f | %d | %d |\n", q.Policy, 100*q.HitRate,
+				ms(q.TTFTP50), ms(q.TTFTP99), ms(q.LatencyP50), ms(q.LatencyP99),
+				100*q.Continuity, q.Imbalance, 100*q.GPUBusy, q.GPUSecondsPer1kOutput, q.Requests, q.Failed)
+		}
+		w("\n")
+	}
+	if len(r.Hotspot) > 0 {
+		w("### Hot spot: one tenant's burst behind one API key\n\n")
+		w("%s\n\n", hotspotPreamble(r.Scale))
+		w("| policy | traffic | requests | failed | KV hit rate | TTFT p50 | TTFT p99 | spilled | instances that answered |\n")
+		w("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, h := range r.Hotspot {
+			for _, t := range []struct {
+				name string
+				t    Traffic
+			}{{"hot tenant", h.Tenant}, {"others, started in the hot phase", h.Others}, {"all, whole run", h.All}} {
+				w("| %s | %s | %d | %d | %.1f%% | %s | %s | %.1f%% | %d |\n", h.Policy, t.name, t.t.Requests, t.t.Failed,
+					100*t.t.HitRate, ms(t.t.TTFTP50), ms(t.t.TTFTP99), 100*t.t.Spilled, t.t.Instances)
+			}
+		}
+		w("\n")
+	}
+	if len(r.Quality) > 0 || len(r.Hotspot) > 0 {
+		w("### Load spread and spills\n\n")
+		w("%s\n\n", spreadPreamble)
+		w("| scenario | policy | spilled | requests per instance (min–max) | max / mean | queue depth p50 | queue depth p99 | busiest instance's queue p99 |\n")
+		w("|---|---|---:|---:|---:|---:|---:|---:|\n")
+		row := func(scenario, policy string, decisions int, spilled float64, s Spread) {
+			sp := "–"
+			if decisions > 0 {
+				sp = fmt.Sprintf("%.1f%%", 100*spilled)
+			}
+			w("| %s | %s | %s | %d–%d | %.2f | %d | %d | %d |\n", scenario, policy, sp, s.MinRequests, s.MaxRequests,
+				s.Imbalance, s.QueueP50, s.QueueP99, s.BusiestQueueP99)
+		}
+		for _, q := range r.Quality {
+			row("quality", q.Policy, q.Decisions, q.Spilled, q.Spread)
+		}
+		for _, h := range r.Hotspot {
+			row("hot spot", h.Policy, h.Decisions, h.Spilled, h.Spread)
+		}
+		w("\n")
+	}
+	if len(r.Churn) > 0 {
+		w("### Churn: an instance killed and restored, one added\n\n")
+		w("%s\n\n", churnPreamble(r.Scale))
+		w("| policy | phase | requests | failed | identified follow-ups moved | answered by the killed instance | KV hit rate |\n")
+		w("|---|---|---:|---:|---:|---:|---:|\n")
+		for _, c := range r.Churn {
+			w("| %s | %s | %d | %d | %d of %d | %d | %.1f%% |\n", c.Policy, c.Phase, c.Requests, c.Failed, c.Moved, c.FollowUps, c.VictimServed, 100*c.HitRate)
+		}
+		w("\n")
+	}
+	for _, c := range charts {
+		w("![%s](%s)\n\n", strings.TrimSuffix(filepath.Base(c), ".png"), c)
+	}
+	w("%s\n", notes)
+	w("%s\n", MarkerEnd)
+	return b.String()
+}
+
+const notes = `What is emulated, and what that means for these numbers:
+
+- The instances are tether's emulator (lab/emulator/), not GPUs. Their latency follows a cost model fitted to
+  one H200 measurement (../shared/calibration/): a per-request floor, prefill per uncached token,
+  decode per output token slowing with the batch, prefills queueing behind each other. The A100
+  profile is derived from the H200 figures by datasheet ratios (prefill about 3.2× slower, decode
+  2.4×): an estimate, not a measurement.
+- Their KV cache is a prefix-block cache (16-token blocks, chained hashes, LRU, at most 20
+  conversations per instance), as serving engines' automatic prefix caching works. Hit rate is
+  cached prompt tokens over all prompt tokens, as the instances report them.
+- Tokens are whitespace-separated words of generated text, not a real tokenizer.
+- The workload follows the field's mix (30% long documents, 20% multi-turn conversations, 50% short
+  queries, each opening with one of four shared application system prompts) with shortened think
+  times; it is synthetic, deterministic from its seed, and the same for every policy.
+- The field's reference figures for this experiment are 62% (random) against 89% (sticky) KV hit
+  rate and 218 ms against 189 ms P99. The tables above are ours, from this emulation; the field did not
+  say which latency its P99 is, so compare our TTFT and end-to-end figures with it only loosely.`
+
+func qualityPreamble(s Scale, sat Saturation) string {
+	return fmt.Sprintf("Eight emulated A100 instances in two zones (emulated time ×%g). The same seeded workload for every\n"+
+		"policy: %.0f requests/s, follow-up turns included, for %s (think times ×%g), streamed answers;\n"+
+		"caches emptied between policies and not warmed first. TTFT is the time to the first token, the part\n"+
+		"of latency a KV-cache hit shortens; end-to-end latency is mostly decode, which routing does not\n"+
+		"change. Continuity: follow-up turns served by the instance of the previous turn (anonymous callers\n"+
+		"are routed at random by every policy). GPU-seconds: the emulated GPU time the instances spent\n"+
+		"(prefill, plus each decode step divided among the requests in flight on the instance); GPU busy is\n"+
+		"that over the fleet's time. Tether adaptive is tether sticky with `routing.adaptive_sticky = 1`,\n"+
+		"`saturation_inflight = %d` and `saturation_queue_depth = %d`: thresholds above what this steady load\n"+
+		"reaches (the reading notes say why), so that only a real hot spot moves sessions.",
+		s.TimeScale, s.Rate, s.Duration, s.ThinkScale, sat.InFlight, sat.QueueDepth)
+}
+
+func hotspotPreamble(s Scale) string {
+	return fmt.Sprintf("The quality workload for %s on the eight emulated A100s (emulated time ×%g), and from %s to %s one\n"+
+		"tenant's batch job: %g requests/s (open loop)\n"+
+		"under one API key (`Authorization: Bearer …`, no session id), each the tenant's %d-token instructions,\n"+
+		"shared, and a %d-token document of its own, %d streamed output tokens. Sticky routing sees one identity\n"+
+		"and keeps the whole job on one instance; adaptive moves it (and the other sessions bound there) to\n"+
+		"their next choice while that instance is saturated. \"Others\" are the workload's requests that\n"+
+		"started during the hot phase, the ones that share the fleet with the burst. Spilled: answers whose\n"+
+		"x-tether-decision was \"spilled\". TTFT of the tenant's requests is timed from when each was due.",
+		s.HotDuration, s.HotTimeScale, s.HotDuration/4, 3*s.HotDuration/4, s.HotRate, hotSystemTokens, s.HotDocTokens, hotOutputTokens)
+}
+
+const spreadPreamble = `Spilled: the share of tether's routing decisions that moved a session off a saturated instance
+(tether_requests_total{decision="spilled"} from tether's /metrics; – where tether is not on the request
+path). Requests per instance: the answers each of the eight instances gave. Queue depth: what the
+instances reported on each answer (x-queue-depth: the requests the instance was already working on,
+decoding ones included, when that request arrived), the signal adaptive routing reads.`
+
+func churnPreamble(s Scale) string {
+	return fmt.Sprintf("The quality workload for %s; at 1/4 of the run one instance is killed (connections refused),\n"+
+		"at 1/2 it is restored with an empty cache, at 3/4 a ninth instance is added. A follow-up is\n"+
+		"\"moved\" when another instance than the previous turn's served it.", s.Duration)
+}
+
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+}
+
+// Charts writes PNG bar charts into dir and returns their paths.
+func (r *Report) Charts(dir string) ([]string, error) {
+	type chart struct {
+		file, title, ylabel string
+		names               []string
+		v                   plotter.Values
+	}
+	var charts []chart
+	if len(r.Quality) > 0 {
+		var names []string
+		var hit, p99 plotter.Values
+		for _, q := range r.Quality {
+			names = append(names, q.Policy)
+			hit = append(hit, 100*q.HitRate)
+			p99 = append(p99, millis(q.TTFTP99))
+		}
+		charts = append(charts,
+			chart{"kv-hit-rate.png", "KV-cache hit rate by policy", "cached / prompt tokens (%)", names, hit},
+			chart{"ttft-p99.png", "P99 time to first token by policy", "milliseconds", names, p99})
+	}
+	if len(r.Hotspot) > 0 {
+		var names []string
+		var p99 plotter.Values
+		for _, h := range r.Hotspot {
+			p := strings.TrimPrefix(h.Policy, "tether ")
+			names = append(names, p+": hot tenant", p+": others")
+			p99 = append(p99, millis(h.Tenant.TTFTP99), millis(h.Others.TTFTP99))
+		}
+		charts = append(charts, chart{"hotspot-ttft-p99.png", "Hot spot: P99 time to first token", "milliseconds", names, p99})
+	}
+	if len(charts) == 0 {
+		return nil, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, c := range charts {
+		p := plot.New()
+		p.Title.Text = c.title
+		p.Y.Label.Text = c.ylabel
+		bars, err := plotter.NewBarChart(c.v, vg.Points(40))
+		if err != nil {
+			return out, err
+		}
+		p.Add(bars)
+		p.NominalX(c.names...)
+		path := filepath.Join(dir, c.file)
+		if err := p.Save(7*vg.Inch, 4*vg.Inch, path); err != nil {
+			return out, err
+		}
+		out = append(out, path)
+	}
+	return out, nil
+}
+
+// WriteInto replaces the marked section of the file at path (or appends
+// it), keeping everything else.
+func WriteInto(path, section string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	s := string(old)
+	if i, j := strings.Index(s, MarkerStart), strings.Index(s, MarkerEnd); i >= 0 && j > i {
+		rest := strings.TrimPrefix(s[j+len(MarkerEnd):], "\n")
+		s = s[:i] + section + rest
+	} else {
+		s = strings.TrimRight(s, "\n") + "\n\n" + section
+	}
+	return os.WriteFile(path, []byte(s), 0o644)
+}

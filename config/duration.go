@@ -8,12 +8,11 @@ import (
 // Duration accepts either an integer number of seconds (the field's style:
 // max_sticky_duration = 1800) or a Go duration string ("30m", "250ms").
 type Duration struct {
-	D   time.Duration
-	set bool
+	D time.Duration
 }
 
-// Dur is a set Duration, for building configs in code.
-func Dur(d time.Duration) Duration { return Duration{D: d, set: true} }
+// Dur is d as a Duration, for building configs in code.
+func Dur(d time.Duration) Duration { return Duration{D: d} }
 
 // UnmarshalTOML implements toml.Unmarshaler.
 func (d *Duration) UnmarshalTOML(v any) error {
@@ -22,18 +21,18 @@ func (d *Duration) UnmarshalTOML(v any) error {
 		if x > int64(1<<62/time.Second) || x < -int64(1<<62/time.Second) {
 			return fmt.Errorf("%d seconds is out of range", x)
 		}
-		*d = Duration{D: time.Duration(x) * time.Second, set: true}
+		*d = Duration{D: time.Duration(x) * time.Second}
 	case float64:
 		if x > float64(1<<62/time.Second) || x < -float64(1<<62/time.Second) || x != x {
 			return fmt.Errorf("%v seconds is out of range", x)
 		}
-		*d = Duration{D: time.Duration(x * float64(time.Second)), set: true}
+		*d = Duration{D: time.Duration(x * float64(time.Second))}
 	case string:
 		p, err := time.ParseDuration(x)
 		if err != nil {
 			return fmt.Errorf("%q is not a duration (want seconds as a number, or like \"30m\", \"250ms\")", x)
 		}
-		*d = Duration{D: p, set: true}
+		*d = Duration{D: p}
 	default:
 		return fmt.Errorf("%v is not a duration", v)
 	}

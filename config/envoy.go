@@ -28,8 +28,9 @@ type Envoy struct {
 	// RouteTimeout bounds a whole LLM request, streaming included.
 	RouteTimeout Duration `toml:"route_timeout"`
 	// Retries is how many times Envoy retries a request that failed at the
-	// instance (connect failure, reset, 502/503/504) on a fallback host.
-	Retries *uint32 `toml:"retries"`
+	// instance (connect failure, reset, 502/503/504) on a fallback host; 0
+	// never retries.
+	Retries uint32 `toml:"retries"`
 	// DefaultVersion picks the pool the default route (tether unreachable)
 	// sends to; empty means the version with the most instances.
 	DefaultVersion string `toml:"default_version"`
@@ -37,15 +38,17 @@ type Envoy struct {
 	// off leaves tether as a control plane only: every request takes the
 	// default route to the pool, balanced by PoolLB. The benchmarks use it
 	// to measure Envoy's own balancing with the same clusters.
-	ExtProc *bool `toml:"ext_proc"`
+	ExtProc bool `toml:"ext_proc"`
 	// PoolLB balances the model-version pools: "ring_hash" (default: on the
 	// session headers, so sessions stay together without tether),
 	// "round_robin" or "least_request".
 	PoolLB string `toml:"pool_lb"`
 }
 
-// OutlierSettings are Envoy's outlier detection knobs. Unset fields inherit:
-// built-in defaults ← [outlier_detection] ← [outlier_detection.instances.NAME].
+// OutlierSettings are Envoy's outlier detection knobs. A nil field is a key
+// left out, and inherits: built-in defaults (DefaultOutlier) ←
+// [outlier_detection] ← [outlier_detection.instances.NAME]. Outlier gives
+// the settings in force.
 type OutlierSettings struct {
 	Consecutive5xx                     *uint32   `toml:"consecutive_5xx"`
 	EnforcingConsecutive5xx            *uint32   `toml:"enforcing_consecutive_5xx"`
@@ -71,7 +74,8 @@ type OutlierDetection struct {
 	Instances map[string]OutlierSettings `toml:"instances"`
 }
 
-// CircuitBreakerSettings are Envoy's per-cluster thresholds.
+// CircuitBreakerSettings are Envoy's per-cluster thresholds; nil fields
+// inherit as OutlierSettings' do (Breakers).
 type CircuitBreakerSettings struct {
 	MaxConnections     *uint32 `toml:"max_connections"`
 	MaxPendingRequests *uint32 `toml:"max_pending_requests"`
@@ -92,7 +96,25 @@ const (
 	DefaultMessageTimeout = 200 * time.Millisecond
 	DefaultRouteTimeout   = 300 * time.Second
 	DefaultRetries        = 1
+	DefaultPoolLB         = "ring_hash"
 )
+
+// defaultXDS has the ADS server on, on loopback.
+func defaultXDS() XDS { return XDS{Addr: DefaultXDSAddr} }
+
+// defaultEnvoy puts tether's ext_proc filter in the listener.
+// [outlier_detection] and [circuit_breakers] have no default section:
+// their fields inherit (Outlier, Breakers).
+func defaultEnvoy() Envoy {
+	return Envoy{
+		ListenerAddr:   DefaultListenerAddr,
+		MessageTimeout: Dur(DefaultMessageTimeout),
+		RouteTimeout:   Dur(DefaultRouteTimeout),
+		Retries:        DefaultRetries,
+		ExtProc:        true,
+		PoolLB:         DefaultPoolLB,
+	}
+}
 
 func u32(v uint32) *uint32 { return &v }
 func dur(d time.Duration) *Duration {
@@ -182,7 +204,7 @@ func overlay[T any](dst *T, src T) {
 	}
 }
 
-func (c *Config) validateEnvoy(bad func(key string, val any, why string)) {
+func (c *Config) validateEnvoy(bad reporter) {
 	if c.XDS.Addr != "" {
 		if _, _, err := net.SplitHostPort(c.XDS.Addr); err != nil {
 			bad("xds.addr", c.XDS.Addr, `want host:port, or "" to turn the ADS server off`)
@@ -207,7 +229,7 @@ func (c *Config) validateEnvoy(bad func(key string, val any, why string)) {
 	default:
 		bad("envoy.pool_lb", c.Envoy.PoolLB, `want "ring_hash", "round_robin" or "least_request"`)
 	}
-	if r := *c.Envoy.Retries; r > 5 {
+	if r := c.Envoy.Retries; r > 5 {
 		bad("envoy.retries", r, "want 0 to 5")
 	}
 	if v := c.Envoy.DefaultVersion; v != "" {

@@ -385,7 +385,7 @@ func TestChaosInstanceKilled(t *testing.T) {
 func instanceKilled(t *testing.T, retries uint32) {
 	const cooldown = 3 * time.Second
 	s := startChaosStack(t, chaosOptions{Configure: func(c *config.Config) {
-		c.Envoy.Retries = &retries
+		c.Envoy.Retries = retries
 		c.Routing.FailureCooldown = config.Duration{D: cooldown}
 		// Envoy ejects the dead host too (consecutive gateway failures) and
 		// then sends its cluster's requests to a peer: through Envoy the
@@ -490,7 +490,7 @@ func instanceKilled(t *testing.T, retries uint32) {
 	}
 	// Failed requests: at most the threshold's worth (plus one) of
 	// failures before the circuit opened, plus those in flight at the kill.
-	threshold := *s.Config.Routing.FailureThreshold
+	threshold := s.Config.Routing.FailureThreshold
 	if limit := threshold + 1 + 64; d.Failed > limit {
 		t.Errorf("%d requests failed during the fault, more than threshold+1 plus those in flight (%d): %s", d.Failed, limit, res.failures(phaseDuring))
 	}

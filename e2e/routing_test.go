@@ -201,8 +201,7 @@ func TestRandomModeIsUnbiased(t *testing.T) {
 func TestStickyDisabledRoutesAtRandom(t *testing.T) {
 	inst := startFleet(t, 8)
 	cfg := baseConfig("embedded", inst)
-	off := 0
-	cfg.Routing.StickyEnabled = &off
+	cfg.Routing.StickyEnabled = 0
 	tt := startTether(t, cfg)
 	px := startEnvoy(t, cfg, tt.extproc)
 	seen := map[string]bool{}

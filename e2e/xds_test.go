@@ -399,7 +399,7 @@ func TestLoneInstanceHasNoFallback(t *testing.T) {
 				}
 			}
 			n := px.stat(t, "cluster.inst-"+lone+"."+tc.stat)
-			want := *cfg.Routing.FailureThreshold + 1
+			want := cfg.Routing.FailureThreshold + 1
 			t.Logf("%d of 10 requests failed, then answered by %s; %s = %d", failed, failover, tc.stat, n)
 			// The session moved at the breaker's opening (evacuated) or at
 			// its next request (failover): either way, elsewhere.

@@ -33,11 +33,7 @@ type evacuator interface {
 
 // breakerConfig is the [routing] failure_* keys.
 func breakerConfig(r config.Routing) fleet.BreakerConfig {
-	n := config.DefaultFailureThreshold
-	if r.FailureThreshold != nil {
-		n = *r.FailureThreshold
-	}
-	return fleet.BreakerConfig{Threshold: n, Window: r.FailureWindow.D, Cooldown: r.FailureCooldown.D}
+	return fleet.BreakerConfig{Threshold: r.FailureThreshold, Window: r.FailureWindow.D, Cooldown: r.FailureCooldown.D}
 }
 
 // breakerShare connects one replica's breaker to the others.

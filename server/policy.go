@@ -80,7 +80,7 @@ func Policy(cfg config.Config) (affinity.Policy, error) {
 	return p, nil
 }
 
-func stickyOn(r config.Routing) bool { return r.StickyEnabled == nil || *r.StickyEnabled != 0 }
+func stickyOn(r config.Routing) bool { return r.StickyEnabled != 0 }
 
 // policyMode is the mode for requests no rule matches. sticky_enabled = 0
 // turns sticky and hybrid routing into random, as it always has; so does a

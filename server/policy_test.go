@@ -184,7 +184,7 @@ func TestPolicyMode(t *testing.T) {
 	}
 	for _, tc := range tests {
 		c := config.Default()
-		c.Routing.Mode, c.Routing.StickyEnabled = tc.mode, &tc.sticky
+		c.Routing.Mode, c.Routing.StickyEnabled = tc.mode, tc.sticky
 		if got := mustPolicy(t, c).Mode; got != tc.want {
 			t.Errorf("mode %s, sticky_enabled %d: %s, want %s", tc.mode, tc.sticky, got, tc.want)
 		}
@@ -228,8 +228,7 @@ func TestPolicyRefusesUnvalidatedRule(t *testing.T) {
 
 func TestStickyDisabledTurnsRulesRandom(t *testing.T) {
 	c := config.Default()
-	off := 0
-	c.Routing.StickyEnabled = &off
+	c.Routing.StickyEnabled = 0
 	c.Routing.Rules = []config.Rule{{Name: "r", PathPrefix: "/", Mode: config.ModeSticky}}
 	if p := mustPolicy(t, c); p.Mode != affinity.Random || p.Rules[0].Mode != affinity.Random {
 		t.Errorf("sticky_enabled = 0: mode %s, rule mode %s; want random for both", p.Mode, p.Rules[0].Mode)

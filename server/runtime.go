@@ -256,7 +256,7 @@ func restartOnly(c config.Config) []restartSection {
 		{"routing.oom_header", c.Routing.OOMHeader},
 		{"routing.gpu_utilization_header", c.Routing.GPUUtilizationHeader},
 		{"routing.random_seed", c.Routing.RandomSeed},
-		{"routing.failure_threshold", *c.Routing.FailureThreshold},
+		{"routing.failure_threshold", c.Routing.FailureThreshold},
 		{"routing.failure_window", c.Routing.FailureWindow.D},
 		{"routing.failure_cooldown", c.Routing.FailureCooldown.D},
 		{"identity", c.Identity},

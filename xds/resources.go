@@ -347,7 +347,7 @@ func headerHash(name string, terminal bool) *routev3.RouteAction_HashPolicy {
 // failures before the response started are retried, so a streamed answer is
 // never duplicated.
 func (b *builder) retryPolicy() *routev3.RetryPolicy {
-	n := *b.cfg.Envoy.Retries
+	n := b.cfg.Envoy.Retries
 	if n == 0 {
 		return nil
 	}
@@ -382,7 +382,7 @@ func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.List
 			}}}),
 		}},
 	}
-	if *b.cfg.Envoy.ExtProc {
+	if b.cfg.Envoy.ExtProc {
 		m.HttpFilters = append(m.HttpFilters, &hcmv3.HttpFilter{
 			Name: "envoy.filters.http.ext_proc", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.any(b.extProcFilter())},
 		})

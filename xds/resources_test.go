@@ -205,8 +205,7 @@ func TestBuildRefuses(t *testing.T) {
 
 func TestControlPlaneOnly(t *testing.T) {
 	cfg := loadConfig(t, "testdata/fleet.toml")
-	off := false
-	cfg.Envoy.ExtProc = &off
+	cfg.Envoy.ExtProc = false
 	cfg.Envoy.PoolLB = "round_robin"
 	r, err := Build(cfg, []string{"127.0.0.1:50051"}, Static)
 	if err != nil {

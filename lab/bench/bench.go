@@ -189,8 +189,7 @@ type policy struct {
 
 func envoyOnly(lb string) func(*config.Config) {
 	return func(c *config.Config) {
-		off := false
-		c.Envoy.ExtProc = &off
+		c.Envoy.ExtProc = false
 		c.Envoy.PoolLB = lb
 	}
 }

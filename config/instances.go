@@ -1,0 +1,93 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+)
+
+// Instance is one model server ([[instances]]). The admin API decodes it
+// from JSON.
+type Instance struct {
+	Name    string  `toml:"name" json:"name"`
+	Address string  `toml:"address" json:"address"`
+	Zone    string  `toml:"zone" json:"zone"`
+	Version string  `toml:"version" json:"version"`
+	Weight  float64 `toml:"weight" json:"weight"`
+	// KVSessions is how many conversations' KV cache the instance holds;
+	// placement never counts it overloaded below that. 0 means the default.
+	KVSessions int `toml:"kv_sessions" json:"kv_sessions"`
+	// Pool is "" (on-demand) or "spot" (may be reclaimed at short notice).
+	Pool string `toml:"pool" json:"pool"`
+}
+
+// Defaults and bounds of an instance.
+const (
+	DefaultVersion    = "default"
+	DefaultKVSessions = 20
+	MaxKVSessions     = 100000
+)
+
+// PoolSpot is the pool of instances that may be reclaimed at short notice.
+const PoolSpot = "spot"
+
+// SetDefaults fills in the instance's unset version, weight and
+// kv_sessions: an entry of [[instances]] (or a JSON instance) starts from
+// zero, so zero is unset there. Parse calls it; so must code that builds
+// an instance (the admin API) before validating it.
+func (in *Instance) SetDefaults() {
+	if in.Version == "" {
+		in.Version = DefaultVersion
+	}
+	if in.Weight == 0 {
+		in.Weight = 1
+	}
+	if in.KVSessions == 0 {
+		in.KVSessions = DefaultKVSessions
+	}
+}
+
+func (c *Config) validateInstances(bad reporter) {
+	seen := map[string]int{}
+	for i, in := range c.Instances {
+		key := fmt.Sprintf("instances[%d]", i)
+		if !instanceName.MatchString(in.Name) {
+			bad(key+".name", in.Name, "want 1-63 lower-case letters, digits, '.', '_' or '-', starting and ending with a letter or digit")
+		} else if j, dup := seen[in.Name]; dup {
+			bad(key+".name", in.Name, fmt.Sprintf("duplicate of instances[%d]", j))
+		} else {
+			seen[in.Name] = i
+		}
+		if err := ipPort(in.Address); err != nil {
+			bad(key+".address", in.Address, err.Error())
+		}
+		if !versionName.MatchString(in.Version) {
+			bad(key+".version", in.Version, "want 1-63 letters, digits, '.', '_' or '-'")
+		}
+		if !(in.Weight > 0) || in.Weight > 1e6 {
+			bad(key+".weight", in.Weight, "want a number above 0 and at most 1e6")
+		}
+		// 0 is the default (kv_sessions left out); Parse and SetDefaults fill it in.
+		if in.KVSessions < 0 || in.KVSessions > MaxKVSessions {
+			bad(key+".kv_sessions", in.KVSessions, fmt.Sprintf("want 1 to %d", MaxKVSessions))
+		}
+		switch in.Pool {
+		case "", PoolSpot:
+		default:
+			bad(key+".pool", in.Pool, `want "" (on-demand) or "spot"`)
+		}
+	}
+}
+
+// ipPort checks an upstream address: Envoy's static and EDS endpoints take
+// an IP address, not a host name, and a real port.
+func ipPort(s string) error {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return errors.New("want IP:port (host names are not resolved; use the instance's IP)")
+	}
+	if ap.Port() == 0 {
+		return errors.New("want a port from 1 to 65535")
+	}
+	return nil
+}

@@ -1,5 +1,7 @@
 # tether's container image: a static binary on distroless, as a non-root user.
 #   docker build -t tether:dev .
+# The product only (serve, config, sessions, audit): .dockerignore leaves the
+# lab out of the build context; the lab has its own image (lab/Dockerfile).
 # Run it with a configuration mounted at /etc/tether/tether.toml (the
 # Kubernetes Deployment in deploy/k8s mounts its ConfigMap there).
 # deploy/image/image_test.go builds the same binary the same way and runs it

@@ -1,9 +1,11 @@
-# tether: `make run` starts the local stack, `make test` runs every test.
-# Both install what they need first (scripts/tools.sh).
+# tether: `make run` starts the local stack, `make unit` runs the unit tests
+# (about a minute), `make test` runs every test. Each target installs what it
+# needs first (scripts/tools.sh, which pins every version).
 
-GO        ?= go
-ENVOY_BIN ?= $(CURDIR)/.tools/envoy/envoy/_bin/envoy
-export ENVOY_BIN
+GO            ?= go
+ENVOY_BIN     ?= $(CURDIR)/.tools/envoy/envoy/_bin/envoy
+GOLANGCI_LINT ?= $(CURDIR)/.tools/golangci-lint/golangci-lint
+export ENVOY_BIN GO
 
 .DEFAULT_GOAL := help
 
@@ -12,7 +14,7 @@ help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 .PHONY: tools
-tools: ## Install pinned Envoy (.tools/envoy), and redis-server, PostgreSQL and Prometheus from Debian when missing
+tools: ## Install everything the tests use: pinned Envoy and golangci-lint (.tools), redis-server, PostgreSQL, Prometheus (Debian)
 	@scripts/tools.sh
 
 .PHONY: build
@@ -21,15 +23,24 @@ build: ## Build bin/tether (the product) and bin/tether-lab (emulator, loadgen, 
 	$(GO) build -o bin/tether-lab ./cmd/tether-lab
 
 .PHONY: run
-run: tools build ## Local stack: 8 emulated A100s, tether (embedded store), Envoy on 127.0.0.1:10000
+run: build ## Local stack: 8 emulated A100s, tether (embedded store), Envoy on 127.0.0.1:10000 (installs Envoy only)
+	@scripts/tools.sh envoy
 	@scripts/run-local.sh
 
 .PHONY: compose
 compose: ## docker compose up (needs Docker): docker-compose.yml's stack with Redis, Prometheus and Grafana
 	docker compose up --build
 
+# The quick loop: no -race, no e2e, no fuzzing, and -short skips the tests
+# that build the images' binaries. Tests that start redis-server,
+# PostgreSQL, Envoy or promtool run when those are installed (make tools)
+# and skip when not (they fail instead under CI=true).
+.PHONY: unit
+unit: ## Unit tests, about a minute: no -race, no e2e, no fuzz (make test runs them all)
+	$(GO) test -short ./...
+
 .PHONY: test
-test: tools lint ## Unit, conformance, fuzz (TEST_FUZZTIME each) and e2e tests (real Envoy, real redis-server), with -race
+test: tools lint ## Lint, then unit, conformance, fuzz (TEST_FUZZTIME each) and e2e tests (real Envoy, real redis-server), with -race
 	$(GO) test -race -count=1 ./...
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME)
 	$(GO) test -race -count=1 -tags e2e -timeout 15m ./e2e/...
@@ -42,16 +53,20 @@ TEST_FUZZTIME ?= 5s
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
-	@GO=$(GO) scripts/fuzz.sh $(FUZZTIME)
+	@scripts/fuzz.sh $(FUZZTIME)
 
+# golangci-lint runs go vet's analyzers (the e2e tests included), the
+# linters and dependency rules of .golangci.yml, and gofmt; gofmt -l also
+# covers the files no build on this machine compiles.
 .PHONY: lint
-lint: ## gofmt and go vet
+lint: ## gofmt, then golangci-lint (.golangci.yml: go vet, errcheck, staticcheck, ineffassign, unused, depguard's dependency rules)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
-	$(GO) vet -tags e2e ./e2e/...
+	@scripts/tools.sh golangci-lint
+	$(GOLANGCI_LINT) run ./...
 
 .PHONY: bench
-bench: tools build ## Benchmark suite through real Envoy and redis-server (~16 min): writes BENCHMARKS.md and docs/bench/*.png
+bench: build ## Benchmark suite through real Envoy and redis-server (~16 min): writes BENCHMARKS.md and docs/bench/*.png
+	@scripts/tools.sh envoy redis
 	bin/tether-lab bench --envoy $(ENVOY_BIN) --scale full --out BENCHMARKS.md --charts docs/bench
 
 # The soak is run by hand, never by make test: it takes SOAK_DURATION. It
@@ -60,11 +75,13 @@ bench: tools build ## Benchmark suite through real Envoy and redis-server (~16 m
 SOAK_DURATION ?= 10m
 
 .PHONY: soak
-soak: tools build ## Soak benchmark, 10 min, not part of make test: tether's RSS and goroutines under steady load (docs/soak.md)
+soak: build ## Soak benchmark, 10 min, not part of make test: tether's RSS and goroutines under steady load (docs/soak.md)
+	@scripts/tools.sh envoy redis
 	bin/tether-lab bench soak --envoy $(ENVOY_BIN) --duration $(SOAK_DURATION) --out docs/soak.md --chart docs/bench/soak.png
 
 .PHONY: bench-go
-bench-go: tools ## Go benchmarks of the decision path (memory store, miniredis, redis-server)
+bench-go: ## Go benchmarks of the decision path (memory store, miniredis, redis-server)
+	@scripts/tools.sh redis
 	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/ ./lab/emulator/...
 
 .PHONY: envoy-config

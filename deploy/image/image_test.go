@@ -1,10 +1,13 @@
-// Package image_test checks the container image recipe (the Dockerfile and
-// .dockerignore at the repository root) without a container runtime: no
-// image is built on these machines. It reads the Dockerfile, builds the
-// binary the way its build stage does from the files .dockerignore lets
+// Package image_test checks the container image recipes without a
+// container runtime: no image is built on these machines. There are two:
+// the product's (the Dockerfile and .dockerignore at the repository root:
+// tether alone) and the lab's (lab/Dockerfile and
+// lab/Dockerfile.dockerignore: tether-lab, whose emulate the compose
+// stack's instances run). For each it reads the Dockerfile, builds the
+// binary the way its build stage does from the files the ignore file lets
 // into the build context, checks the binary is statically linked (the final
-// image has no libc), and runs it the way the image's ENTRYPOINT does from
-// a directory holding nothing but the binary and its configuration.
+// image has no libc), and runs it the way the image does from a directory
+// holding nothing but the binary (and, for tether, its configuration).
 package image_test
 
 import (
@@ -39,6 +42,20 @@ import (
 )
 
 const root = "../.."
+
+// The two recipes, from the repository root: the Dockerfile and the ignore
+// file that decides its build context. (BuildKit reads
+// <Dockerfile>.dockerignore next to a Dockerfile instead of the context's
+// .dockerignore.)
+var (
+	product = recipeFiles{dockerfile: "Dockerfile", ignore: ".dockerignore", pkg: "./cmd/tether"}
+	lab     = recipeFiles{dockerfile: "lab/Dockerfile", ignore: "lab/Dockerfile.dockerignore", pkg: "./cmd/tether-lab"}
+)
+
+type recipeFiles struct {
+	dockerfile, ignore string
+	pkg                string // what the build stage compiles
+}
 
 // stage is one FROM … section of a Dockerfile.
 type stage struct {
@@ -152,33 +169,39 @@ func words(s string) ([]string, error) {
 	return out, nil
 }
 
-// image is what the tests read from the Dockerfile and the manifests.
-type image struct {
+// recipe is what the tests read from one Dockerfile.
+type recipe struct {
+	files        recipeFiles
 	build, final *stage
 	buildArgs    []string // go build's arguments, -o and its value removed
 	buildEnv     []string // the build stage's ENV, CGO_ENABLED always set
 	binary       string   // where the final stage puts the binary
-	deployment   *appsv1.Deployment
-	configMap    *corev1.ConfigMap
-	cfg          config.Config // the ConfigMap's tether.toml
+}
+
+// image is the product's recipe and the manifests that run it.
+type image struct {
+	*recipe
+	deployment *appsv1.Deployment
+	configMap  *corev1.ConfigMap
 }
 
 var goBuild = regexp.MustCompile(`(?:^|&&|;)\s*((?:[A-Z_]+=\S+\s+)*)go build (.*?)(?:&&|;|$)`)
 
-func readImage(t *testing.T) *image {
+func readRecipe(t *testing.T, files recipeFiles) *recipe {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
+	name := files.dockerfile
+	data, err := os.ReadFile(filepath.Join(root, name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	stages, err := parseDockerfile(string(data))
 	if err != nil {
-		t.Fatalf("Dockerfile: %v", err)
+		t.Fatalf("%s: %v", name, err)
 	}
 	if len(stages) < 2 {
-		t.Fatalf("Dockerfile: %d stage(s), want a build stage and a final stage", len(stages))
+		t.Fatalf("%s: %d stage(s), want a build stage and a final stage", name, len(stages))
 	}
-	im := &image{final: stages[len(stages)-1]}
+	im := &recipe{files: files, final: stages[len(stages)-1]}
 
 	// The final stage copies the binary from a build stage.
 	for _, c := range im.final.copies {
@@ -204,7 +227,7 @@ func readImage(t *testing.T) *image {
 					}
 					args, err := words(m[2])
 					if err != nil {
-						t.Fatalf("Dockerfile: RUN %s: %v", run, err)
+						t.Fatalf("%s: RUN %s: %v", name, run, err)
 					}
 					out := ""
 					for i := 0; i < len(args); i++ {
@@ -216,7 +239,7 @@ func readImage(t *testing.T) *image {
 						im.buildArgs = append(im.buildArgs, args[i])
 					}
 					if out != rest[0] {
-						t.Fatalf("Dockerfile: go build writes %q, the final stage copies %q", out, rest[0])
+						t.Fatalf("%s: go build writes %q, the final stage copies %q", name, out, rest[0])
 					}
 					env := map[string]string{"CGO_ENABLED": "1"} // the golang image's default: it has a C compiler
 					for k, v := range s.env {
@@ -234,9 +257,14 @@ func readImage(t *testing.T) *image {
 		}
 	}
 	if im.build == nil || im.buildArgs == nil {
-		t.Fatal("Dockerfile: the final stage copies no binary that a build stage's `go build -o` makes")
+		t.Fatalf("%s: the final stage copies no binary that a build stage's `go build -o` makes", name)
 	}
+	return im
+}
 
+func readImage(t *testing.T) *image {
+	t.Helper()
+	im := &image{recipe: readRecipe(t, product)}
 	dep, err := os.ReadFile(filepath.Join(root, "deploy/k8s/deployment.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -259,32 +287,7 @@ func readImage(t *testing.T) *image {
 // ENTRYPOINT that reads the configuration where the Deployment mounts it.
 func TestDockerfile(t *testing.T) {
 	im := readImage(t)
-
-	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	goVersion := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(mod)
-	if goVersion == nil {
-		t.Fatal("go.mod: no go line")
-	}
-	if want := "golang:" + string(goVersion[1]); im.build.base != want && !strings.HasPrefix(im.build.base, want+"-") {
-		t.Errorf("build stage FROM %s, want %s (go.mod's go version), optionally -<distribution>", im.build.base, want)
-	}
-	if !slices.Contains(im.buildEnv, "CGO_ENABLED=0") {
-		t.Error("build stage: CGO_ENABLED=0 not set; the final image has no C library")
-	}
-	if !slices.Contains(im.buildArgs, "-trimpath") || !slices.Contains(im.buildArgs, "./cmd/tether") {
-		t.Errorf("go build %v: want -trimpath and ./cmd/tether", im.buildArgs)
-	}
-
-	if b := im.final.base; !strings.HasPrefix(b, "gcr.io/distroless/static") && b != "scratch" {
-		t.Errorf("final stage FROM %s, want gcr.io/distroless/static… or scratch", b)
-	}
-	user, _, _ := strings.Cut(im.final.user, ":")
-	if uid, err := strconv.Atoi(user); (err != nil && user != "nonroot") || (err == nil && uid == 0) || user == "" {
-		t.Errorf("final stage USER %q, want a non-root user (65532 is distroless's nonroot)", im.final.user)
-	}
+	checkRecipe(t, im.recipe)
 
 	// ENTRYPOINT: the binary, serve, and the configuration file the
 	// Deployment's ConfigMap volume provides.
@@ -353,12 +356,55 @@ func TestDockerfile(t *testing.T) {
 	}
 }
 
+// checkRecipe: the build stage runs the Go of go.mod with cgo off and
+// -trimpath on the recipe's package; the final stage is distroless/static
+// (or empty) and runs as a non-root user.
+func checkRecipe(t *testing.T, im *recipe) {
+	t.Helper()
+	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goVersion := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(mod)
+	if goVersion == nil {
+		t.Fatal("go.mod: no go line")
+	}
+	if want := "golang:" + string(goVersion[1]); im.build.base != want && !strings.HasPrefix(im.build.base, want+"-") {
+		t.Errorf("%s: build stage FROM %s, want %s (go.mod's go version), optionally -<distribution>", im.files.dockerfile, im.build.base, want)
+	}
+	if !slices.Contains(im.buildEnv, "CGO_ENABLED=0") {
+		t.Errorf("%s: build stage: CGO_ENABLED=0 not set; the final image has no C library", im.files.dockerfile)
+	}
+	if !slices.Contains(im.buildArgs, "-trimpath") || !slices.Contains(im.buildArgs, im.files.pkg) {
+		t.Errorf("%s: go build %v: want -trimpath and %s", im.files.dockerfile, im.buildArgs, im.files.pkg)
+	}
+
+	if b := im.final.base; !strings.HasPrefix(b, "gcr.io/distroless/static") && b != "scratch" {
+		t.Errorf("%s: final stage FROM %s, want gcr.io/distroless/static… or scratch", im.files.dockerfile, b)
+	}
+	user, _, _ := strings.Cut(im.final.user, ":")
+	if uid, err := strconv.Atoi(user); (err != nil && user != "nonroot") || (err == nil && uid == 0) || user == "" {
+		t.Errorf("%s: final stage USER %q, want a non-root user (65532 is distroless's nonroot)", im.files.dockerfile, im.final.user)
+	}
+}
+
+// TestLabDockerfile: the lab's image is built like the product's, from
+// ./cmd/tether-lab, and runs tether-lab: docker-compose.yml's instances
+// give it `emulate …` as their command.
+func TestLabDockerfile(t *testing.T) {
+	im := readRecipe(t, lab)
+	checkRecipe(t, im)
+	if ep := im.final.entrypoint; len(ep) != 1 || ep[0] != im.binary || path.Base(im.binary) != "tether-lab" {
+		t.Errorf("%s: ENTRYPOINT %q, want [%q], the tether-lab binary the final stage copies", lab.dockerfile, ep, im.binary)
+	}
+}
+
 // dockerignore is the exclusion list of a build context.
 type dockerignore []string
 
-func readDockerignore(t *testing.T) dockerignore {
+func readDockerignore(t *testing.T, file string) dockerignore {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(root, ".dockerignore"))
+	data, err := os.ReadFile(filepath.Join(root, file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -413,7 +459,7 @@ func matchPath(pattern, rel string) bool {
 }
 
 func TestDockerignore(t *testing.T) {
-	d := readDockerignore(t)
+	d := readDockerignore(t, product.ignore)
 	for _, tc := range []struct {
 		rel  string
 		want bool
@@ -421,9 +467,23 @@ func TestDockerignore(t *testing.T) {
 		{"go.mod", false}, {"go.sum", false}, {"cmd/tether/main.go", false}, {"xds/resources.go", false},
 		{".git/config", true}, {".tools/envoy/envoy/_bin/envoy", true}, {"bin/tether", true}, {"tether", true},
 		{"extproc.test", true}, {"server/x.test", true},
+		// The lab stays out of the product's context: tether cannot import it.
+		{"lab/emulator/serve.go", true}, {"cmd/tether-lab/main.go", true},
 	} {
 		if got := d.excluded(tc.rel); got != tc.want {
-			t.Errorf(".dockerignore: %s excluded %v, want %v", tc.rel, got, tc.want)
+			t.Errorf("%s: %s excluded %v, want %v", product.ignore, tc.rel, got, tc.want)
+		}
+	}
+	d = readDockerignore(t, lab.ignore)
+	for _, tc := range []struct {
+		rel  string
+		want bool
+	}{
+		{"go.mod", false}, {"cmd/tether-lab/main.go", false}, {"lab/emulator/serve.go", false}, {"xds/resources.go", false},
+		{".git/config", true}, {".tools/envoy/envoy/_bin/envoy", true}, {"bin/tether-lab", true}, {"lab/x.test", true},
+	} {
+		if got := d.excluded(tc.rel); got != tc.want {
+			t.Errorf("%s: %s excluded %v, want %v", lab.ignore, tc.rel, got, tc.want)
 		}
 	}
 }
@@ -464,10 +524,11 @@ func TestStaticRefusesDynamic(t *testing.T) {
 	testenv.Require(t, "a dynamically linked system binary (/bin/sh)", errors.New("none of /bin/sh, /bin/ls, /usr/bin/env exists"))
 }
 
-// buildContext copies what .dockerignore lets into the build context.
-func buildContext(t *testing.T, dst string) {
+// buildContext copies what the recipe's ignore file lets into the build
+// context.
+func buildContext(t *testing.T, files recipeFiles, dst string) {
 	t.Helper()
-	d := readDockerignore(t)
+	d := readDockerignore(t, files.ignore)
 	// Other tests may add or remove files in the tree meanwhile: a file
 	// gone by the time it is read is skipped.
 	gone := func(err error) bool { return errors.Is(err, fs.ErrNotExist) }
@@ -516,8 +577,7 @@ func copyFile(src, dst string, mode os.FileMode) error {
 		return err
 	}
 	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
+		return errors.Join(err, out.Close())
 	}
 	return out.Close()
 }
@@ -533,31 +593,7 @@ func TestStaticBinaryRunsAlone(t *testing.T) {
 		t.Skip("builds tether: skipped with -short (never under CI=true)")
 	}
 	im := readImage(t)
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("go command: %v", err)
-	}
-
-	ctxDir := t.TempDir()
-	buildContext(t, ctxDir)
-	outDir := t.TempDir()
-	bin := filepath.Join(outDir, "tether")
-	// A cold build cache takes minutes on a busy machine; a warm one, seconds.
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	args := append([]string{"build", "-o", bin}, im.buildArgs...)
-	build := exec.CommandContext(ctx, goBin, args...)
-	build.Dir = ctxDir
-	build.Env = append(os.Environ(), im.buildEnv...)
-	start := time.Now()
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go %s (%v): %v\n%s", strings.Join(args, " "), im.buildEnv, err, out)
-	}
-	t.Logf("go %s: %v", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
-
-	if err := static(bin); err != nil {
-		t.Fatal(err)
-	}
+	bin := buildBinary(t, im.recipe)
 
 	// The image's file system, in miniature: the binary where the final
 	// stage copies it and the configuration where the Deployment mounts it.
@@ -612,55 +648,7 @@ address = "127.0.0.1:9"
 	}
 
 	// serve, with the ENTRYPOINT's arguments (the config path under fsRoot).
-	serve := run(im.final.entrypoint[1], im.final.entrypoint[2], cfgPath)
-	stderr, err := serve.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	admin := make(chan string, 1)
-	logs := make(chan []string, 1)
-	go func() {
-		var lines []string
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines = append(lines, sc.Text())
-			var rec struct{ Message, Admin string }
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Message == "tether ready" {
-				admin <- rec.Admin
-			}
-		}
-		logs <- lines
-	}()
-	go func() { exited <- serve.Wait() }()
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = serve.Process.Kill()
-			<-exited
-		}
-	}()
-	logsAfterExit := func() string {
-		select {
-		case l := <-logs:
-			return strings.Join(l, "\n")
-		case <-time.After(2 * time.Second):
-			return "(no logs)"
-		}
-	}
-
-	var addr string
-	select {
-	case addr = <-admin:
-	case err := <-exited:
-		stopped = true
-		t.Fatalf("tether serve exited before it was ready: %v\n%s", err, logsAfterExit())
-	case <-time.After(20 * time.Second):
-		t.Fatal("tether serve: not ready within 20s")
-	}
+	serve, addr := startLogged(t, run(im.final.entrypoint[1], im.final.entrypoint[2], cfgPath), "tether serve", "tether ready", "admin")
 	client := &http.Client{Timeout: 2 * time.Second}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -679,20 +667,230 @@ address = "127.0.0.1:9"
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	if err := serve.Process.Signal(syscall.SIGTERM); err != nil {
+	// drain_delay 1s, drain_timeout 2s, ADS 1s, admin 2s
+	if l := serve.terminate(t, 10*time.Second); !strings.Contains(l, "tether stopped") {
+		t.Errorf("no \"tether stopped\" in the logs:\n%s", l)
+	}
+}
+
+// buildBinary builds a recipe's binary the way its build stage does, from
+// the build context its ignore file leaves, and checks that it is
+// statically linked.
+func buildBinary(t *testing.T, im *recipe) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("go command: %v", err)
+	}
+	ctxDir := t.TempDir()
+	buildContext(t, im.files, ctxDir)
+	bin := filepath.Join(t.TempDir(), path.Base(im.binary))
+	// A cold build cache takes minutes on a busy machine; a warm one, seconds.
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	args := append([]string{"build", "-o", bin}, im.buildArgs...)
+	build := exec.CommandContext(ctx, goBin, args...)
+	build.Dir = ctxDir
+	build.Env = append(os.Environ(), im.buildEnv...)
+	start := time.Now()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("%s: go %s (%v): %v\n%s", im.files.dockerfile, strings.Join(args, " "), im.buildEnv, err, out)
+	}
+	t.Logf("%s: go %s: %v", im.files.dockerfile, strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
+	if err := static(bin); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// process is a binary a test started, its JSON logs (stderr) read line
+// by line.
+type process struct {
+	name    string
+	cmd     *exec.Cmd
+	exited  chan error
+	logs    chan []string
+	stopped bool
+}
+
+// startLogged starts cmd and waits up to 20 s for its log line whose
+// message is ready; it returns that line's field key (an address). The
+// process is killed when the test ends, unless terminate stopped it.
+func startLogged(t *testing.T, cmd *exec.Cmd, name, ready, key string) (*process, string) {
+	t.Helper()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &process{name: name, cmd: cmd, exited: make(chan error, 1), logs: make(chan []string, 1)}
+	found := make(chan string, 1)
+	go func() {
+		var lines []string
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines = append(lines, sc.Text())
+			var rec map[string]any
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["message"] == ready {
+				v, _ := rec[key].(string)
+				select {
+				case found <- v:
+				default:
+				}
+			}
+		}
+		p.logs <- lines
+	}()
+	go func() { p.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if !p.stopped {
+			_ = cmd.Process.Kill()
+			_ = <-p.exited // killed: the error says so
+		}
+	})
+	select {
+	case addr := <-found:
+		return p, addr
+	case err := <-p.exited:
+		p.stopped = true
+		t.Fatalf("%s exited before it was ready: %v\n%s", name, err, p.logsAfterExit())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s: not ready within 20s", name)
+	}
+	return nil, ""
+}
+
+func (p *process) logsAfterExit() string {
+	select {
+	case l := <-p.logs:
+		return strings.Join(l, "\n")
+	case <-time.After(2 * time.Second):
+		return "(no logs)"
+	}
+}
+
+// terminate sends SIGTERM and waits up to within for a clean exit; it
+// returns the logs.
+func (p *process) terminate(t *testing.T, within time.Duration) string {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-exited:
-		stopped = true
-		l := logsAfterExit()
+	case err := <-p.exited:
+		p.stopped = true
+		l := p.logsAfterExit()
 		if err != nil {
-			t.Fatalf("tether serve after SIGTERM: %v\n%s", err, l)
+			t.Fatalf("%s after SIGTERM: %v\n%s", p.name, err, l)
 		}
-		if !strings.Contains(l, "tether stopped") {
-			t.Errorf("no \"tether stopped\" in the logs:\n%s", l)
+		return l
+	case <-time.After(within):
+		t.Fatalf("%s did not stop within %v of SIGTERM", p.name, within)
+	}
+	return ""
+}
+
+// TestLabBinaryRunsAlone builds tether-lab as lab/Dockerfile's build stage
+// does and runs `emulate` the way docker-compose.yml's instances do, from a
+// directory holding only the binary, with an empty environment: it
+// refuses an address on every interface without --allow-non-loopback,
+// serves an instance (/healthz, a chat completion that names it), and
+// SIGTERM stops it cleanly.
+func TestLabBinaryRunsAlone(t *testing.T) {
+	if testing.Short() && os.Getenv("CI") != "true" {
+		t.Skip("builds tether-lab: skipped with -short (never under CI=true)")
+	}
+	im := readRecipe(t, lab)
+	bin := buildBinary(t, im)
+	fsRoot := t.TempDir()
+	binary := filepath.Join(fsRoot, filepath.FromSlash(im.binary))
+	if err := copyFile(bin, binary, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func(ctx context.Context, args ...string) *exec.Cmd {
+		c := exec.CommandContext(ctx, binary, append(slices.Clone(im.final.entrypoint[1:]), args...)...)
+		c.Dir = fsRoot
+		c.Env = []string{} // nothing from this machine
+		return c
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := run(ctx, "emulate", "--instance", "lab-1=0.0.0.0:0").CombinedOutput()
+	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "0.0.0.0:0") || !strings.Contains(string(out), "loopback") {
+		t.Errorf("tether-lab emulate on 0.0.0.0 without --allow-non-loopback: %v, want a refusal naming the address\n%s", err, out)
+	}
+
+	emulate, addr := startLogged(t, run(context.Background(), "emulate", "--instance", "lab-1=127.0.0.1:0", "--profile", "fixed", "--latency", "1ms"),
+		"tether-lab emulate", "emulated instance listening", "addr")
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatalf("/healthz: %v", err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/healthz: %s", resp.Status)
+	}
+	resp, err = client.Post("http://"+addr+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"llama-3.1-8b","messages":[{"role":"user","content":"hello"}]}`))
+	if err != nil {
+		t.Fatalf("chat completion: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("x-instance") != "lab-1" {
+		t.Errorf("chat completion: %s, x-instance %q, want 200 from lab-1\n%s", resp.Status, resp.Header.Get("x-instance"), body)
+	}
+	emulate.terminate(t, 10*time.Second)
+}
+
+// TestProductImageCarriesNoLab lists, in each recipe's build context and
+// with its build flags, the packages its binary is made of: tether's hold
+// nothing of the lab (lab/, and gonum, which only the lab's charts use);
+// tether-lab's hold both, which shows the check sees them.
+func TestProductImageCarriesNoLab(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("go command: %v", err)
+	}
+	labOnly := []string{"github.com/tetherproxy/tether/lab/", "gonum.org/"}
+	deps := func(files recipeFiles) []string {
+		im := readRecipe(t, files)
+		ctxDir := t.TempDir()
+		buildContext(t, files, ctxDir)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		list := exec.CommandContext(ctx, goBin, append([]string{"list", "-deps"}, im.buildArgs...)...)
+		list.Dir = ctxDir
+		list.Env = append(os.Environ(), im.buildEnv...)
+		out, err := list.Output()
+		if err != nil {
+			var stderr []byte
+			if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("%s: go list -deps %v in its build context: %v\n%s", files.dockerfile, im.buildArgs, err, stderr)
 		}
-	case <-time.After(10 * time.Second): // drain_delay 1s, drain_timeout 2s, ADS 1s, admin 2s
-		t.Fatal("tether serve did not stop within 10s of SIGTERM")
+		var found []string
+		for _, p := range strings.Fields(string(out)) {
+			for _, prefix := range labOnly {
+				if strings.HasPrefix(p, prefix) {
+					found = append(found, p)
+				}
+			}
+		}
+		return found
+	}
+	if found := deps(product); len(found) > 0 {
+		t.Errorf("%s: tether is built from lab packages: %v", product.dockerfile, found)
+	}
+	found := deps(lab)
+	for _, prefix := range labOnly {
+		if !slices.ContainsFunc(found, func(p string) bool { return strings.HasPrefix(p, prefix) }) {
+			t.Errorf("%s: no %s… package in tether-lab's: the check cannot see the lab (found %v)", lab.dockerfile, prefix, found)
+		}
 	}
 }

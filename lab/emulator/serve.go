@@ -47,7 +47,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 		// still running, which ends their latency wait.
 		_ = srv.Close()
 	}
-	<-served // http.ErrServerClosed once Shutdown or Close has run
+	_ = <-served // http.ErrServerClosed once Shutdown or Close has run
 	if err != nil {
 		return fmt.Errorf("sim: graceful shutdown of %s: %w", ln.Addr(), err)
 	}

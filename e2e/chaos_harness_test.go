@@ -48,7 +48,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -56,6 +55,7 @@ import (
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/internal/launch"
 	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/lab/emulator"
@@ -146,10 +146,7 @@ func (s *chaosStack) RestartEnvoy() { s.Envoy.start(s.Envoy.listen) }
 // evicted pod; Envoy's ext_proc cluster keeps listing it.
 func (s *chaosStack) KillTether(i int) {
 	p := s.Tethers[i]
-	p.stopOnce.Do(func() { // the cleanup's Stop then finds it stopped
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	})
+	p.stopOnce.Do(p.proc.Kill) // the cleanup's Stop then finds it stopped
 }
 
 // RestartTether starts replica i again on its ext_proc address, the one
@@ -293,14 +290,13 @@ type chaosEnvoy struct {
 	logs    *syncbuf.Buffer
 
 	mu   sync.Mutex
-	proc *envoyProc // nil while stopped
+	proc *launch.Envoy // nil while stopped
 }
 
 func startChaosEnvoy(t *testing.T, cfg config.Config, extproc []string) *chaosEnvoy {
 	t.Helper()
 	e := &chaosEnvoy{t: t, cfg: cfg, extproc: extproc, px: &proxy{}, logs: &syncbuf.Buffer{}}
-	t.Cleanup(func() {
-		e.stop(syscall.SIGTERM)
+	t.Cleanup(func() { // each start stops its own Envoy when the test ends
 		if t.Failed() {
 			t.Logf("envoy logs:\n%s", e.logs)
 		}
@@ -324,26 +320,24 @@ func (e *chaosEnvoy) start(listen string) {
 	e.mu.Lock()
 	e.proc = p
 	e.mu.Unlock()
-	admin, l := p.ready(t)
-	e.listen = l
+	testenv.WaitServing(t, p)
+	e.listen = p.Listener
 	if e.px.url == "" {
-		e.px.url = "http://" + e.listen
-	} else if e.px.url != "http://"+e.listen {
+		e.px.url = p.URL()
+	} else if e.px.url != p.URL() {
 		t.Fatalf("restarted envoy listens on %s, want %s", e.listen, e.px.url)
 	}
-	e.px.admin = admin
+	e.px.admin = p.Admin
 }
 
 // kill sends SIGKILL and waits for the exit.
-func (e *chaosEnvoy) kill() { e.stop(syscall.SIGKILL) }
-
-func (e *chaosEnvoy) stop(sig syscall.Signal) {
+func (e *chaosEnvoy) kill() {
 	e.mu.Lock()
 	p := e.proc
 	e.proc = nil
 	e.mu.Unlock()
 	if p != nil {
-		p.stop(sig)
+		p.Kill()
 	}
 }
 

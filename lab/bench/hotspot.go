@@ -113,14 +113,14 @@ func hotspotOnce(ctx context.Context, opts Options, dir string, p policy, fleet 
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		hot = hotTenant(hctx, client, st.envoy.url, sc, job, begin, from)
+		hot = hotTenant(hctx, client, st.envoy.URL(), sc, job, begin, from)
 	}()
-	res, err := replayFor(ctx, opts, d, st.envoy.url, instances)
+	res, err := replayFor(ctx, opts, d, st.envoy.URL(), instances)
 	wg.Wait()
 	if err != nil {
 		return HotspotRow{}, err
 	}
-	dec, err := decisions(ctx, st.tether.admin)
+	dec, err := decisions(ctx, st.tether.Admin)
 	if err != nil {
 		return HotspotRow{}, err
 	}

@@ -7,7 +7,6 @@ package bench
 // Go heap in use and its goroutine count.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +32,7 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/promtext"
 	"github.com/tetherproxy/tether/lab/emulator"
 )
 
@@ -255,14 +255,16 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	defer client.CloseIdleConnections()
 
 	// Every kind of caller gets through before the clock starts.
-	err = poll(ctx, st.envoy.proc, 20*time.Second, "an answer through Envoy for every kind of caller", func(ctx context.Context) bool {
+	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	err = st.envoy.Poll(pctx, "an answer through Envoy for every kind of caller", func(ctx context.Context) error {
 		for i := 0; i < 20; i++ {
-			if sendAs(ctx, client, st.envoy.url, o.caller(i)) != nil {
-				return false
+			if err := sendAs(ctx, client, st.envoy.URL(), o.caller(i)); err != nil {
+				return err
 			}
 		}
-		return true
+		return nil
 	})
+	cancel()
 	if err != nil {
 		return nil, err
 	}
@@ -281,7 +283,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	defer stopLoad()
 	begin := time.Now()
 	loadDone := make(chan struct{})
-	go func() { defer close(loadDone); load.run(lctx, client, st.envoy.url, o, begin) }()
+	go func() { defer close(loadDone); load.run(lctx, client, st.envoy.URL(), o, begin) }()
 	var bar *soakBar
 	if o.Progress != nil {
 		bar = startSoakBar(o.Progress, o.Duration, begin, load, first)
@@ -311,7 +313,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	r.Failures = load.failures
 	load.mu.Unlock()
 	r.LoadAvg[1], _ = loadAvg()
-	if r.Decisions, err = decisions(ctx, st.tether.admin); err != nil {
+	if r.Decisions, err = decisions(ctx, st.tether.Admin); err != nil {
 		return r, err
 	}
 	r.Summary = summarize(r.Samples, o.Duration)
@@ -434,23 +436,23 @@ func sampleSoak(ctx context.Context, st *stack, at time.Duration, l *soakLoad) (
 	s.P99, s.Lag = l.take()
 	s.Load, _ = loadAvg()
 	var err error
-	if s.RSS, err = st.tether.rss(); err != nil {
+	if s.RSS, err = rss(st.tether.Pid()); err != nil {
 		return s, fmt.Errorf("tether RSS at %s: %w", at, err)
 	}
-	g, err := scrapeGauges(ctx, st.tether.admin, "go_goroutines", "go_memstats_heap_inuse_bytes")
+	g, err := scrapeGauges(ctx, st.tether.Admin, "go_goroutines", "go_memstats_heap_inuse_bytes")
 	if err != nil {
 		return s, fmt.Errorf("tether metrics at %s: %w", at, err)
 	}
 	s.Goroutines, s.HeapInuse = int(g["go_goroutines"]), int64(g["go_memstats_heap_inuse_bytes"])
-	if s.RedisKeys, err = st.redis.client.DBSize(ctx).Result(); err != nil {
+	if s.RedisKeys, err = st.rdb.DBSize(ctx).Result(); err != nil {
 		return s, fmt.Errorf("redis-server DBSIZE at %s: %w", at, err)
 	}
 	return s, nil
 }
 
-// rss is the process's resident set size, from /proc/<pid>/status.
-func (p *proc) rss() (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+// rss is process pid's resident set size, from /proc/<pid>/status.
+func rss(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
@@ -480,36 +482,23 @@ func parseVmRSS(status string) (int64, error) {
 
 // scrapeGauges reads the named unlabelled metrics from tether's /metrics.
 func scrapeGauges(ctx context.Context, admin string, names ...string) (map[string]float64, error) {
-	return scrapeMetrics(ctx, admin, func(sc *bufio.Scanner) (map[string]float64, error) { return parseGauges(sc, names...) })
-}
-
-// parseGauges finds the unlabelled metrics names in Prometheus text format;
-// each must be there.
-func parseGauges(sc *bufio.Scanner, names ...string) (map[string]float64, error) {
-	want := map[string]bool{}
-	for _, n := range names {
-		want[n] = true
-	}
-	out := map[string]float64{}
-	for sc.Scan() {
-		name, value, ok := strings.Cut(sc.Text(), " ")
-		if !ok || !want[name] {
-			continue
-		}
-		value, _, _ = strings.Cut(value, " ") // a timestamp may follow
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			return nil, fmt.Errorf("metric %s: %w", name, err)
-		}
-		out[name] = v
-	}
-	if err := sc.Err(); err != nil {
+	m, err := scrape(ctx, admin)
+	if err != nil {
 		return nil, err
 	}
+	return gauges(m, names...)
+}
+
+// gauges are the values of the unlabelled metrics names; each must be
+// there.
+func gauges(m promtext.Metrics, names ...string) (map[string]float64, error) {
+	out := map[string]float64{}
 	for _, n := range names {
-		if _, ok := out[n]; !ok {
+		v, ok := m.Value(n)
+		if !ok {
 			return nil, fmt.Errorf("metric %s: not exported", n)
 		}
+		out[n] = v
 	}
 	return out, nil
 }

@@ -24,7 +24,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -32,6 +31,7 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/progress"
 	"github.com/tetherproxy/tether/internal/promtext"
 	"github.com/tetherproxy/tether/lab/emulator"
 )
@@ -284,10 +284,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	begin := time.Now()
 	loadDone := make(chan struct{})
 	go func() { defer close(loadDone); load.run(lctx, client, st.envoy.URL(), o, begin) }()
-	var bar *soakBar
-	if o.Progress != nil {
-		bar = startSoakBar(o.Progress, o.Duration, begin, load, first)
-	}
+	bar := startSoakBar(o.Progress, o.Duration, begin, load, first)
 	for k := 1; time.Duration(k)*o.Every <= o.Duration && err == nil; k++ {
 		at := time.Duration(k) * o.Every
 		if !sleepUntil(ctx, begin.Add(at)) {
@@ -628,42 +625,23 @@ func fitLine(xs, ys []float64) (b, a float64, ok bool) {
 	return b, my - b*mx, true
 }
 
-// soakBar is the progress bar of the load, redrawn every second.
+// soakBar is the progress bar of the load, redrawn every second, with the
+// latest sample in its line.
 type soakBar struct {
-	bar        *progressbar.ProgressBar
-	w          io.Writer
-	load       *soakLoad
-	mu         sync.Mutex
-	last       SoakSample
-	quit, done chan struct{}
+	bar  *progress.Bar
+	load *soakLoad
+	mu   sync.Mutex
+	last SoakSample
 }
 
+// startSoakBar draws on w; nil (no bar) when w is nil.
 func startSoakBar(w io.Writer, d time.Duration, begin time.Time, load *soakLoad, first SoakSample) *soakBar {
-	total := max(int64(d.Seconds()), 1)
-	b := &soakBar{w: w, load: load, last: first, quit: make(chan struct{}), done: make(chan struct{})}
-	b.bar = progressbar.NewOptions64(total,
-		progressbar.OptionSetWriter(w),
-		progressbar.OptionSetDescription(b.status()),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionSetPredictTime(false),
-		progressbar.OptionSetElapsedTime(true),
-		progressbar.OptionShowDescriptionAtLineEnd(),
-		progressbar.OptionSetRenderBlankState(true),
-	)
-	go func() {
-		defer close(b.done)
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-b.quit:
-				return
-			case <-tick.C:
-				_ = b.bar.Set64(min(int64(time.Since(begin).Seconds()), total-1))
-				b.bar.Describe(b.status())
-			}
-		}
-	}()
+	if w == nil {
+		return nil
+	}
+	b := &soakBar{load: load, last: first}
+	b.bar = progress.Poll(w, progress.Options{Total: int64(d.Seconds()), Description: b.status()}, time.Second,
+		func() (int64, string) { return int64(time.Since(begin).Seconds()), b.status() })
 	return b
 }
 
@@ -685,16 +663,11 @@ func (b *soakBar) show(s SoakSample) {
 	b.mu.Unlock()
 }
 
-// stop ends the bar's goroutine and leaves the bar full, on its own line.
+// stop leaves the bar full, on its own line.
 func (b *soakBar) stop() {
-	if b == nil {
-		return
+	if b != nil {
+		b.bar.Finish()
 	}
-	close(b.quit)
-	<-b.done
-	b.bar.Describe(b.status())
-	_ = b.bar.Finish()
-	fmt.Fprintln(b.w)
 }
 
 func mib(bytes float64) float64 { return bytes / (1 << 20) }

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tetherproxy/tether/internal/progress"
 	"github.com/tetherproxy/tether/lab/workload"
 )
 
@@ -58,6 +59,9 @@ type Settings struct {
 	Identities                  workload.IdentityMix `json:"identities"`
 	Apps                        []workload.App       `json:"apps"`
 }
+
+// progressInterval is how often the progress bar is redrawn.
+const progressInterval = 250 * time.Millisecond
 
 // errDrainDeadline is the cause of the cancellation of the requests still
 // in flight at the end of the drain.
@@ -138,10 +142,8 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 	reqCtx, cancelReqs := context.WithDeadlineCause(ctx, stopAt.Add(r.opts.Drain), errDrainDeadline)
 	defer cancelReqs()
 
-	var prog *progress
-	if r.opts.Progress != nil {
-		prog = startProgress(r.opts.Progress, r.opts.Duration, r.start, r.status)
-	}
+	bar := progress.Poll(r.opts.Progress, progress.Options{Total: r.opts.Duration.Milliseconds(), Description: r.status()},
+		progressInterval, func() (int64, string) { return time.Since(r.start).Milliseconds(), r.status() })
 
 	// The arrival process: open loop, never waiting on the conversations.
 	// Each iteration moves the schedule forward by an exponential draw, so
@@ -161,9 +163,7 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 	<-sendCtx.Done()
 	wg.Wait()
 	elapsed := time.Since(r.start)
-	if prog != nil {
-		prog.stop()
-	}
+	bar.Finish()
 
 	slices.SortStableFunc(r.records, func(a, b Record) int {
 		return cmp.Or(cmp.Compare(a.Start, b.Start), cmp.Compare(a.Conversation, b.Conversation), cmp.Compare(a.Turn, b.Turn))

@@ -189,7 +189,10 @@ func TestHotTenantSchedule(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	job := hotJob(sc, 1, 0, 100*time.Millisecond)
-	got := hotTenant(ctx, srv.Client(), srv.URL, sc, job, time.Now(), 0)
+	got, err := hotTenant(ctx, srv.Client(), srv.URL, sc, job, time.Now(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(got) != 10 {
 		t.Fatalf("%d requests, want 10 (100/s for 100ms)", len(got))
 	}

@@ -61,7 +61,10 @@ func overheadOnce(ctx context.Context, opts Options, dir string, p policy, insta
 	// Warm connections and bindings.
 	closedLoop(ctx, client, st.envoy.URL(), 4, 500*time.Millisecond)
 
-	lat, failed, dropped := fixedRate(ctx, client, st.envoy.URL(), sc.OverheadRate, sc.OverheadDuration)
+	lat, failed, dropped, err := fixedRate(ctx, client, st.envoy.URL(), sc.OverheadRate, sc.OverheadDuration)
+	if err != nil {
+		return OverheadRow{}, err
+	}
 	sortDurations(lat)
 	row := OverheadRow{Name: p.name, P50: percentile(lat, 0.5), P99: percentile(lat, 0.99), Failed: failed, Dropped: dropped}
 

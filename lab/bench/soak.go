@@ -31,6 +31,7 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/pace"
 	"github.com/tetherproxy/tether/internal/progress"
 	"github.com/tetherproxy/tether/internal/promtext"
 	"github.com/tetherproxy/tether/lab/emulator"
@@ -282,8 +283,8 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	lctx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
 	begin := time.Now()
-	loadDone := make(chan struct{})
-	go func() { defer close(loadDone); load.run(lctx, client, st.envoy.URL(), o, begin) }()
+	loadDone := make(chan error, 1)
+	go func() { loadDone <- load.run(lctx, client, st.envoy.URL(), o, begin) }()
 	bar := startSoakBar(o.Progress, o.Duration, begin, load, first)
 	for k := 1; time.Duration(k)*o.Every <= o.Duration && err == nil; k++ {
 		at := time.Duration(k) * o.Every
@@ -300,7 +301,9 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	if err != nil {
 		stopLoad()
 	}
-	<-loadDone
+	if lerr := <-loadDone; err == nil {
+		err = lerr
+	}
 	bar.stop()
 	if err != nil {
 		return r, fmt.Errorf("soak: %w", err)
@@ -329,31 +332,23 @@ type soakLoad struct {
 // run sends o.Rate requests a second from begin for o.Duration (open loop:
 // at most 512 in flight, the rest dropped) and returns when the last one
 // is answered.
-func (l *soakLoad) run(ctx context.Context, client *http.Client, url string, o SoakOptions, begin time.Time) {
+func (l *soakLoad) run(ctx context.Context, client *http.Client, url string, o SoakOptions, begin time.Time) error {
 	const maxInFlight = 512
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	interval := time.Duration(float64(time.Second) / o.Rate)
-	for n := 0; ; n++ {
-		due := begin.Add(time.Duration(n) * interval)
-		if due.Sub(begin) >= o.Duration || !sleepUntil(ctx, due) {
-			return
-		}
+	return pace.Schedule{Rate: o.Rate, For: o.Duration, Start: begin, MaxInFlight: maxInFlight}.Run(ctx, func(a pace.Arrival) func() {
 		l.mu.Lock()
-		l.lag = max(l.lag, time.Since(due))
+		l.lag = max(l.lag, a.Late)
 		l.mu.Unlock()
-		if l.inflight.Load() >= maxInFlight {
+		if a.Dropped {
 			l.dropped.Add(1)
-			continue
+			return nil
 		}
 		l.inflight.Add(1)
-		wg.Add(1)
 		l.sent.Add(1)
-		go func(c soakCaller) {
-			defer wg.Done()
+		c := o.caller(a.N)
+		return func() {
 			defer l.inflight.Add(-1)
 			err := sendAs(ctx, client, url, c)
-			took := time.Since(due)
+			took := time.Since(a.Due)
 			l.mu.Lock()
 			defer l.mu.Unlock()
 			if err != nil {
@@ -365,8 +360,8 @@ func (l *soakLoad) run(ctx context.Context, client *http.Client, url string, o S
 				return
 			}
 			l.lat = append(l.lat, took)
-		}(o.caller(n))
-	}
+		}
+	})
 }
 
 // take returns the p99 latency of the answers since the last take and the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -94,7 +95,7 @@ func StartEnvoy(ctx context.Context, o EnvoyOptions) (*Envoy, error) {
 // records the listener's address.
 func (e *Envoy) WaitServing(ctx context.Context) error {
 	return e.Poll(ctx, "its listener", func(ctx context.Context) error {
-		if err := e.get(ctx, "/ready", nil); err != nil {
+		if _, err := e.get(ctx, "/ready"); err != nil {
 			return err
 		}
 		var ls struct {
@@ -107,8 +108,12 @@ func (e *Envoy) WaitServing(ctx context.Context) error {
 				} `json:"local_address"`
 			} `json:"listener_statuses"`
 		}
-		if err := e.get(ctx, "/listeners?format=json", &ls); err != nil {
+		body, err := e.get(ctx, "/listeners?format=json")
+		if err != nil {
 			return err
+		}
+		if err := json.Unmarshal(body, &ls); err != nil {
+			return fmt.Errorf("GET /listeners: %w", err)
 		}
 		if n := len(ls.ListenerStatuses); n != 1 {
 			return fmt.Errorf("%d listeners, want 1", n)
@@ -122,23 +127,23 @@ func (e *Envoy) WaitServing(ctx context.Context) error {
 	})
 }
 
-// get calls the admin API at path and decodes the JSON answer into v (when
-// not nil); anything but 200 is an error.
-func (e *Envoy) get(ctx context.Context, path string, v any) error {
+// get calls the admin API at path and returns the body of its 200 answer.
+func (e *Envoy) get(ctx context.Context, path string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.Admin+path, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	resp, err := adminClient.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("GET %s: %w", path, err)
+	case resp.StatusCode != http.StatusOK:
+		return nil, fmt.Errorf("GET %s: %s", path, resp.Status)
 	}
-	if v == nil {
-		return nil
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	return body, nil
 }

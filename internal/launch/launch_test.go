@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net/http"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -211,6 +211,7 @@ func TestStartRedis(t *testing.T) {
 
 func TestStartEnvoyFindsAdminAndListener(t *testing.T) {
 	bin := testenv.EnvoyBin(t)
+	// One listener that answers every connection with a fixed reply.
 	bootstrap := `
 admin:
   address: {socket_address: {address: 127.0.0.1, port_value: 0}}
@@ -220,20 +221,10 @@ static_resources:
     address: {socket_address: {address: 127.0.0.1, port_value: 0}}
     filter_chains:
     - filters:
-      - name: envoy.filters.network.http_connection_manager
+      - name: envoy.filters.network.direct_response
         typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: t
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {prefix: /}
-                direct_response: {status: 200, body: {inline_string: launched}}
+          "@type": type.googleapis.com/envoy.extensions.filters.network.direct_response.v3.Config
+          response: {inline_string: launched}
 `
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -248,14 +239,18 @@ static_resources:
 	if err := e.WaitServing(ctx); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.Get(e.URL())
+	if e.URL() != "http://"+e.Listener {
+		t.Errorf("URL %q for listener %q", e.URL(), e.Listener)
+	}
+	conn, err := net.DialTimeout("tcp", e.Listener, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || string(body) != "launched" {
-		t.Errorf("GET %s: %d %q", e.URL(), resp.StatusCode, body)
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	reply, err := io.ReadAll(conn)
+	if err != nil || string(reply) != "launched" {
+		t.Errorf("the listener at %s answered %q, %v", e.Listener, reply, err)
 	}
 }
 

@@ -81,5 +81,14 @@ func WaitRedis(ctx context.Context, p *Proc, o goredis.Options) error {
 	o.ContextTimeoutEnabled = true
 	probe := goredis.NewClient(&o)
 	defer probe.Close()
-	return p.Poll(ctx, "PING on "+o.Addr, func(ctx context.Context) error { return probe.Ping(ctx).Err() })
+	return p.Poll(ctx, "PING on "+o.Addr, func(ctx context.Context) error {
+		if o.Network == "unix" {
+			// No dial before the socket exists: go-redis logs every
+			// failed dial.
+			if _, err := os.Stat(o.Addr); err != nil {
+				return err
+			}
+		}
+		return probe.Ping(ctx).Err()
+	})
 }

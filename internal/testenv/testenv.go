@@ -95,12 +95,11 @@ func Envoy(t testing.TB, o launch.EnvoyOptions) *launch.Envoy {
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), envoyTimeout)
-	defer cancel()
-	e, err := launch.StartEnvoy(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var e *launch.Envoy
+	within(t, envoyTimeout, func(ctx context.Context) (err error) {
+		e, err = launch.StartEnvoy(ctx, o)
+		return err
+	})
 	t.Cleanup(func() { e.Stop(stopTimeout) })
 	return e
 }
@@ -109,9 +108,16 @@ func Envoy(t testing.TB, o launch.EnvoyOptions) *launch.Envoy {
 // launch.Envoy.WaitServing), failing the test after envoyTimeout.
 func WaitServing(t testing.TB, e *launch.Envoy) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), envoyTimeout)
+	within(t, envoyTimeout, e.WaitServing)
+}
+
+// within calls f with a context that ends after d, and fails the test on
+// f's error.
+func within(t testing.TB, d time.Duration, f func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	if err := e.WaitServing(ctx); err != nil {
+	if err := f(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -207,13 +213,10 @@ func (r *Redis) Start() {
 	if r.proc != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	p, err := launch.StartRedis(ctx, launch.RedisOptions{Bin: r.bin, Dir: r.dir, Durable: r.durable})
-	if err != nil {
-		r.t.Fatalf("redis-server did not become ready: %v", err)
-	}
-	r.proc = p
+	within(r.t, startTimeout, func(ctx context.Context) (err error) {
+		r.proc, err = launch.StartRedis(ctx, launch.RedisOptions{Bin: r.bin, Dir: r.dir, Durable: r.durable})
+		return err
+	})
 }
 
 // Durable turns on the append-only file with an fsync per write, on the
@@ -249,11 +252,7 @@ func (r *Redis) Durable(ctx context.Context) error {
 // Kill kills the server with SIGKILL, as a crash would, and waits for it
 // to exit. Killing a stopped server does nothing.
 func (r *Redis) Kill() {
-	r.mu.Lock()
-	p := r.proc
-	r.proc = nil
-	r.mu.Unlock()
-	if p != nil {
+	if p := r.take(); p != nil {
 		p.Kill()
 	}
 }
@@ -261,11 +260,16 @@ func (r *Redis) Kill() {
 // Stop stops the server (SIGTERM, then SIGKILL after a deadline) and waits
 // for it to exit. Stopping a stopped server does nothing.
 func (r *Redis) Stop() {
-	r.mu.Lock()
-	p := r.proc
-	r.proc = nil
-	r.mu.Unlock()
-	if p != nil {
+	if p := r.take(); p != nil {
 		p.Stop(stopTimeout)
 	}
+}
+
+// take hands over the running server, leaving none.
+func (r *Redis) take() *launch.Redis {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.proc
+	r.proc = nil
+	return p
 }

@@ -3,11 +3,9 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,22 +26,7 @@ func newLoadClient() *http.Client {
 
 // send posts one tiny request for session s.
 func send(ctx context.Context, client *http.Client, url, s string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(tinyBody))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("x-session-id", s)
-	resp, err := client.Do(req)
-	if err != nil {
-		return err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d", resp.StatusCode)
-	}
-	return nil
+	return sendAs(ctx, client, url, soakCaller{session: s})
 }
 
 // session names: ten requests per session, so sticky routing sees nine

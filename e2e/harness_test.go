@@ -198,7 +198,7 @@ func startTether(t *testing.T, cfg config.Config) *tether {
 // editors and config management do.
 func writeConfig(t *testing.T, path string, cfg config.Config) {
 	t.Helper()
-	writeFile(t, path, encodeConfig(t, cfg))
+	testenv.WriteFile(t, path, encodeConfig(t, cfg))
 }
 
 // encodeConfig is cfg as a TOML file.
@@ -209,17 +209,6 @@ func encodeConfig(t *testing.T, cfg config.Config) []byte {
 		t.Fatal(err)
 	}
 	return b.Bytes()
-}
-
-func writeFile(t *testing.T, path string, data []byte) {
-	t.Helper()
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // Stop sends SIGTERM and waits for a clean exit.
@@ -288,12 +277,12 @@ func startEnvoyADS(t *testing.T, ads string) *proxy {
 func runEnvoy(t *testing.T, bootstrap proto.Message) *proxy {
 	t.Helper()
 	logs := &syncbuf.Buffer{}
-	e := launchEnvoy(t, bootstrap, logs)
-	t.Cleanup(func() {
+	t.Cleanup(func() { // after Envoy's stop, so the logs are whole
 		if t.Failed() {
 			t.Logf("envoy logs:\n%s", logs)
 		}
 	})
+	e := launchEnvoy(t, bootstrap, logs)
 	testenv.WaitServing(t, e)
 	return &proxy{url: e.URL(), admin: e.Admin}
 }

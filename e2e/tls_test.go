@@ -189,12 +189,12 @@ func TestTLSADSFromAnotherCA(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &syncbuf.Buffer{}
-	p := launchEnvoy(t, b, logs)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("envoy logs:\n%s", logs)
 		}
 	})
+	p := launchEnvoy(t, b, logs)
 	px := &proxy{admin: p.Admin}
 	waitFor(t, 20*time.Second, "Envoy to count a refused ADS connection", func() bool {
 		return px.stat(t, "cluster."+xds.ADSCluster+".ssl.connection_error") > 0

@@ -289,9 +289,7 @@ type chaosEnvoy struct {
 	px      *proxy // the url is set at the first start and kept
 	listen  string // the listener's host:port, fixed at the first start
 	logs    *syncbuf.Buffer
-
-	mu   sync.Mutex
-	proc *launch.Envoy // nil while stopped
+	proc    *launch.Envoy // nil while killed; only the scenario's goroutine starts and kills
 }
 
 func startChaosEnvoy(t *testing.T, cfg config.Config, extproc []string) *chaosEnvoy {
@@ -318,9 +316,7 @@ func (e *chaosEnvoy) start(listen string) {
 	}
 	fmt.Fprintf(e.logs, "--- envoy start, listener %s\n", listen)
 	p := launchEnvoy(t, b, e.logs)
-	e.mu.Lock()
 	e.proc = p
-	e.mu.Unlock()
 	testenv.WaitServing(t, p)
 	e.listen = p.Listener
 	if e.px.url == "" {
@@ -333,12 +329,9 @@ func (e *chaosEnvoy) start(listen string) {
 
 // kill sends SIGKILL and waits for the exit.
 func (e *chaosEnvoy) kill() {
-	e.mu.Lock()
-	p := e.proc
-	e.proc = nil
-	e.mu.Unlock()
-	if p != nil {
-		p.Kill()
+	if e.proc != nil {
+		e.proc.Kill()
+		e.proc = nil
 	}
 }
 

@@ -48,7 +48,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -56,6 +55,8 @@ import (
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/internal/launch"
+	"github.com/tetherproxy/tether/internal/pace"
 	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/lab/emulator"
@@ -146,10 +147,7 @@ func (s *chaosStack) RestartEnvoy() { s.Envoy.start(s.Envoy.listen) }
 // evicted pod; Envoy's ext_proc cluster keeps listing it.
 func (s *chaosStack) KillTether(i int) {
 	p := s.Tethers[i]
-	p.stopOnce.Do(func() { // the cleanup's Stop then finds it stopped
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	})
+	p.stopOnce.Do(p.proc.Kill) // the cleanup's Stop then finds it stopped
 }
 
 // RestartTether starts replica i again on its ext_proc address, the one
@@ -291,16 +289,13 @@ type chaosEnvoy struct {
 	px      *proxy // the url is set at the first start and kept
 	listen  string // the listener's host:port, fixed at the first start
 	logs    *syncbuf.Buffer
-
-	mu   sync.Mutex
-	proc *envoyProc // nil while stopped
+	proc    *launch.Envoy // nil while killed; only the scenario's goroutine starts and kills
 }
 
 func startChaosEnvoy(t *testing.T, cfg config.Config, extproc []string) *chaosEnvoy {
 	t.Helper()
 	e := &chaosEnvoy{t: t, cfg: cfg, extproc: extproc, px: &proxy{}, logs: &syncbuf.Buffer{}}
-	t.Cleanup(func() {
-		e.stop(syscall.SIGTERM)
+	t.Cleanup(func() { // each start stops its own Envoy when the test ends
 		if t.Failed() {
 			t.Logf("envoy logs:\n%s", e.logs)
 		}
@@ -321,29 +316,22 @@ func (e *chaosEnvoy) start(listen string) {
 	}
 	fmt.Fprintf(e.logs, "--- envoy start, listener %s\n", listen)
 	p := launchEnvoy(t, b, e.logs)
-	e.mu.Lock()
 	e.proc = p
-	e.mu.Unlock()
-	admin, l := p.ready(t)
-	e.listen = l
+	testenv.WaitServing(t, p)
+	e.listen = p.Listener
 	if e.px.url == "" {
-		e.px.url = "http://" + e.listen
-	} else if e.px.url != "http://"+e.listen {
+		e.px.url = p.URL()
+	} else if e.px.url != p.URL() {
 		t.Fatalf("restarted envoy listens on %s, want %s", e.listen, e.px.url)
 	}
-	e.px.admin = admin
+	e.px.admin = p.Admin
 }
 
 // kill sends SIGKILL and waits for the exit.
-func (e *chaosEnvoy) kill() { e.stop(syscall.SIGKILL) }
-
-func (e *chaosEnvoy) stop(sig syscall.Signal) {
-	e.mu.Lock()
-	p := e.proc
-	e.proc = nil
-	e.mu.Unlock()
-	if p != nil {
-		p.stop(sig)
+func (e *chaosEnvoy) kill() {
+	if e.proc != nil {
+		e.proc.Kill()
+		e.proc = nil
 	}
 }
 
@@ -396,9 +384,9 @@ type loadDriver struct {
 	headers []map[string]string // per session
 	keys    []string            // per session: its binding's Redis key
 	phase   atomic.Int32
-	stopCh  chan struct{}
-	done    chan struct{}
-	stopped sync.Once
+	cancel  context.CancelFunc // stops sending
+	done    chan struct{}      // closed once the driver stopped and every answer is in
+	err     error              // why the driver could not run, once done
 
 	mu      sync.Mutex
 	recs    []chaosRecord
@@ -425,7 +413,8 @@ func (s *chaosStack) startLoad(t *testing.T, o loadOptions) *loadDriver {
 	if o.MaxDuration == 0 {
 		o.MaxDuration = 60 * time.Second
 	}
-	d := &loadDriver{px: s.Proxy(), opts: o, stopCh: make(chan struct{}), done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	d := &loadDriver{px: s.Proxy(), opts: o, cancel: cancel, done: make(chan struct{})}
 	ids := extractor(t)
 	for i := range o.Sessions {
 		h := map[string]string{"x-session-id": fmt.Sprintf("chaos-%d", i)}
@@ -437,48 +426,30 @@ func (s *chaosStack) startLoad(t *testing.T, o loadOptions) *loadDriver {
 	}
 	d.marks[phaseBefore] = time.Now()
 	t.Cleanup(func() { d.stop() })
-	go d.run()
+	go d.run(ctx)
 	return d
 }
 
-func (d *loadDriver) run() {
+// run paces the requests (pace.Schedule) until ctx ends or the bounds are
+// reached; a request due while MaxInFlight are in flight is skipped and
+// counted in the phase it was due in.
+func (d *loadDriver) run(ctx context.Context) {
 	defer close(d.done)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	inFlight := make(chan struct{}, d.opts.MaxInFlight)
-	interval := time.Duration(float64(time.Second) / d.opts.Rate)
-	start := time.Now()
-	deadline := start.Add(d.opts.MaxDuration)
-	limit := int(d.opts.Rate * d.opts.MaxDuration.Seconds())
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for n := 0; n < limit; n++ {
-		due := start.Add(time.Duration(n) * interval)
-		if due.After(deadline) {
-			return
-		}
-		timer.Reset(time.Until(due))
-		select {
-		case <-d.stopCh:
-			return
-		case <-timer.C:
-		}
+	d.err = pace.Schedule{
+		Rate:        d.opts.Rate,
+		Count:       int(d.opts.Rate * d.opts.MaxDuration.Seconds()),
+		For:         d.opts.MaxDuration,
+		MaxInFlight: d.opts.MaxInFlight,
+	}.Run(ctx, func(a pace.Arrival) func() {
 		ph := phase(d.phase.Load())
-		select {
-		case inFlight <- struct{}{}:
-		default:
+		if a.Dropped {
 			d.mu.Lock()
 			d.skipped[ph]++
 			d.mu.Unlock()
-			continue
+			return nil
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-inFlight }()
-			d.send(n%d.opts.Sessions, ph)
-		}()
-	}
+		return func() { d.send(a.N%d.opts.Sessions, ph) }
+	})
 }
 
 func (d *loadDriver) send(session int, ph phase) {
@@ -515,6 +486,9 @@ func (d *loadDriver) keepRunning(t *testing.T, dur time.Duration) {
 	select {
 	case <-time.After(dur):
 	case <-d.done:
+		if d.err != nil {
+			t.Fatalf("the load driver: %v", d.err)
+		}
 		t.Fatalf("the load driver reached its bounds (%v, %.0f requests/s) before the scenario ended", d.opts.MaxDuration, d.opts.Rate)
 	}
 }
@@ -598,7 +572,7 @@ func (d *loadDriver) first(since time.Time, ok func(chaosRecord) bool) time.Time
 // stop stops sending, waits for the requests in flight and returns every
 // record, in the order the answers came.
 func (d *loadDriver) stop() []chaosRecord {
-	d.stopped.Do(func() { close(d.stopCh) })
+	d.cancel()
 	<-d.done
 	d.mu.Lock()
 	defer d.mu.Unlock()

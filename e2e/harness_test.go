@@ -6,7 +6,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -17,10 +16,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,6 +28,8 @@ import (
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/internal/launch"
+	"github.com/tetherproxy/tether/internal/promtext"
 	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/lab/emulator"
@@ -161,13 +162,12 @@ func baseConfig(redisURL string, instances []config.Instance) config.Config {
 // tether is one running tether process.
 type tether struct {
 	t        *testing.T
-	cmd      *exec.Cmd
+	proc     *launch.Tether
 	extproc  string
 	admin    string
 	xds      string // "" when the ADS server is off
 	path     string // the config file it watches
 	logs     *syncbuf.Buffer
-	exited   chan struct{}
 	stopOnce sync.Once
 }
 
@@ -176,47 +176,21 @@ func startTether(t *testing.T, cfg config.Config) *tether {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "tether.toml")
 	writeConfig(t, path, cfg)
-	cmd := exec.Command(tetherBin, "serve", "--config", path)
-	cmd.Env = append(os.Environ(), "TETHER_IDENTITY_SECRET="+secret)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stderr, err := cmd.StderrPipe()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	proc, err := launch.StartTether(ctx, launch.TetherOptions{
+		Bin: tetherBin, Config: path, Env: []string{"TETHER_IDENTITY_SECRET=" + secret},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &tether{t: t, cmd: cmd, path: path, logs: &syncbuf.Buffer{}, exited: make(chan struct{})}
-	ready := make(chan [3]string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(p.logs, line)
-			var ev struct{ Message, Extproc, Admin, XDS string }
-			if json.Unmarshal([]byte(line), &ev) == nil && ev.Message == "tether ready" {
-				ready <- [3]string{ev.Extproc, ev.Admin, ev.XDS}
-			}
-		}
-		_, _ = io.Copy(io.Discard, stderr)
-		_ = cmd.Wait()
-		close(p.exited)
-	}()
+	p := &tether{t: t, proc: proc, extproc: proc.Extproc, admin: proc.Admin, xds: proc.XDS, path: path, logs: proc.Log()}
 	t.Cleanup(func() {
 		p.Stop()
 		if t.Failed() {
 			t.Logf("tether logs:\n%s", p.logs)
 		}
 	})
-	select {
-	case addrs := <-ready:
-		p.extproc, p.admin, p.xds = addrs[0], addrs[1], addrs[2]
-	case <-p.exited:
-		t.Fatalf("tether exited before it was ready:\n%s", p.logs)
-	case <-time.After(20 * time.Second):
-		t.Fatalf("tether not ready after 20s:\n%s", p.logs)
-	}
 	return p
 }
 
@@ -224,7 +198,7 @@ func startTether(t *testing.T, cfg config.Config) *tether {
 // editors and config management do.
 func writeConfig(t *testing.T, path string, cfg config.Config) {
 	t.Helper()
-	writeFile(t, path, encodeConfig(t, cfg))
+	testenv.WriteFile(t, path, encodeConfig(t, cfg))
 }
 
 // encodeConfig is cfg as a TOML file.
@@ -237,63 +211,37 @@ func encodeConfig(t *testing.T, cfg config.Config) []byte {
 	return b.Bytes()
 }
 
-func writeFile(t *testing.T, path string, data []byte) {
-	t.Helper()
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // Stop sends SIGTERM and waits for a clean exit.
 func (p *tether) Stop() {
 	p.stopOnce.Do(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.exited:
-			if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-				p.t.Errorf("tether exited with %d after SIGTERM:\n%s", code, p.logs)
-			}
-		case <-time.After(15 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.exited
+		if p.proc.Stop(15 * time.Second) {
 			p.t.Errorf("tether did not stop within 15s of SIGTERM")
+		} else if code := p.proc.ExitCode(); code != 0 {
+			p.t.Errorf("tether exited with %d after SIGTERM:\n%s", code, p.logs)
 		}
 	})
 }
 
-// metric returns the sum of a counter's samples whose labels include all of
-// labels ("k=\"v\"" strings), from tether's /metrics.
+// metric returns the sum of a counter's or gauge's samples whose labels
+// include all of labels ("k=\"v\"" strings), from tether's /metrics.
 func (p *tether) metric(t *testing.T, name string, labels ...string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + p.admin + "/metrics")
+	want := map[string]string{}
+	for _, l := range labels {
+		k, v, ok := strings.Cut(l, "=")
+		uv, err := strconv.Unquote(v)
+		if !ok || err != nil {
+			t.Fatalf("metric %s: label %q: want k=\"v\"", name, l)
+		}
+		want[k] = uv
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m, err := promtext.Get(ctx, http.DefaultClient, "http://"+p.admin+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	sum := 0.0
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, l := range labels {
-			ok = ok && strings.Contains(line, l)
-		}
-		if !ok {
-			continue
-		}
-		var v float64
-		if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); err == nil {
-			sum += v
-		}
-	}
-	return sum
+	return m.Sum(name, want)
 }
 
 // proxy is one running Envoy.
@@ -325,107 +273,29 @@ func startEnvoyADS(t *testing.T, ads string) *proxy {
 	return runEnvoy(t, b)
 }
 
+// runEnvoy starts Envoy on bootstrap and returns once it serves.
 func runEnvoy(t *testing.T, bootstrap proto.Message) *proxy {
 	t.Helper()
 	logs := &syncbuf.Buffer{}
-	p := launchEnvoy(t, bootstrap, logs)
-	t.Cleanup(func() {
-		p.stop(syscall.SIGTERM)
+	t.Cleanup(func() { // after Envoy's stop, so the logs are whole
 		if t.Failed() {
 			t.Logf("envoy logs:\n%s", logs)
 		}
 	})
-	admin, listen := p.ready(t)
-	return &proxy{url: "http://" + listen, admin: admin}
+	e := launchEnvoy(t, bootstrap, logs)
+	testenv.WaitServing(t, e)
+	return &proxy{url: e.URL(), admin: e.Admin}
 }
 
-// envoyProc is one started Envoy process.
-type envoyProc struct {
-	cmd       *exec.Cmd
-	exited    chan struct{}
-	adminPath string // where Envoy writes its admin address
-	logs      *syncbuf.Buffer
-}
-
-// launchEnvoy writes bootstrap to a file and starts Envoy on it, its
-// output going to logs. ready waits until it serves.
-func launchEnvoy(t *testing.T, bootstrap proto.Message, logs *syncbuf.Buffer) *envoyProc {
+// launchEnvoy starts Envoy on bootstrap, its output going to logs, and
+// stops it when the test ends. testenv.WaitServing waits until it serves.
+func launchEnvoy(t *testing.T, bootstrap proto.Message, logs *syncbuf.Buffer) *launch.Envoy {
 	t.Helper()
-	bin := testenv.EnvoyBin(t)
 	yaml, err := xds.YAML(bootstrap, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	cfgPath, adminPath := filepath.Join(dir, "envoy.yaml"), filepath.Join(dir, "admin.addr")
-	if err := os.WriteFile(cfgPath, yaml, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "-c", cfgPath, "--admin-address-path", adminPath,
-		"--disable-hot-restart", "--concurrency", "2", "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &envoyProc{cmd: cmd, exited: make(chan struct{}), adminPath: adminPath, logs: logs}
-	go func() { _ = cmd.Wait(); close(p.exited) }()
-	return p
-}
-
-// stop sends sig and waits for the exit, killing Envoy after 10 s.
-func (p *envoyProc) stop(sig syscall.Signal) {
-	_ = p.cmd.Process.Signal(sig)
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
-// ready waits until Envoy's admin says ready and its one listener is
-// bound, and returns the admin URL and the listener's host:port.
-func (p *envoyProc) ready(t *testing.T) (admin, listen string) {
-	t.Helper()
-	waitFor(t, 30*time.Second, "envoy admin", func() bool {
-		select {
-		case <-p.exited:
-			t.Fatalf("envoy exited:\n%s", p.logs)
-		default:
-		}
-		b, err := os.ReadFile(p.adminPath)
-		if err != nil || len(b) == 0 {
-			return false
-		}
-		admin = "http://" + strings.TrimSpace(string(b))
-		resp, err := http.Get(admin + "/ready")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	waitFor(t, 30*time.Second, "envoy's listener", func() bool {
-		var listeners struct {
-			ListenerStatuses []struct {
-				LocalAddress struct {
-					SocketAddress struct {
-						Address   string `json:"address"`
-						PortValue int    `json:"port_value"`
-					} `json:"socket_address"`
-				} `json:"local_address"`
-			} `json:"listener_statuses"`
-		}
-		getJSON(t, admin+"/listeners?format=json", &listeners)
-		if len(listeners.ListenerStatuses) != 1 || listeners.ListenerStatuses[0].LocalAddress.SocketAddress.PortValue == 0 {
-			return false
-		}
-		sa := listeners.ListenerStatuses[0].LocalAddress.SocketAddress
-		listen = net.JoinHostPort(sa.Address, fmt.Sprint(sa.PortValue))
-		return true
-	})
-	return admin, listen
+	return testenv.Envoy(t, launch.EnvoyOptions{Bootstrap: yaml, Concurrency: 2, LogLevel: "warn", Log: logs})
 }
 
 func getJSON(t *testing.T, url string, v any) {

@@ -711,7 +711,7 @@ func TestBadInputConfigIsRefused(t *testing.T) {
 	xdsVersion := tt.xdsState(t).Version
 	for i, tc := range broken {
 		before := tt.metric(t, "tether_config_reloads_total", `result="invalid"`)
-		writeFile(t, tt.path, tc.toml)
+		testenv.WriteFile(t, tt.path, tc.toml)
 		waitFor(t, 10*time.Second, "tether to refuse "+tc.name, func() bool {
 			return tt.metric(t, "tether_config_reloads_total", `result="invalid"`) >= before+1
 		})

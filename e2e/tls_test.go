@@ -4,10 +4,7 @@ package e2e
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -192,20 +189,13 @@ func TestTLSADSFromAnotherCA(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &syncbuf.Buffer{}
-	p := launchEnvoy(t, b, logs)
 	t.Cleanup(func() {
-		p.stop(syscall.SIGTERM)
 		if t.Failed() {
 			t.Logf("envoy logs:\n%s", logs)
 		}
 	})
-	var admin string
-	waitFor(t, 30*time.Second, "envoy admin", func() bool {
-		b, err := os.ReadFile(p.adminPath)
-		admin = "http://" + strings.TrimSpace(string(b))
-		return err == nil && len(b) > 0
-	})
-	px := &proxy{admin: admin}
+	p := launchEnvoy(t, b, logs)
+	px := &proxy{admin: p.Admin}
 	waitFor(t, 20*time.Second, "Envoy to count a refused ADS connection", func() bool {
 		return px.stat(t, "cluster."+xds.ADSCluster+".ssl.connection_error") > 0
 	})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tetherproxy/tether/internal/progress"
 	"github.com/tetherproxy/tether/lab/bench"
 )
 
@@ -159,7 +160,7 @@ minute to the last. Not part of make test.`,
 				return err
 			}
 			o.TetherBin, o.EnvoyBin, o.RedisBin = tetherBin, envoyBin, redisBin
-			o.Log, o.Progress = cmd.ErrOrStderr(), cmd.ErrOrStderr()
+			o.Log, o.Progress = cmd.ErrOrStderr(), progress.Terminal(cmd.ErrOrStderr())
 			rep, err := bench.Soak(cmd.Context(), o)
 			if err != nil {
 				return err

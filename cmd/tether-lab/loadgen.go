@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tetherproxy/tether/internal/progress"
 	"github.com/tetherproxy/tether/lab/loadgen"
 	"github.com/tetherproxy/tether/lab/workload"
 )
@@ -58,7 +59,7 @@ See lab/loadgen/README.md.`,
 				return err
 			}
 			if !fl.noProgress {
-				opts.Progress = cmd.ErrOrStderr()
+				opts.Progress = progress.Terminal(cmd.ErrOrStderr())
 			}
 			res, runErr := loadgen.Run(cmd.Context(), opts)
 			if res == nil {

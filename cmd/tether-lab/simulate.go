@@ -13,11 +13,11 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/progress"
 	"github.com/tetherproxy/tether/lab/bench"
 	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/lab/simulator"
@@ -231,8 +231,8 @@ func runSimulations(ctx context.Context, stdout, stderr io.Writer, fl *simulateF
 		parallel = runtime.GOMAXPROCS(0)
 	}
 	var prog *simulateProgress
-	if !fl.noProgress {
-		prog = startSimulateProgress(stderr, len(policies), base.Duration)
+	if w := progress.Terminal(stderr); w != nil && !fl.noProgress {
+		prog = startSimulateProgress(w, len(policies), base.Duration)
 	}
 	results := make([]*simulator.Result, len(policies))
 	errs := make([]error, len(policies))
@@ -347,46 +347,19 @@ func simMs(d time.Duration) string {
 // simulateProgress draws one bar for all the policies: the simulated time
 // they have covered out of policies × duration.
 type simulateProgress struct {
-	bar      *progressbar.ProgressBar
-	w        io.Writer
+	bar      *progress.Bar
 	total    int64 // ms
 	reached  []atomic.Int64
 	requests []atomic.Int64
-	quit     chan struct{}
-	done     chan struct{}
 }
 
 func startSimulateProgress(w io.Writer, policies int, d time.Duration) *simulateProgress {
 	p := &simulateProgress{
-		w:        w,
 		total:    max(int64(policies)*d.Milliseconds(), 1),
 		reached:  make([]atomic.Int64, policies),
 		requests: make([]atomic.Int64, policies),
-		quit:     make(chan struct{}),
-		done:     make(chan struct{}),
 	}
-	p.bar = progressbar.NewOptions64(p.total,
-		progressbar.OptionSetWriter(w),
-		progressbar.OptionSetDescription("simulated"),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionShowDescriptionAtLineEnd(),
-		progressbar.OptionSetElapsedTime(true),
-		progressbar.OptionSetPredictTime(true),
-		progressbar.OptionSetRenderBlankState(true),
-	)
-	go func() {
-		defer close(p.done)
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-p.quit:
-				return
-			case <-tick.C:
-				p.draw()
-			}
-		}
-	}()
+	p.bar = progress.Poll(w, progress.Options{Total: p.total, Description: "simulated", Predict: true}, 250*time.Millisecond, p.read)
 	return p
 }
 
@@ -400,20 +373,14 @@ func (p *simulateProgress) reporter(i int) func(simulator.Progress) {
 	}
 }
 
-func (p *simulateProgress) draw() {
+// read is the bar's value and description.
+func (p *simulateProgress) read() (int64, string) {
 	var at, reqs int64
 	for i := range p.reached {
 		at += p.reached[i].Load()
 		reqs += p.requests[i].Load()
 	}
-	_ = p.bar.Set64(min(at, p.total-1))
-	p.bar.Describe(fmt.Sprintf("%d requests simulated", reqs))
+	return at, fmt.Sprintf("%d requests simulated", reqs)
 }
 
-func (p *simulateProgress) stop() {
-	close(p.quit)
-	<-p.done
-	p.draw()
-	_ = p.bar.Finish()
-	fmt.Fprintln(p.w)
-}
+func (p *simulateProgress) stop() { p.bar.Finish() }

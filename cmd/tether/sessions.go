@@ -14,10 +14,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/progress"
 	"github.com/tetherproxy/tether/server"
 )
 
@@ -232,11 +232,11 @@ and the migration keeps going. A progress bar on standard error counts the sessi
 			if err != nil {
 				return err
 			}
-			var progress io.Writer
-			if !o.quiet && isTerminal(cmd.ErrOrStderr()) {
-				progress = cmd.ErrOrStderr()
+			var barTo io.Writer
+			if !o.quiet {
+				barTo = progress.Terminal(cmd.ErrOrStderr())
 			}
-			sum, runErr := runMigrate(cmd.Context(), c, o.req, o.interval, progress)
+			sum, runErr := runMigrate(cmd.Context(), c, o.req, o.interval, barTo)
 			if sum.Batches > 0 || sum.Interrupted {
 				var err error
 				if o.asJSON {
@@ -267,18 +267,15 @@ and the migration keeps going. A progress bar on standard error counts the sessi
 }
 
 // runMigrate calls migrate until no session is left, ctx ends (the summary
-// then says Interrupted) or a call fails. progress, when not nil, gets a
+// then says Interrupted) or a call fails. barTo, when not nil, gets a
 // progress bar.
-func runMigrate(ctx context.Context, c *adminClient, req server.MigrateRequest, interval time.Duration, progress io.Writer) (sum migrateSummary, err error) {
+func runMigrate(ctx context.Context, c *adminClient, req server.MigrateRequest, interval time.Duration, barTo io.Writer) (sum migrateSummary, err error) {
 	start := time.Now()
 	sum = migrateSummary{FromVersion: req.FromVersion, ToVersion: req.ToVersion}
-	var bar *progressbar.ProgressBar
+	var bar *progress.Bar // drawn once the first answer gives a total
 	defer func() {
 		sum.Seconds = time.Since(start).Seconds()
-		if bar != nil {
-			_ = bar.Exit()
-			fmt.Fprintln(progress)
-		}
+		bar.End()
 	}()
 	stalled := 0
 	timer := time.NewTimer(0)
@@ -295,17 +292,17 @@ func runMigrate(ctx context.Context, c *adminClient, req server.MigrateRequest, 
 		sum.Batches++
 		sum.Marked += res.Marked
 		sum.Remaining = res.Remaining
-		if progress != nil && sum.Marked+res.Remaining > 0 {
+		if barTo != nil && sum.Marked+res.Remaining > 0 {
 			total := int64(sum.Marked + res.Remaining)
 			switch {
 			case bar == nil:
-				bar = newMigrateBar(progress, total)
+				bar = progress.New(barTo, progress.Options{Total: total, Description: "sessions marked", Count: true, Predict: true})
 			case res.Remaining == 0:
-				bar.ChangeMax64(total) // the first total may have been an estimate
-			case total > bar.GetMax64():
-				bar.ChangeMax64(total) // new sessions keep starting on the old version
+				bar.SetTotal(total) // the first total may have been an estimate
+			case total > bar.Total():
+				bar.SetTotal(total) // new sessions keep starting on the old version
 			}
-			_ = bar.Set64(int64(sum.Marked))
+			bar.Set(int64(sum.Marked))
 		}
 		if res.Remaining == 0 {
 			return sum, nil
@@ -324,19 +321,6 @@ func runMigrate(ctx context.Context, c *adminClient, req server.MigrateRequest, 
 		case <-timer.C:
 		}
 	}
-}
-
-func newMigrateBar(w io.Writer, total int64) *progressbar.ProgressBar {
-	return progressbar.NewOptions64(total,
-		progressbar.OptionSetWriter(w),
-		progressbar.OptionSetDescription("sessions marked"),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionShowCount(),
-		progressbar.OptionShowDescriptionAtLineEnd(),
-		progressbar.OptionSetElapsedTime(true),
-		progressbar.OptionSetPredictTime(true),
-		progressbar.OptionSetRenderBlankState(true),
-	)
 }
 
 func writemigrateSummary(w io.Writer, s migrateSummary) error {
@@ -473,16 +457,6 @@ func (c *adminClient) do(ctx context.Context, method, path string, in, out any) 
 		return fmt.Errorf("admin API %s %s: %w", method, path, err)
 	}
 	return nil
-}
-
-// isTerminal reports whether w is a terminal (a progress bar is drawn only there).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 func dash(s string) string {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tetherproxy/tether/internal/launch"
 )
 
 const (
@@ -57,13 +59,13 @@ func RedisCluster(t testing.TB) *Cluster {
 		t.Fatalf("redis cluster: %v", err)
 	}
 	c := &Cluster{}
-	var nodes []*process
+	var nodes []*launch.Proc
 	t.Cleanup(func() {
 		if c.client != nil {
 			_ = c.client.Close()
 		}
 		for _, p := range nodes {
-			p.stop()
+			p.Stop(stopTimeout)
 		}
 		_ = os.RemoveAll(dir)
 	})
@@ -91,7 +93,7 @@ func RedisCluster(t testing.TB) *Cluster {
 	if err := waitClusterOK(ctx, c.addrs); err != nil {
 		var logs strings.Builder
 		for i, p := range nodes {
-			fmt.Fprintf(&logs, "--- node %d (%s)\n%s", i, c.addrs[i], p.out.String())
+			fmt.Fprintf(&logs, "--- node %d (%s)\n%s", i, c.addrs[i], p.Output())
 		}
 		t.Fatalf("redis cluster did not form: %v\n%s", err, logs.String())
 	}
@@ -108,7 +110,7 @@ func (c *Cluster) Client() *goredis.ClusterClient { return c.client }
 // startClusterNode starts one cluster-mode redis-server in dir on a free
 // loopback port, with the given node timeout and replicas that sync at
 // once, and waits until it answers.
-func startClusterNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) (*process, string, error) {
+func startClusterNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) (*launch.Proc, string, error) {
 	conf := filepath.Join(dir, "nodes.conf")
 	return startOnFreePort(ctx, bin, goredis.Options{}, func(port int) ([]string, error) {
 		// A failed attempt may have left its node file behind.
@@ -135,7 +137,7 @@ func startClusterNode(ctx context.Context, bin, dir string, nodeTimeout time.Dur
 // loopback port, and waits until it answers PING (probe gives the
 // credentials). When the port is taken (the server exits with "Address
 // already in use") it draws another.
-func startOnFreePort(ctx context.Context, bin string, probe goredis.Options, args func(port int) ([]string, error)) (*process, string, error) {
+func startOnFreePort(ctx context.Context, bin string, probe goredis.Options, args func(port int) ([]string, error)) (*launch.Proc, string, error) {
 	var last error
 	for range portAttempts {
 		port := clusterPortMin + rand.IntN(clusterPorts)
@@ -144,19 +146,19 @@ func startOnFreePort(ctx context.Context, bin string, probe goredis.Options, arg
 		if err != nil {
 			return nil, "", err
 		}
-		p, err := startProcess(bin, a...)
+		p, err := launch.Start("redis-server", exec.Command(bin, a...), nil)
 		if err != nil {
-			return nil, "", fmt.Errorf("start: %w", err)
+			return nil, "", err
 		}
 		o := probe
 		o.Addr = addr
-		err = waitPing(ctx, &o, p.done)
+		err = launch.WaitRedis(ctx, p, o)
 		if err == nil {
 			return p, addr, nil
 		}
-		p.kill()
-		if !strings.Contains(p.out.String(), "Address already in use") {
-			return nil, "", fmt.Errorf("not ready on %s: %w\n%s", addr, err, p.out.String())
+		p.Kill()
+		if !strings.Contains(p.Output(), "Address already in use") {
+			return nil, "", fmt.Errorf("not ready on %s: %w\n%s", addr, err, p.Output())
 		}
 		last = fmt.Errorf("port %d taken", port)
 	}

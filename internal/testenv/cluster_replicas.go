@@ -15,6 +15,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tetherproxy/tether/internal/launch"
 )
 
 // DefaultNodeTimeout is the cluster-node-timeout of RedisClusterWithReplicas
@@ -43,7 +45,7 @@ type ReplicatedCluster struct {
 
 type replicatedNode struct {
 	addr string
-	proc *process // nil once killed
+	proc *launch.Proc // nil once killed
 }
 
 // RedisClusterWithReplicas starts six cluster-mode redis-server processes,
@@ -72,7 +74,7 @@ func RedisClusterWithReplicas(t testing.TB, opts ReplicatedClusterOptions) *Repl
 		c.mu.Unlock()
 		for _, n := range nodes {
 			if n.proc != nil {
-				n.proc.stop()
+				n.proc.Stop(stopTimeout)
 			}
 		}
 		_ = os.RemoveAll(dir)
@@ -232,7 +234,7 @@ func (c *ReplicatedCluster) KillMaster(ctx context.Context, addr string) (string
 			victim = n
 		}
 	}
-	var p *process
+	var p *launch.Proc
 	if victim != nil {
 		p, victim.proc = victim.proc, nil
 	}
@@ -240,7 +242,7 @@ func (c *ReplicatedCluster) KillMaster(ctx context.Context, addr string) (string
 	if p == nil {
 		return "", fmt.Errorf("kill master: no running node at %s", addr)
 	}
-	p.kill()
+	p.Kill()
 	if err := c.waitPromoted(ctx, replica); err != nil {
 		return "", fmt.Errorf("kill master %s: %w", addr, err)
 	}
@@ -406,7 +408,7 @@ func (c *ReplicatedCluster) logs() string {
 	var b strings.Builder
 	for i, n := range c.nodes {
 		if n.proc != nil {
-			fmt.Fprintf(&b, "--- node %d (%s)\n%s", i, n.addr, n.proc.out.String())
+			fmt.Fprintf(&b, "--- node %d (%s)\n%s", i, n.addr, n.proc.Output())
 		}
 	}
 	return b.String()

@@ -19,7 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/tetherproxy/tether/internal/syncbuf"
+	"github.com/tetherproxy/tether/internal/launch"
 )
 
 const (
@@ -123,19 +123,14 @@ func (p *SharedPostgres) Stop() {
 type postgresServer struct {
 	dir  string
 	dsn  string
-	proc *process
+	proc *launch.Proc
 }
 
 // stop asks for a fast shutdown (SIGINT: clients are disconnected, unlike
 // SIGTERM's wait for them), kills the server after stopTimeout, and
 // removes its directory.
 func (s *postgresServer) stop() {
-	_ = s.proc.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-s.proc.done:
-	case <-time.After(stopTimeout):
-		s.proc.kill()
-	}
+	s.proc.StopWith(syscall.SIGINT, stopTimeout)
 	_ = os.RemoveAll(s.dir)
 }
 
@@ -178,8 +173,12 @@ func startPostgresIn(bin, dir string, cred *syscall.Credential) (*postgresServer
 	data := filepath.Join(dir, "data")
 	initdb := postgresCommand(ctx, cred, dir, filepath.Join(bin, "initdb"),
 		"-D", data, "-U", postgresUser, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync")
-	if out, err := initdb.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
+	ip, err := launch.Start("initdb", initdb, nil)
+	if err != nil {
+		return nil, err
+	}
+	if <-ip.Done(); ip.ExitCode() != 0 {
+		return nil, fmt.Errorf("initdb: exit code %d (%v)\n%s", ip.ExitCode(), ctx.Err(), ip.Output())
 	}
 	var last error
 	for range portAttempts {
@@ -199,20 +198,20 @@ func startPostgresIn(bin, dir string, cred *syscall.Credential) (*postgresServer
 			"-c", "shared_buffers=32MB",
 			"-c", "logging_collector=off",
 		)
-		p, err := startCmd(cmd)
+		p, err := launch.Start("postgres", cmd, nil)
 		if err != nil {
-			return nil, fmt.Errorf("postgres: start: %w", err)
+			return nil, err
 		}
 		dsn := fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable", postgresUser, port)
 		rctx, rcancel := context.WithTimeout(context.Background(), postgresReadyTimeout)
-		err = waitPostgres(rctx, dsn, p.done)
+		err = waitPostgres(rctx, p, dsn)
 		rcancel()
 		if err == nil {
 			return &postgresServer{dir: dir, dsn: dsn, proc: p}, nil
 		}
-		p.kill()
-		if !strings.Contains(p.out.String(), "Address already in use") {
-			return nil, fmt.Errorf("postgres did not become ready on port %d: %w\n%s", port, err, p.out.String())
+		p.Kill()
+		if !strings.Contains(p.Output(), "Address already in use") {
+			return nil, fmt.Errorf("postgres did not become ready on port %d: %w", port, err)
 		}
 		last = fmt.Errorf("port %d taken", port)
 	}
@@ -232,59 +231,30 @@ func loopbackPort() (int, error) {
 }
 
 // postgresCommand builds a command that runs as cred (nil: as the test
-// binary's user) in dir, with the C locale (stable messages to match) and
-// the death signal of the test's other servers.
+// binary's user) in dir, with the C locale (stable messages to match);
+// launch.Start adds the death signal of the test's other servers.
 func postgresCommand(ctx context.Context, cred *syscall.Credential, dir, bin string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
-	setDeathSignal(cmd)
 	if cred != nil {
-		if cmd.SysProcAttr == nil {
-			cmd.SysProcAttr = &syscall.SysProcAttr{}
-		}
-		cmd.SysProcAttr.Credential = cred
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
 	return cmd
 }
 
-// startCmd starts cmd as startProcess does (output captured, a process
-// that reports its exit), for a command startProcess cannot build: one
-// with credentials.
-func startCmd(cmd *exec.Cmd) (*process, error) {
-	out := &syncbuf.Buffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &process{cmd: cmd, out: out, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// waitPostgres connects to dsn until a connection succeeds, the process
-// exits (done) or ctx ends.
-func waitPostgres(ctx context.Context, dsn string, done <-chan struct{}) error {
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
+// waitPostgres connects to dsn until a connection succeeds, p exits or ctx
+// ends.
+func waitPostgres(ctx context.Context, p *launch.Proc, dsn string) error {
+	return p.Poll(ctx, "a connection", func(ctx context.Context) error {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
 		c, err := pgconn.Connect(cctx, dsn)
-		cancel()
-		if err == nil {
-			return c.Close(ctx)
+		if err != nil {
+			return err
 		}
-		select {
-		case <-done:
-			return fmt.Errorf("process exited: last connect: %w", err)
-		case <-ctx.Done():
-			return fmt.Errorf("%w: last connect: %v", ctx.Err(), err)
-		case <-tick.C:
-		}
-	}
+		return c.Close(ctx)
+	})
 }
 
 // postgresBinDir finds the directory holding initdb and postgres.

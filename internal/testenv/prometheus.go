@@ -8,16 +8,18 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
+
+	"github.com/tetherproxy/tether/internal/launch"
 )
 
 // Prometheus is a Prometheus server private to one test, on loopback.
 type Prometheus struct {
 	URL string // http://127.0.0.1:port
-	p   *process
+	p   *launch.Proc
 }
 
 // PrometheusServer starts Prometheus ($PROMETHEUS_BIN, else from PATH)
@@ -41,24 +43,24 @@ func PrometheusServer(t testing.TB, config string) *Prometheus {
 			t.Fatal(err)
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		p, err := startProcess(bin,
+		p, err := launch.Start("prometheus", exec.Command(bin,
 			"--config.file="+cfg,
 			"--storage.tsdb.path="+filepath.Join(dir, "data"),
 			"--web.listen-address="+addr,
 			"--log.level=warn",
-		)
+		), nil)
 		if err != nil {
-			t.Fatalf("prometheus: start: %v", err)
+			t.Fatalf("prometheus: %v", err)
 		}
 		prom := &Prometheus{URL: "http://" + addr, p: p}
 		if err := prom.waitReady(); err != nil {
-			p.kill()
+			p.Kill()
 			if attempt < 2 {
 				continue
 			}
-			t.Fatalf("prometheus did not become ready: %v\n%s", err, p.out.String())
+			t.Fatalf("prometheus did not become ready: %v", err)
 		}
-		t.Cleanup(p.stop)
+		t.Cleanup(func() { p.Stop(stopTimeout) })
 		return prom
 	}
 }
@@ -75,27 +77,25 @@ func freePort() (int, error) {
 func (p *Prometheus) waitReady() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*startTimeout)
 	defer cancel()
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/-/ready", nil)
+	return p.p.Poll(ctx, "200 from /-/ready", func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/-/ready", nil)
+		if err != nil {
+			return err
+		}
 		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
+		if err != nil {
+			return err
 		}
-		select {
-		case <-p.p.done:
-			return fmt.Errorf("exited")
-		case <-ctx.Done():
-			return fmt.Errorf("no 200 from /-/ready: %v", err)
-		case <-time.After(100 * time.Millisecond):
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET /-/ready: %s", resp.Status)
 		}
-	}
+		return nil
+	})
 }
 
 // Logs is what Prometheus printed so far.
-func (p *Prometheus) Logs() string { return p.p.out.String() }
+func (p *Prometheus) Logs() string { return p.p.Output() }
 
 // Query evaluates an instant PromQL query and returns its samples: one
 // value per series (labels rendered by Prometheus), or a single value

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tetherproxy/tether/internal/launch"
 )
 
 // SentinelMaster is the name the sentinel of RedisSentinel monitors.
@@ -41,11 +43,11 @@ func RedisSentinel(t testing.TB, password string) *Sentinel {
 	if err != nil {
 		t.Fatalf("redis sentinel: %v", err)
 	}
-	var procs []*process
+	var procs []*launch.Proc
 	t.Cleanup(func() {
 		// The sentinel first, so it does not see its master go down.
 		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].stop()
+			procs[i].Stop(stopTimeout)
 		}
 		_ = os.RemoveAll(dir)
 	})
@@ -94,7 +96,7 @@ func RedisSentinel(t testing.TB, password string) *Sentinel {
 	s.sentinel = sentinel
 
 	if err := waitSentinel(ctx, sentinel, master); err != nil {
-		t.Fatalf("redis sentinel: %v\n--- sentinel\n%s--- master\n%s", err, sp.out.String(), mp.out.String())
+		t.Fatalf("redis sentinel: %v\n--- sentinel\n%s--- master\n%s", err, sp.Output(), mp.Output())
 	}
 	return s
 }

@@ -1,6 +1,8 @@
 // Package testenv starts and finds the real components tests run against:
-// redis-server and Envoy. A missing component skips the test on a developer
-// machine and fails it under CI=true, so CI can never go green by skipping.
+// redis-server (alone, in a cluster, behind a sentinel), Envoy, PostgreSQL
+// and Prometheus, each started through internal/launch. A missing component
+// skips the test on a developer machine and fails it under CI=true, so CI
+// can never go green by skipping.
 package testenv
 
 import (
@@ -12,18 +14,20 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/tetherproxy/tether/internal/syncbuf"
+	"github.com/tetherproxy/tether/internal/launch"
 )
 
 const (
 	startTimeout = 10 * time.Second
 	stopTimeout  = 10 * time.Second
+	// envoyTimeout bounds each of Envoy's waits: starting, and getting its
+	// configuration (from tether's ADS server, when it uses one).
+	envoyTimeout = 30 * time.Second
 )
 
 // Require skips (or, under CI=true, fails) the test when err says a
@@ -78,6 +82,46 @@ func EnvoyBin(t testing.TB) string {
 	return p
 }
 
+// Envoy starts Envoy as launch.StartEnvoy does, with EnvoyBin when o.Bin
+// is empty and in a directory of the test's when o.Dir is, and stops it
+// when the test ends. It returns once Envoy's admin address is known;
+// WaitServing waits for its listener. It fails the test when Envoy does not
+// start, and skips it (see Require) when there is no Envoy.
+func Envoy(t testing.TB, o launch.EnvoyOptions) *launch.Envoy {
+	t.Helper()
+	if o.Bin == "" {
+		o.Bin = EnvoyBin(t)
+	}
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+	}
+	var e *launch.Envoy
+	within(t, envoyTimeout, func(ctx context.Context) (err error) {
+		e, err = launch.StartEnvoy(ctx, o)
+		return err
+	})
+	t.Cleanup(func() { e.Stop(stopTimeout) })
+	return e
+}
+
+// WaitServing waits until e's listener is bound (see
+// launch.Envoy.WaitServing), failing the test after envoyTimeout.
+func WaitServing(t testing.TB, e *launch.Envoy) {
+	t.Helper()
+	within(t, envoyTimeout, e.WaitServing)
+}
+
+// within calls f with a context that ends after d, and fails the test on
+// f's error.
+func within(t testing.TB, d time.Duration, f func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if err := f(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func executable(p string) error {
 	fi, err := os.Stat(p)
 	switch {
@@ -99,8 +143,8 @@ type Redis struct {
 	client goredis.UniversalClient
 
 	mu      sync.Mutex
-	proc    *process // the current server; nil while stopped
-	durable bool     // Durable was called: restarts load the append-only file
+	proc    *launch.Redis // the current server; nil while stopped
+	durable bool          // Durable was called: restarts load the append-only file
 }
 
 // RedisServer starts redis-server ($REDIS_SERVER_BIN, else from PATH) with
@@ -116,7 +160,7 @@ func RedisServer(t testing.TB) *Redis {
 	if err != nil {
 		t.Fatalf("redis-server: %v", err)
 	}
-	r := &Redis{t: t, bin: bin, dir: dir, sock: filepath.Join(dir, "r.sock")}
+	r := &Redis{t: t, bin: bin, dir: dir, sock: launch.RedisSocket(dir)}
 	t.Cleanup(func() {
 		r.Stop()
 		if r.client != nil {
@@ -169,32 +213,10 @@ func (r *Redis) Start() {
 	if r.proc != nil {
 		return
 	}
-	_ = os.Remove(r.sock) // a stale socket from a killed server
-	aof := "no"
-	if r.durable {
-		aof = "yes"
-	}
-	p, err := startProcess(r.bin,
-		"--port", "0",
-		"--unixsocket", r.sock,
-		"--unixsocketperm", "700",
-		"--dir", r.dir,
-		"--save", "",
-		"--appendonly", aof,
-		"--appendfsync", "always",
-		"--daemonize", "no",
-		"--logfile", "",
-	)
-	if err != nil {
-		r.t.Fatalf("redis-server: start: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	if err := waitPing(ctx, &goredis.Options{Network: "unix", Addr: r.sock}, p.done); err != nil {
-		p.kill()
-		r.t.Fatalf("redis-server did not become ready: %v\n%s", err, p.out.String())
-	}
-	r.proc = p
+	within(r.t, startTimeout, func(ctx context.Context) (err error) {
+		r.proc, err = launch.StartRedis(ctx, launch.RedisOptions{Bin: r.bin, Dir: r.dir, Durable: r.durable})
+		return err
+	})
 }
 
 // Durable turns on the append-only file with an fsync per write, on the
@@ -230,88 +252,24 @@ func (r *Redis) Durable(ctx context.Context) error {
 // Kill kills the server with SIGKILL, as a crash would, and waits for it
 // to exit. Killing a stopped server does nothing.
 func (r *Redis) Kill() {
-	r.mu.Lock()
-	p := r.proc
-	r.proc = nil
-	r.mu.Unlock()
-	if p != nil {
-		p.kill()
+	if p := r.take(); p != nil {
+		p.Kill()
 	}
 }
 
 // Stop stops the server (SIGTERM, then SIGKILL after a deadline) and waits
 // for it to exit. Stopping a stopped server does nothing.
 func (r *Redis) Stop() {
+	if p := r.take(); p != nil {
+		p.Stop(stopTimeout)
+	}
+}
+
+// take hands over the running server, leaving none.
+func (r *Redis) take() *launch.Redis {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	p := r.proc
 	r.proc = nil
-	r.mu.Unlock()
-	if p != nil {
-		p.stop()
-	}
-}
-
-// process is a started child process and its combined output.
-type process struct {
-	cmd  *exec.Cmd
-	out  *syncbuf.Buffer // stdout and stderr
-	done chan struct{}   // closed when the process has exited
-}
-
-func startProcess(bin string, args ...string) (*process, error) {
-	cmd := exec.Command(bin, args...)
-	out := &syncbuf.Buffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	setDeathSignal(cmd)
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &process{cmd: cmd, out: out, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// stop sends SIGTERM, then SIGKILL after stopTimeout, and waits for the exit.
-func (p *process) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(stopTimeout):
-		p.kill()
-	}
-}
-
-// kill kills the process and waits for it to exit.
-func (p *process) kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-// waitPing polls PING on the server o names until it answers, the process
-// dies (done) or ctx ends.
-func waitPing(ctx context.Context, o *goredis.Options, done <-chan struct{}) error {
-	o.MaxRetries = -1 // this loop is the retry
-	o.DialerRetries = 1
-	o.DialTimeout = time.Second
-	o.ContextTimeoutEnabled = true
-	probe := goredis.NewClient(o)
-	defer probe.Close()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := probe.Ping(ctx).Err()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("process exited: last ping: %w", err)
-		case <-ctx.Done():
-			return fmt.Errorf("%w: last ping: %v", ctx.Err(), err)
-		case <-tick.C:
-		}
-	}
+	return p
 }

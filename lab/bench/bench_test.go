@@ -1,9 +1,9 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tetherproxy/tether/internal/promtext"
 	"github.com/tetherproxy/tether/lab/loadgen"
 	"github.com/tetherproxy/tether/lab/workload"
 )
@@ -122,7 +123,7 @@ tether_requests_total{decision="spilled",mode="adaptive",source="token"} 10 1700
 tether_requests_totally{decision="spilled"} 99
 tether_store_errors_total 0
 `
-	got, err := parseDecisions(bufio.NewScanner(strings.NewReader(text)))
+	got, err := parseDecisions(strings.NewReader(text))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +136,7 @@ tether_store_errors_total 0
 	if share, n := spilledShare(nil); share != 0 || n != 0 {
 		t.Errorf("no decisions: %v of %d", share, n)
 	}
-	if _, err := parseDecisions(bufio.NewScanner(strings.NewReader(`tether_requests_total{mode="sticky"} 1`))); err == nil {
+	if _, err := parseDecisions(strings.NewReader(`tether_requests_total{mode="sticky"} 1`)); err == nil {
 		t.Error("a line without a decision label parsed")
 	}
 }
@@ -188,7 +189,10 @@ func TestHotTenantSchedule(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	job := hotJob(sc, 1, 0, 100*time.Millisecond)
-	got := hotTenant(ctx, srv.Client(), srv.URL, sc, job, time.Now(), 0)
+	got, err := hotTenant(ctx, srv.Client(), srv.URL, sc, job, time.Now(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(got) != 10 {
 		t.Fatalf("%d requests, want 10 (100/s for 100ms)", len(got))
 	}
@@ -201,4 +205,13 @@ func TestHotTenantSchedule(t *testing.T) {
 			t.Errorf("token %q", tok)
 		}
 	}
+}
+
+// parseDecisions is decisions on a /metrics text.
+func parseDecisions(r io.Reader) (map[string]float64, error) {
+	m, err := promtext.Parse(r)
+	if err != nil {
+		return nil, err
+	}
+	return decisionCounts(m)
 }

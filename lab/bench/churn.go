@@ -70,11 +70,11 @@ func churnOnce(ctx context.Context, opts Options, dir string, p policy) ([]Churn
 				if err != nil {
 					return err
 				}
-				return postJSON(ectx, "http://"+st.tether.admin+"/v1/instances", in)
+				return postJSON(ectx, "http://"+st.tether.Admin+"/v1/instances", in)
 			},
 		})
 	}()
-	res, err := replay(ctx, opts, st.envoy.url, instances)
+	res, err := replay(ctx, opts, st.envoy.URL(), instances)
 	stopEvents()
 	wg.Wait()
 	if err != nil {

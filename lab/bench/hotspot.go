@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/pace"
 	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/lab/loadgen"
 )
@@ -109,18 +111,15 @@ func hotspotOnce(ctx context.Context, opts Options, dir string, p policy, fleet 
 	hctx, cancel := context.WithDeadline(ctx, begin.Add(d+30*time.Second))
 	defer cancel()
 	var hot []sample
+	var hotErr error
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		hot = hotTenant(hctx, client, st.envoy.url, sc, job, begin, from)
-	}()
-	res, err := replayFor(ctx, opts, d, st.envoy.url, instances)
+	wg.Go(func() { hot, hotErr = hotTenant(hctx, client, st.envoy.URL(), sc, job, begin, from) })
+	res, err := replayFor(ctx, opts, d, st.envoy.URL(), instances)
 	wg.Wait()
-	if err != nil {
+	if err = cmp.Or(err, hotErr); err != nil {
 		return HotspotRow{}, err
 	}
-	dec, err := decisions(ctx, st.tether.admin)
+	dec, err := decisions(ctx, st.tether.Admin)
 	if err != nil {
 		return HotspotRow{}, err
 	}
@@ -198,44 +197,30 @@ func hotJob(sc Scale, seed uint64, from, to time.Duration) [][]byte {
 // open loop (a request does not wait for the ones before it), each timed
 // from the moment it was due so that a queue shows as latency. It returns
 // when every request has ended.
-func hotTenant(ctx context.Context, client *http.Client, url string, sc Scale, job [][]byte, begin time.Time, from time.Duration) []sample {
-	interval := time.Duration(float64(time.Second) / sc.HotRate)
+func hotTenant(ctx context.Context, client *http.Client, url string, sc Scale, job [][]byte, begin time.Time, from time.Duration) ([]sample, error) {
 	var (
-		mu       sync.Mutex
-		out      []sample
-		wg       sync.WaitGroup
-		inflight int
+		mu  sync.Mutex
+		out []sample
 	)
-	for i, body := range job {
-		at := from + time.Duration(i)*interval
-		if !sleepUntil(ctx, begin.Add(at)) {
-			break
-		}
+	add := func(s sample) {
 		mu.Lock()
-		full := inflight >= hotMaxInFlight
-		if !full {
-			inflight++
-		}
-		mu.Unlock()
-		if full {
-			mu.Lock()
-			out = append(out, sample{start: at})
-			mu.Unlock()
-			continue
-		}
-		wg.Add(1)
-		go func(at time.Duration) {
-			defer wg.Done()
-			s := hotSend(ctx, client, url, body, begin.Add(at))
-			s.start = at
-			mu.Lock()
-			defer mu.Unlock()
-			inflight--
-			out = append(out, s)
-		}(at)
+		defer mu.Unlock()
+		out = append(out, s)
 	}
-	wg.Wait()
-	return out
+	err := pace.Schedule{Rate: sc.HotRate, Count: len(job), Start: begin.Add(from), MaxInFlight: hotMaxInFlight}.Run(ctx, func(a pace.Arrival) func() {
+		at := a.Due.Sub(begin)
+		if a.Dropped {
+			add(sample{start: at})
+			return nil
+		}
+		body := job[a.N]
+		return func() {
+			s := hotSend(ctx, client, url, body, a.Due)
+			s.start = at
+			add(s)
+		}
+	})
+	return out, err
 }
 
 // sleepUntil waits until t; false when ctx ended first.

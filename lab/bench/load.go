@@ -3,14 +3,14 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tetherproxy/tether/internal/pace"
 )
 
 // The overhead scenario's own load: tiny requests, so what is measured is
@@ -26,22 +26,7 @@ func newLoadClient() *http.Client {
 
 // send posts one tiny request for session s.
 func send(ctx context.Context, client *http.Client, url, s string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(tinyBody))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("x-session-id", s)
-	resp, err := client.Do(req)
-	if err != nil {
-		return err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d", resp.StatusCode)
-	}
-	return nil
+	return sendAs(ctx, client, url, soakCaller{session: s})
 }
 
 // session names: ten requests per session, so sticky routing sees nine
@@ -51,35 +36,19 @@ func sessionFor(worker, i int) string { return fmt.Sprintf("ovh-%d-%d", worker, 
 // fixedRate sends rate requests a second for d (open loop: arrivals do
 // not wait for answers; at most maxInFlight are outstanding, the rest are
 // counted as dropped) and returns the latencies of the successful ones,
-// each measured from the moment it was scheduled, so a sender that falls
-// behind shows as latency rather than hiding it.
-func fixedRate(ctx context.Context, client *http.Client, url string, rate float64, d time.Duration) (lat []time.Duration, failed, dropped int) {
+// each measured from the moment it was due, so a sender that falls behind
+// shows as latency rather than hiding it.
+func fixedRate(ctx context.Context, client *http.Client, url string, rate float64, d time.Duration) (lat []time.Duration, failed, dropped int, err error) {
 	const maxInFlight = 512
 	var mu sync.Mutex
-	var inflight atomic.Int64
-	var wg sync.WaitGroup
-	interval := time.Duration(float64(time.Second) / rate)
-	begin := time.Now()
-	for i := 0; ; i++ {
-		due := begin.Add(time.Duration(i) * interval)
-		if due.Sub(begin) >= d || ctx.Err() != nil {
-			wg.Wait()
-			return lat, failed, dropped
-		}
-		if wait := time.Until(due); wait > 0 {
-			time.Sleep(wait)
-		}
-		if inflight.Load() >= maxInFlight {
+	err = pace.Schedule{Rate: rate, For: d, MaxInFlight: maxInFlight}.Run(ctx, func(a pace.Arrival) func() {
+		if a.Dropped {
 			dropped++
-			continue
+			return nil
 		}
-		inflight.Add(1)
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			defer inflight.Add(-1)
-			err := send(ctx, client, url, sessionFor(i%64, i/64))
-			took := time.Since(due)
+		return func() {
+			err := send(ctx, client, url, sessionFor(a.N%64, a.N/64))
+			took := time.Since(a.Due)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -87,8 +56,9 @@ func fixedRate(ctx context.Context, client *http.Client, url string, rate float6
 				return
 			}
 			lat = append(lat, took)
-		}(i)
-	}
+		}
+	})
+	return lat, failed, dropped, err
 }
 
 // closedLoop runs workers that each send as fast as answers come back,

@@ -59,9 +59,12 @@ func overheadOnce(ctx context.Context, opts Options, dir string, p policy, insta
 	client := newLoadClient()
 	defer client.CloseIdleConnections()
 	// Warm connections and bindings.
-	closedLoop(ctx, client, st.envoy.url, 4, 500*time.Millisecond)
+	closedLoop(ctx, client, st.envoy.URL(), 4, 500*time.Millisecond)
 
-	lat, failed, dropped := fixedRate(ctx, client, st.envoy.url, sc.OverheadRate, sc.OverheadDuration)
+	lat, failed, dropped, err := fixedRate(ctx, client, st.envoy.URL(), sc.OverheadRate, sc.OverheadDuration)
+	if err != nil {
+		return OverheadRow{}, err
+	}
 	sortDurations(lat)
 	row := OverheadRow{Name: p.name, P50: percentile(lat, 0.5), P99: percentile(lat, 0.99), Failed: failed, Dropped: dropped}
 
@@ -69,7 +72,7 @@ func overheadOnce(ctx context.Context, opts Options, dir string, p policy, insta
 	if err != nil {
 		return row, err
 	}
-	ok, bad := closedLoop(ctx, client, st.envoy.url, sc.OverheadWorkers, sc.OverheadDuration)
+	ok, bad := closedLoop(ctx, client, st.envoy.URL(), sc.OverheadWorkers, sc.OverheadDuration)
 	cpu1, err := st.cpuSeconds()
 	if err != nil {
 		return row, err

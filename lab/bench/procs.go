@@ -1,77 +1,134 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/BurntSushi/toml"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tetherproxy/tether/config"
-	"github.com/tetherproxy/tether/internal/syncbuf"
+	"github.com/tetherproxy/tether/internal/launch"
 	"github.com/tetherproxy/tether/xds"
 )
 
-// proc is one child process; its output is kept for error reports.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  *syncbuf.Buffer
-	done chan struct{}
+// The processes of a stack: redis-server, tether and Envoy, started and
+// stopped through internal/launch.
+
+// stopTimeout bounds each process's stop, SIGTERM to exit.
+const stopTimeout = 10 * time.Second
+
+// stack is tether (+ redis-server) and an Envoy configured by it.
+type stack struct {
+	redis  *launch.Redis
+	rdb    *goredis.Client // a client of redis; nil without it
+	tether *launch.Tether
+	envoy  *launch.Envoy
 }
 
-func start(name string, bin string, args ...string) (*proc, error) {
-	p := &proc{name: name, cmd: exec.Command(bin, args...), out: &syncbuf.Buffer{}, done: make(chan struct{})}
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
+func startStack(ctx context.Context, opts Options, dir string, p policy, instances []config.Instance) (*stack, error) {
+	cfg := baseConfig(instances)
+	p.edit(&cfg)
+	s := &stack{}
+	var err error
+	if p.store {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		s.redis, err = launch.StartRedis(rctx, launch.RedisOptions{Bin: opts.RedisBin, Dir: dir})
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		s.rdb = goredis.NewClient(&goredis.Options{Network: "unix", Addr: s.redis.Socket})
+		cfg.Redis.URL = s.redis.URL()
 	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	return p, nil
+	if s.tether, err = startTether(ctx, opts.TetherBin, dir, secret, cfg); err != nil {
+		s.close()
+		return nil, err
+	}
+	if s.envoy, err = startEnvoy(ctx, opts.EnvoyBin, dir, s.tether.XDS); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
 }
 
-// stop sends SIGTERM and waits (bounded), then kills.
-func (p *proc) stop() {
-	if p == nil {
-		return
+// cpuSeconds is the CPU tether and redis-server (when there is one) have used.
+func (s *stack) cpuSeconds() (float64, error) {
+	t, err := cpuSeconds(s.tether.Pid())
+	if err != nil || s.redis == nil {
+		return t, err
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
+	r, err := cpuSeconds(s.redis.Pid())
+	return t + r, err
+}
+
+func (s *stack) close() {
+	if s.envoy != nil {
+		s.envoy.Stop(stopTimeout)
+	}
+	if s.tether != nil {
+		s.tether.Stop(stopTimeout)
+	}
+	if s.rdb != nil {
+		_ = s.rdb.Close()
+	}
+	if s.redis != nil {
+		s.redis.Stop(stopTimeout)
 	}
 }
 
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
+// startTether writes cfg to dir and runs `tether serve` on it.
+func startTether(ctx context.Context, bin, dir, secret string, cfg config.Config) (*launch.Tether, error) {
+	path := filepath.Join(dir, "tether.toml")
+	var b bytes.Buffer
+	if err := toml.NewEncoder(&b).Encode(cfg); err != nil {
+		return nil, err
 	}
+	if err := os.WriteFile(path, b.Bytes(), 0o600); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	return launch.StartTether(ctx, launch.TetherOptions{Bin: bin, Config: path, Env: []string{"TETHER_IDENTITY_SECRET=" + secret}})
 }
 
-// cpuSeconds is the user+system CPU time the process has used.
-func (p *proc) cpuSeconds() (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+// startEnvoy runs Envoy on the ADS bootstrap for tether's xDS server at
+// ads, and returns once its listener is bound.
+func startEnvoy(ctx context.Context, bin, dir, ads string) (*launch.Envoy, error) {
+	b, err := xds.ADSBootstrap("tether-bench", "127.0.0.1:0", ads)
+	if err != nil {
+		return nil, err
+	}
+	y, err := xds.YAML(b, "")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	e, err := launch.StartEnvoy(ctx, launch.EnvoyOptions{Bin: bin, Dir: dir, Bootstrap: y, LogLevel: "error"})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.WaitServing(ctx); err != nil {
+		e.Stop(stopTimeout)
+		return nil, err
+	}
+	return e, nil
+}
+
+// cpuSeconds is the user+system CPU time process pid has used.
+func cpuSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
@@ -84,180 +141,6 @@ func (p *proc) cpuSeconds() (float64, error) {
 	ut, _ := strconv.ParseFloat(f[11], 64)
 	st, _ := strconv.ParseFloat(f[12], 64)
 	return (ut + st) / 100, nil // USER_HZ is 100 on Linux
-}
-
-// poll calls cond (with a context bounded by d) until it holds, the
-// process exits, or the deadline passes.
-func poll(ctx context.Context, p *proc, d time.Duration, what string, cond func(context.Context) bool) error {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for !cond(ctx) {
-		if p != nil && p.exited() {
-			return fmt.Errorf("%s exited while waiting for %s:\n%s", p.name, what, tail(p.out.String(), 2000))
-		}
-		select {
-		case <-ctx.Done():
-			msg := ""
-			if p != nil {
-				msg = "\n" + tail(p.out.String(), 2000)
-			}
-			return fmt.Errorf("waiting for %s: %w%s", what, ctx.Err(), msg)
-		case <-t.C:
-		}
-	}
-	return nil
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "…" + s[len(s)-n:]
-	}
-	return s
-}
-
-// redisServer is a redis-server on a unix socket in dir.
-type redisServer struct {
-	*proc
-	url    string
-	client *goredis.Client
-}
-
-func startRedis(ctx context.Context, bin, dir string) (*redisServer, error) {
-	sock := filepath.Join(dir, "r.sock")
-	p, err := start("redis-server", bin, "--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no")
-	if err != nil {
-		return nil, err
-	}
-	r := &redisServer{proc: p, url: "unix://" + sock, client: goredis.NewClient(&goredis.Options{Network: "unix", Addr: sock})}
-	if err := poll(ctx, p, 10*time.Second, "redis-server", func(ctx context.Context) bool { return r.client.Ping(ctx).Err() == nil }); err != nil {
-		r.close()
-		return nil, err
-	}
-	return r, nil
-}
-
-func (r *redisServer) close() {
-	if r == nil {
-		return
-	}
-	_ = r.client.Close()
-	r.stop()
-}
-
-// tetherProc is a running `tether serve`.
-type tetherProc struct {
-	*proc
-	extproc, admin, xds string
-	configPath          string
-}
-
-func startTether(ctx context.Context, bin, dir, secret string, cfg config.Config) (*tetherProc, error) {
-	path := filepath.Join(dir, "tether.toml")
-	var b bytes.Buffer
-	if err := toml.NewEncoder(&b).Encode(cfg); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(path, b.Bytes(), 0o600); err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, "serve", "--config", path)
-	cmd.Env = append(os.Environ(), "TETHER_IDENTITY_SECRET="+secret)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	p := &proc{name: "tether", cmd: cmd, out: &syncbuf.Buffer{}, done: make(chan struct{})}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start tether: %w", err)
-	}
-	t := &tetherProc{proc: p, configPath: path}
-	var mu sync.Mutex
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(p.out, line)
-			var ev struct{ Message, Extproc, Admin, XDS string }
-			if json.Unmarshal([]byte(line), &ev) == nil && ev.Message == "tether ready" {
-				mu.Lock()
-				t.extproc, t.admin, t.xds = ev.Extproc, ev.Admin, ev.XDS
-				mu.Unlock()
-			}
-		}
-		_, _ = io.Copy(io.Discard, stderr)
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	err = poll(ctx, p, 20*time.Second, "tether ready", func(context.Context) bool { mu.Lock(); defer mu.Unlock(); return t.admin != "" })
-	if err != nil {
-		t.stop()
-		return nil, err
-	}
-	return t, nil
-}
-
-// envoyProc is Envoy on the ADS bootstrap.
-type envoyProc struct {
-	*proc
-	admin string // http://host:port
-	url   string // http://host:port of the listener
-}
-
-func startEnvoy(ctx context.Context, bin, dir, ads string) (*envoyProc, error) {
-	b, err := xds.ADSBootstrap("tether-bench", "127.0.0.1:0", ads)
-	if err != nil {
-		return nil, err
-	}
-	y, err := xds.YAML(b, "")
-	if err != nil {
-		return nil, err
-	}
-	cfgPath, adminPath := filepath.Join(dir, "envoy.yaml"), filepath.Join(dir, "envoy-admin.addr")
-	_ = os.Remove(adminPath)
-	if err := os.WriteFile(cfgPath, y, 0o600); err != nil {
-		return nil, err
-	}
-	p, err := start("envoy", bin, "-c", cfgPath, "--admin-address-path", adminPath,
-		"--disable-hot-restart", "--concurrency", "1", "--log-level", "error")
-	if err != nil {
-		return nil, err
-	}
-	e := &envoyProc{proc: p}
-	err = poll(ctx, p, 30*time.Second, "envoy listener", func(ctx context.Context) bool {
-		a, err := os.ReadFile(adminPath)
-		if err != nil || len(a) == 0 {
-			return false
-		}
-		e.admin = "http://" + strings.TrimSpace(string(a))
-		var ls struct {
-			ListenerStatuses []struct {
-				LocalAddress struct {
-					SocketAddress struct {
-						Address   string `json:"address"`
-						PortValue int    `json:"port_value"`
-					} `json:"socket_address"`
-				} `json:"local_address"`
-			} `json:"listener_statuses"`
-		}
-		if getJSON(ctx, e.admin+"/listeners?format=json", &ls) != nil || len(ls.ListenerStatuses) != 1 {
-			return false
-		}
-		sa := ls.ListenerStatuses[0].LocalAddress.SocketAddress
-		if sa.PortValue == 0 {
-			return false
-		}
-		e.url = "http://" + net.JoinHostPort(sa.Address, strconv.Itoa(sa.PortValue))
-		return true
-	})
-	if err != nil {
-		e.stop()
-		return nil, err
-	}
-	return e, nil
 }
 
 // adminClient talks to admin endpoints (Envoy's, tether's, the

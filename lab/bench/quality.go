@@ -71,10 +71,10 @@ func runQuality(ctx context.Context, opts Options, dir string) ([]QualityRow, er
 		if err != nil {
 			return rows, fmt.Errorf("%s: %w", p.name, err)
 		}
-		res, err := replay(ctx, opts, st.envoy.url, instances)
+		res, err := replay(ctx, opts, st.envoy.URL(), instances)
 		var dec map[string]float64
 		if err == nil {
-			dec, err = decisions(ctx, st.tether.admin)
+			dec, err = decisions(ctx, st.tether.Admin)
 		}
 		st.close()
 		if err != nil {

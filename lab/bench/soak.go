@@ -7,7 +7,6 @@ package bench
 // Go heap in use and its goroutine count.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -25,7 +24,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -33,6 +31,9 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/pace"
+	"github.com/tetherproxy/tether/internal/progress"
+	"github.com/tetherproxy/tether/internal/promtext"
 	"github.com/tetherproxy/tether/lab/emulator"
 )
 
@@ -255,14 +256,16 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	defer client.CloseIdleConnections()
 
 	// Every kind of caller gets through before the clock starts.
-	err = poll(ctx, st.envoy.proc, 20*time.Second, "an answer through Envoy for every kind of caller", func(ctx context.Context) bool {
+	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	err = st.envoy.Poll(pctx, "an answer through Envoy for every kind of caller", func(ctx context.Context) error {
 		for i := 0; i < 20; i++ {
-			if sendAs(ctx, client, st.envoy.url, o.caller(i)) != nil {
-				return false
+			if err := sendAs(ctx, client, st.envoy.URL(), o.caller(i)); err != nil {
+				return err
 			}
 		}
-		return true
+		return nil
 	})
+	cancel()
 	if err != nil {
 		return nil, err
 	}
@@ -280,12 +283,9 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	lctx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
 	begin := time.Now()
-	loadDone := make(chan struct{})
-	go func() { defer close(loadDone); load.run(lctx, client, st.envoy.url, o, begin) }()
-	var bar *soakBar
-	if o.Progress != nil {
-		bar = startSoakBar(o.Progress, o.Duration, begin, load, first)
-	}
+	loadDone := make(chan error, 1)
+	go func() { loadDone <- load.run(lctx, client, st.envoy.URL(), o, begin) }()
+	bar := startSoakBar(o.Progress, o.Duration, begin, load, first)
 	for k := 1; time.Duration(k)*o.Every <= o.Duration && err == nil; k++ {
 		at := time.Duration(k) * o.Every
 		if !sleepUntil(ctx, begin.Add(at)) {
@@ -301,7 +301,9 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	if err != nil {
 		stopLoad()
 	}
-	<-loadDone
+	if lerr := <-loadDone; err == nil {
+		err = lerr
+	}
 	bar.stop()
 	if err != nil {
 		return r, fmt.Errorf("soak: %w", err)
@@ -311,7 +313,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	r.Failures = load.failures
 	load.mu.Unlock()
 	r.LoadAvg[1], _ = loadAvg()
-	if r.Decisions, err = decisions(ctx, st.tether.admin); err != nil {
+	if r.Decisions, err = decisions(ctx, st.tether.Admin); err != nil {
 		return r, err
 	}
 	r.Summary = summarize(r.Samples, o.Duration)
@@ -330,31 +332,23 @@ type soakLoad struct {
 // run sends o.Rate requests a second from begin for o.Duration (open loop:
 // at most 512 in flight, the rest dropped) and returns when the last one
 // is answered.
-func (l *soakLoad) run(ctx context.Context, client *http.Client, url string, o SoakOptions, begin time.Time) {
+func (l *soakLoad) run(ctx context.Context, client *http.Client, url string, o SoakOptions, begin time.Time) error {
 	const maxInFlight = 512
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	interval := time.Duration(float64(time.Second) / o.Rate)
-	for n := 0; ; n++ {
-		due := begin.Add(time.Duration(n) * interval)
-		if due.Sub(begin) >= o.Duration || !sleepUntil(ctx, due) {
-			return
-		}
+	return pace.Schedule{Rate: o.Rate, For: o.Duration, Start: begin, MaxInFlight: maxInFlight}.Run(ctx, func(a pace.Arrival) func() {
 		l.mu.Lock()
-		l.lag = max(l.lag, time.Since(due))
+		l.lag = max(l.lag, a.Late)
 		l.mu.Unlock()
-		if l.inflight.Load() >= maxInFlight {
+		if a.Dropped {
 			l.dropped.Add(1)
-			continue
+			return nil
 		}
 		l.inflight.Add(1)
-		wg.Add(1)
 		l.sent.Add(1)
-		go func(c soakCaller) {
-			defer wg.Done()
+		c := o.caller(a.N)
+		return func() {
 			defer l.inflight.Add(-1)
 			err := sendAs(ctx, client, url, c)
-			took := time.Since(due)
+			took := time.Since(a.Due)
 			l.mu.Lock()
 			defer l.mu.Unlock()
 			if err != nil {
@@ -366,8 +360,8 @@ func (l *soakLoad) run(ctx context.Context, client *http.Client, url string, o S
 				return
 			}
 			l.lat = append(l.lat, took)
-		}(o.caller(n))
-	}
+		}
+	})
 }
 
 // take returns the p99 latency of the answers since the last take and the
@@ -434,23 +428,23 @@ func sampleSoak(ctx context.Context, st *stack, at time.Duration, l *soakLoad) (
 	s.P99, s.Lag = l.take()
 	s.Load, _ = loadAvg()
 	var err error
-	if s.RSS, err = st.tether.rss(); err != nil {
+	if s.RSS, err = rss(st.tether.Pid()); err != nil {
 		return s, fmt.Errorf("tether RSS at %s: %w", at, err)
 	}
-	g, err := scrapeGauges(ctx, st.tether.admin, "go_goroutines", "go_memstats_heap_inuse_bytes")
+	g, err := scrapeGauges(ctx, st.tether.Admin, "go_goroutines", "go_memstats_heap_inuse_bytes")
 	if err != nil {
 		return s, fmt.Errorf("tether metrics at %s: %w", at, err)
 	}
 	s.Goroutines, s.HeapInuse = int(g["go_goroutines"]), int64(g["go_memstats_heap_inuse_bytes"])
-	if s.RedisKeys, err = st.redis.client.DBSize(ctx).Result(); err != nil {
+	if s.RedisKeys, err = st.rdb.DBSize(ctx).Result(); err != nil {
 		return s, fmt.Errorf("redis-server DBSIZE at %s: %w", at, err)
 	}
 	return s, nil
 }
 
-// rss is the process's resident set size, from /proc/<pid>/status.
-func (p *proc) rss() (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+// rss is process pid's resident set size, from /proc/<pid>/status.
+func rss(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
@@ -480,36 +474,23 @@ func parseVmRSS(status string) (int64, error) {
 
 // scrapeGauges reads the named unlabelled metrics from tether's /metrics.
 func scrapeGauges(ctx context.Context, admin string, names ...string) (map[string]float64, error) {
-	return scrapeMetrics(ctx, admin, func(sc *bufio.Scanner) (map[string]float64, error) { return parseGauges(sc, names...) })
-}
-
-// parseGauges finds the unlabelled metrics names in Prometheus text format;
-// each must be there.
-func parseGauges(sc *bufio.Scanner, names ...string) (map[string]float64, error) {
-	want := map[string]bool{}
-	for _, n := range names {
-		want[n] = true
-	}
-	out := map[string]float64{}
-	for sc.Scan() {
-		name, value, ok := strings.Cut(sc.Text(), " ")
-		if !ok || !want[name] {
-			continue
-		}
-		value, _, _ = strings.Cut(value, " ") // a timestamp may follow
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			return nil, fmt.Errorf("metric %s: %w", name, err)
-		}
-		out[name] = v
-	}
-	if err := sc.Err(); err != nil {
+	m, err := scrape(ctx, admin)
+	if err != nil {
 		return nil, err
 	}
+	return gauges(m, names...)
+}
+
+// gauges are the values of the unlabelled metrics names; each must be
+// there.
+func gauges(m promtext.Metrics, names ...string) (map[string]float64, error) {
+	out := map[string]float64{}
 	for _, n := range names {
-		if _, ok := out[n]; !ok {
+		v, ok := m.Value(n)
+		if !ok {
 			return nil, fmt.Errorf("metric %s: not exported", n)
 		}
+		out[n] = v
 	}
 	return out, nil
 }
@@ -639,42 +620,23 @@ func fitLine(xs, ys []float64) (b, a float64, ok bool) {
 	return b, my - b*mx, true
 }
 
-// soakBar is the progress bar of the load, redrawn every second.
+// soakBar is the progress bar of the load, redrawn every second, with the
+// latest sample in its line.
 type soakBar struct {
-	bar        *progressbar.ProgressBar
-	w          io.Writer
-	load       *soakLoad
-	mu         sync.Mutex
-	last       SoakSample
-	quit, done chan struct{}
+	bar  *progress.Bar
+	load *soakLoad
+	mu   sync.Mutex
+	last SoakSample
 }
 
+// startSoakBar draws on w; nil (no bar) when w is nil.
 func startSoakBar(w io.Writer, d time.Duration, begin time.Time, load *soakLoad, first SoakSample) *soakBar {
-	total := max(int64(d.Seconds()), 1)
-	b := &soakBar{w: w, load: load, last: first, quit: make(chan struct{}), done: make(chan struct{})}
-	b.bar = progressbar.NewOptions64(total,
-		progressbar.OptionSetWriter(w),
-		progressbar.OptionSetDescription(b.status()),
-		progressbar.OptionSetWidth(30),
-		progressbar.OptionSetPredictTime(false),
-		progressbar.OptionSetElapsedTime(true),
-		progressbar.OptionShowDescriptionAtLineEnd(),
-		progressbar.OptionSetRenderBlankState(true),
-	)
-	go func() {
-		defer close(b.done)
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-b.quit:
-				return
-			case <-tick.C:
-				_ = b.bar.Set64(min(int64(time.Since(begin).Seconds()), total-1))
-				b.bar.Describe(b.status())
-			}
-		}
-	}()
+	if w == nil {
+		return nil
+	}
+	b := &soakBar{load: load, last: first}
+	b.bar = progress.Poll(w, progress.Options{Total: int64(d.Seconds()), Description: b.status()}, time.Second,
+		func() (int64, string) { return int64(time.Since(begin).Seconds()), b.status() })
 	return b
 }
 
@@ -696,16 +658,11 @@ func (b *soakBar) show(s SoakSample) {
 	b.mu.Unlock()
 }
 
-// stop ends the bar's goroutine and leaves the bar full, on its own line.
+// stop leaves the bar full, on its own line.
 func (b *soakBar) stop() {
-	if b == nil {
-		return
+	if b != nil {
+		b.bar.Finish()
 	}
-	close(b.quit)
-	<-b.done
-	b.bar.Describe(b.status())
-	_ = b.bar.Finish()
-	fmt.Fprintln(b.w)
 }
 
 func mib(bytes float64) float64 { return bytes / (1 << 20) }

@@ -1,10 +1,10 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/url"
 	"os"
@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tetherproxy/tether/internal/promtext"
 )
 
 func TestParseVmRSS(t *testing.T) {
@@ -52,17 +54,17 @@ go_goroutines_extra 9
 go_memstats_heap_inuse_bytes 1.2345e+07 1700000000000
 go_gc_duration_seconds{quantile="0"} 1e-05
 `
-	got, err := parseGauges(bufio.NewScanner(strings.NewReader(text)), "go_goroutines", "go_memstats_heap_inuse_bytes")
+	got, err := parseGauges(strings.NewReader(text), "go_goroutines", "go_memstats_heap_inuse_bytes")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(map[string]float64{"go_goroutines": 41, "go_memstats_heap_inuse_bytes": 12345000}, got); diff != "" {
 		t.Error(diff)
 	}
-	if _, err := parseGauges(bufio.NewScanner(strings.NewReader(text)), "go_threads"); err == nil {
+	if _, err := parseGauges(strings.NewReader(text), "go_threads"); err == nil {
 		t.Error("a missing metric parsed")
 	}
-	if _, err := parseGauges(bufio.NewScanner(strings.NewReader("go_goroutines lots\n")), "go_goroutines"); err == nil {
+	if _, err := parseGauges(strings.NewReader("go_goroutines lots\n"), "go_goroutines"); err == nil {
 		t.Error("a bad value parsed")
 	}
 }
@@ -273,4 +275,13 @@ func TestSoakMarkdownAndChart(t *testing.T) {
 	if b, err := os.ReadFile(path); err != nil || !strings.HasPrefix(string(b), "\x89PNG") {
 		t.Errorf("chart: %v", err)
 	}
+}
+
+// parseGauges is scrapeGauges on a /metrics text.
+func parseGauges(r io.Reader, names ...string) (map[string]float64, error) {
+	m, err := promtext.Parse(r)
+	if err != nil {
+		return nil, err
+	}
+	return gauges(m, names...)
 }

@@ -1,14 +1,12 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math"
-	"net/http"
 	"sort"
-	"strconv"
-	"strings"
+
+	"github.com/tetherproxy/tether/internal/promtext"
 )
 
 // Spread is how a policy spread the load over the instances.
@@ -72,53 +70,27 @@ func rank(v []int, q float64) int {
 // decisions by kind (hit, bind, spilled …), summed over mode and identity
 // source.
 func decisions(ctx context.Context, admin string) (map[string]float64, error) {
-	return scrapeMetrics(ctx, admin, parseDecisions)
+	m, err := scrape(ctx, admin)
+	if err != nil {
+		return nil, err
+	}
+	return decisionCounts(m)
 }
 
-// scrapeMetrics fetches tether's /metrics from admin and hands the body to
-// parse.
-func scrapeMetrics[T any](ctx context.Context, admin string, parse func(*bufio.Scanner) (T, error)) (T, error) {
-	var zero T
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/metrics", nil)
-	if err != nil {
-		return zero, err
-	}
-	resp, err := adminClient.Do(req)
-	if err != nil {
-		return zero, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return zero, fmt.Errorf("GET /metrics: %s", resp.Status)
-	}
-	return parse(bufio.NewScanner(resp.Body))
+// scrape reads tether's /metrics from admin.
+func scrape(ctx context.Context, admin string) (promtext.Metrics, error) {
+	return promtext.Get(ctx, adminClient, "http://"+admin+"/metrics")
 }
 
-func parseDecisions(sc *bufio.Scanner) (map[string]float64, error) {
-	const name = "tether_requests_total{"
-	out := map[string]float64{}
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name) {
-			continue
-		}
-		labels, value, ok := strings.Cut(line[len(name):], "} ")
-		if !ok {
-			return nil, fmt.Errorf("metrics line %q: no value", line)
-		}
-		_, kind, ok := strings.Cut(labels, `decision="`)
-		if !ok {
-			return nil, fmt.Errorf("metrics line %q: no decision label", line)
-		}
-		kind, _, _ = strings.Cut(kind, `"`)
-		value, _, _ = strings.Cut(value, " ") // a timestamp may follow
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %q: %w", line, err)
-		}
-		out[kind] += v
+// decisionCounts sums tether_requests_total by decision; every sample must
+// have one.
+func decisionCounts(m promtext.Metrics) (map[string]float64, error) {
+	const name = "tether_requests_total"
+	out := m.SumBy(name, "decision")
+	if _, ok := out[""]; ok {
+		return nil, fmt.Errorf("metric %s: a sample without a decision label", name)
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // spilledShare is the share of tether's decisions that spilled a session

@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tetherproxy/tether/internal/pace"
+	"github.com/tetherproxy/tether/internal/progress"
 	"github.com/tetherproxy/tether/lab/workload"
 )
 
@@ -58,6 +60,9 @@ type Settings struct {
 	Identities                  workload.IdentityMix `json:"identities"`
 	Apps                        []workload.App       `json:"apps"`
 }
+
+// progressInterval is how often the progress bar is redrawn.
+const progressInterval = 250 * time.Millisecond
 
 // errDrainDeadline is the cause of the cancellation of the requests still
 // in flight at the end of the drain.
@@ -138,32 +143,28 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 	reqCtx, cancelReqs := context.WithDeadlineCause(ctx, stopAt.Add(r.opts.Drain), errDrainDeadline)
 	defer cancelReqs()
 
-	var prog *progress
-	if r.opts.Progress != nil {
-		prog = startProgress(r.opts.Progress, r.opts.Duration, r.start, r.status)
-	}
+	bar := progress.Poll(r.opts.Progress, progress.Options{Total: r.opts.Duration.Milliseconds(), Description: r.status()},
+		progressInterval, func() (int64, string) { return time.Since(r.start).Milliseconds(), r.status() })
 
-	// The arrival process: open loop, never waiting on the conversations.
-	// Each iteration moves the schedule forward by an exponential draw, so
-	// the loop ends when the schedule passes Duration or sendCtx ends.
-	var wg sync.WaitGroup
-	for at := time.Duration(0); ; {
-		at += time.Duration(rng.ExpFloat64() / convRate * float64(time.Second))
-		if at >= r.opts.Duration || !sleep(sendCtx, time.Until(r.start.Add(at))) {
-			break
-		}
-		conv := r.gen.Next()
-		wg.Go(func() { r.converse(sendCtx, reqCtx, conv) })
+	// The arrival process: open loop, never waiting on the conversations,
+	// at exponential gaps, until the schedule passes Duration or sendCtx
+	// ends. Conversations are drawn in arrival order, so a seed gives the
+	// same ones.
+	arrivals := pace.Schedule{
+		Gap:   func() time.Duration { return time.Duration(rng.ExpFloat64() / convRate * float64(time.Second)) },
+		For:   r.opts.Duration,
+		Start: r.start,
 	}
+	err := arrivals.Run(sendCtx, func(pace.Arrival) func() {
+		conv := r.gen.Next()
+		return func() { r.converse(sendCtx, reqCtx, conv) }
+	})
 	// The run lasts Duration even when the last conversation arrived (and
 	// ended) earlier. Every conversation ends by the drain deadline: its
 	// think time ends with sendCtx, its request with reqCtx.
 	<-sendCtx.Done()
-	wg.Wait()
 	elapsed := time.Since(r.start)
-	if prog != nil {
-		prog.stop()
-	}
+	bar.Finish()
 
 	slices.SortStableFunc(r.records, func(a, b Record) int {
 		return cmp.Or(cmp.Compare(a.Start, b.Start), cmp.Compare(a.Conversation, b.Conversation), cmp.Compare(a.Turn, b.Turn))
@@ -193,6 +194,9 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 		Summary:     Summarize(r.records, r.opts.Instances),
 	}
 	res.OKPerSecond = float64(res.Summary.OK) / r.opts.Duration.Seconds()
+	if err != nil {
+		return res, fmt.Errorf("loadgen: %w", err)
+	}
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("loadgen: interrupted: %w", err)
 	}

@@ -1,0 +1,155 @@
+// Package launch starts the servers that the tests and the lab run against:
+// Envoy (StartEnvoy), redis-server (StartRedis), `tether serve`
+// (StartTether) and any other program (Start). Every process keeps its
+// output for error reports, dies with its parent on Linux, is stopped with
+// SIGTERM and then SIGKILL within a bound, and is waited for by polling
+// with a deadline, never by a fixed sleep.
+//
+// It never skips or fails a test: internal/testenv wraps it for tests;
+// lab/bench uses it directly.
+package launch
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"github.com/tetherproxy/tether/internal/syncbuf"
+)
+
+// pollInterval is how often the ready-waits look again.
+const pollInterval = 10 * time.Millisecond
+
+// outputTail is how much of a process's output an error quotes.
+const outputTail = 4000
+
+// Proc is a started child process.
+type Proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  *syncbuf.Buffer
+	done chan struct{} // closed once the process has exited and its output is copied
+}
+
+// Start starts cmd under name (for messages). What it writes to standard
+// output and standard error goes to log (a new buffer when nil), unless cmd
+// already sends a stream elsewhere. A goroutine waits for the exit, which
+// Done reports.
+func Start(name string, cmd *exec.Cmd, log *syncbuf.Buffer) (*Proc, error) {
+	if log == nil {
+		log = &syncbuf.Buffer{}
+	}
+	if cmd.Stdout == nil {
+		cmd.Stdout = log
+	}
+	if cmd.Stderr == nil {
+		cmd.Stderr = log
+	}
+	setDeathSignal(cmd)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &Proc{name: name, cmd: cmd, log: log, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Name is the name the process was started under.
+func (p *Proc) Name() string { return p.name }
+
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Log is the buffer that holds the process's output.
+func (p *Proc) Log() *syncbuf.Buffer { return p.log }
+
+// Output is what the process has written so far.
+func (p *Proc) Output() string { return p.log.String() }
+
+// Done is closed once the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Exited reports whether the process has exited.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// ExitCode is the exit status of an exited process; -1 while it runs or
+// when a signal ended it.
+func (p *Proc) ExitCode() int {
+	if !p.Exited() {
+		return -1
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// Stop sends SIGTERM and waits up to d for the exit, then kills the
+// process. It reports whether it had to kill. Stopping an exited process
+// does nothing.
+func (p *Proc) Stop(d time.Duration) (killed bool) { return p.StopWith(syscall.SIGTERM, d) }
+
+// StopWith is Stop with another signal than SIGTERM (PostgreSQL's fast
+// shutdown is SIGINT).
+func (p *Proc) StopWith(sig os.Signal, d time.Duration) (killed bool) {
+	if p.Exited() {
+		return false
+	}
+	_ = p.cmd.Process.Signal(sig)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return false
+	case <-t.C:
+		p.Kill()
+		return true
+	}
+}
+
+// Kill kills the process with SIGKILL, as a crash would, and waits for the
+// exit.
+func (p *Proc) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Poll calls ready every few milliseconds until it returns nil. It fails
+// when the process exits first or ctx ends, quoting ready's last error and
+// the end of the output; ready gets ctx, to bound the calls it makes.
+func (p *Proc) Poll(ctx context.Context, what string, ready func(context.Context) error) error {
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	for {
+		err := ready(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited (code %d) while waiting for %s (last: %v):\n%s", p.name, p.ExitCode(), what, err, p.tail())
+		case <-ctx.Done():
+			return fmt.Errorf("%s: waiting for %s: %w (last: %v)\n%s", p.name, what, context.Cause(ctx), err, p.tail())
+		case <-t.C:
+		}
+	}
+}
+
+// tail is the end of the output, for error messages.
+func (p *Proc) tail() string {
+	s := p.log.String()
+	if len(s) > outputTail {
+		return "…" + s[len(s)-outputTail:]
+	}
+	return s
+}

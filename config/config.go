@@ -75,7 +75,8 @@ type Server struct {
 type Redis struct {
 	// URL: redis://host:port/db, rediss://…, unix:///path,
 	// redis+cluster://host:port?addr=…, redis+sentinel://host:port?master_name=…,
-	// or "embedded" (see store/redis Open).
+	// or "embedded", the in-process memory store, which takes no settings
+	// (see store Open).
 	URL string `toml:"url"`
 	// Timeout bounds each call on the request path (default 10ms): past
 	// it the request is placed without Redis, and after 5 such failures in
@@ -477,8 +478,10 @@ func (c *Config) Validate() error {
 	// The scheme only: the store's parser (store/redis CheckURL) reads the
 	// rest, in `tether config validate` and when tether starts, and this
 	// package imports nothing of tether's. Only the scheme is shown: the
-	// rest may hold a password.
-	if c.Redis.URL != "embedded" {
+	// rest may hold a password. "embedded" takes no settings (checkEmbedded).
+	if why := checkEmbedded(c.Redis.URL); why != "" {
+		bad("redis.url", shownRedisURL(c.Redis.URL), why)
+	} else if c.Redis.URL != embeddedURL {
 		switch urlScheme(c.Redis.URL) {
 		case "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
 		default:
@@ -651,7 +654,7 @@ func (c *Config) validateAudit(bad func(key string, val any, why string)) {
 		case a.Sink != AuditSinkRedis:
 			bad("audit.redis_url", shownURL(a.RedisURL), `only used with sink = "redis"`)
 		case a.RedisURL == "embedded":
-			bad("audit.redis_url", a.RedisURL, "want a Redis URL: records in an embedded server die with the process")
+			bad("audit.redis_url", a.RedisURL, "want a Redis URL: records in the embedded (in-process) store die with the process")
 		default:
 			switch urlScheme(a.RedisURL) {
 			case "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":

@@ -64,7 +64,7 @@ soak: tools build ## Soak benchmark, 10 min, not part of make test: tether's RSS
 	bin/tether-lab bench soak --envoy $(ENVOY_BIN) --duration $(SOAK_DURATION) --out docs/soak.md --chart docs/bench/soak.png
 
 .PHONY: bench-go
-bench-go: tools ## Go benchmarks of the decision path (memory store, miniredis, redis-server)
+bench-go: tools ## Go benchmarks of the decision path (memory store, embedded, miniredis, redis-server)
 	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/ ./lab/emulator/...
 
 .PHONY: envoy-config

@@ -80,7 +80,7 @@ soak: build ## Soak benchmark, 10 min, not part of make test: tether's RSS and g
 	bin/tether-lab bench soak --envoy $(ENVOY_BIN) --duration $(SOAK_DURATION) --out docs/soak.md --chart docs/bench/soak.png
 
 .PHONY: bench-go
-bench-go: ## Go benchmarks of the decision path (memory store, miniredis, redis-server)
+bench-go: ## Go benchmarks of the decision path (memory store, embedded, miniredis, redis-server)
 	@scripts/tools.sh redis
 	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/ ./lab/emulator/...
 

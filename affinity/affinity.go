@@ -1,7 +1,8 @@
 // Package affinity decides which instance serves a request. It is the
 // decision core: plain Go structs in and out, no gRPC, Envoy or Redis. It
-// declares the Store it needs (store.go); store/memory and store/redis
-// provide it.
+// declares the store interfaces, next to each other (store.go): the Store
+// it needs itself, and those the rest of tether needs of the same store;
+// store/memory and store/redis provide them all.
 package affinity
 
 import (

@@ -6,9 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/internal/testenv"
+	"github.com/tetherproxy/tether/store"
 	"github.com/tetherproxy/tether/store/memory"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
@@ -16,6 +20,9 @@ import (
 // BenchmarkDecide measures one sticky decision end to end in the decision
 // core: rendezvous placement plus the store's get-or-bind, for each store.
 // "hit" is a follow-up turn of a known session, "bind" a new session.
+// "embedded" is what redis.url = "embedded" opens (store.Open, as the
+// server calls it: the memory store); "miniredis" is the Redis store on
+// an in-process miniredis, which "embedded" was before.
 // Compare stores within one run; absolute figures depend on the machine.
 func BenchmarkDecide(b *testing.B) {
 	fl := instances(8)
@@ -27,8 +34,9 @@ func BenchmarkDecide(b *testing.B) {
 		open func(b *testing.B) affinity.Store
 	}{
 		{"memory", func(*testing.B) affinity.Store { return memory.New() }},
-		{"miniredis", func(b *testing.B) affinity.Store { return openRedis(b, redisstore.Embedded) }},
-		{"redis-server", func(b *testing.B) affinity.Store { return openRedis(b, testenv.RedisServer(b).URL()) }},
+		{"embedded", func(b *testing.B) affinity.Store { return openStore(b, store.Embedded) }},
+		{"miniredis", openMiniredis},
+		{"redis-server", func(b *testing.B) affinity.Store { return openStore(b, testenv.RedisServer(b).URL()) }},
 	}
 	for _, st := range stores {
 		b.Run(st.name, func(b *testing.B) {
@@ -87,13 +95,28 @@ func BenchmarkRendezvous(b *testing.B) {
 	}
 }
 
-func openRedis(b *testing.B, url string) affinity.Store {
+// openStore opens url as the server does (store.Open).
+func openStore(b *testing.B, url string) affinity.Store {
 	b.Helper()
-	s, err := redisstore.Open(context.Background(), url, redisstore.Options{})
+	s, err := store.Open(context.Background(), url, store.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// openMiniredis is the Redis store on an in-process miniredis.
+func openMiniredis(b *testing.B) affinity.Store {
+	b.Helper()
+	m := miniredis.RunT(b)
+	c := goredis.NewClient(&goredis.Options{Addr: m.Addr()})
+	b.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.New(c, redisstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
 	return s
 }
 

@@ -19,8 +19,8 @@ const (
 	Gradual Fallback = "gradual"
 	// FallbackRandom routes the session at random while its instance is out.
 	FallbackRandom Fallback = "random"
-	// FallbackNone refuses the session's requests (ErrUnavailable) while its
-	// instance is out.
+	// FallbackNone refuses the session's requests (ErrInstanceUnavailable)
+	// while its instance is out.
 	FallbackNone Fallback = "none"
 )
 
@@ -46,9 +46,9 @@ func (s Stage) String() string {
 	return "none"
 }
 
-// ErrUnavailable means the session's instance is unavailable and
+// ErrInstanceUnavailable means the session's instance is unavailable and
 // fallback_policy is "none".
-var ErrUnavailable = errors.New("the session's instance is unavailable")
+var ErrInstanceUnavailable = errors.New("the session's instance is unavailable")
 
 // Answer is how a routed request ended, as far as the response headers
 // tell.
@@ -161,7 +161,7 @@ const MaxFailovers = 2
 // instance once it is back.
 func (d *Decider) failover(ctx context.Context, p *Policy, c choice, key string, b Binding, mode Mode, lt Lifetime, avail []fleet.Instance, now time.Time) (Decision, error) {
 	if p.fallback() == FallbackNone {
-		return Decision{}, fmt.Errorf("%w: %s (fallback_policy = \"none\")", ErrUnavailable, b.Instance)
+		return Decision{}, fmt.Errorf("%w: %s (fallback_policy = \"none\")", ErrInstanceUnavailable, b.Instance)
 	}
 	n := failovers(b, now)
 	stage, cands, err := d.ladder(p, c, b, n, avail)

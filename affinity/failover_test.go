@@ -258,7 +258,7 @@ func TestFallbackPolicies(t *testing.T) {
 		req := e.sessionOn("z1-0")
 		e.kill("z1-0")
 		_, err := e.decide(req)
-		if !errors.Is(err, affinity.ErrUnavailable) || !contains(err.Error(), "z1-0", `fallback_policy = "none"`) {
+		if !errors.Is(err, affinity.ErrInstanceUnavailable) || !contains(err.Error(), "z1-0", `fallback_policy = "none"`) {
 			t.Fatalf("err = %v, want ErrUnavailable naming the instance and the policy", err)
 		}
 		// New sessions are placed on what is available.

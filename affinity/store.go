@@ -1,10 +1,26 @@
 package affinity
 
+// The store interfaces, next to each other. Each consumer depends on the
+// ones it uses; store/memory and store/redis implement them all, and
+// store.Open returns them together (store.Store):
+//
+//	Store         the hot path: GetOrBind, Replace (the Decider)
+//	SessionIndex  Show, Mark, Bound (the admin API, evacuation)
+//	LoadSyncer    SyncLoad, SetDrained (the load sync, drains)
+//	Circuits      ReportFailure, ReportRecovered, Circuits (the instance
+//	              breaker shared between replicas)
+//	Counts        Requests (the session-length metrics)
+//	Checker       Ping, Health (readiness, /readyz)
+//
+// "Not found" is never an error: each method says what it returns instead.
+
 import (
 	"context"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tetherproxy/tether/fleet"
 )
 
 // Binding ties a session key to one instance and the model version the
@@ -97,7 +113,8 @@ type Result struct {
 //
 // Both methods are atomic per session: two callers racing on the same key
 // observe one winner and both return the winner's binding. A missing key
-// is not an error.
+// is not an error: GetOrBind binds the candidate (Created), Replace stores
+// next.
 //
 // A store also keeps, per instance, an index of the sessions bound to it
 // (members expire with the sessions), so that active sessions can be
@@ -197,11 +214,13 @@ type SessionIndex interface {
 	Show(ctx context.Context, key string, now time.Time) (s Session, ok bool, err error)
 	// Mark stores m as a pending move on the sessions selected by f that
 	// have no pending move yet, and returns how many it marked and how many
-	// selected sessions are still unmarked after it.
+	// selected sessions are still unmarked after it (0, 0 for an instance
+	// without sessions).
 	Mark(ctx context.Context, f MarkFilter, m Move, now time.Time) (marked, remaining int, err error)
 	// Bound returns up to limit (0: all) of the sessions bound to instance,
 	// read from its index; entries whose binding is gone or elsewhere are
-	// left out. TTL is each session's remaining idle lifetime.
+	// left out (none: an empty slice, no error). TTL is each session's
+	// remaining idle lifetime.
 	Bound(ctx context.Context, instance string, limit int, now time.Time) ([]Session, error)
 }
 
@@ -225,8 +244,129 @@ type LoadState struct {
 type LoadSyncer interface {
 	// SyncLoad publishes r (valid for ttl) and returns the load of every
 	// instance in instances, with the other live replicas' reports summed
-	// (r itself is left out of InFlight).
+	// (r itself is left out of InFlight). An instance nobody reported has
+	// Active 0 and no InFlight or Queue entry; no map is nil.
 	SyncLoad(ctx context.Context, r LoadReport, instances []string, ttl time.Duration, now time.Time) (LoadState, error)
 	// SetDrained adds or removes an instance from the drained set.
 	SetDrained(ctx context.Context, instance string, drained bool) error
 }
+
+// Circuits is the instance breaker's state shared between replicas
+// (fleet.Breaker counts what one replica sees; this is where the fleet's
+// counts meet). A circuit is closed, open until the end of its cooldown,
+// or half-open once the cooldown has passed, until a probe's answer closes
+// it (ReportRecovered) or opens it again (ReportFailure). Times are the
+// caller's clock.
+type Circuits interface {
+	// ReportFailure adds one failure of instance, seen at at, to the
+	// fleet's window (cfg.Window) and opens the circuit for cfg.Cooldown
+	// when the window holds more than cfg.Threshold failures. member is
+	// unique per report (replica name and a sequence number). A failure
+	// while the circuit is open is not counted (it was in flight when the
+	// circuit opened); one while it is half-open opens it again at once.
+	// opened is true only for the report that opened (or reopened) the
+	// circuit; until is the end of its cooldown while it is open, zero
+	// while it is closed. An unknown instance is a closed circuit, not an
+	// error.
+	ReportFailure(ctx context.Context, instance string, at time.Time, member string, cfg fleet.BreakerConfig) (opened bool, until time.Time, err error)
+	// ReportRecovered closes instance's circuit if it is half-open at at
+	// (a probe succeeded) and forgets its failures. It reports whether it
+	// closed it: false for a circuit that is closed (or unknown) or still
+	// open.
+	ReportRecovered(ctx context.Context, instance string, at time.Time) (closed bool, err error)
+	// Circuits returns the circuits that are not closed at now, each with
+	// the end of its cooldown (in the past for a half-open one); an empty
+	// map when all are closed. A half-open circuit nobody probed for
+	// StaleCircuit is dropped (the instance left the fleet, or takes no
+	// traffic).
+	Circuits(ctx context.Context, now time.Time) (map[string]time.Time, error)
+}
+
+// StaleCircuit is how long a half-open circuit may wait for a probe
+// before Circuits forgets it.
+const StaleCircuit = 24 * time.Hour
+
+// CheckFailure reports why a failure report cannot be counted; every
+// Circuits refuses the same inputs with it.
+func CheckFailure(instance, member string, cfg fleet.BreakerConfig) error {
+	switch {
+	case instance == "" || member == "":
+		return errors.New("empty instance or member")
+	case cfg.Window <= 0 || cfg.Cooldown <= 0 || cfg.Threshold < 0:
+		return fmt.Errorf("bad breaker config %+v", cfg)
+	}
+	return nil
+}
+
+// Counts reads the sessions' request counts (Result.Requests), for the
+// session-length metrics.
+type Counts interface {
+	// Requests returns the request count of each session key's live
+	// binding at now, in the order of keys: 0 for a key without one
+	// (ended, never bound). keys are session keys (Result.Key): an alias
+	// link is not followed.
+	Requests(ctx context.Context, keys []string, now time.Time) ([]int, error)
+}
+
+// Checker tells readiness whether the store reaches its backend.
+type Checker interface {
+	// Ping returns nil when the backend answers (a store without one
+	// always does). It is bounded like a call of the request path, and
+	// refused at once while the store's guard is open.
+	Ping(ctx context.Context) error
+	// Health returns the state of the store's guard on its backend,
+	// without a round trip. A store without a backend is always up.
+	Health() StoreHealth
+}
+
+// GuardState is the state of a store's guard on its backend (store/redis:
+// the hook that stops calling Redis after it failed calls in a row). It is
+// not the instance breaker (fleet.Breaker), nor Envoy's circuit breakers.
+type GuardState int32
+
+// The guard's states.
+const (
+	// GuardClosed: calls go to the backend.
+	GuardClosed GuardState = iota
+	// GuardOpen: calls fail at once until the cooldown has passed.
+	GuardOpen
+	// GuardHalfOpen: one probe call is on its way to the backend; the
+	// others fail at once. Its success closes the guard, its failure opens
+	// it again for twice the cooldown.
+	GuardHalfOpen
+)
+
+func (s GuardState) String() string {
+	switch s {
+	case GuardClosed:
+		return "closed"
+	case GuardOpen:
+		return "open"
+	case GuardHalfOpen:
+		return "half-open"
+	}
+	return fmt.Sprintf("GuardState(%d)", int32(s))
+}
+
+// StoreHealth is the state of a store's guard, for readiness probes and
+// metrics.
+type StoreHealth struct {
+	// State is the guard's state. Anything but GuardClosed means the
+	// backend is taken as unreachable: callers decide without it.
+	State GuardState
+	// Failures is how many calls in a row have failed, probes included; 0
+	// after a success.
+	Failures int
+	// LastError is the text of the last failure, with secrets removed; it
+	// is kept after recovery.
+	LastError string
+	// Since is when the guard last opened or closed (a probe does not
+	// move it), or when the store was built if it never opened.
+	Since time.Time
+	// Opens counts the guard's openings from closed, a start without the
+	// backend included; reopenings after a failed probe are not counted.
+	Opens uint64
+}
+
+// Up reports whether the backend is taken as reachable.
+func (h StoreHealth) Up() bool { return h.State == GuardClosed }

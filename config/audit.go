@@ -125,7 +125,7 @@ func (c *Config) validateAudit(bad reporter) {
 		case a.Sink != AuditSinkRedis:
 			bad("audit.redis_url", shownURL(a.RedisURL), `only used with sink = "redis"`)
 		case a.RedisURL == "embedded":
-			bad("audit.redis_url", a.RedisURL, "want a Redis URL: records in an embedded server die with the process")
+			bad("audit.redis_url", a.RedisURL, "want a Redis URL: records in the embedded (in-process) store die with the process")
 		case !redisScheme(a.RedisURL):
 			bad("audit.redis_url", shownURL(a.RedisURL), "want "+redisSchemes)
 		}

@@ -9,7 +9,8 @@ import (
 type Redis struct {
 	// URL: redis://host:port/db, rediss://…, unix:///path,
 	// redis+cluster://host:port?addr=…, redis+sentinel://host:port?master_name=…,
-	// or "embedded" (see store/redis Open).
+	// or "embedded", the in-process memory store, which takes no settings
+	// (see store Open).
 	URL string `toml:"url"`
 	// Timeout bounds each call on the request path (default 10ms): past
 	// it the request is placed without Redis, and after 5 such failures in
@@ -31,8 +32,10 @@ func (c *Config) validateRedis(bad reporter) {
 	// The scheme only: the store's parser (store/redis CheckURL) reads the
 	// rest, in `tether config validate` and when tether starts, and this
 	// package imports nothing of tether's. Only the scheme is shown: the
-	// rest may hold a password.
-	if c.Redis.URL != "embedded" && !redisScheme(c.Redis.URL) {
+	// rest may hold a password. "embedded" takes no settings (checkEmbedded).
+	if why := checkEmbedded(c.Redis.URL); why != "" {
+		bad("redis.url", shownRedisURL(c.Redis.URL), why)
+	} else if c.Redis.URL != embeddedURL && !redisScheme(c.Redis.URL) {
 		bad("redis.url", shownURL(c.Redis.URL), `want "embedded", `+redisSchemes)
 	}
 	// A store call must end well inside Envoy's ext_proc message timeout:

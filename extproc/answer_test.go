@@ -129,7 +129,7 @@ func TestRefusals(t *testing.T) {
 		err  error
 		body []string
 	}{
-		{fmt.Errorf("%w: gpu-3 (fallback_policy = \"none\")", affinity.ErrUnavailable), []string{"unavailable", "gpu-3", `fallback_policy = "none"`}},
+		{fmt.Errorf("%w: gpu-3 (fallback_policy = \"none\")", affinity.ErrInstanceUnavailable), []string{"unavailable", "gpu-3", `fallback_policy = "none"`}},
 		{fmt.Errorf("%w %q", affinity.ErrNoVersion, "v1"), []string{"model version", `"v1"`, `version_affinity = "strict"`}},
 	} {
 		rec := &recorded{}

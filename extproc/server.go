@@ -155,7 +155,7 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 			s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: no instance of the session's model version")
 			return refuse(503, err.Error()+" (version_affinity = \"strict\")\n")
 		}
-		if errors.Is(err, affinity.ErrUnavailable) {
+		if errors.Is(err, affinity.ErrInstanceUnavailable) {
 			// fallback_policy = "none": the operator wants a clear
 			// failure rather than the session on another instance.
 			s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: the session's instance is unavailable")
@@ -318,7 +318,7 @@ func failureReason(err error) string {
 		return "no_instance"
 	case errors.Is(err, affinity.ErrNoVersion):
 		return "no_version"
-	case errors.Is(err, affinity.ErrUnavailable):
+	case errors.Is(err, affinity.ErrInstanceUnavailable):
 		return "unavailable"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return "canceled"

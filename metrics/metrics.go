@@ -222,10 +222,10 @@ func (m *Metrics) LoadSyncFailures() prometheus.Counter { return m.loadSyncFailu
 // IndexError counts a failed session index write.
 func (m *Metrics) IndexError(error) { m.indexErrors.Inc() }
 
-// RedisBreaker records the state of the store's breaker on Redis: the
-// store's OnBreaker hook, which reports the state at start, then each
-// opening and closing.
-func (m *Metrics) RedisBreaker(open bool) {
+// RedisGuard records the state of the store's guard on Redis (the
+// metrics keep their "breaker" names): the store's OnGuard hook, which
+// reports the state at start, then each opening and closing.
+func (m *Metrics) RedisGuard(open bool) {
 	if open {
 		m.redisUp.Set(0)
 		m.redisOpens.Inc()

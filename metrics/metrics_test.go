@@ -59,7 +59,7 @@ tether_upstream_responses_total{code="invalid",upstream="a"} 2
 	}
 }
 
-func TestRedisBreaker(t *testing.T) {
+func TestRedisGuard(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	gauge := `
@@ -79,10 +79,10 @@ tether_redis_breaker_opens_total %d
 		{false, 1, 1},
 		{true, 0, 2},
 	} {
-		m.RedisBreaker(step.open)
+		m.RedisGuard(step.open)
 		want := fmt.Sprintf(gauge, step.up, step.opens)
 		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "tether_redis_up", "tether_redis_breaker_opens_total"); err != nil {
-			t.Errorf("after RedisBreaker(%v): %v", step.open, err)
+			t.Errorf("after RedisGuard(%v): %v", step.open, err)
 		}
 	}
 }

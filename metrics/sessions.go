@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tetherproxy/tether/affinity"
 )
 
 // SessionLengths measures how many requests a session makes before it ends
@@ -48,7 +50,7 @@ import (
 // that served the last request, while the session stays quiet. Memory is
 // about 100 bytes per tracked session, bounded by MaxSessions.
 type SessionLengths struct {
-	store       Counts
+	store       affinity.Counts // the binding store
 	now         func() time.Time
 	maxSessions int
 
@@ -58,14 +60,6 @@ type SessionLengths struct {
 
 	mu       sync.Mutex
 	sessions map[string]tracked
-}
-
-// Counts reads the sessions' request counts from the binding store
-// (store/redis, store/memory).
-type Counts interface {
-	// Requests returns the request count of each session key's binding at
-	// now, 0 for a key without one.
-	Requests(ctx context.Context, keys []string, now time.Time) ([]int, error)
 }
 
 // tracked is what a replica remembers of one session. Times are unix
@@ -110,7 +104,7 @@ type SessionLengthsOptions struct {
 
 // NewSessionLengths creates the tracker and registers its collectors with
 // reg. Feed it with Seen (Metrics.TrackSessions) and run Run.
-func NewSessionLengths(reg prometheus.Registerer, store Counts, o SessionLengthsOptions) *SessionLengths {
+func NewSessionLengths(reg prometheus.Registerer, store affinity.Counts, o SessionLengthsOptions) *SessionLengths {
 	s := &SessionLengths{
 		store:       store,
 		now:         o.Now,

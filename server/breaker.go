@@ -19,13 +19,6 @@ import (
 // circuit opened by this replica's own reports holds at once).
 const breakerSyncEvery = time.Second
 
-// circuitStore is what the breaker shares through (store/redis).
-type circuitStore interface {
-	ReportFailure(ctx context.Context, instance string, at time.Time, member string, cfg fleet.BreakerConfig) (opened bool, until time.Time, err error)
-	ReportRecovered(ctx context.Context, instance string, at time.Time) (bool, error)
-	Circuits(ctx context.Context, now time.Time) (map[string]time.Time, error)
-}
-
 // evacuator moves an instance's sessions away (affinity.Decider).
 type evacuator interface {
 	Evacuate(ctx context.Context, idx affinity.SessionIndex, instance string) (int, error)
@@ -39,7 +32,7 @@ func breakerConfig(r config.Routing) fleet.BreakerConfig {
 // breakerShare connects one replica's breaker to the others.
 type breakerShare struct {
 	breaker *fleet.Breaker
-	store   circuitStore
+	store   affinity.Circuits
 	index   affinity.SessionIndex
 	mover   evacuator
 	fleet   *fleet.Fleet

@@ -30,6 +30,7 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/metrics"
+	"github.com/tetherproxy/tether/store"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 	"github.com/tetherproxy/tether/xds"
 )
@@ -86,20 +87,24 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return fmt.Errorf("admin: %w", err)
 	}
 	rec := metrics.New(reg)
-	// Open starts without Redis (its breaker open) rather than fail: tether
-	// places requests without it and uses it once it answers.
-	store, err := redisstore.Open(ctx, cfg.Redis.URL, redisstore.Options{
-		Timeout: cfg.Redis.Timeout.D, OnIndexError: rec.IndexError, OnBreaker: rec.RedisBreaker,
+	// "embedded" is the memory store; a Redis store starts without Redis
+	// (its guard open) rather than fail: tether places requests without it
+	// and uses it once it answers.
+	st, err := store.Open(ctx, cfg.Redis.URL, store.Options{
+		Timeout: cfg.Redis.Timeout.D, OnIndexError: rec.IndexError, OnGuard: rec.RedisGuard,
 	})
 	if err != nil {
 		return fmt.Errorf("binding store: %w", err)
 	}
-	defer store.Close()
-	lengths := metrics.NewSessionLengths(reg, store, metrics.SessionLengthsOptions{})
+	defer st.Close()
+	lengths := metrics.NewSessionLengths(reg, st, metrics.SessionLengthsOptions{})
 	rec.TrackSessions(lengths)
+	// The Redis sink writes to the bindings' Redis; the memory store has
+	// none (config validation refuses that sink with it).
+	redisStore, _ := st.(*redisstore.Store)
 	// Deferred after store.Close, so it runs before it, and after the
 	// ext_proc server has stopped below: in-flight decisions are recorded.
-	auditor, stopAudit, err := startAudit(ctx, cfg, store, reg, log)
+	auditor, stopAudit, err := startAudit(ctx, cfg, redisStore, reg, log)
 	if err != nil {
 		return err
 	}
@@ -123,12 +128,12 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 
 	replica := replicaName()
-	load := affinity.NewLoad(store, replica)
+	load := affinity.NewLoad(st, replica)
 	var breaker *fleet.Breaker
 	brec := metrics.NewBreaker(reg, func() uint64 { return breaker.Dropped() })
 	breaker = fleet.NewBreaker(breakerConfig(cfg.Routing), nil, brec.Changed)
 	metrics.NewInstances(reg, fleetView{fleet: rt.fleet, load: load, breaker: breaker})
-	decider := affinity.New(metrics.NewStore(reg, store), rt.fleet, rt.currentPolicy(), affinity.WithLoad(load), affinity.WithBreaker(breaker),
+	decider := affinity.New(metrics.NewStore(reg, st), rt.fleet, rt.currentPolicy(), affinity.WithLoad(load), affinity.WithBreaker(breaker),
 		affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
 	rt.setPolicy(decider.SetPolicy)
 	processor := extproc.New(ids, decider, rec, extproc.Options{
@@ -152,9 +157,9 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		ads.Register(xs)
 	}
 
-	ready := newReadiness(store)
+	ready := newReadiness(st)
 	sessions := NewSessionOps(SessionOpsConfig{
-		Index: store, Drains: store, Load: load, Fleet: rt.fleet,
+		Index: st, Drains: st, Load: load, Fleet: rt.fleet,
 		Identity: ids, Headers: cfg.Identity, Logger: log,
 	})
 	adminAPI := adminAuth(adminToken, cfg.Server, ls.admin.Addr(), log, adminMux(registry, ready, rt, sessions))
@@ -174,7 +179,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	watchers.Go(func() { lengths.Run(wctx) })
 	watchers.Go(func() { syncLoad(wctx, load, rt.fleet, log, rec.LoadSyncFailures()) })
 	watchers.Go(func() {
-		share := &breakerShare{breaker: breaker, store: store, index: store, mover: decider, fleet: rt.fleet, replica: replica, rec: brec, log: log}
+		share := &breakerShare{breaker: breaker, store: st, index: st, mover: decider, fleet: rt.fleet, replica: replica, rec: brec, log: log}
 		share.run(wctx)
 	})
 	if opts.ConfigPath != "" {
@@ -260,7 +265,7 @@ func identitySecret(cfg config.Config, log zerolog.Logger) ([]byte, error) {
 		}
 		return s, nil
 	}
-	if cfg.Redis.URL != "embedded" {
+	if cfg.Redis.URL != store.Embedded {
 		return nil, fmt.Errorf("identity secret missing: set $%s (or identity.secret); every replica sharing a Redis needs the same one", cfg.Identity.SecretEnv)
 	}
 	s := make([]byte, 32)
@@ -329,27 +334,22 @@ func serveErr(name string, err error) error {
 	return fmt.Errorf("%s server: %w", name, err)
 }
 
-// storeHealth is what readiness needs of the store.
-type storeHealth interface {
-	Ping(context.Context) error
-	Health() redisstore.Health
-}
-
 type readiness struct {
-	store    storeHealth
+	store    affinity.Checker
 	mu       sync.Mutex
 	draining bool
 }
 
-func newReadiness(s storeHealth) *readiness { return &readiness{store: s} }
+func newReadiness(s affinity.Checker) *readiness { return &readiness{store: s} }
 
 func (r *readiness) drain() { r.mu.Lock(); r.draining = true; r.mu.Unlock() }
 
 // ServeHTTP answers /readyz. A store that does not answer leaves tether
 // ready but degraded (200): it still routes, by rendezvous hashing. The
-// answer never waits on a dead Redis: the store's breaker refuses the ping
+// answer never waits on a dead Redis: the store's guard refuses the ping
 // at once while open, and otherwise the store's per-call timeout bounds it.
-// The body says the breaker's state ("breaker": closed, open, half-open).
+// The body says the guard's state in its "breaker" field (closed, open,
+// half-open; the name dashboards and probes already read).
 func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	draining := r.draining

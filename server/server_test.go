@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/testenv"
 	redisstore "github.com/tetherproxy/tether/store/redis"
@@ -417,12 +418,12 @@ func TestReadinessFollowsTheBreaker(t *testing.T) {
 		code  int
 		want  map[string]string
 	}{
-		{"up", fakeStore{state: redisstore.BreakerClosed}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
-		{"ping fails", fakeStore{state: redisstore.BreakerClosed, pingErr: errors.New("timeout")}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "closed"}},
-		{"open", fakeStore{state: redisstore.BreakerOpen, pingErr: redisstore.ErrUnavailable}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "open"}},
-		{"half-open", fakeStore{state: redisstore.BreakerHalfOpen, pingErr: redisstore.ErrUnavailable}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "half-open"}},
-		{"probe succeeded", fakeStore{state: redisstore.BreakerOpen, closeOnPing: true}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
-		{"draining, open", fakeStore{state: redisstore.BreakerOpen, pingErr: redisstore.ErrUnavailable}, true, 503, map[string]string{"status": "draining", "store": "unreachable", "breaker": "open"}},
+		{"up", fakeStore{state: affinity.GuardClosed}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
+		{"ping fails", fakeStore{state: affinity.GuardClosed, pingErr: errors.New("timeout")}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "closed"}},
+		{"open", fakeStore{state: affinity.GuardOpen, pingErr: redisstore.ErrGuardOpen}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "open"}},
+		{"half-open", fakeStore{state: affinity.GuardHalfOpen, pingErr: redisstore.ErrGuardOpen}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "half-open"}},
+		{"probe succeeded", fakeStore{state: affinity.GuardOpen, closeOnPing: true}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
+		{"draining, open", fakeStore{state: affinity.GuardOpen, pingErr: redisstore.ErrGuardOpen}, true, 503, map[string]string{"status": "draining", "store": "unreachable", "breaker": "open"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -443,22 +444,22 @@ func TestReadinessFollowsTheBreaker(t *testing.T) {
 	}
 }
 
-// fakeStore stands for the store and its breaker.
+// fakeStore stands for the store and its guard.
 type fakeStore struct {
-	state   redisstore.BreakerState
+	state   affinity.GuardState
 	pingErr error
-	// closeOnPing: the ping is the breaker's probe, and succeeds.
+	// closeOnPing: the ping is the guard's probe, and succeeds.
 	closeOnPing bool
 }
 
 func (f *fakeStore) Ping(context.Context) error {
 	if f.closeOnPing {
-		f.state = redisstore.BreakerClosed
+		f.state = affinity.GuardClosed
 	}
 	return f.pingErr
 }
 
-func (f *fakeStore) Health() redisstore.Health { return redisstore.Health{State: f.state} }
+func (f *fakeStore) Health() affinity.StoreHealth { return affinity.StoreHealth{State: f.state} }
 
 // grepLines returns the lines of s that contain sub.
 func grepLines(s, sub string) string {

@@ -17,6 +17,7 @@ import (
 	"github.com/tetherproxy/tether/audit"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/server"
+	"github.com/tetherproxy/tether/store"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
@@ -207,7 +208,7 @@ func openAudit(ctx context.Context, cmd *cobra.Command, o *auditOptions, withSto
 	a := &auditEnv{sealer: sealer, pseudonym: sealer.Pseudonym(user)}
 	storeSink := cfg.Audit.Sink == config.AuditSinkRedis && cfg.Audit.RedisURL == ""
 	if withStore || storeSink {
-		if cfg.Redis.URL == redisstore.Embedded {
+		if cfg.Redis.URL == store.Embedded {
 			return nil, errors.New(`redis.url = "embedded": the bindings (and a Redis sink's records) live inside the tether process, ` +
 				"out of reach of this command; set redis.url to the Redis tether uses")
 		}

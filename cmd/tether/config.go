@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/store"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
@@ -22,7 +23,7 @@ func newConfigCmd() *cobra.Command {
 				return err
 			}
 			// The store's own parser reads the URL past its scheme.
-			if err := redisstore.CheckURL(c.Redis.URL); err != nil {
+			if err := store.CheckURL(c.Redis.URL); err != nil {
 				var ue *redisstore.URLError
 				if errors.As(err, &ue) {
 					return fmt.Errorf("%s: redis.url = %q: %w", args[0], ue.URL, ue.Err)

@@ -18,6 +18,11 @@ func TestConfigValidateReadsTheStoreURL(t *testing.T) {
 		{"redis+sentinel://u:hunter2@10.0.0.1:26379?addr=10.0.0.2:26379&password=hunter2", "without master_name"},
 		{"rediss+sentinel://10.0.0.1?master_name=m", "without host:port"},
 		{"redis://h:1/x?password=hunter2&pool=1", "redis.url"},
+		// "embedded" with what only a real Redis has.
+		{"embedded?addr=10.0.0.2:7000&password=hunter2", "in-process memory store"},
+		{"embedded+cluster://:hunter2@10.0.0.1:7000?addr=10.0.0.2:7000", "Cluster scheme"},
+		{"rediss+embedded://10.0.0.1:6380", "TLS"},
+		{"embedded://user:hunter2@10.0.0.1:6379/2", "credentials"},
 	} {
 		path := filepath.Join(t.TempDir(), "tether.toml")
 		if err := os.WriteFile(path, []byte("[redis]\nurl = \""+tc.url+"\"\n"), 0o600); err != nil {

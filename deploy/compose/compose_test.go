@@ -47,7 +47,7 @@ import (
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/testenv"
-	redisstore "github.com/tetherproxy/tether/store/redis"
+	"github.com/tetherproxy/tether/store"
 	"github.com/tetherproxy/tether/xds"
 )
 
@@ -1037,7 +1037,7 @@ func (s *stack) tetherConfig() (*config.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("service %q: %s (%s on the host): %w", svc.Name, paths[0], s.rel(host), err)
 	}
-	if err := redisstore.CheckURL(cfg.Redis.URL); err != nil {
+	if err := store.CheckURL(cfg.Redis.URL); err != nil {
 		return nil, fmt.Errorf("service %q: %s: redis.url: %w", svc.Name, s.rel(host), err)
 	}
 	// tether refuses a shared Redis without an identity secret, and every
@@ -1138,7 +1138,7 @@ func (s *stack) checkStopGrace(cfg *config.Config) {
 // it, for the cluster and sentinel forms) on the port it listens on.
 func (s *stack) checkRedis(cfg *config.Config) {
 	u := cfg.Redis.URL
-	if u == redisstore.Embedded {
+	if u == store.Embedded {
 		s.errf("tether.toml: redis.url = %q: in the compose stack the bindings belong in the %q service (redis://%s:%d/0), where replicas share them and tether restarts keep them",
 			u, svcRedis, svcRedis, redisPort)
 		return

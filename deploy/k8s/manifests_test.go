@@ -49,7 +49,7 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
 
 	"github.com/tetherproxy/tether/config"
-	redisstore "github.com/tetherproxy/tether/store/redis"
+	"github.com/tetherproxy/tether/store"
 	"github.com/tetherproxy/tether/xds"
 )
 
@@ -398,7 +398,7 @@ func (m *manifests) tetherConfig(t *testing.T) config.Config {
 	if err != nil {
 		t.Fatalf("ConfigMap %s: %s: %v", m.configMap.Name, configKey, err)
 	}
-	if err := redisstore.CheckURL(cfg.Redis.URL); err != nil {
+	if err := store.CheckURL(cfg.Redis.URL); err != nil {
 		t.Fatalf("ConfigMap %s: %s: redis.url: %v", m.configMap.Name, configKey, err)
 	}
 	return cfg

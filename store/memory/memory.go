@@ -1,13 +1,16 @@
-// Package memory is an in-process affinity.Store (with its SessionIndex and
-// LoadSyncer) for unit tests and for a single tether process that runs
-// without Redis.
+// Package memory is the in-process binding store: every store interface
+// of affinity (store.go), the instance circuits included, in mutex-guarded
+// maps. It is what redis.url = "embedded" opens (store.Open), for a single
+// tether process and the local stack, and what unit tests of the decision
+// core use. Nothing is persisted or shared with other replicas.
 //
 // The store has no clock of its own: "now" is l.Candidate.Since
 // (GetOrBind), next.Since (Replace) or the now argument (Show, Mark,
 // SyncLoad), so tests drive time by choosing those values and the store
 // behaves exactly like the caller's clock says. Expired bindings and alias
 // links are removed lazily and by an amortised sweep on the call path;
-// there is no background goroutine to stop.
+// there is no background goroutine to stop. The circuits follow the
+// Redis store's scripts (store/redis circuits.go) step for step.
 //
 // Unlike the Redis store, whose session index may count a session for a
 // while after it ends and which links a request's aliases only when the
@@ -25,6 +28,7 @@ import (
 	"time"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/fleet"
 )
 
 const (
@@ -44,7 +48,13 @@ var (
 	_ affinity.Store        = (*Store)(nil)
 	_ affinity.SessionIndex = (*Store)(nil)
 	_ affinity.LoadSyncer   = (*Store)(nil)
+	_ affinity.Circuits     = (*Store)(nil)
+	_ affinity.Counts       = (*Store)(nil)
+	_ affinity.Checker      = (*Store)(nil)
 )
+
+// ErrClosed is the error of a call after Close.
+var ErrClosed = errors.New("memory store closed")
 
 type entry struct {
 	b        affinity.Binding
@@ -73,6 +83,12 @@ type Store struct {
 	index    map[string]map[string]struct{} // instance → session keys bound to it
 	reports  map[string]report              // replica → its last load report
 	drained  map[string]bool
+	// The instance circuits: an instance's recent failures (member → when),
+	// and the end of the cooldown of each circuit that is not closed.
+	failures map[string]map[string]time.Time
+	circuits map[string]time.Time
+	closed   bool
+	since    time.Time // when New ran, for Health
 
 	calls     int
 	nextSweep int // size that triggers the next full sweep
@@ -86,8 +102,25 @@ func New() *Store {
 		index:     map[string]map[string]struct{}{},
 		reports:   map[string]report{},
 		drained:   map[string]bool{},
+		failures:  map[string]map[string]time.Time{},
+		circuits:  map[string]time.Time{},
+		since:     time.Now(),
 		nextSweep: minFullSweep,
 	}
+}
+
+// lock takes s.mu and fails when ctx is done or the store is closed; on
+// success the caller unlocks.
+func (s *Store) lock(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	return nil
 }
 
 // Len is the number of bindings and alias links held, expired or not; for
@@ -103,11 +136,10 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 	if err := affinity.CheckBinding(l.Candidate, l.Lifetime); err != nil {
 		return affinity.Result{}, fmt.Errorf("memory get-or-bind: %w", err)
 	}
-	if err := ctx.Err(); err != nil {
+	now, idle := l.Candidate.Since, l.Lifetime.Idle
+	if err := s.lock(ctx); err != nil {
 		return affinity.Result{}, fmt.Errorf("memory get-or-bind: %w", err)
 	}
-	now, idle := l.Candidate.Since, l.Lifetime.Idle
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.housekeep(now)
 
@@ -150,11 +182,10 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 	if err := affinity.CheckBinding(next, lt); err != nil {
 		return affinity.Binding{}, fmt.Errorf("memory replace: %w", err)
 	}
-	if err := ctx.Err(); err != nil {
+	now := next.Since
+	if err := s.lock(ctx); err != nil {
 		return affinity.Binding{}, fmt.Errorf("memory replace: %w", err)
 	}
-	now := next.Since
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.housekeep(now)
 
@@ -177,10 +208,9 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 
 // Show implements affinity.SessionIndex. It does not refresh anything.
 func (s *Store) Show(ctx context.Context, key string, now time.Time) (affinity.Session, bool, error) {
-	if err := ctx.Err(); err != nil {
+	if err := s.lock(ctx); err != nil {
 		return affinity.Session{}, false, fmt.Errorf("memory show: %w", err)
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ln, ok := s.links[key]; ok && now.Before(ln.expires) {
 		key = ln.to
@@ -197,10 +227,9 @@ func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move
 	if err := affinity.CheckMark(f, m); err != nil {
 		return 0, 0, fmt.Errorf("memory mark: %w", err)
 	}
-	if err := ctx.Err(); err != nil {
+	if err := s.lock(ctx); err != nil {
 		return 0, 0, fmt.Errorf("memory mark: %w", err)
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, key := range slices.Sorted(maps.Keys(s.index[f.Instance])) {
 		e, ok := s.live(key, now)
@@ -225,10 +254,9 @@ func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.
 	if err := affinity.CheckBound(instance, limit); err != nil {
 		return nil, fmt.Errorf("memory bound: %w", err)
 	}
-	if err := ctx.Err(); err != nil {
+	if err := s.lock(ctx); err != nil {
 		return nil, fmt.Errorf("memory bound: %w", err)
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []affinity.Session
 	for _, key := range slices.Sorted(maps.Keys(s.index[instance])) {
@@ -248,10 +276,9 @@ func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.
 // at now, 0 for a key without one. keys are session keys: an alias link
 // is not followed.
 func (s *Store) Requests(ctx context.Context, keys []string, now time.Time) ([]int, error) {
-	if err := ctx.Err(); err != nil {
+	if err := s.lock(ctx); err != nil {
 		return nil, fmt.Errorf("memory requests: %w", err)
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]int, len(keys))
 	for i, k := range keys {
@@ -267,10 +294,9 @@ func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances [
 	if err := affinity.CheckReport(r, ttl); err != nil {
 		return affinity.LoadState{}, fmt.Errorf("memory sync load: %w", err)
 	}
-	if err := ctx.Err(); err != nil {
+	if err := s.lock(ctx); err != nil {
 		return affinity.LoadState{}, fmt.Errorf("memory sync load: %w", err)
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reports[r.Replica] = report{inFlight: maps.Clone(r.InFlight), queue: maps.Clone(r.Queue), expires: now.Add(ttl)}
 	maps.DeleteFunc(s.reports, func(_ string, rep report) bool { return !now.Before(rep.expires) })
@@ -298,16 +324,112 @@ func (s *Store) SetDrained(ctx context.Context, instance string, drained bool) e
 	if instance == "" {
 		return errors.New("memory set drained: empty instance name")
 	}
-	if err := ctx.Err(); err != nil {
+	if err := s.lock(ctx); err != nil {
 		return fmt.Errorf("memory set drained: %w", err)
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	if drained {
 		s.drained[instance] = true
 	} else {
 		delete(s.drained, instance)
 	}
+	return nil
+}
+
+// ReportFailure implements affinity.Circuits, as store/redis's script
+// does: a failure while the circuit is open is not counted, one while it
+// is half-open opens it again, and otherwise it joins the window (the
+// failures of the last cfg.Window), opening the circuit when the window
+// holds more than cfg.Threshold.
+func (s *Store) ReportFailure(ctx context.Context, instance string, at time.Time, member string, cfg fleet.BreakerConfig) (opened bool, until time.Time, err error) {
+	if err := affinity.CheckFailure(instance, member, cfg); err != nil {
+		return false, time.Time{}, fmt.Errorf("memory report failure: %w", err)
+	}
+	if err := s.lock(ctx); err != nil {
+		return false, time.Time{}, fmt.Errorf("memory report failure: %w", err)
+	}
+	defer s.mu.Unlock()
+	// Redis keeps times in milliseconds; so does this store, so that both
+	// answer the same cooldown end.
+	at = at.Truncate(time.Millisecond)
+	open := func() (bool, time.Time, error) {
+		until := at.Add(cfg.Cooldown)
+		s.circuits[instance] = until
+		delete(s.failures, instance)
+		return true, until, nil
+	}
+	if till, ok := s.circuits[instance]; ok {
+		if till.After(at) {
+			return false, till, nil
+		}
+		return open()
+	}
+	fs := s.failures[instance]
+	if fs == nil {
+		fs = map[string]time.Time{}
+		s.failures[instance] = fs
+	}
+	fs[member] = at
+	oldest := at.Add(-cfg.Window)
+	maps.DeleteFunc(fs, func(_ string, t time.Time) bool { return !t.After(oldest) })
+	if len(fs) > cfg.Threshold {
+		return open()
+	}
+	return false, time.Time{}, nil
+}
+
+// ReportRecovered implements affinity.Circuits.
+func (s *Store) ReportRecovered(ctx context.Context, instance string, at time.Time) (bool, error) {
+	if instance == "" {
+		return false, errors.New("memory report recovered: empty instance")
+	}
+	if err := s.lock(ctx); err != nil {
+		return false, fmt.Errorf("memory report recovered: %w", err)
+	}
+	defer s.mu.Unlock()
+	till, ok := s.circuits[instance]
+	if !ok || till.After(at) {
+		return false, nil
+	}
+	delete(s.circuits, instance)
+	delete(s.failures, instance)
+	return true, nil
+}
+
+// Circuits implements affinity.Circuits; it deletes the stale circuits.
+func (s *Store) Circuits(ctx context.Context, now time.Time) (map[string]time.Time, error) {
+	if err := s.lock(ctx); err != nil {
+		return nil, fmt.Errorf("memory circuits: %w", err)
+	}
+	defer s.mu.Unlock()
+	maps.DeleteFunc(s.circuits, func(_ string, until time.Time) bool { return now.Sub(until) > affinity.StaleCircuit })
+	return maps.Clone(s.circuits), nil
+}
+
+// Ping implements affinity.Checker: the store is in the process, so it
+// answers unless it is closed.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.lock(ctx); err != nil {
+		return fmt.Errorf("memory ping: %w", err)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// Health implements affinity.Checker: there is no backend to lose, so the
+// guard is always closed.
+func (s *Store) Health() affinity.StoreHealth {
+	return affinity.StoreHealth{State: affinity.GuardClosed, Since: s.since}
+}
+
+// Close drops what the store holds; calls after it fail with ErrClosed.
+// Close is idempotent.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	s.bindings, s.links, s.index, s.reports = nil, nil, nil, nil
+	s.drained, s.failures, s.circuits = nil, nil, nil
 	return nil
 }
 

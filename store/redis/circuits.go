@@ -8,6 +8,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/fleet"
 )
 
@@ -72,24 +73,17 @@ var (
 	circuitRecover = goredis.NewScript(circuitRecoverSrc)
 )
 
-// staleCircuit: a half-open circuit nobody probed for this long (the
-// instance left the fleet, or takes no traffic) is dropped by Circuits.
-const staleCircuit = 24 * time.Hour
-
 func (s *Store) failuresKey(instance string) string { return s.fleet + "f:" + instance }
 func (s *Store) circuitsKey() string                { return s.fleet + "circuits" }
 
-// ReportFailure adds one failure of instance, seen at at, to the shared
-// window and opens the circuit when the fleet's count passes the
-// threshold. member must be unique per report (replica name and a
-// sequence number). It returns whether this report opened the circuit,
-// and the end of the cooldown when the circuit is open.
+// ReportFailure implements affinity.Circuits: one EVALSHA on the {fleet}
+// slot.
 func (s *Store) ReportFailure(ctx context.Context, instance string, at time.Time, member string, cfg fleet.BreakerConfig) (opened bool, until time.Time, err error) {
-	switch {
-	case instance == "" || member == "":
-		return false, time.Time{}, fmt.Errorf("redis report failure: empty instance or member")
-	case cfg.Window <= 0 || cfg.Cooldown <= 0 || cfg.Threshold < 0:
-		return false, time.Time{}, fmt.Errorf("redis report failure: bad breaker config %+v", cfg)
+	if err := affinity.CheckFailure(instance, member, cfg); err != nil {
+		return false, time.Time{}, fmt.Errorf("redis report failure: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return false, time.Time{}, fmt.Errorf("redis report failure: %w", err)
 	}
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
@@ -115,11 +109,14 @@ func (s *Store) ReportFailure(ctx context.Context, instance string, at time.Time
 	return flag == 1, until, nil
 }
 
-// ReportRecovered closes instance's circuit if it is half-open at at (a
-// probe succeeded). It reports whether it closed it.
+// ReportRecovered implements affinity.Circuits: one EVALSHA on the
+// {fleet} slot.
 func (s *Store) ReportRecovered(ctx context.Context, instance string, at time.Time) (bool, error) {
 	if instance == "" {
 		return false, fmt.Errorf("redis report recovered: empty instance")
+	}
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("redis report recovered: %w", err)
 	}
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
@@ -132,11 +129,12 @@ func (s *Store) ReportRecovered(ctx context.Context, instance string, at time.Ti
 	return n == 1, nil
 }
 
-// Circuits returns the circuits that are not closed, each with the end of
-// its cooldown (in the past for a half-open one). A value that is not a
-// time (a damaged field) is skipped; a half-open circuit unprobed for a
-// day is dropped.
+// Circuits implements affinity.Circuits with one HGETALL. A value that is
+// not a time (a damaged field) is skipped; a stale circuit is deleted.
 func (s *Store) Circuits(ctx context.Context, now time.Time) (map[string]time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redis circuits: %w", err)
+	}
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	all, err := s.client.HGetAll(ctx, s.circuitsKey()).Result()
@@ -150,7 +148,7 @@ func (s *Store) Circuits(ctx context.Context, now time.Time) (map[string]time.Ti
 			continue
 		}
 		until := time.UnixMilli(ms)
-		if now.Sub(until) > staleCircuit {
+		if now.Sub(until) > affinity.StaleCircuit {
 			_ = s.client.HDel(ctx, s.circuitsKey(), in).Err() // garbage; a failure here is harmless
 			continue
 		}

@@ -8,7 +8,7 @@ import (
 
 // Client is the go-redis client the store calls, for other users of the
 // same Redis (the routing audit's stream). It stays the store's: do not
-// close it. Its calls go through the store's breaker, so while Redis is
+// close it. Its calls go through the store's guard, so while Redis is
 // unreachable they fail at once, and their failures count towards opening
 // it (a failed call is a sign of the same outage); they are bounded by the
 // caller's context, not by Options.Timeout.
@@ -18,14 +18,10 @@ func (s *Store) Client() goredis.UniversalClient { return s.client }
 // DefaultPrefix).
 func (s *Store) Prefix() string { return s.prefix }
 
-// NewClient builds a client for rawURL, in any of Open's forms except
-// Embedded, without a store and without connecting: for data that lives
-// in another Redis than the bindings (audit.redis_url). The caller closes
-// it. Like Open's, its errors hide the URL's password.
+// NewClient builds a client for rawURL, in any of Open's forms, without a
+// store and without connecting: for data that lives in another Redis than
+// the bindings (audit.redis_url). The caller closes it. Like Open's, its errors hide the URL's password.
 func NewClient(rawURL string) (goredis.UniversalClient, error) {
-	if rawURL == Embedded {
-		return nil, &URLError{URL: rawURL, Err: fmt.Errorf("the embedded server lives inside a store; want a Redis URL (%s)", wantURL)}
-	}
 	co, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err

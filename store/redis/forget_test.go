@@ -179,7 +179,7 @@ func TestNewClient(t *testing.T) {
 	if err := c.Ping(t.Context()).Err(); err != nil {
 		t.Fatalf("ping through NewClient(%q): %v", r.URL(), err)
 	}
-	for _, bad := range []string{Embedded, "", "http://x:1", "redis+cluster://user:hunter2@:1"} {
+	for _, bad := range []string{"embedded", "", "http://x:1", "redis+cluster://user:hunter2@:1"} {
 		_, err := NewClient(bad)
 		var ue *URLError
 		if !errors.As(err, &ue) {

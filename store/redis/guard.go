@@ -11,88 +11,40 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tetherproxy/tether/affinity"
 )
 
-// The breaker's settings (see the package comment, "Outages").
+// The guard's settings (see the package comment, "Outages").
 const (
-	// breakerThreshold is how many calls in a row must fail for the breaker
-	// to open.
-	breakerThreshold = 5
-	// breakerCooldown is how long the breaker stays open before it lets one
+	// guardThreshold is how many calls in a row must fail for the guard to
+	// open.
+	guardThreshold = 5
+	// guardCooldown is how long the guard stays open before it lets one
 	// probe call through; each failed probe doubles it, up to
-	// breakerMaxCooldown.
-	breakerCooldown    = 500 * time.Millisecond
-	breakerMaxCooldown = 2 * time.Second
+	// guardMaxCooldown.
+	guardCooldown    = 500 * time.Millisecond
+	guardMaxCooldown = 2 * time.Second
 	// startTimeout bounds the store's start-up PING: past it the store
-	// starts with its breaker open. loadTimeout bounds loading the scripts
+	// starts with its guard open. loadTimeout bounds loading the scripts
 	// once Redis answered, which a loaded machine can make slow.
 	startTimeout = time.Second
 	loadTimeout  = 5 * time.Second
 )
 
-// ErrUnavailable is the error of a call the store refused without sending
-// it, because its breaker is open: Redis failed the calls before it. The
-// errors the store returns wrap it; test with errors.Is.
-var ErrUnavailable = errors.New("redis unavailable")
+// ErrGuardOpen is the error of a call the store refused without sending
+// it, because its guard is open: Redis failed the calls before it, and is
+// taken as unreachable. The errors the store returns wrap it; test with
+// errors.Is.
+var ErrGuardOpen = errors.New("redis unavailable")
 
-// BreakerState is the state of a store's breaker on Redis.
-type BreakerState int32
+// Health returns the state of the store's guard on Redis. It does not
+// touch the network.
+func (s *Store) Health() affinity.StoreHealth { return s.guard.health() }
 
-// The breaker's states.
-const (
-	// BreakerClosed: calls go to Redis.
-	BreakerClosed BreakerState = iota
-	// BreakerOpen: calls fail at once with ErrUnavailable until the
-	// cooldown has passed.
-	BreakerOpen
-	// BreakerHalfOpen: one probe call is on its way to Redis; the others
-	// fail at once. Its success closes the breaker, its failure opens it
-	// again for twice the cooldown.
-	BreakerHalfOpen
-)
-
-func (s BreakerState) String() string {
-	switch s {
-	case BreakerClosed:
-		return "closed"
-	case BreakerOpen:
-		return "open"
-	case BreakerHalfOpen:
-		return "half-open"
-	}
-	return fmt.Sprintf("BreakerState(%d)", int32(s))
-}
-
-// Health is the state of a store's breaker, for readiness probes and
-// metrics.
-type Health struct {
-	// State is the breaker's state. Anything but BreakerClosed means Redis
-	// is taken as unreachable: callers decide without it.
-	State BreakerState
-	// Failures is how many calls in a row have failed, probes included; 0
-	// after a success.
-	Failures int
-	// LastError is the text of the last failure, with the store URL's
-	// secrets removed; it is kept after recovery.
-	LastError string
-	// Since is when the breaker last opened or closed (a probe does not
-	// move it), or when the store was built if it never opened.
-	Since time.Time
-	// Opens counts the breaker's openings from closed, a start without
-	// Redis included; reopenings after a failed probe are not counted.
-	Opens uint64
-}
-
-// Up reports whether Redis is taken as reachable.
-func (h Health) Up() bool { return h.State == BreakerClosed }
-
-// Health returns the state of the store's breaker. It does not touch the
-// network.
-func (s *Store) Health() Health { return s.guard.health() }
-
-// breakerConfig tunes a guard; the zero values of threshold, cooldown,
+// guardConfig tunes a guard; the zero values of threshold, cooldown,
 // maxCooldown and now take the defaults.
-type breakerConfig struct {
+type guardConfig struct {
 	threshold             int
 	cooldown, maxCooldown time.Duration
 	now                   func() time.Time
@@ -104,9 +56,10 @@ type breakerConfig struct {
 	onFailure func()
 }
 
-// guard is a store's breaker on Redis: a go-redis hook that fails calls at
-// once while Redis is taken as down. It is safe for concurrent use; a
-// closed breaker costs an atomic load before a call and another after it,
+// guard is a store's guard on Redis: a go-redis hook that fails calls at
+// once while Redis is taken as down (a circuit breaker, named apart from
+// the instance breaker, fleet.Breaker). It is safe for concurrent use; a
+// closed guard costs an atomic load before a call and another after it,
 // and takes its lock only when the call failed or follows a failure.
 type guard struct {
 	threshold             int
@@ -122,7 +75,7 @@ type guard struct {
 	// word holds the state in its low bits and, above them, a generation
 	// bumped at every change of state. A call's outcome counts only if the
 	// word is still the one it was admitted under: calls sent before the
-	// breaker opened cannot close it, nor a late failure reopen it.
+	// guard opened cannot close it, nor a late failure reopen it.
 	word      atomic.Uint64
 	openUntil atomic.Int64 // unix nanoseconds; meaningful while open
 	reject    atomic.Pointer[unavailableError]
@@ -147,16 +100,16 @@ const (
 	stateMask = 1<<stateBits - 1
 )
 
-func newGuard(c breakerConfig) *guard {
+func newGuard(c guardConfig) *guard {
 	g := &guard{threshold: c.threshold, cooldown: c.cooldown, maxCooldown: c.maxCooldown, now: c.now, redact: c.redact, onFailure: c.onFailure}
 	if g.threshold <= 0 {
-		g.threshold = breakerThreshold
+		g.threshold = guardThreshold
 	}
 	if g.cooldown <= 0 {
-		g.cooldown = breakerCooldown
+		g.cooldown = guardCooldown
 	}
 	if g.maxCooldown <= 0 {
-		g.maxCooldown = breakerMaxCooldown
+		g.maxCooldown = guardMaxCooldown
 	}
 	g.maxCooldown = max(g.maxCooldown, g.cooldown)
 	if g.now == nil {
@@ -170,15 +123,15 @@ func newGuard(c breakerConfig) *guard {
 	return g
 }
 
-// unavailableError is what a refused call returns: ErrUnavailable and why.
+// unavailableError is what a refused call returns: ErrGuardOpen and why.
 type unavailableError struct{ msg string }
 
 func (e *unavailableError) Error() string { return e.msg }
-func (e *unavailableError) Unwrap() error { return ErrUnavailable }
+func (e *unavailableError) Unwrap() error { return ErrGuardOpen }
 
 // DialHook counts dials and keeps the last one's error; it never refuses a
 // dial, so go-redis's own pool recovery (a background dial once a second
-// after many failed dials) keeps working while the breaker is open.
+// after many failed dials) keeps working while the guard is open.
 func (g *guard) DialHook(next goredis.DialHook) goredis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		g.dials.Add(1)
@@ -244,14 +197,14 @@ func setupCommand(cmd goredis.Cmder) bool {
 }
 
 // admit lets a call through, returning the word it was admitted under, or
-// refuses it with an error wrapping ErrUnavailable.
+// refuses it with an error wrapping ErrGuardOpen.
 func (g *guard) admit() (uint64, error) {
 	for {
 		w := g.word.Load()
-		switch BreakerState(w & stateMask) {
-		case BreakerClosed:
+		switch affinity.GuardState(w & stateMask) {
+		case affinity.GuardClosed:
 			return w, nil
-		case BreakerOpen:
+		case affinity.GuardOpen:
 			if g.now().UnixNano() < g.openUntil.Load() {
 				return 0, g.reject.Load()
 			}
@@ -261,7 +214,7 @@ func (g *guard) admit() (uint64, error) {
 				g.mu.Unlock()
 				continue // another call got there first
 			}
-			token := g.setState(BreakerHalfOpen)
+			token := g.setState(affinity.GuardHalfOpen)
 			g.mu.Unlock()
 			g.probes.Add(1)
 			return token, nil
@@ -284,12 +237,12 @@ const (
 // say the server cannot serve now (loading, cluster down, busy script,
 // failover in progress, too many clients). Errors that are not replies
 // (network errors, timeouts, pool timeouts) are failures, except a
-// caller's cancellation, a closed client and another breaker's refusal.
+// caller's cancellation, a closed client and another guard's refusal.
 func classify(err error) outcome {
 	if err == nil {
 		return answered
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, goredis.ErrClosed) || errors.Is(err, ErrUnavailable) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, goredis.ErrClosed) || errors.Is(err, ErrGuardOpen) {
 		return inconclusive
 	}
 	var reply goredis.Error
@@ -307,7 +260,7 @@ func classify(err error) outcome {
 // done records the outcome of a call admitted under token.
 func (g *guard) done(token uint64, err error) {
 	o := classify(err)
-	if o == answered && token&stateMask == uint64(BreakerClosed) && g.fails.Load() == 0 {
+	if o == answered && token&stateMask == uint64(affinity.GuardClosed) && g.fails.Load() == 0 {
 		return // the fast path: nothing to change
 	}
 	if o == failed && g.onFailure != nil {
@@ -321,19 +274,19 @@ func (g *guard) done(token uint64, err error) {
 	switch o {
 	case answered:
 		g.fails.Store(0)
-		if token&stateMask != uint64(BreakerClosed) {
+		if token&stateMask != uint64(affinity.GuardClosed) {
 			g.current = g.cooldown
 			g.since = g.now()
-			g.setState(BreakerClosed)
+			g.setState(affinity.GuardClosed)
 			g.notify(false)
 		}
 	case failed:
 		g.fail(err)
 	case inconclusive:
-		if token&stateMask == uint64(BreakerHalfOpen) {
+		if token&stateMask == uint64(affinity.GuardHalfOpen) {
 			// The probe said nothing: the next call probes again.
 			g.openUntil.Store(g.now().UnixNano())
-			g.setState(BreakerOpen)
+			g.setState(affinity.GuardOpen)
 		}
 	}
 }
@@ -342,12 +295,12 @@ func (g *guard) done(token uint64, err error) {
 func (g *guard) fail(err error) {
 	n := g.fails.Add(1)
 	g.lastErr = g.describe(err)
-	switch BreakerState(g.word.Load() & stateMask) {
-	case BreakerClosed:
+	switch affinity.GuardState(g.word.Load() & stateMask) {
+	case affinity.GuardClosed:
 		if n >= int64(g.threshold) {
 			g.open(g.cooldown)
 		}
-	case BreakerHalfOpen:
+	case affinity.GuardHalfOpen:
 		g.open(min(2*g.current, g.maxCooldown))
 	}
 }
@@ -362,7 +315,7 @@ func (g *guard) describe(err error) string {
 	return g.redact(msg)
 }
 
-// trip opens the breaker at once (a start without Redis); mu is not held.
+// trip opens the guard at once (a start without Redis); mu is not held.
 func (g *guard) trip(err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -370,20 +323,20 @@ func (g *guard) trip(err error) {
 		g.fails.Store(1) // the hook did not count it (a refusal)
 	}
 	g.lastErr = g.describe(err)
-	if BreakerState(g.word.Load()&stateMask) != BreakerOpen {
+	if affinity.GuardState(g.word.Load()&stateMask) != affinity.GuardOpen {
 		g.open(g.cooldown)
 	}
 }
 
-// open opens the breaker for cooldown; mu is held.
+// open opens the guard for cooldown; mu is held.
 func (g *guard) open(cooldown time.Duration) {
 	now := g.now()
 	g.current = cooldown
-	fromClosed := BreakerState(g.word.Load()&stateMask) == BreakerClosed
-	g.reject.Store(&unavailableError{msg: fmt.Sprintf("%v: breaker open after %d failed calls in a row (last: %s)",
-		ErrUnavailable, g.fails.Load(), g.lastErr)})
+	fromClosed := affinity.GuardState(g.word.Load()&stateMask) == affinity.GuardClosed
+	g.reject.Store(&unavailableError{msg: fmt.Sprintf("%v: guard open after %d failed calls in a row (last: %s)",
+		ErrGuardOpen, g.fails.Load(), g.lastErr)})
 	g.openUntil.Store(now.Add(cooldown).UnixNano())
-	g.setState(BreakerOpen)
+	g.setState(affinity.GuardOpen)
 	if fromClosed {
 		g.since = now
 		g.opens++
@@ -393,20 +346,20 @@ func (g *guard) open(cooldown time.Duration) {
 
 // setState moves to s with a new generation and returns the new word; mu
 // is held.
-func (g *guard) setState(s BreakerState) uint64 {
+func (g *guard) setState(s affinity.GuardState) uint64 {
 	w := (g.word.Load()>>stateBits+1)<<stateBits | uint64(s)
 	g.word.Store(w)
 	return w
 }
 
-// notify tells the OnBreaker hook; mu is held.
+// notify tells the OnGuard hook; mu is held.
 func (g *guard) notify(open bool) {
 	if g.onChange != nil {
 		g.onChange(open)
 	}
 }
 
-// watch installs the OnBreaker hook and reports the current state to it.
+// watch installs the OnGuard hook and reports the current state to it.
 func (g *guard) watch(fn func(open bool)) {
 	if fn == nil {
 		return
@@ -414,14 +367,14 @@ func (g *guard) watch(fn func(open bool)) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.onChange = fn
-	fn(BreakerState(g.word.Load()&stateMask) != BreakerClosed)
+	fn(affinity.GuardState(g.word.Load()&stateMask) != affinity.GuardClosed)
 }
 
-func (g *guard) health() Health {
+func (g *guard) health() affinity.StoreHealth {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return Health{
-		State:     BreakerState(g.word.Load() & stateMask),
+	return affinity.StoreHealth{
+		State:     affinity.GuardState(g.word.Load() & stateMask),
 		Failures:  int(g.fails.Load()),
 		LastError: g.lastErr,
 		Since:     g.since,
@@ -432,13 +385,13 @@ func (g *guard) health() Health {
 // start checks that Redis answers a PING within startTimeout, then loads
 // the scripts, within loadTimeout, so that calls go straight to EVALSHA. A
 // Redis that cannot be reached (see classify) does not fail it: the store
-// starts with its breaker open, and a call that finds its script missing
+// starts with its guard open, and a call that finds its script missing
 // sends it with EVAL (see exec), which caches it. A Redis that answers
 // with an error (a wrong password, no permission to run scripts) does fail
 // it.
 func (s *Store) start(ctx context.Context, scripts []*goredis.Script) error {
 	unavailable := func(err error) bool {
-		if classify(err) == failed || errors.Is(err, ErrUnavailable) {
+		if classify(err) == failed || errors.Is(err, ErrGuardOpen) {
 			s.guard.trip(err)
 			return true
 		}

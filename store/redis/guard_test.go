@@ -20,7 +20,7 @@ import (
 	"github.com/tetherproxy/tether/internal/testenv"
 )
 
-// fakeClock is the breaker's injected clock.
+// fakeClock is the guard's injected clock.
 type fakeClock struct {
 	mu sync.Mutex
 	t  time.Time
@@ -30,7 +30,7 @@ func (c *fakeClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c
 
 func (c *fakeClock) advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
-// changes records what OnBreaker hears.
+// changes records what OnGuard hears.
 type changes struct {
 	mu  sync.Mutex
 	got []bool
@@ -46,12 +46,12 @@ func (c *changes) list() []bool {
 
 var errDial = &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 
-// TestBreakerStateMachine drives the breaker with an injected clock:
+// TestGuardStateMachine drives the guard with an injected clock:
 // threshold, cooldown, probe, doubling, cap, recovery, and outcomes that
 // arrive after the state changed.
-func TestBreakerStateMachine(t *testing.T) {
+func TestGuardStateMachine(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
-	g := newGuard(breakerConfig{now: clock.now, redact: func(s string) string { return strings.ReplaceAll(s, "hunter2", "xxxxx") }})
+	g := newGuard(guardConfig{now: clock.now, redact: func(s string) string { return strings.ReplaceAll(s, "hunter2", "xxxxx") }})
 	var ch changes
 	g.watch(ch.record)
 
@@ -64,7 +64,7 @@ func TestBreakerStateMachine(t *testing.T) {
 		g.done(tok, err)
 		return err
 	}
-	state := func(want BreakerState) {
+	state := func(want affinity.GuardState) {
 		t.Helper()
 		if got := g.health().State; got != want {
 			t.Fatalf("state %v, want %v (health %+v)", got, want, g.health())
@@ -73,41 +73,41 @@ func TestBreakerStateMachine(t *testing.T) {
 
 	// Fewer failures than the threshold, then a success: still closed,
 	// and the count starts again.
-	for range breakerThreshold - 1 {
+	for range guardThreshold - 1 {
 		_ = call(errDial)
 	}
-	state(BreakerClosed)
-	if h := g.health(); h.Failures != breakerThreshold-1 || !strings.Contains(h.LastError, "connection refused") {
-		t.Fatalf("health after %d failures: %+v", breakerThreshold-1, h)
+	state(affinity.GuardClosed)
+	if h := g.health(); h.Failures != guardThreshold-1 || !strings.Contains(h.LastError, "connection refused") {
+		t.Fatalf("health after %d failures: %+v", guardThreshold-1, h)
 	}
 	_ = call(nil)
-	if h := g.health(); h.Failures != 0 || h.State != BreakerClosed {
+	if h := g.health(); h.Failures != 0 || h.State != affinity.GuardClosed {
 		t.Fatalf("health after a success: %+v", h)
 	}
 
-	// A call sent while closed, whose answer comes after the breaker
+	// A call sent while closed, whose answer comes after the guard
 	// opened, must not close it.
 	late, err := g.admit()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range breakerThreshold {
+	for range guardThreshold {
 		_ = call(fmt.Errorf("read: %w (password hunter2)", context.DeadlineExceeded))
 	}
-	state(BreakerOpen)
+	state(affinity.GuardOpen)
 	opened := clock.now()
 	g.done(late, nil)
-	state(BreakerOpen)
+	state(affinity.GuardOpen)
 	h := g.health()
-	if h.Failures != breakerThreshold || h.Opens != 1 || !h.Since.Equal(opened) || strings.Contains(h.LastError, "hunter2") {
+	if h.Failures != guardThreshold || h.Opens != 1 || !h.Since.Equal(opened) || strings.Contains(h.LastError, "hunter2") {
 		t.Fatalf("health when opened: %+v", h)
 	}
 
-	// Open: refused at once, with ErrUnavailable, until the cooldown ends.
+	// Open: refused at once, with ErrGuardOpen, until the cooldown ends.
 	probes := g.probes.Load()
-	clock.advance(breakerCooldown - time.Millisecond)
+	clock.advance(guardCooldown - time.Millisecond)
 	err = call(nil)
-	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "5 failed calls in a row") || strings.Contains(err.Error(), "hunter2") {
+	if !errors.Is(err, ErrGuardOpen) || !strings.Contains(err.Error(), "5 failed calls in a row") || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("call while open: %v", err)
 	}
 	if g.probes.Load() != probes {
@@ -115,12 +115,12 @@ func TestBreakerStateMachine(t *testing.T) {
 	}
 
 	// Each failed probe doubles the cooldown, up to the cap.
-	for i, cooldown := range []time.Duration{breakerCooldown, 2 * breakerCooldown, breakerMaxCooldown, breakerMaxCooldown, breakerMaxCooldown} {
+	for i, cooldown := range []time.Duration{guardCooldown, 2 * guardCooldown, guardMaxCooldown, guardMaxCooldown, guardMaxCooldown} {
 		if i == 0 {
 			clock.advance(time.Millisecond)
 		} else {
 			clock.advance(cooldown - time.Millisecond)
-			if err := call(nil); !errors.Is(err, ErrUnavailable) {
+			if err := call(nil); !errors.Is(err, ErrGuardOpen) {
 				t.Fatalf("probe %d: call before the %v cooldown ended: %v", i, cooldown, err)
 			}
 			clock.advance(time.Millisecond)
@@ -129,54 +129,54 @@ func TestBreakerStateMachine(t *testing.T) {
 		if err != nil {
 			t.Fatalf("probe %d after %v: %v", i, cooldown, err)
 		}
-		state(BreakerHalfOpen)
-		if _, err := g.admit(); !errors.Is(err, ErrUnavailable) {
+		state(affinity.GuardHalfOpen)
+		if _, err := g.admit(); !errors.Is(err, ErrGuardOpen) {
 			t.Fatalf("second call while the probe is out: %v", err)
 		}
 		g.done(probe, io.EOF)
-		state(BreakerOpen)
+		state(affinity.GuardOpen)
 	}
-	if h := g.health(); h.Opens != 1 || !h.Since.Equal(opened) || h.Failures != breakerThreshold+5 {
+	if h := g.health(); h.Opens != 1 || !h.Since.Equal(opened) || h.Failures != guardThreshold+5 {
 		t.Fatalf("reopenings changed Opens or Since, or failures miscounted: %+v", h)
 	}
 
 	// A probe the caller cancelled says nothing: the next call probes.
-	clock.advance(breakerMaxCooldown)
+	clock.advance(guardMaxCooldown)
 	probe, err := g.admit()
 	if err != nil {
 		t.Fatal(err)
 	}
 	g.done(probe, context.Canceled)
-	state(BreakerOpen)
+	state(affinity.GuardOpen)
 	probe, err = g.admit()
 	if err != nil {
 		t.Fatalf("no probe after an inconclusive one: %v", err)
 	}
 
-	// A probe that succeeds closes the breaker and resets the cooldown.
+	// A probe that succeeds closes the guard and resets the cooldown.
 	g.done(probe, goredis.Nil)
-	state(BreakerClosed)
+	state(affinity.GuardClosed)
 	if h := g.health(); h.Failures != 0 || !h.Since.Equal(clock.now()) || h.LastError == "" {
 		t.Fatalf("health after recovery: %+v", h)
 	}
-	for range breakerThreshold {
+	for range guardThreshold {
 		_ = call(errDial)
 	}
-	state(BreakerOpen)
-	clock.advance(breakerCooldown)
+	state(affinity.GuardOpen)
+	clock.advance(guardCooldown)
 	if _, err := g.admit(); err != nil {
 		t.Fatalf("cooldown not reset after recovery: %v", err)
 	}
 	if diff := cmp.Diff([]bool{false, true, false, true}, ch.list()); diff != "" {
-		t.Errorf("OnBreaker calls (-want +got):\n%s", diff)
+		t.Errorf("OnGuard calls (-want +got):\n%s", diff)
 	}
 }
 
-// TestBreakerConcurrent: many callers failing at once open the breaker
+// TestGuardConcurrent: many callers failing at once open the guard
 // once, and one probe among many callers closes it.
-func TestBreakerConcurrent(t *testing.T) {
+func TestGuardConcurrent(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
-	g := newGuard(breakerConfig{now: clock.now})
+	g := newGuard(guardConfig{now: clock.now})
 	var ch changes
 	g.watch(ch.record)
 	run := func(err error) {
@@ -194,33 +194,33 @@ func TestBreakerConcurrent(t *testing.T) {
 		wg.Wait()
 	}
 	run(errDial)
-	if h := g.health(); h.State != BreakerOpen || h.Opens != 1 {
+	if h := g.health(); h.State != affinity.GuardOpen || h.Opens != 1 {
 		t.Fatalf("after concurrent failures: %+v", h)
 	}
-	clock.advance(breakerCooldown)
+	clock.advance(guardCooldown)
 	run(nil)
-	if h := g.health(); h.State != BreakerClosed || h.Opens != 1 {
+	if h := g.health(); h.State != affinity.GuardClosed || h.Opens != 1 {
 		t.Fatalf("after concurrent successes: %+v", h)
 	}
 	if n := g.probes.Load(); n != 1 {
-		t.Fatalf("%d probes, want 1: the first closed the breaker", n)
+		t.Fatalf("%d probes, want 1: the first closed the guard", n)
 	}
 	if diff := cmp.Diff([]bool{false, true, false}, ch.list()); diff != "" {
-		t.Errorf("OnBreaker calls (-want +got):\n%s", diff)
+		t.Errorf("OnGuard calls (-want +got):\n%s", diff)
 	}
 }
 
-// TestBreakerClassifiesReplies sends real replies through the hook (a
+// TestGuardClassifiesReplies sends real replies through the hook (a
 // miniredis): script errors and NOSCRIPT are answers, LOADING and
 // CLUSTERDOWN say Redis cannot serve.
-func TestBreakerClassifiesReplies(t *testing.T) {
+func TestGuardClassifiesReplies(t *testing.T) {
 	ctx := t.Context()
 	_, c := miniClient(t)
 	s := newStoreT(t, c, testOptions)
 	reply := func(msg string) error {
 		return s.client.Eval(ctx, "return redis.error_reply(ARGV[1])", nil, msg).Err()
 	}
-	for range 3 * breakerThreshold {
+	for range 3 * guardThreshold {
 		for _, msg := range []string{"ERR boom", "WRONGTYPE no", "NOSCRIPT No matching script"} {
 			if err := reply(msg); err == nil {
 				t.Fatalf("%s: no error", msg)
@@ -230,8 +230,8 @@ func TestBreakerClassifiesReplies(t *testing.T) {
 			t.Fatalf("GET missing: %v", err)
 		}
 	}
-	if h := s.Health(); h.State != BreakerClosed || h.Failures != 0 {
-		t.Fatalf("answers opened the breaker: %+v", h)
+	if h := s.Health(); h.State != affinity.GuardClosed || h.Failures != 0 {
+		t.Fatalf("answers opened the guard: %+v", h)
 	}
 	for i, msg := range []string{"LOADING Redis is loading", "CLUSTERDOWN The cluster is down", "TRYAGAIN Multiple keys request during rehashing of slot", "BUSY Redis is busy", "MASTERDOWN Link down"} {
 		err := reply(msg)
@@ -239,8 +239,8 @@ func TestBreakerClassifiesReplies(t *testing.T) {
 			t.Fatalf("%s (%v): failures %d, want %d", msg, err, h.Failures, i+1)
 		}
 	}
-	if h := s.Health(); h.State != BreakerOpen || !strings.Contains(h.LastError, "MASTERDOWN") {
-		t.Fatalf("after %d unavailable replies: %+v", breakerThreshold, h)
+	if h := s.Health(); h.State != affinity.GuardOpen || !strings.Contains(h.LastError, "MASTERDOWN") {
+		t.Fatalf("after %d unavailable replies: %+v", guardThreshold, h)
 	}
 }
 
@@ -275,21 +275,21 @@ func eventually(t *testing.T, s *Store, key, instance string, within time.Durati
 	}
 }
 
-// failUntilOpen calls GetOrBind until the breaker opens and returns the
-// calls it took: breakerThreshold at most, fewer when another call (an
+// failUntilOpen calls GetOrBind until the guard opens and returns the
+// calls it took: guardThreshold at most, fewer when another call (an
 // index write that missed its timeout on a loaded machine) failed just
 // before.
 func failUntilOpen(t *testing.T, s *Store) []callResult {
 	t.Helper()
 	var calls []callResult
 	defer func() {
-		if h := s.Health(); len(calls) > breakerThreshold || h.Failures != breakerThreshold {
-			t.Errorf("breaker opened after %d failed GetOrBinds, health %+v; want it open after %d failures", len(calls), h, breakerThreshold)
+		if h := s.Health(); len(calls) > guardThreshold || h.Failures != guardThreshold {
+			t.Errorf("guard opened after %d failed GetOrBinds, health %+v; want it open after %d failures", len(calls), h, guardThreshold)
 		}
 	}()
-	for s.Health().State == BreakerClosed {
+	for s.Health().State == affinity.GuardClosed {
 		if len(calls) == 100 {
-			t.Fatalf("breaker still closed after %d calls: %+v", len(calls), s.Health())
+			t.Fatalf("guard still closed after %d calls: %+v", len(calls), s.Health())
 		}
 		_, c := getOrBind(t, s, "k", "b")
 		if c.err == nil {
@@ -300,15 +300,15 @@ func failUntilOpen(t *testing.T, s *Store) []callResult {
 	return calls
 }
 
-// TestBreakerRedisKilled: with redis-server stopped, the breaker opens
-// after breakerThreshold failed calls; the calls after it fail at once
+// TestGuardRedisKilled: with redis-server stopped, the guard opens
+// after guardThreshold failed calls; the calls after it fail at once
 // without dialling or sending anything; a restarted server is used again
 // without help.
-func TestBreakerRedisKilled(t *testing.T) {
+func TestGuardRedisKilled(t *testing.T) {
 	r := testenv.RedisServer(t)
 	var ch changes
 	opts := DefaultOptions()
-	opts.OnBreaker = ch.record
+	opts.OnGuard = ch.record
 	s, err := Open(t.Context(), r.URL(), opts)
 	if err != nil {
 		t.Fatal(err)
@@ -322,7 +322,7 @@ func TestBreakerRedisKilled(t *testing.T) {
 	for _, c := range failing {
 		spent += c.took
 	}
-	t.Logf("breaker open after %d calls, %v in all; health %+v", len(failing), spent, s.Health())
+	t.Logf("guard open after %d calls, %v in all; health %+v", len(failing), spent, s.Health())
 
 	const n = 1000
 	probes0, dials0 := s.guard.probes.Load(), s.guard.dials.Load()
@@ -331,32 +331,32 @@ func TestBreakerRedisKilled(t *testing.T) {
 	for i := range n {
 		_, c := getOrBind(t, s, "k", "b")
 		switch {
-		case errors.Is(c.err, ErrUnavailable):
+		case errors.Is(c.err, ErrGuardOpen):
 			refused++
 		case errors.Is(c.err, context.DeadlineExceeded):
 			// A probe, or a starved goroutine whose 10 ms passed before
 			// the store sent anything (the probes count below tells).
 		default:
-			t.Fatalf("call %d with the breaker open: %v, want ErrUnavailable", i, c.err)
+			t.Fatalf("call %d with the guard open: %v, want ErrGuardOpen", i, c.err)
 		}
 	}
 	took := time.Since(start)
-	probes := uint64(took/breakerCooldown) + 1
+	probes := uint64(took/guardCooldown) + 1
 	gotProbes, gotDials := s.guard.probes.Load()-probes0, s.guard.dials.Load()-dials0
-	t.Logf("%d calls with the breaker open: %v (%v a call; %d refused, %d probes, %d dials); with the breaker closed they took %v a call",
+	t.Logf("%d calls with the guard open: %v (%v a call; %d refused, %d probes, %d dials); with the guard closed they took %v a call",
 		n, took, took/n, refused, gotProbes, gotDials, spent/time.Duration(len(failing)))
 	// go-redis dials in the background, on behalf of a call, and retries a
 	// failed dial up to 5 times 100 ms apart after the call gave up: the
-	// last calls before the breaker opened may still be dialling.
+	// last calls before the guard opened may still be dialling.
 	const dialAttempts = 5
 	if gotProbes > probes || gotDials > dialAttempts*(probes+1) {
-		t.Errorf("%d probes and %d dials with the breaker open, want at most %d probes and their dials", gotProbes, gotDials, probes)
+		t.Errorf("%d probes and %d dials with the guard open, want at most %d probes and their dials", gotProbes, gotDials, probes)
 	}
 	if budget := n * DefaultTimeout / 10; took > budget {
-		t.Errorf("%d calls with the breaker open took %v, want under %v", n, took, budget)
+		t.Errorf("%d calls with the guard open took %v, want under %v", n, took, budget)
 	}
-	if err := s.Ping(t.Context()); err == nil || (time.Since(start) < breakerCooldown && !errors.Is(err, ErrUnavailable)) {
-		t.Errorf("Ping with the breaker open: %v, want ErrUnavailable", err)
+	if err := s.Ping(t.Context()); err == nil || (time.Since(start) < guardCooldown && !errors.Is(err, ErrGuardOpen)) {
+		t.Errorf("Ping with the guard open: %v, want ErrGuardOpen", err)
 	}
 
 	r.Start() // empty, and without our scripts
@@ -367,11 +367,11 @@ func TestBreakerRedisKilled(t *testing.T) {
 	}
 	// Not Failures: the bind's index write, a call of its own, can miss
 	// the 10 ms on a loaded machine just after the restart.
-	if h := s.Health(); h.State != BreakerClosed || h.Opens != 1 {
+	if h := s.Health(); h.State != affinity.GuardClosed || h.Opens != 1 {
 		t.Errorf("health after recovery: %+v", h)
 	}
 	if diff := cmp.Diff([]bool{false, true, false}, ch.list()); diff != "" {
-		t.Errorf("OnBreaker calls (-want +got):\n%s", diff)
+		t.Errorf("OnGuard calls (-want +got):\n%s", diff)
 	}
 }
 
@@ -395,11 +395,11 @@ func redisPid(t *testing.T, c goredis.UniversalClient) int {
 	return 0
 }
 
-// TestBreakerRedisStalled: a redis-server that stops answering (SIGSTOP)
-// holds each call for the per-call timeout only, opens the breaker, and
+// TestGuardRedisStalled: a redis-server that stops answering (SIGSTOP)
+// holds each call for the per-call timeout only, opens the guard, and
 // when it answers again (SIGCONT) the store uses it again without help and
 // finds the bindings it held.
-func TestBreakerRedisStalled(t *testing.T) {
+func TestGuardRedisStalled(t *testing.T) {
 	r := testenv.RedisServer(t)
 	pid := redisPid(t, r.Client())
 	s, err := Open(t.Context(), r.URL(), DefaultOptions())
@@ -442,9 +442,9 @@ func TestBreakerRedisStalled(t *testing.T) {
 		}
 	}
 	took := time.Since(start)
-	t.Logf("100 calls with the breaker open: %v, %d probes", took, s.guard.probes.Load()-probes0)
-	if n := s.guard.probes.Load() - probes0; n > uint64(took/breakerCooldown)+1 {
-		t.Errorf("%d probes in %v with the breaker open", n, took)
+	t.Logf("100 calls with the guard open: %v, %d probes", took, s.guard.probes.Load()-probes0)
+	if n := s.guard.probes.Load() - probes0; n > uint64(took/guardCooldown)+1 {
+		t.Errorf("%d probes in %v with the guard open", n, took)
 	}
 
 	once.Do(cont)
@@ -453,20 +453,20 @@ func TestBreakerRedisStalled(t *testing.T) {
 	if res.Outcome != affinity.Found || res.Binding.Instance != "a" {
 		t.Errorf("after the stall: %+v, want the binding to a made before it", res)
 	}
-	if h := s.Health(); h.State != BreakerClosed || h.Opens != 1 {
+	if h := s.Health(); h.State != affinity.GuardClosed || h.Opens != 1 {
 		t.Errorf("health after recovery: %+v", h)
 	}
 }
 
 // TestOpenWithoutRedis: Open against a socket nobody listens on succeeds
-// at once with the breaker open, and the store works once a server starts
+// at once with the guard open, and the store works once a server starts
 // there.
 func TestOpenWithoutRedis(t *testing.T) {
 	r := testenv.RedisServer(t)
 	r.Stop()
 	var ch changes
 	opts := DefaultOptions()
-	opts.OnBreaker = ch.record
+	opts.OnGuard = ch.record
 	start := time.Now()
 	s, err := Open(t.Context(), r.URL(), opts)
 	took := time.Since(start)
@@ -479,11 +479,11 @@ func TestOpenWithoutRedis(t *testing.T) {
 	if took > startTimeout+time.Second {
 		t.Errorf("Open took %v, want at most about %v", took, startTimeout)
 	}
-	if h.State != BreakerOpen || h.Opens != 1 || h.LastError == "" {
+	if h.State != affinity.GuardOpen || h.Opens != 1 || h.LastError == "" {
 		t.Errorf("health after Open without Redis: %+v", h)
 	}
-	if _, c := getOrBind(t, s, "k", "a"); !errors.Is(c.err, ErrUnavailable) {
-		t.Errorf("GetOrBind right after a degraded Open: %v, want ErrUnavailable", c.err)
+	if _, c := getOrBind(t, s, "k", "a"); !errors.Is(c.err, ErrGuardOpen) {
+		t.Errorf("GetOrBind right after a degraded Open: %v, want ErrGuardOpen", c.err)
 	}
 
 	r.Start()
@@ -496,12 +496,12 @@ func TestOpenWithoutRedis(t *testing.T) {
 		t.Errorf("second GetOrBind: %+v, %v; want found on a", res, c.err)
 	}
 	if diff := cmp.Diff([]bool{true, false}, ch.list()); diff != "" {
-		t.Errorf("OnBreaker calls (-want +got):\n%s", diff)
+		t.Errorf("OnGuard calls (-want +got):\n%s", diff)
 	}
 }
 
 // TestOpenUnreachable: every kind of URL opens in bounded time against
-// addresses nobody listens on, with the breaker open and no password in
+// addresses nobody listens on, with the guard open and no password in
 // what Health reports; a malformed URL still fails.
 func TestOpenUnreachable(t *testing.T) {
 	t.Parallel()
@@ -525,11 +525,11 @@ func TestOpenUnreachable(t *testing.T) {
 			if took > startTimeout+2*time.Second {
 				t.Errorf("Open took %v, want about %v at most", took, startTimeout)
 			}
-			if h.State != BreakerOpen || h.LastError == "" || strings.Contains(h.LastError, secret) {
+			if h.State != affinity.GuardOpen || h.LastError == "" || strings.Contains(h.LastError, secret) {
 				t.Errorf("health %+v: want open, with an error that does not show the password", h)
 			}
-			if err := s.Ping(t.Context()); !errors.Is(err, ErrUnavailable) || strings.Contains(err.Error(), secret) {
-				t.Errorf("Ping: %v, want ErrUnavailable without the password", err)
+			if err := s.Ping(t.Context()); !errors.Is(err, ErrGuardOpen) || strings.Contains(err.Error(), secret) {
+				t.Errorf("Ping: %v, want ErrGuardOpen without the password", err)
 			}
 		})
 	}
@@ -552,13 +552,13 @@ func TestCloseLeavesTheCallersClientUnguarded(t *testing.T) {
 	s.guard.mu.Lock()
 	s.guard.open(time.Hour) // as after an outage
 	s.guard.mu.Unlock()
-	if err := c.Ping(context.Background()).Err(); !errors.Is(err, ErrUnavailable) {
+	if err := c.Ping(context.Background()).Err(); !errors.Is(err, ErrGuardOpen) {
 		t.Fatalf("before Close the client's own call is guarded too: %v", err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Errorf("after Close the caller's client is still refused by the store's breaker: %v", err)
+		t.Errorf("after Close the caller's client is still refused by the store's guard: %v", err)
 	}
 }

@@ -8,18 +8,11 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// Embedded is the Open URL of an in-process miniredis: the local stack and
-// demos run without a Redis server. Bindings live only as long as the
-// process and are not shared with other replicas.
-const Embedded = "embedded"
-
-const wantURL = "want embedded, redis://host:port/db, rediss://host:port/db, unix:///path/to/sock, " +
+const wantURL = "want redis://host:port/db, rediss://host:port/db, unix:///path/to/sock, " +
 	"redis+cluster://host:port?addr=host:port or redis+sentinel://host:port?master_name=name&addr=host:port " +
 	"(rediss+cluster, rediss+sentinel: TLS)"
 
@@ -39,9 +32,6 @@ func (e *URLError) Unwrap() error { return e.Err }
 // not, the error is a *URLError. Configuration validation calls it, so a
 // config file and Open agree on what a store URL is.
 func CheckURL(rawURL string) error {
-	if rawURL == Embedded {
-		return nil
-	}
 	_, err := parseURL(rawURL)
 	return err
 }
@@ -49,7 +39,6 @@ func CheckURL(rawURL string) error {
 // Open connects to the Redis named by rawURL and returns a store that owns
 // the connection. The URL is one of:
 //
-//   - Embedded;
 //   - a standalone server, in go-redis ParseURL's forms:
 //     redis://[user:pass@]host:port/db, rediss://… (TLS), unix:///path?db=N;
 //   - a Redis Cluster: redis+cluster://[user:pass@]host:port?addr=host:port&…
@@ -71,13 +60,10 @@ func CheckURL(rawURL string) error {
 // A URL Open cannot use fails it with a *URLError, and a Redis that
 // answers with an error (a wrong password) fails it too; a Redis (or
 // every sentinel, or every cluster seed) that does not answer within a
-// second does not: Open returns a store whose breaker is open, which
+// second does not: Open returns a store whose guard is open, which
 // recovers by itself once Redis answers (see New and the package comment).
 // Open logs nothing; Store.Health says how it started.
 func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
-	if rawURL == Embedded {
-		return openEmbedded(ctx, opts)
-	}
 	co, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
@@ -93,69 +79,6 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	}
 	s.ownClient = true
 	return s, nil
-}
-
-func openEmbedded(ctx context.Context, opts Options) (*Store, error) {
-	e, err := startEmbedded()
-	if err != nil {
-		return nil, fmt.Errorf("redis open embedded: %w", err)
-	}
-	client := goredis.NewClient(&goredis.Options{Addr: e.m.Addr(), ContextTimeoutEnabled: true})
-	s, err := newStore(ctx, client, opts, nil)
-	if err != nil {
-		_ = client.Close()
-		e.Close()
-		return nil, fmt.Errorf("redis open embedded: %w", err)
-	}
-	s.ownClient = true
-	s.embedded = e
-	return s, nil
-}
-
-// embeddedTick is how often the embedded server's TTLs advance: a binding
-// may outlive its idle timeout by up to this much.
-const embeddedTick = 500 * time.Millisecond
-
-// embeddedServer is an in-process miniredis whose TTLs follow the wall
-// clock. miniredis expires keys only when its clock is advanced, and every
-// advance walks all keys; advancing on each command (its ClockTTL mode)
-// made a decision cost grow with the number of live sessions, so a ticker
-// advances it twice a second instead.
-type embeddedServer struct {
-	m    *miniredis.Miniredis
-	stop chan struct{}
-	done chan struct{}
-}
-
-func startEmbedded() (*embeddedServer, error) {
-	m := miniredis.NewMiniRedis()
-	if err := m.StartAddr("127.0.0.1:0"); err != nil {
-		return nil, err
-	}
-	e := &embeddedServer{m: m, stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(e.done)
-		t := time.NewTicker(embeddedTick)
-		defer t.Stop()
-		last := time.Now()
-		for {
-			select {
-			case <-e.stop:
-				return
-			case now := <-t.C:
-				m.FastForward(now.Sub(last))
-				last = now
-			}
-		}
-	}()
-	return e, nil
-}
-
-// Close stops the ticker and the server.
-func (e *embeddedServer) Close() {
-	close(e.stop)
-	<-e.done
-	e.m.Close()
 }
 
 // clientOptions is what a URL asks for: exactly one field is set.

@@ -185,9 +185,6 @@ func TestParseURL(t *testing.T) {
 }
 
 func TestCheckURL(t *testing.T) {
-	if err := CheckURL(Embedded); err != nil {
-		t.Errorf("CheckURL(%q) = %v, want nil", Embedded, err)
-	}
 	raw := "redis+sentinel://u:" + secret + "@10.0.0.1:26379?password=" + secret
 	err := CheckURL(raw)
 	var ue *URLError

@@ -1,6 +1,8 @@
-// Package redis is the affinity.Store (with its SessionIndex and
-// LoadSyncer) shared by every tether replica: standalone Redis, Sentinel or
-// Redis Cluster through a go-redis UniversalClient.
+// Package redis is the binding store shared by every tether replica:
+// standalone Redis, Sentinel or Redis Cluster through a go-redis
+// UniversalClient. It implements every store interface of affinity
+// (store.go): the hot path, the session index, the load exchange, the
+// instance circuits, the request counts and the readiness check.
 //
 // # Key layout
 //
@@ -78,7 +80,8 @@
 //
 // A request must never wait on a dead Redis: its caller decides without
 // the store when a call fails. So every call is bounded by Options.Timeout
-// (DefaultTimeout, 10 ms), and each store has a breaker on Redis, a
+// (DefaultTimeout, 10 ms), and each store has a guard on Redis (a circuit
+// breaker, called the guard to tell it from the instance breaker), a
 // go-redis hook on its client:
 //
 //   - It opens after 5 calls in a row fail (a pipeline is one call): a
@@ -88,10 +91,10 @@
 //     script error, no such key) are answers: Redis is up. A caller's
 //     cancellation counts neither way.
 //   - While open, every call fails at once, without touching the network,
-//     with an error wrapping ErrUnavailable.
+//     with an error wrapping ErrGuardOpen.
 //   - After a cooldown of 500 ms it lets one call through as a probe (half
 //     open; the others still fail at once). Its success closes the
-//     breaker; its failure opens it again for twice the cooldown, up to
+//     guard; its failure opens it again for twice the cooldown, up to
 //     2 s, so tether uses Redis again at most about 2 s after it returns.
 //     Recovery needs no operator, only calls (tether makes at least one a
 //     second, its load sync).
@@ -99,12 +102,14 @@
 //     its slot map (lazily, one reload at a time): a master that died sends
 //     no MOVED to say its replica took over.
 //
-// Store.Health reports the breaker's state, for readiness and metrics;
-// Options.OnBreaker hears when it opens and closes.
+// Store.Health reports the guard's state, for readiness and metrics
+// (whose names keep "breaker": tether_redis_breaker_opens_total, the
+// /readyz "breaker" field);
+// Options.OnGuard hears when it opens and closes.
 //
 // A store starts without Redis: New and Open wait at most a second for
 // Redis to answer a PING, and when it does not return a store whose
-// breaker is open, which recovers as above. A Redis that answers
+// guard is open, which recovers as above. A Redis that answers
 // with an error (a wrong password, a missing permission) fails them, as a
 // malformed URL fails Open.
 package redis
@@ -142,6 +147,9 @@ var (
 	_ affinity.Store        = (*Store)(nil)
 	_ affinity.SessionIndex = (*Store)(nil)
 	_ affinity.LoadSyncer   = (*Store)(nil)
+	_ affinity.Circuits     = (*Store)(nil)
+	_ affinity.Counts       = (*Store)(nil)
+	_ affinity.Checker      = (*Store)(nil)
 )
 
 // Options tunes a Store. Start from DefaultOptions: the zero value has no
@@ -149,7 +157,7 @@ var (
 type Options struct {
 	// Timeout bounds each round trip of the request path (GetOrBind,
 	// Replace, Ping) with context.WithTimeout; round trips off it (Show,
-	// Mark, Bound, SyncLoad, SetDrained, the breaker's circuits) get at
+	// Mark, Bound, SyncLoad, SetDrained, the instance circuits) get at
 	// least OpTimeout. 0 disables both (the client's own read and write
 	// timeouts still apply).
 	Timeout time.Duration
@@ -165,13 +173,13 @@ type Options struct {
 	// is called from the calling goroutine, so concurrently: make it safe
 	// for that.
 	OnIndexError func(error)
-	// OnBreaker, when not nil, is called with the breaker's state once when
+	// OnGuard, when not nil, is called with the guard's state once when
 	// the store is built (true: open, Redis unreachable), then each time the
-	// breaker opens (true) or closes again (false); reopenings after a
-	// failed probe are not reported. It is called with the breaker's lock
+	// guard opens (true) or closes again (false); reopenings after a
+	// failed probe are not reported. It is called with the guard's lock
 	// held, from the goroutine whose call changed the state: keep it short
 	// (set a gauge) and do not call the Store from it.
-	OnBreaker func(open bool)
+	OnGuard func(open bool)
 }
 
 // DefaultOptions returns the options tether runs with.
@@ -190,30 +198,28 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// Store is an affinity.Store, SessionIndex and LoadSyncer over a go-redis
-// client.
+// Store implements affinity's store interfaces over a go-redis client.
 type Store struct {
 	client       goredis.UniversalClient
 	timeout      time.Duration
 	prefix       string
 	fleet        string // prefix + "{fleet}:"
 	onIndexError func(error)
-	guard        *guard // the breaker on Redis, a hook on client
+	guard        *guard // the guard on Redis, a hook on client
 
 	getOrBind, replace, index, show, mark, prune, syncLoad *goredis.Script
 
-	// Owned by the store only when Open built them.
+	// ownClient: Open built the client, so Close closes it.
 	ownClient bool
-	embedded  *embeddedServer
 	closeOnce sync.Once
 	closeErr  error
 }
 
 // New returns a store over a client the caller owns (Close leaves it open).
-// It adds the store's breaker to the client as a hook and, if Redis answers
+// It adds the store's guard to the client as a hook and, if Redis answers
 // a PING within a second, loads the scripts (on every shard of a cluster):
 // a Redis that answers with an error (a wrong password) fails New, one that
-// does not answer gives a store whose breaker is open (see the package
+// does not answer gives a store whose guard is open (see the package
 // comment). With a
 // per-call timeout the client must have ContextTimeoutEnabled; otherwise
 // go-redis ignores context deadlines and a slow Redis would hold requests
@@ -251,7 +257,7 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options,
 		s.prefix = DefaultPrefix
 	}
 	s.fleet = s.prefix + "{fleet}:"
-	bc := breakerConfig{redact: redact}
+	bc := guardConfig{redact: redact}
 	if cc, ok := client.(*goredis.ClusterClient); ok {
 		// Lazy and coalesced by go-redis: one reload at a time.
 		bc.onFailure = func() { cc.ReloadState(context.Background()) }
@@ -263,7 +269,7 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options,
 	if err := s.start(ctx, []*goredis.Script{s.getOrBind, s.replace, s.index, s.show, s.mark, s.prune, s.syncLoad}); err != nil {
 		return nil, err
 	}
-	s.guard.watch(opts.OnBreaker)
+	s.guard.watch(opts.OnGuard)
 	return s, nil
 }
 
@@ -281,16 +287,13 @@ func contextTimeoutEnabled(c goredis.UniversalClient) bool {
 	return true
 }
 
-// Close releases what Open created: the client and the embedded server. A
-// store from New leaves the caller's client open. Close is idempotent.
+// Close releases the client Open created; a store from New leaves the
+// caller's client open. Close is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.guard.off.Store(true)
 		if s.ownClient {
 			s.closeErr = s.client.Close()
-		}
-		if s.embedded != nil {
-			s.embedded.Close()
 		}
 		if s.closeErr != nil {
 			s.closeErr = fmt.Errorf("redis close: %w", s.closeErr)
@@ -300,8 +303,8 @@ func (s *Store) Close() error {
 }
 
 // Ping checks that Redis answers, for readiness probes. Like every call it
-// goes through the breaker: while the breaker is open it fails at once with
-// ErrUnavailable, and once the cooldown has passed it may be the probe.
+// goes through the guard: while the guard is open it fails at once with
+// ErrGuardOpen, and once the cooldown has passed it may be the probe.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
@@ -781,11 +784,11 @@ func (s *Store) callContext(ctx context.Context) (context.Context, context.Cance
 }
 
 // opContext bounds a round trip off the request path (operations, load
-// sync, the breaker's shared state): Options.Timeout, but at least
+// sync, the instance circuits): Options.Timeout, but at least
 // OpTimeout. Such a call may read a whole instance's index or every
 // replica's report; nobody waits on it, and cutting it at the request
 // path's 10 ms would turn a large fleet's ordinary work into failures
-// (and the Redis breaker's count).
+// (and the guard's count).
 func (s *Store) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if s.timeout <= 0 {
 		return ctx, func() {}

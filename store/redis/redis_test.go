@@ -944,56 +944,6 @@ func TestRedisDown(t *testing.T) {
 	})
 }
 
-func TestOpenEmbedded(t *testing.T) {
-	ignore := goleak.IgnoreCurrent()
-	// Registered first, so it runs last: after the store's Close, even
-	// when the test stops half-way (a leak must not hide why it did).
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
-	ctx := t.Context()
-	// A generous timeout: the first calls of a freshly started server on a
-	// busy machine can take longer than DefaultTimeout.
-	s, err := Open(ctx, Embedded, testOptions)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	if err := s.Ping(ctx); err != nil {
-		t.Fatalf("Ping: %v", err)
-	}
-	l := affinity.Lookup{Key: "k", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: 50 * time.Millisecond}}
-	if res, err := s.GetOrBind(ctx, l); err != nil || res.Outcome != affinity.Created {
-		t.Fatalf("GetOrBind = %+v, %v; want created", res, err)
-	}
-	// The embedded server expires bindings on the wall clock, like Redis;
-	// poll with EXISTS, which unlike GetOrBind does not refresh the TTL.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		n, err := s.client.Exists(ctx, s.bindingKey("k")).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("embedded binding did not expire after its idle timeout")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if res, err := s.GetOrBind(ctx, l); err != nil || res.Outcome != affinity.Created {
-		t.Fatalf("GetOrBind after expiry = %+v, %v; want created", res, err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
-	}
-	if _, err := s.GetOrBind(ctx, l); err == nil {
-		t.Error("GetOrBind after Close succeeded")
-	}
-}
-
 func TestNewLeavesCallerClientOpen(t *testing.T) {
 	_, c := miniClient(t)
 	s := newStoreT(t, c, DefaultOptions())

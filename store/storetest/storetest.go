@@ -1,7 +1,8 @@
 // Package storetest is the conformance suite every store must pass.
 // store/memory and store/redis run the same cases, so "two tether replicas
-// agree", the lifetime rules, aliases, the session index and the load
-// exchange mean the same thing whichever store is wired.
+// agree", the lifetime rules, aliases, the session index, the load
+// exchange, the request counts and the instance circuits mean the same
+// thing whichever store is wired.
 package storetest
 
 import (
@@ -19,18 +20,17 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/fleet"
 )
 
 // Store is what the suite tests: the hot path, the session index, the
-// load exchange and the reading of request counts.
+// load exchange, the reading of request counts and the instance circuits.
 type Store interface {
 	affinity.Store
 	affinity.SessionIndex
 	affinity.LoadSyncer
-	// Requests returns the request count (Result.Requests) of each
-	// session key's binding at now, 0 for a key without one; an alias
-	// link is not followed.
-	Requests(ctx context.Context, keys []string, now time.Time) ([]int, error)
+	affinity.Counts
+	affinity.Circuits
 }
 
 // Harness tells Run how to make a store and how to move its clock.
@@ -72,6 +72,9 @@ type env struct {
 	idle  time.Duration
 	ctx   context.Context
 	space string
+	seq   int // makes failure report members unique
+	// breaker is the instance breaker the circuit cases report with.
+	breaker fleet.BreakerConfig
 }
 
 // key namespaces keys by case, so cases sharing one server never collide.
@@ -972,6 +975,12 @@ var cases = []testCase{
 		check("SetDrained", e.s.SetDrained(ctx, "a", true))
 		_, err = e.s.Requests(ctx, []string{e.key("k")}, e.now)
 		check("Requests", err)
+		_, _, err = e.s.ReportFailure(ctx, "a", e.now, "m", breaker)
+		check("ReportFailure", err)
+		_, err = e.s.ReportRecovered(ctx, "a", e.now)
+		check("ReportRecovered", err)
+		_, err = e.s.Circuits(ctx, e.now)
+		check("Circuits", err)
 	}},
 }
 
@@ -1004,10 +1013,10 @@ func Run(t *testing.T, h Harness) {
 	if idle <= 0 {
 		idle = time.Minute
 	}
-	for _, c := range cases {
+	for _, c := range slices.Concat(cases, circuitCases) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			e := &env{t: t, h: h, s: h.New(t), now: start, idle: idle, ctx: t.Context(), space: t.Name()}
+			e := &env{t: t, h: h, s: h.New(t), now: start, idle: idle, ctx: t.Context(), space: t.Name(), breaker: breaker}
 			c.run(e)
 		})
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/fleet"
 )
 
 // flaws are the ways fakeStore can be wrong, each with the case that must
@@ -48,6 +49,16 @@ var flaws = map[string]string{
 	"replace-resets":  "replace_keeps_the_count",
 	"count-forever":   "an_ended_session's_count_is_gone",
 	"racy-count":      "racing_requests_each_get_their_own_count",
+	// The instance circuits.
+	"circuit-count-open":    "circuits_open_on_the_fleet's_count",
+	"circuit-per-fleet":     "circuits_open_on_the_fleet's_count",
+	"circuit-recover-early": "circuits_close_on_a_probe's_success_after_the_cooldown",
+	"circuit-keep-failures": "circuits_close_on_a_probe's_success_after_the_cooldown",
+	"circuit-no-window":     "circuit_failures_count_within_the_window_only",
+	"circuit-window-edge":   "circuit_failures_count_within_the_window_only",
+	"circuit-probe-counted": "a_failed_probe_reopens_a_circuit_at_once",
+	"circuit-stale-kept":    "a_stale_half-open_circuit_is_dropped",
+	"circuit-accept-bad":    "circuit_bad_input_is_an_error",
 }
 
 // TestSuiteCatchesFlaws runs the suite in a child process against a store
@@ -131,11 +142,14 @@ type fakeStore struct {
 	stale   map[string]string // "index-stale": key → the instance the index still has
 	reports map[string]fakeReport
 	drained map[string]bool
+	fails   map[string][]time.Time // instance → failures in the window
+	open    map[string]time.Time   // instance → cooldown end
 }
 
 func newFakeStore(flaw string) *fakeStore {
 	return &fakeStore{flaw: flaw, m: map[string]fakeEntry{}, links: map[string]fakeLink{},
-		stale: map[string]string{}, reports: map[string]fakeReport{}, drained: map[string]bool{}}
+		stale: map[string]string{}, reports: map[string]fakeReport{}, drained: map[string]bool{},
+		fails: map[string][]time.Time{}, open: map[string]time.Time{}}
 }
 
 func (s *fakeStore) k(key string) string {
@@ -459,4 +473,82 @@ func (s *fakeStore) SetDrained(ctx context.Context, instance string, drained boo
 		delete(s.drained, instance)
 	}
 	return nil
+}
+
+func (s *fakeStore) ReportFailure(ctx context.Context, instance string, at time.Time, member string, cfg fleet.BreakerConfig) (bool, time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return false, time.Time{}, err
+	}
+	if s.flaw != "circuit-accept-bad" && affinity.CheckFailure(instance, member, cfg) != nil {
+		return false, time.Time{}, errors.New("bad input")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.flaw == "circuit-per-fleet" {
+		instance = "fleet"
+	}
+	open := func() (bool, time.Time, error) {
+		s.open[instance] = at.Add(cfg.Cooldown)
+		if s.flaw != "circuit-keep-failures" {
+			delete(s.fails, instance)
+		}
+		return true, s.open[instance], nil
+	}
+	if till, ok := s.open[instance]; ok {
+		switch {
+		case till.After(at) && s.flaw != "circuit-count-open":
+			return false, till, nil
+		case !till.After(at) && s.flaw != "circuit-probe-counted":
+			return open()
+		}
+	}
+	var kept []time.Time
+	for _, t := range append(s.fails[instance], at) {
+		switch {
+		case s.flaw == "circuit-no-window", t.After(at.Add(-cfg.Window)):
+			kept = append(kept, t)
+		case s.flaw == "circuit-window-edge" && t.Equal(at.Add(-cfg.Window)):
+			kept = append(kept, t)
+		}
+	}
+	s.fails[instance] = kept
+	if len(kept) > cfg.Threshold {
+		return open()
+	}
+	if till, ok := s.open[instance]; ok {
+		return false, till, nil
+	}
+	return false, time.Time{}, nil
+}
+
+func (s *fakeStore) ReportRecovered(ctx context.Context, instance string, at time.Time) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	if instance == "" && s.flaw != "circuit-accept-bad" {
+		return false, errors.New("bad input")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	till, ok := s.open[instance]
+	if !ok || (till.After(at) && s.flaw != "circuit-recover-early") {
+		return false, nil
+	}
+	delete(s.open, instance)
+	if s.flaw != "circuit-keep-failures" {
+		delete(s.fails, instance)
+	}
+	return true, nil
+}
+
+func (s *fakeStore) Circuits(ctx context.Context, now time.Time) (map[string]time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.flaw != "circuit-stale-kept" {
+		maps.DeleteFunc(s.open, func(_ string, until time.Time) bool { return now.Sub(until) > affinity.StaleCircuit })
+	}
+	return maps.Clone(s.open), nil
 }

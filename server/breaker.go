@@ -9,7 +9,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tetherproxy/tether/affinity"
-	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/metrics"
 )
@@ -29,15 +28,6 @@ type circuitStore interface {
 // evacuator moves an instance's sessions away (affinity.Decider).
 type evacuator interface {
 	Evacuate(ctx context.Context, idx affinity.SessionIndex, instance string) (int, error)
-}
-
-// breakerConfig is the [routing] failure_* keys.
-func breakerConfig(r config.Routing) fleet.BreakerConfig {
-	n := config.DefaultFailureThreshold
-	if r.FailureThreshold != nil {
-		n = *r.FailureThreshold
-	}
-	return fleet.BreakerConfig{Threshold: n, Window: r.FailureWindow.D, Cooldown: r.FailureCooldown.D}
 }
 
 // breakerShare connects one replica's breaker to the others.

@@ -14,6 +14,7 @@ import (
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/plan"
 	"github.com/tetherproxy/tether/xds"
 )
 
@@ -30,10 +31,12 @@ type runtime struct {
 	// started with: the restart-only parts of cfg may differ from what
 	// runs, which is start's.
 	cfg, start config.Config
-	// tls is the [tls] Envoy's side is built from: tether's own servers
-	// keep the [tls] they started with, so Envoy must too; only
-	// [tls.envoy] follows the configuration (see envoyTLS).
-	tls     config.TLS
+	// plan is cfg's translation, with what tether keeps from its start
+	// (plan.Pinned): the routing and identity headers, and the [tls]
+	// Envoy's side is built from (tether's own servers keep the [tls]
+	// they started with, so Envoy must too; only [tls.envoy] follows the
+	// configuration, see envoyTLS).
+	plan    plan.Plan
 	fleet   *fleet.Fleet
 	ads     *xds.Server // nil when the ADS server is off
 	self    string      // this replica's ext_proc address (see endpoints)
@@ -43,14 +46,13 @@ type runtime struct {
 	// policy receives the routing policy of every configuration applied
 	// after setPolicy: rules, versions and weights change without a restart.
 	policy func(affinity.Policy)
-	pol    affinity.Policy // of cfg
 }
 
-// currentPolicy returns the decision policy of the configuration in force.
-func (r *runtime) currentPolicy() affinity.Policy {
+// currentPlan returns the translation of the configuration in force.
+func (r *runtime) currentPlan() plan.Plan {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.pol
+	return r.plan
 }
 
 // setPolicy registers the decider's SetPolicy.
@@ -101,21 +103,17 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 		return "", r.refuse(source, err)
 	}
 	starting := r.version == ""
+	pins := plan.PinnedOf(next)
 	if starting {
-		r.start, r.tls = next, next.TLS
+		r.start = next
+	} else {
+		// What runs is next with the routing header and the identity
+		// headers tether started with (they change only at a restart),
+		// and Envoy's side of the [tls] in force; Envoy is told the same.
+		pins = r.plan.Pinned
+		pins.TLS = r.envoyTLS(next.TLS)
 	}
-	// What runs is next with the routing header and the identity headers
-	// tether started with (they change only at a restart); Envoy is told
-	// the same. It must validate as a whole too: an edit that moved
-	// cluster_header and gave a rule header the old name would otherwise
-	// match on a header Envoy strips from every request.
-	eff := next
-	eff.Routing.ClusterHeader = r.start.Routing.ClusterHeader
-	eff.Identity = r.start.Identity
-	if err := eff.Validate(); err != nil {
-		return "", r.refuse(source, fmt.Errorf("with the routing and identity headers tether runs with until a restart: %w", err))
-	}
-	pol, err := Policy(eff)
+	p, err := plan.FromConfig(next, plan.Options{ExtProc: []string{r.self}, Pinned: &pins})
 	if err != nil {
 		return "", r.refuse(source, err)
 	}
@@ -126,15 +124,7 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 				"so the Envoy configuration (an Istio EnvoyFilter) must give its tether-extproc cluster a TLS transport socket (docs/security.md)")
 		}
 	}
-	tlsNow := r.envoyTLS(next.TLS)
-	// Envoy is told what tether runs with where the two must agree: its
-	// [tls] (envoyTLS) and, through eff, the header it routes on and the
-	// identity headers both hash on. A cluster_header edit that reached
-	// Envoy alone would send every request past tether's decision to the
-	// default pool.
-	built := eff
-	built.TLS = tlsNow
-	res, err := xds.Build(built, r.endpoints(next), xds.ADS)
+	res, err := xds.Build(p.Envoy, xds.ADS)
 	if err != nil {
 		return "", r.refuse(source, err)
 	}
@@ -153,9 +143,8 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 		return version, nil
 	}
 
-	now := Instances(next)
-	kept := make([]fleet.Instance, 0, len(now))
-	for _, in := range now {
+	kept := make([]fleet.Instance, 0, len(p.Instances))
+	for _, in := range p.Instances {
 		if _, ok := r.fleet.Lookup(in.Name); ok {
 			kept = append(kept, in)
 		}
@@ -163,7 +152,7 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 	r.fleet.Replace(kept)
 	if r.ads != nil {
 		if _, err := r.ads.Publish(res); err != nil {
-			r.fleet.Replace(Instances(r.cfg))
+			r.fleet.Replace(r.plan.Instances)
 			return "", r.refuse(source, err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, ackWait)
@@ -173,23 +162,14 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 			r.log.Warn().Err(err).Msg("routing to the new instances anyway")
 		}
 	}
-	r.fleet.Replace(now)
+	r.fleet.Replace(p.Instances)
 	if r.policy != nil {
-		r.policy(pol)
+		r.policy(p.Policy)
 	}
-	r.cfg, r.version, r.pol, r.tls = next, version, pol, tlsNow
+	r.cfg, r.version, r.plan = next, version, p
 	r.reloads.WithLabelValues(source, "applied").Inc()
-	r.log.Info().Str("source", source).Str("version", version).Int("instances", len(now)).Msg("configuration applied")
+	r.log.Info().Str("source", source).Str("version", version).Int("instances", len(p.Instances)).Msg("configuration applied")
 	return version, nil
-}
-
-// endpoints are the tether replicas Envoy is told to call:
-// envoy.extproc_endpoints, else this replica alone.
-func (r *runtime) endpoints(c config.Config) []string {
-	if len(c.Envoy.ExtProcEndpoints) > 0 {
-		return c.Envoy.ExtProcEndpoints
-	}
-	return []string{r.self}
 }
 
 func (r *runtime) refuse(source string, err error) error {
@@ -208,7 +188,7 @@ func (r *runtime) refuse(source string, err error) error {
 // while it fits the [tls] in force: TLS neither turned on nor off, and
 // nothing Envoy needs left out. Otherwise Envoy keeps its side as it is.
 func (r *runtime) envoyTLS(next config.TLS) config.TLS {
-	t := r.tls
+	t := r.plan.Pinned.TLS
 	if next.Envoy == t.Envoy {
 		return t
 	}
@@ -256,7 +236,7 @@ func restartOnly(c config.Config) []restartSection {
 		{"routing.oom_header", c.Routing.OOMHeader},
 		{"routing.gpu_utilization_header", c.Routing.GPUUtilizationHeader},
 		{"routing.random_seed", c.Routing.RandomSeed},
-		{"routing.failure_threshold", *c.Routing.FailureThreshold},
+		{"routing.failure_threshold", c.Routing.FailureThreshold},
 		{"routing.failure_window", c.Routing.FailureWindow.D},
 		{"routing.failure_cooldown", c.Routing.FailureCooldown.D},
 		{"identity", c.Identity},

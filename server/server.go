@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"sync"
@@ -28,8 +27,8 @@ import (
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
-	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/metrics"
+	"github.com/tetherproxy/tether/plan"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 	"github.com/tetherproxy/tether/xds"
 )
@@ -58,17 +57,6 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	secret, err := identitySecret(cfg, log)
 	if err != nil {
 		return err
-	}
-	ids, err := identity.New(identity.Config{
-		SessionHeader: cfg.Identity.SessionHeader,
-		AuthHeader:    cfg.Identity.AuthHeader,
-		DeviceHeader:  cfg.Identity.DeviceHeader,
-		UserHeader:    cfg.Identity.UserHeader,
-		MaxValueBytes: cfg.Identity.MaxValueBytes,
-		Secret:        secret,
-	})
-	if err != nil {
-		return fmt.Errorf("identity: %w", err)
 	}
 
 	registry := prometheus.NewRegistry()
@@ -121,26 +109,27 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if _, err := rt.apply(ctx, cfg, "start"); err != nil {
 		return err
 	}
+	// What only a restart changes comes from the start's plan: the
+	// identity, the breaker, the ext_proc handler's headers.
+	start := rt.currentPlan()
+	ids, err := start.Extractor(secret)
+	if err != nil {
+		return err
+	}
 
 	replica := replicaName()
 	load := affinity.NewLoad(store, replica)
 	var breaker *fleet.Breaker
 	brec := metrics.NewBreaker(reg, func() uint64 { return breaker.Dropped() })
-	breaker = fleet.NewBreaker(breakerConfig(cfg.Routing), nil, brec.Changed)
+	breaker = fleet.NewBreaker(start.Breaker, nil, brec.Changed)
 	metrics.NewInstances(reg, fleetView{fleet: rt.fleet, load: load, breaker: breaker})
-	decider := affinity.New(metrics.NewStore(reg, store), rt.fleet, rt.currentPolicy(), affinity.WithLoad(load), affinity.WithBreaker(breaker),
-		affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
+	// The decider tether-lab simulate --config builds too, on the memory
+	// store (lab/simulator's TestSimulateDecidesAsServe).
+	decider := plan.NewDecider(start, rt.fleet, plan.Deps{Store: metrics.NewStore(reg, store), Load: load, Breaker: breaker})
 	rt.setPolicy(decider.SetPolicy)
-	processor := extproc.New(ids, decider, rec, extproc.Options{
-		ClusterHeader: cfg.Routing.ClusterHeader,
-		UserHeader:    cfg.Identity.UserHeader,
-		Auditor:       auditor,
-		QueueHeader:   cfg.Routing.QueueDepthHeader,
-		OOMHeader:     cfg.Routing.OOMHeader,
-		GPUHeader:     cfg.Routing.GPUUtilizationHeader,
-		DebugHeaders:  cfg.Server.DebugHeaders,
-		Logger:        log,
-	})
+	eo := start.ExtProc
+	eo.Auditor, eo.Logger = auditor, log
+	processor := extproc.New(ids, decider, rec, eo)
 
 	gs := grpc.NewServer(creds...)
 	extprocv3.RegisterExternalProcessorServer(gs, processor)
@@ -188,7 +177,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if ls.xds != nil {
 		ev = ev.Str("xds", ls.xds.Addr().String())
 	}
-	ev.Str("mode", string(rt.currentPolicy().Mode)).Int("instances", len(cfg.Instances)).Msg("tether ready")
+	ev.Str("mode", string(start.Policy.Mode)).Int("instances", len(cfg.Instances)).Msg("tether ready")
 
 	var runErr error
 	select {
@@ -269,21 +258,6 @@ func identitySecret(cfg config.Config, log zerolog.Logger) ([]byte, error) {
 	}
 	log.Warn().Str("env", cfg.Identity.SecretEnv).Msg("no identity secret set; using a random one for this process (fine with the embedded store only)")
 	return s, nil
-}
-
-// randomSource returns the generator random routing draws from: seeded and
-// reproducible when seed is set, else from the runtime's per-thread source.
-func randomSource(seed uint64) func() uint64 {
-	if seed == 0 {
-		return mrand.Uint64
-	}
-	var mu sync.Mutex
-	r := mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	return func() uint64 {
-		mu.Lock()
-		defer mu.Unlock()
-		return r.Uint64()
-	}
 }
 
 // lameDuck waits out server.drain_delay with /readyz and the gRPC health

@@ -292,18 +292,6 @@ func TestEmbeddedWithoutSecretWarns(t *testing.T) {
 	}
 }
 
-func TestRandomSourceIsReproducible(t *testing.T) {
-	a, b := randomSource(7), randomSource(7)
-	for i := 0; i < 10; i++ {
-		if a() != b() {
-			t.Fatal("same seed, different draws")
-		}
-	}
-	if randomSource(0)() == randomSource(0)() {
-		t.Fatal("unseeded sources agree")
-	}
-}
-
 // readyz reads /readyz, and how long it took.
 func readyz(t *testing.T, admin string) (int, map[string]string, time.Duration) {
 	t.Helper()

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/reload"
 )
 
 // adminAuth guards the admin API with tok, the bearer token of cfg
@@ -73,9 +74,9 @@ func bearer(v string) (string, bool) {
 //
 // Changes go through the same path as a config file change and last until
 // the file changes next (the file stays the source of truth on restart).
-func (r *runtime) routes(mux *http.ServeMux) {
+func fleetRoutes(mux *http.ServeMux, r *reload.Runtime) {
 	mux.HandleFunc("GET /v1/instances", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, r.current().Instances)
+		writeJSON(w, http.StatusOK, r.Current().Instances)
 	})
 	mux.HandleFunc("POST /v1/instances", func(w http.ResponseWriter, req *http.Request) {
 		var in config.Instance
@@ -91,7 +92,7 @@ func (r *runtime) routes(mux *http.ServeMux) {
 		if in.Weight == 0 {
 			in.Weight = 1
 		}
-		next := r.current()
+		next := r.Current()
 		next.Instances = append([]config.Instance(nil), next.Instances...)
 		replaced := false
 		for i := range next.Instances {
@@ -102,11 +103,11 @@ func (r *runtime) routes(mux *http.ServeMux) {
 		if !replaced {
 			next.Instances = append(next.Instances, in)
 		}
-		r.respond(w, req, next)
+		respond(w, req, r, next)
 	})
 	mux.HandleFunc("DELETE /v1/instances/{name}", func(w http.ResponseWriter, req *http.Request) {
 		name := req.PathValue("name")
-		next := r.current()
+		next := r.Current()
 		kept := make([]config.Instance, 0, len(next.Instances))
 		for _, in := range next.Instances {
 			if in.Name != name {
@@ -118,21 +119,22 @@ func (r *runtime) routes(mux *http.ServeMux) {
 			return
 		}
 		next.Instances = kept
-		r.respond(w, req, next)
+		respond(w, req, r, next)
 	})
 	mux.HandleFunc("GET /v1/xds", func(w http.ResponseWriter, _ *http.Request) {
-		if r.ads == nil {
+		ads := r.ADS()
+		if ads == nil {
 			writeJSON(w, http.StatusNotFound, apiError{"the ADS server is off (xds.addr is empty)"})
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"version": r.ads.Version(), "nodes": r.ads.Nodes()})
+		writeJSON(w, http.StatusOK, map[string]any{"version": ads.Version(), "nodes": ads.Nodes()})
 	})
 }
 
-func (r *runtime) respond(w http.ResponseWriter, req *http.Request, next config.Config) {
-	version, err := r.apply(req.Context(), next, "admin")
+func respond(w http.ResponseWriter, req *http.Request, r *reload.Runtime, next config.Config) {
+	version, err := r.Apply(req.Context(), next, "admin")
 	switch {
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, reload.ErrInvalid):
 		writeJSON(w, http.StatusBadRequest, apiError{err.Error()})
 	case err != nil:
 		writeJSON(w, http.StatusInternalServerError, apiError{err.Error()})

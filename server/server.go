@@ -29,6 +29,7 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/metrics"
 	"github.com/tetherproxy/tether/plan"
+	"github.com/tetherproxy/tether/reload"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 	"github.com/tetherproxy/tether/xds"
 )
@@ -65,7 +66,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		reg = opts.WrapRegisterer(registry)
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	creds, err := grpcCredentials(cfg.TLS, log, reg) // none when [tls] is off
+	creds, err := reload.GRPCCredentials(cfg.TLS, log, reg) // none when [tls] is off
 	if err != nil {
 		return err
 	}
@@ -105,13 +106,13 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if ls.xds != nil {
 		ads = xds.NewServer(sctx, log, reg)
 	}
-	rt := newRuntime(ls.extproc.Addr().String(), ads, log, reg)
-	if _, err := rt.apply(ctx, cfg, "start"); err != nil {
+	rt := reload.New(ls.extproc.Addr().String(), ads, log, reg)
+	if _, err := rt.Apply(ctx, cfg, "start"); err != nil {
 		return err
 	}
 	// What only a restart changes comes from the start's plan: the
 	// identity, the breaker, the ext_proc handler's headers.
-	start := rt.currentPlan()
+	start := rt.Plan()
 	ids, err := start.Extractor(secret)
 	if err != nil {
 		return err
@@ -122,11 +123,11 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	var breaker *fleet.Breaker
 	brec := metrics.NewBreaker(reg, func() uint64 { return breaker.Dropped() })
 	breaker = fleet.NewBreaker(start.Breaker, nil, brec.Changed)
-	metrics.NewInstances(reg, fleetView{fleet: rt.fleet, load: load, breaker: breaker})
+	metrics.NewInstances(reg, fleetView{fleet: rt.Fleet(), load: load, breaker: breaker})
 	// The decider tether-lab simulate --config builds too, on the memory
 	// store (lab/simulator's TestSimulateDecidesAsServe).
-	decider := plan.NewDecider(start, rt.fleet, plan.Deps{Store: metrics.NewStore(reg, store), Load: load, Breaker: breaker})
-	rt.setPolicy(decider.SetPolicy)
+	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{Store: metrics.NewStore(reg, store), Load: load, Breaker: breaker})
+	rt.OnPolicy(decider.SetPolicy)
 	eo := start.ExtProc
 	eo.Auditor, eo.Logger = auditor, log
 	processor := extproc.New(ids, decider, rec, eo)
@@ -143,7 +144,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 
 	ready := newReadiness(store)
 	sessions := NewSessionOps(SessionOpsConfig{
-		Index: store, Drains: store, Load: load, Fleet: rt.fleet,
+		Index: store, Drains: store, Load: load, Fleet: rt.Fleet(),
 		Identity: ids, Headers: cfg.Identity, Logger: log,
 	})
 	adminAPI := adminAuth(adminToken, cfg.Server, ls.admin.Addr(), log, adminMux(registry, ready, rt, sessions))
@@ -161,14 +162,14 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	var watchers sync.WaitGroup
 	watchers.Go(func() { lengths.Run(wctx) })
-	watchers.Go(func() { syncLoad(wctx, load, rt.fleet, log, rec.LoadSyncFailures()) })
+	watchers.Go(func() { syncLoad(wctx, load, rt.Fleet(), log, rec.LoadSyncFailures()) })
 	watchers.Go(func() {
-		share := &breakerShare{breaker: breaker, store: store, index: store, mover: decider, fleet: rt.fleet, replica: replica, rec: brec, log: log}
+		share := &breakerShare{breaker: breaker, store: store, index: store, mover: decider, fleet: rt.Fleet(), replica: replica, rec: brec, log: log}
 		share.run(wctx)
 	})
 	if opts.ConfigPath != "" {
 		watchers.Go(func() {
-			if err := watchConfig(wctx, opts.ConfigPath, log, func() { reloadFile(wctx, rt, opts) }); err != nil {
+			if err := rt.WatchFile(wctx, opts.ConfigPath, opts.Overrides); err != nil {
 				log.Error().Err(err).Msg("config file not watched; changes need a restart or the admin API")
 			}
 		})
@@ -349,7 +350,7 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_ = json.NewEncoder(w).Encode(body)
 }
 
-func adminMux(reg *prometheus.Registry, ready http.Handler, rt *runtime, sessions *SessionOps) *http.ServeMux {
+func adminMux(reg *prometheus.Registry, ready http.Handler, rt *reload.Runtime, sessions *SessionOps) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
@@ -357,7 +358,7 @@ func adminMux(reg *prometheus.Registry, ready http.Handler, rt *runtime, session
 	})
 	mux.Handle("GET /readyz", ready)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	rt.routes(mux)
+	fleetRoutes(mux, rt)
 	sessions.Routes(mux)
 	return mux
 }

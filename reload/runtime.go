@@ -1,4 +1,10 @@
-package server
+// Package reload keeps a running tether on its configuration file: it
+// applies a changed file (or an admin API change) to the fleet, the
+// decision policy and Envoy's resources together (Runtime), watches the
+// file (Runtime.WatchFile), and serves renewed TLS certificates without a
+// restart (GRPCCredentials). What a running tether cannot change is
+// pinned (plan.Pinned) and logged as restart-only.
+package reload
 
 import (
 	"context"
@@ -22,10 +28,10 @@ import (
 // clusters before tether starts routing to them.
 const ackWait = 5 * time.Second
 
-// runtime owns what may change while tether runs: the fleet the decision
+// Runtime owns what may change while tether runs: the fleet the decision
 // reads and the Envoy resources made from the same configuration. Every
-// change goes through apply, so the two move together.
-type runtime struct {
+// change goes through Apply, so the two move together.
+type Runtime struct {
 	mu sync.Mutex // one change at a time
 	// cfg is the configuration last accepted, start is the one tether
 	// started with: the restart-only parts of cfg may differ from what
@@ -44,26 +50,31 @@ type runtime struct {
 	log     zerolog.Logger
 	reloads *prometheus.CounterVec
 	// policy receives the routing policy of every configuration applied
-	// after setPolicy: rules, versions and weights change without a restart.
+	// after OnPolicy: rules, versions and weights change without a restart.
 	policy func(affinity.Policy)
 }
 
-// currentPlan returns the translation of the configuration in force.
-func (r *runtime) currentPlan() plan.Plan {
+// Plan returns the translation of the configuration in force.
+func (r *Runtime) Plan() plan.Plan {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.plan
 }
 
-// setPolicy registers the decider's SetPolicy.
-func (r *runtime) setPolicy(f func(affinity.Policy)) {
+// OnPolicy registers the decider's SetPolicy: every configuration applied
+// after it hands the decider its policy.
+func (r *Runtime) OnPolicy(f func(affinity.Policy)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.policy = f
 }
 
-func newRuntime(self string, ads *xds.Server, log zerolog.Logger, reg prometheus.Registerer) *runtime {
-	r := &runtime{
+// New returns a runtime with an empty fleet; the first Apply starts it.
+// self is this replica's ext_proc address: Envoy calls it when
+// envoy.extproc_endpoints names no replica. ads is nil when the ADS server
+// is off.
+func New(self string, ads *xds.Server, log zerolog.Logger, reg prometheus.Registerer) *Runtime {
+	r := &Runtime{
 		fleet: fleet.New(nil), ads: ads, self: self, log: log,
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_config_reloads_total",
@@ -74,8 +85,14 @@ func newRuntime(self string, ads *xds.Server, log zerolog.Logger, reg prometheus
 	return r
 }
 
-// current returns the configuration in force.
-func (r *runtime) current() config.Config {
+// Fleet is the fleet the decider reads; Apply changes it.
+func (r *Runtime) Fleet() *fleet.Fleet { return r.fleet }
+
+// ADS is the ADS server, nil when it is off.
+func (r *Runtime) ADS() *xds.Server { return r.ads }
+
+// Current returns the configuration in force.
+func (r *Runtime) Current() config.Config {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.cfg
@@ -85,7 +102,8 @@ func (r *runtime) current() config.Config {
 // invalid; the previous one stays in force.
 var ErrInvalid = errors.New("invalid configuration")
 
-// apply makes next the configuration in force. An invalid next is refused
+// Apply makes next the configuration in force; source ("start", "file",
+// "admin") labels the reload counter and the logs. An invalid next is refused
 // (logged, counted, nothing changes). Otherwise:
 //  1. instances leaving the fleet stop getting decisions at once;
 //  2. Envoy gets the new resources (when the ADS server is on), and apply
@@ -96,7 +114,7 @@ var ErrInvalid = errors.New("invalid configuration")
 // Sections a running tether does not change are logged as restart-only;
 // Envoy's side of [tls], the routing header and the identity headers
 // follow what tether runs with, not next.
-func (r *runtime) apply(ctx context.Context, next config.Config, source string) (version string, err error) {
+func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) (version string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := next.Validate(); err != nil {
@@ -172,7 +190,7 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 	return version, nil
 }
 
-func (r *runtime) refuse(source string, err error) error {
+func (r *Runtime) refuse(source string, err error) error {
 	r.reloads.WithLabelValues(source, "invalid").Inc()
 	r.log.Error().Err(err).Str("source", source).Msg("configuration refused; the previous one stays in force")
 	return fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -187,7 +205,7 @@ func (r *runtime) refuse(source string, err error) error {
 // Only [tls.envoy] (Envoy's own files, the SNI) follows next, and only
 // while it fits the [tls] in force: TLS neither turned on nor off, and
 // nothing Envoy needs left out. Otherwise Envoy keeps its side as it is.
-func (r *runtime) envoyTLS(next config.TLS) config.TLS {
+func (r *Runtime) envoyTLS(next config.TLS) config.TLS {
 	t := r.plan.Pinned.TLS
 	if next.Envoy == t.Envoy {
 		return t
@@ -248,7 +266,7 @@ func restartOnly(c config.Config) []restartSection {
 // differs from what tether runs with (start) and from the configuration
 // last accepted, so a change is logged once and a return to the running
 // value not at all.
-func (r *runtime) warnRestartOnly(next config.Config) {
+func (r *Runtime) warnRestartOnly(next config.Config) {
 	start, last := restartOnly(r.start), restartOnly(r.cfg)
 	for i, s := range restartOnly(next) {
 		if !reflect.DeepEqual(s.value, start[i].value) && !reflect.DeepEqual(s.value, last[i].value) {

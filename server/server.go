@@ -6,7 +6,6 @@ package server
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -17,12 +16,12 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/tetherproxy/tether/admin"
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/extproc"
@@ -142,17 +141,19 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		ads.Register(xs)
 	}
 
-	ready := newReadiness(store)
-	sessions := NewSessionOps(SessionOpsConfig{
+	ready := admin.NewReadiness(store)
+	sessions := admin.NewSessionOps(admin.SessionOpsConfig{
 		Index: store, Drains: store, Load: load, Fleet: rt.Fleet(),
 		Identity: ids, Headers: cfg.Identity, Logger: log,
 	})
-	adminAPI := adminAuth(adminToken, cfg.Server, ls.admin.Addr(), log, adminMux(registry, ready, rt, sessions))
-	admin := &http.Server{Handler: adminAPI, ReadHeaderTimeout: 5 * time.Second}
+	adminAPI := admin.Guard(adminToken, cfg.Server, ls.admin.Addr(), log, admin.NewHandler(admin.Config{
+		Metrics: registry, Ready: ready, Runtime: rt, ADS: ads, Sessions: sessions,
+	}))
+	adminServer := &http.Server{Handler: adminAPI, ReadHeaderTimeout: 5 * time.Second}
 
 	errc := make(chan error, 4)
 	go func() { errc <- serveErr("ext_proc", gs.Serve(ls.extproc)) }()
-	go func() { errc <- serveErr("admin", admin.Serve(ls.admin)) }()
+	go func() { errc <- serveErr("admin", adminServer.Serve(ls.admin)) }()
 	if xs != nil {
 		go func() { errc <- serveErr("xds", xs.Serve(ls.xds)) }()
 	}
@@ -185,7 +186,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	case <-ctx.Done():
 	case runErr = <-errc:
 	}
-	ready.drain()
+	ready.Drain()
 	hs.Shutdown()
 	if d := cfg.Server.DrainDelay.D; d > 0 && runErr == nil {
 		runErr = lameDuck(d, errc, log)
@@ -200,7 +201,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 	hctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_ = admin.Shutdown(hctx)
+	_ = adminServer.Shutdown(hctx)
 	log.Info().Msg("tether stopped")
 	return runErr
 }
@@ -302,63 +303,4 @@ func serveErr(name string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("%s server: %w", name, err)
-}
-
-// storeHealth is what readiness needs of the store.
-type storeHealth interface {
-	Ping(context.Context) error
-	Health() redisstore.Health
-}
-
-type readiness struct {
-	store    storeHealth
-	mu       sync.Mutex
-	draining bool
-}
-
-func newReadiness(s storeHealth) *readiness { return &readiness{store: s} }
-
-func (r *readiness) drain() { r.mu.Lock(); r.draining = true; r.mu.Unlock() }
-
-// ServeHTTP answers /readyz. A store that does not answer leaves tether
-// ready but degraded (200): it still routes, by rendezvous hashing. The
-// answer never waits on a dead Redis: the store's breaker refuses the ping
-// at once while open, and otherwise the store's per-call timeout bounds it.
-// The body says the breaker's state ("breaker": closed, open, half-open).
-func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	r.mu.Lock()
-	draining := r.draining
-	r.mu.Unlock()
-	body := map[string]string{"status": "ready", "store": "ok"}
-	code := http.StatusOK
-	if draining {
-		body["status"], code = "draining", http.StatusServiceUnavailable
-	}
-	ctx, cancel := context.WithTimeout(req.Context(), time.Second)
-	defer cancel()
-	err := r.store.Ping(ctx)
-	h := r.store.Health()
-	if err != nil || !h.Up() {
-		body["store"] = "unreachable"
-		if !draining {
-			body["status"] = "degraded"
-		}
-	}
-	body["breaker"] = h.State.String()
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(body)
-}
-
-func adminMux(reg *prometheus.Registry, ready http.Handler, rt *reload.Runtime, sessions *SessionOps) *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain")
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	mux.Handle("GET /readyz", ready)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	fleetRoutes(mux, rt)
-	sessions.Routes(mux)
-	return mux
 }

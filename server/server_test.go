@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +22,6 @@ import (
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/testenv"
-	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
 func TestMain(m *testing.M) {
@@ -393,60 +390,6 @@ func TestStartsWithoutRedis(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
-
-// TestReadinessFollowsTheBreaker: /readyz reports the breaker's state; a
-// breaker that is not closed, or a failed ping, makes tether degraded,
-// still ready.
-func TestReadinessFollowsTheBreaker(t *testing.T) {
-	tests := []struct {
-		name  string
-		store fakeStore
-		drain bool
-		code  int
-		want  map[string]string
-	}{
-		{"up", fakeStore{state: redisstore.BreakerClosed}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
-		{"ping fails", fakeStore{state: redisstore.BreakerClosed, pingErr: errors.New("timeout")}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "closed"}},
-		{"open", fakeStore{state: redisstore.BreakerOpen, pingErr: redisstore.ErrUnavailable}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "open"}},
-		{"half-open", fakeStore{state: redisstore.BreakerHalfOpen, pingErr: redisstore.ErrUnavailable}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "half-open"}},
-		{"probe succeeded", fakeStore{state: redisstore.BreakerOpen, closeOnPing: true}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
-		{"draining, open", fakeStore{state: redisstore.BreakerOpen, pingErr: redisstore.ErrUnavailable}, true, 503, map[string]string{"status": "draining", "store": "unreachable", "breaker": "open"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := newReadiness(&tt.store)
-			if tt.drain {
-				r.drain()
-			}
-			rec := httptest.NewRecorder()
-			r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-			var got map[string]string
-			if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
-				t.Fatal(err)
-			}
-			if rec.Code != tt.code || !cmp.Equal(got, tt.want) {
-				t.Errorf("/readyz: %d %v, want %d %v", rec.Code, got, tt.code, tt.want)
-			}
-		})
-	}
-}
-
-// fakeStore stands for the store and its breaker.
-type fakeStore struct {
-	state   redisstore.BreakerState
-	pingErr error
-	// closeOnPing: the ping is the breaker's probe, and succeeds.
-	closeOnPing bool
-}
-
-func (f *fakeStore) Ping(context.Context) error {
-	if f.closeOnPing {
-		f.state = redisstore.BreakerClosed
-	}
-	return f.pingErr
-}
-
-func (f *fakeStore) Health() redisstore.Health { return redisstore.Health{State: f.state} }
 
 // grepLines returns the lines of s that contain sub.
 func grepLines(s, sub string) string {

@@ -1,14 +1,14 @@
 // Package simulator evaluates routing policies on an emulated GPU fleet in
 // virtual time: a discrete-event simulation of the workload loadgen replays
 // (lab/workload), routed by tether's own decision code (the decider tether
-// serve builds, plan.NewDecider, over store/memory, from a tether
+// serve builds, plan.NewDecider over store/memory, from a tether
 // configuration: Options.Config, or the one the options stand for) or by
-// emulations of Envoy's ring hash and round robin,
-// and priced by the emulated instances' cost model (emulator.GPU: the prefix KV
-// cache, the prefill queue, the decode batch). There is no network, no
-// sleeping and no wall clock: an hour of traffic at 10,000 requests per
-// second runs in minutes. The figures are loadgen's (loadgen.Summary), so
-// they compare with `tether-lab bench` and `tether-lab loadgen` runs. See README.md.
+// emulations of Envoy's ring hash and round robin, and priced by the
+// emulated instances' cost model (emulator.GPU: the prefix KV cache, the
+// prefill queue, the decode batch). There is no network, no sleeping and no
+// wall clock: an hour of traffic at 10,000 requests per second runs in
+// minutes. The figures are loadgen's (loadgen.Summary), so they compare
+// with `tether-lab bench` and `tether-lab loadgen` runs. See README.md.
 package simulator
 
 import (

@@ -20,6 +20,35 @@ import (
 	"github.com/tetherproxy/tether/xds"
 )
 
+// Config is what the admin API serves.
+type Config struct {
+	// Metrics is the registry /metrics serves.
+	Metrics *prometheus.Registry
+	// Ready answers /readyz (Readiness).
+	Ready http.Handler
+	// Runtime is the configuration in force: the fleet API reads and
+	// changes it.
+	Runtime Runtime
+	// ADS is the ADS server /v1/xds shows; nil when it is off.
+	ADS *xds.Server
+	// Sessions are the session operations.
+	Sessions *SessionOps
+}
+
+// NewHandler returns the admin API's routes, unguarded (see Guard).
+func NewHandler(c Config) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("GET /readyz", c.Ready)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(c.Metrics, promhttp.HandlerOpts{Registry: c.Metrics}))
+	fleetRoutes(mux, c.Runtime, c.ADS)
+	c.Sessions.Routes(mux)
+	return mux
+}
+
 // Guard guards the admin API with tok, the bearer token of cfg
 // (server.admin_token_file or $server.admin_token_env): every endpoint but
 // /healthz and /readyz, which probes call without credentials, answers 401
@@ -78,33 +107,4 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
-}
-
-// Config is what the admin API serves.
-type Config struct {
-	// Metrics is the registry /metrics serves.
-	Metrics *prometheus.Registry
-	// Ready answers /readyz (Readiness).
-	Ready http.Handler
-	// Runtime is the configuration in force: the fleet API reads and
-	// changes it.
-	Runtime Runtime
-	// ADS is the ADS server /v1/xds shows; nil when it is off.
-	ADS *xds.Server
-	// Sessions are the session operations.
-	Sessions *SessionOps
-}
-
-// NewHandler returns the admin API's routes, unguarded (see Guard).
-func NewHandler(c Config) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain")
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	mux.Handle("GET /readyz", c.Ready)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(c.Metrics, promhttp.HandlerOpts{Registry: c.Metrics}))
-	fleetRoutes(mux, c.Runtime, c.ADS)
-	c.Sessions.Routes(mux)
-	return mux
 }

@@ -35,7 +35,7 @@ type XDSStatus struct {
 	Version string           `json:"version"`
 }
 
-// routes adds the fleet API to the admin server:
+// fleetRoutes adds the fleet API to the admin server:
 //
 //	GET    /v1/instances          the instances in force
 //	POST   /v1/instances          add an instance, or replace the one of that name

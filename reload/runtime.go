@@ -37,36 +37,22 @@ type Runtime struct {
 	// started with: the restart-only parts of cfg may differ from what
 	// runs, which is start's.
 	cfg, start config.Config
-	// plan is cfg's translation, with what tether keeps from its start
-	// (plan.Pinned): the routing and identity headers, and the [tls]
-	// Envoy's side is built from (tether's own servers keep the [tls]
-	// they started with, so Envoy must too; only [tls.envoy] follows the
-	// configuration, see envoyTLS).
+	// plan is the translation in force (of the configuration last
+	// applied), with what tether keeps from its start (plan.Pinned): the
+	// routing and identity headers, and the [tls] Envoy's side is built
+	// from (tether's own servers keep the [tls] they started with, so
+	// Envoy must too; only [tls.envoy] follows the configuration, see
+	// envoyTLS).
 	plan    plan.Plan
 	fleet   *fleet.Fleet
 	ads     *xds.Server // nil when the ADS server is off
-	self    string      // this replica's ext_proc address (see endpoints)
+	self    string      // this replica's ext_proc address (see New)
 	version string      // of the Envoy resources in force
 	log     zerolog.Logger
 	reloads *prometheus.CounterVec
 	// policy receives the routing policy of every configuration applied
 	// after OnPolicy: rules, versions and weights change without a restart.
 	policy func(affinity.Policy)
-}
-
-// Plan returns the translation of the configuration in force.
-func (r *Runtime) Plan() plan.Plan {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.plan
-}
-
-// OnPolicy registers the decider's SetPolicy: every configuration applied
-// after it hands the decider its policy.
-func (r *Runtime) OnPolicy(f func(affinity.Policy)) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.policy = f
 }
 
 // New returns a runtime with an empty fleet; the first Apply starts it.
@@ -85,11 +71,23 @@ func New(self string, ads *xds.Server, log zerolog.Logger, reg prometheus.Regist
 	return r
 }
 
+// Plan returns the translation of the configuration in force.
+func (r *Runtime) Plan() plan.Plan {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.plan
+}
+
+// OnPolicy registers the decider's SetPolicy: every configuration applied
+// after it hands the decider its policy.
+func (r *Runtime) OnPolicy(f func(affinity.Policy)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.policy = f
+}
+
 // Fleet is the fleet the decider reads; Apply changes it.
 func (r *Runtime) Fleet() *fleet.Fleet { return r.fleet }
-
-// ADS is the ADS server, nil when it is off.
-func (r *Runtime) ADS() *xds.Server { return r.ads }
 
 // Current returns the configuration in force.
 func (r *Runtime) Current() config.Config {

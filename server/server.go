@@ -1,6 +1,9 @@
-// Package server assembles a running tether from a configuration: the
-// binding store, the decision core, the ext_proc gRPC server and the admin
-// HTTP server. cmd/tether parses flags and calls Run.
+// Package server assembles a running tether from a configuration and runs
+// it: the binding store, the routing audit (audit/sinks), live reload
+// (reload, which translates the configuration with plan), the decider, the
+// ext_proc and ADS gRPC servers, the admin HTTP API (admin), and the
+// background loops that share load and circuits between replicas; then the
+// lame-duck delay and the drain. cmd/tether parses flags and calls Run.
 package server
 
 import (

@@ -1,6 +1,7 @@
 // Package audittest holds what the tests of the audit sinks share: a
-// sealer on random keys, a clock the test moves by hand, and the Redis
-// servers a Redis sink is tested on.
+// sealer on random keys, a clock the test moves by hand, the Redis
+// servers a Redis sink is tested on, and a TestMain that stops the shared
+// PostgreSQL server before looking for leaked goroutines.
 package audittest
 
 import (
@@ -11,6 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/tetherproxy/tether/audit"
 	"github.com/tetherproxy/tether/internal/testenv"
@@ -57,4 +59,18 @@ func RedisBackends(t *testing.T, fn func(t *testing.T, c goredis.UniversalClient
 	t.Run("redis-server", func(t *testing.T) {
 		fn(t, testenv.RedisServer(t).Client())
 	})
+}
+
+// Main runs a package's tests, then stops its shared PostgreSQL server pg
+// (if a test started it) before goleak looks for goroutines left behind.
+func Main(m *testing.M, pg *testenv.SharedPostgres) { goleak.VerifyTestMain(stopPostgres{m, pg}) }
+
+type stopPostgres struct {
+	m  *testing.M
+	pg *testenv.SharedPostgres
+}
+
+func (s stopPostgres) Run() int {
+	defer s.pg.Stop()
+	return s.m.Run()
 }

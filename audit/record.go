@@ -10,7 +10,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -72,7 +74,8 @@ func NewRequestID() string {
 	return string(s[:])
 }
 
-// Sink stores records. Implementations: FileSink, RedisSink.
+// Sink stores records. Implementations, one package each: audit/file,
+// audit/redis, audit/postgres (audit/sinks opens the one [audit] names).
 type Sink interface {
 	// Write stores a batch of records, in order.
 	Write(ctx context.Context, recs []Record) error
@@ -91,3 +94,36 @@ type Sink interface {
 type Pruner interface {
 	Prune(ctx context.Context) error
 }
+
+// ErrInvalidRecord marks records a sink could not store as they are (see
+// InvalidRecordsError).
+var ErrInvalidRecord = errors.New("invalid audit record")
+
+// InvalidRecordsError is what a sink's Write returns when it skipped
+// records of a batch that its store would refuse, and stored the others
+// (the PostgreSQL sink, audit/postgres: a request_id that is not a UUID in
+// lower-case canonical form, or a text field that is not UTF-8 or holds a
+// NUL byte). It names the records by position and the field by name,
+// never by value. errors.Is(err, ErrInvalidRecord) holds; the Writer
+// counts the skipped records as failed and the others as written.
+type InvalidRecordsError struct {
+	Table   string
+	Total   int      // records in the batch
+	Index   []int    // positions of the skipped records, ascending
+	Reasons []string // why, one per skipped record
+}
+
+func (e *InvalidRecordsError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "audit postgres sink: write %s: skipped %d of %d records (the others are stored)", e.Table, len(e.Index), e.Total)
+	const show = 5
+	for i, idx := range e.Index[:min(len(e.Index), show)] {
+		fmt.Fprintf(&b, "; record %d: %s", idx, e.Reasons[i])
+	}
+	if len(e.Index) > show {
+		fmt.Fprintf(&b, "; and %d more", len(e.Index)-show)
+	}
+	return b.String()
+}
+
+func (e *InvalidRecordsError) Unwrap() error { return ErrInvalidRecord }

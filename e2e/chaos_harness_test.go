@@ -60,7 +60,6 @@ import (
 	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/lab/emulator"
-	"github.com/tetherproxy/tether/xds"
 )
 
 // ---------------------------------------------------------------------------
@@ -310,7 +309,7 @@ func (e *chaosEnvoy) start(listen string) {
 	t.Helper()
 	cfg := e.cfg
 	cfg.Envoy.ListenerAddr = listen
-	b, err := xds.StaticBootstrap(cfg, e.extproc, "127.0.0.1:0")
+	b, err := staticBootstrap(cfg, e.extproc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherproxy/tether/config"
@@ -33,6 +34,7 @@ import (
 	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/lab/emulator"
+	"github.com/tetherproxy/tether/plan"
 	"github.com/tetherproxy/tether/xds"
 )
 
@@ -255,11 +257,22 @@ type proxy struct {
 func startEnvoy(t *testing.T, cfg config.Config, extproc ...string) *proxy {
 	t.Helper()
 	cfg.Envoy.ListenerAddr = "127.0.0.1:0"
-	b, err := xds.StaticBootstrap(cfg, extproc, "127.0.0.1:0")
+	b, err := staticBootstrap(cfg, extproc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return runEnvoy(t, b)
+}
+
+// staticBootstrap is the static bootstrap for cfg, calling the ext_proc
+// servers at extproc.
+func staticBootstrap(cfg config.Config, extproc []string) (*bootstrapv3.Bootstrap, error) {
+	spec, err := plan.Envoy(cfg, plan.Options{})
+	if err != nil {
+		return nil, err
+	}
+	spec.ExtProc = extproc
+	return xds.StaticBootstrap(spec, "127.0.0.1:0")
 }
 
 // startEnvoyADS runs Envoy on the ADS bootstrap alone: everything else comes

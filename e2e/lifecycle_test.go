@@ -20,7 +20,7 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/internal/testenv"
-	"github.com/tetherproxy/tether/server"
+	"github.com/tetherproxy/tether/plan"
 )
 
 // The session lifecycle through real Envoy, redis-server and the tether
@@ -422,7 +422,7 @@ func TestBoundedLoadThroughEnvoy(t *testing.T) {
 	// ranks them: the session key from the identity extractor with the
 	// test's secret, rendezvous over the fleet from the same config. One
 	// burst arrives a session at a time, the other 16 at a time.
-	fl := server.Instances(cfg)
+	fl := plan.Instances(cfg)
 	ids := extractor(t)
 	sessions := len(keys)
 	for _, b := range []struct {
@@ -549,7 +549,7 @@ func TestAdaptiveSpillsLowPriorityOffASaturatedInstance(t *testing.T) {
 	// The first normal session hits until tether sees the queue, then spills.
 	ids := extractor(t)
 	next := func(h map[string]string) string {
-		return affinity.Rendezvous(ids.Extract(identity.Map(h)).Key, without(server.Instances(cfg), hot.Name)).Name
+		return affinity.Rendezvous(ids.Extract(identity.Map(h)).Key, without(plan.Instances(cfg), hot.Name)).Name
 	}
 	start := time.Now()
 	var first answer

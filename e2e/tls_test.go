@@ -11,6 +11,7 @@ import (
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/internal/testenv"
+	"github.com/tetherproxy/tether/plan"
 	"github.com/tetherproxy/tether/xds"
 )
 
@@ -88,7 +89,7 @@ func TestTLSEnvoyExtProcMutual(t *testing.T) {
 func TestTLSEnvoyOverADS(t *testing.T) {
 	cfg := mtlsConfig(t, startFleet(t, 4), false)
 	tt := startTether(t, cfg)
-	b, err := xds.ADSBootstrap("e2e-tls", "127.0.0.1:0", tt.xds, xds.WithTLS(cfg.TLS))
+	b, err := xds.ADSBootstrap("e2e-tls", "127.0.0.1:0", tt.xds, envoyTLS(t, cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +120,7 @@ func TestTLSMinVersion13(t *testing.T) {
 			return startEnvoy(t, cfg, tt.extproc)
 		}},
 		{name: "ADS", clusters: []string{xds.ADSCluster, xds.ExtProcCluster}, envoy: func(t *testing.T, cfg config.Config, tt *tether) *proxy {
-			b, err := xds.ADSBootstrap("e2e-tls13", "127.0.0.1:0", tt.xds, xds.WithTLS(cfg.TLS))
+			b, err := xds.ADSBootstrap("e2e-tls13", "127.0.0.1:0", tt.xds, envoyTLS(t, cfg))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -184,7 +185,7 @@ func TestTLSEnvoyFromAnotherCA(t *testing.T) {
 func TestTLSADSFromAnotherCA(t *testing.T) {
 	cfg := mtlsConfig(t, startFleet(t, 2), true)
 	tt := startTether(t, cfg)
-	b, err := xds.ADSBootstrap("e2e-tls-refused", "127.0.0.1:0", tt.xds, xds.WithTLS(cfg.TLS))
+	b, err := xds.ADSBootstrap("e2e-tls-refused", "127.0.0.1:0", tt.xds, envoyTLS(t, cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,4 +209,15 @@ func TestTLSADSFromAnotherCA(t *testing.T) {
 	if st := tt.xdsState(t); len(st.Nodes) != 0 {
 		t.Errorf("tether serves a refused Envoy: %+v", st.Nodes)
 	}
+}
+
+// envoyTLS makes a bootstrap's ADS cluster reach tether as cfg's [tls]
+// and [tls.envoy] say.
+func envoyTLS(t *testing.T, cfg config.Config) xds.BootstrapOption {
+	t.Helper()
+	e, err := plan.UpstreamTLS(cfg.TLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return xds.WithTLS(e)
 }

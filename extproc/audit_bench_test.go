@@ -11,6 +11,7 @@ import (
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/audit"
+	auditfile "github.com/tetherproxy/tether/audit/file"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
@@ -34,8 +35,9 @@ func (discardSink) Close() error                                           { ret
 // audit.Recorder and audit.Writer at sample_rate 1, so every decision is
 // recorded, with Envoy's x-request-id kept and the user id sealed
 // (AES-256-GCM) and pseudonymised (HMAC-SHA256) per request, the worst
-// case. audit=on writes to a sink that discards; audit=on,sink=file to a
-// FileSink in a temporary directory (JSON lines, fsync per batch).
+// case. audit=on writes to a sink that discards; audit=on,sink=file to
+// the file sink (audit/file) in a temporary directory (JSON lines, fsync
+// per batch).
 func BenchmarkAuditOverhead(b *testing.B) {
 	for _, bc := range []struct {
 		name string
@@ -44,7 +46,7 @@ func BenchmarkAuditOverhead(b *testing.B) {
 		{"audit=off", nil},
 		{"audit=on", func(*testing.B) audit.Sink { return discardSink{} }},
 		{"audit=on,sink=file", func(b *testing.B) audit.Sink {
-			s, err := audit.NewFileSink(audit.FileConfig{Dir: b.TempDir(), Retention: audit.MaxRetention})
+			s, err := auditfile.New(auditfile.Config{Dir: b.TempDir(), Retention: audit.MaxRetention})
 			if err != nil {
 				b.Fatal(err)
 			}

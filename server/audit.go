@@ -2,16 +2,15 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	goredis "github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/tetherproxy/tether/audit"
+	"github.com/tetherproxy/tether/audit/postgres"
+	"github.com/tetherproxy/tether/audit/sinks"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/extproc"
 	redisstore "github.com/tetherproxy/tether/store/redis"
@@ -22,82 +21,6 @@ var _ extproc.Auditor = (*audit.Recorder)(nil)
 // auditCloseTimeout bounds the flush of the routing audit on shutdown;
 // what is left after it is counted as dropped.
 const auditCloseTimeout = 5 * time.Second
-
-// AuditKeys says where the routing audit's keys come from.
-func AuditKeys(a config.Audit) audit.KeyConfig {
-	return audit.KeyConfig{
-		KeysEnv: a.KeyringEnv, KeysFile: a.KeyringFile,
-		PseudonymEnv: a.PseudonymKeyEnv, PseudonymFile: a.PseudonymKeyFile,
-	}
-}
-
-// OpenAuditSink opens the sink [audit] names, whether or not the audit is
-// enabled (`tether audit` reads records written while it was). store is
-// the binding store: the Redis sink writes to its Redis, under its key
-// prefix, unless audit.redis_url names another Redis. closeSink releases
-// the sink and what was opened for it, not the store. A PostgreSQL server
-// that cannot be reached fails the opening (the CLI's export and forget
-// need it now); tether serve opens it lazily instead (startAudit).
-func OpenAuditSink(ctx context.Context, cfg config.Config, store *redisstore.Store) (sink audit.Sink, closeSink func() error, err error) {
-	return openAuditSink(ctx, cfg, store, false)
-}
-
-func openAuditSink(ctx context.Context, cfg config.Config, store *redisstore.Store, lazy bool) (sink audit.Sink, closeSink func() error, err error) {
-	a := cfg.Audit
-	switch a.Sink {
-	case config.AuditSinkFile:
-		s, err := audit.NewFileSink(audit.FileConfig{Dir: a.FileDir, Retention: a.Retention.D})
-		if err != nil {
-			return nil, nil, err
-		}
-		return s, s.Close, nil
-	case config.AuditSinkPostgres:
-		dsn := os.Getenv(a.PostgresDSNEnv)
-		if dsn == "" {
-			return nil, nil, fmt.Errorf("audit sink postgres: environment variable %s is not set (audit.postgres_dsn_env names it; it holds the DSN)", a.PostgresDSNEnv)
-		}
-		return openPostgresSink(ctx, dsn, a.Retention.D, lazy)
-	case config.AuditSinkRedis:
-		var client goredis.UniversalClient
-		prefix, closeClient := redisstore.DefaultPrefix, func() error { return nil }
-		switch {
-		case a.RedisURL != "":
-			c, err := redisstore.NewClient(a.RedisURL)
-			if err != nil {
-				return nil, nil, fmt.Errorf("audit.redis_url: %w", err)
-			}
-			client, closeClient = c, c.Close
-		case store != nil:
-			client, prefix = store.Client(), store.Prefix()
-		default:
-			return nil, nil, errors.New("audit sink redis: no binding store to write to, and no audit.redis_url")
-		}
-		s, err := audit.NewRedisSink(client, audit.RedisConfig{Prefix: prefix, Retention: a.Retention.D})
-		if err != nil {
-			_ = closeClient()
-			return nil, nil, err
-		}
-		return s, func() error { return errors.Join(s.Close(), closeClient()) }, nil
-	}
-	return nil, nil, fmt.Errorf("audit.sink %q: unknown", a.Sink)
-}
-
-// postgresOpenTimeout bounds connecting to PostgreSQL and creating the
-// table when the sink opens.
-const postgresOpenTimeout = 10 * time.Second
-
-// openPostgresSink opens the PostgreSQL sink (its errors never show the
-// DSN). lazy opens it even when the server cannot be reached
-// (audit.PostgresConfig.Lazy).
-func openPostgresSink(ctx context.Context, dsn string, retention time.Duration, lazy bool) (audit.Sink, func() error, error) {
-	ctx, cancel := context.WithTimeout(ctx, postgresOpenTimeout)
-	defer cancel()
-	s, err := audit.NewPostgresSink(ctx, dsn, audit.PostgresConfig{Retention: retention, Lazy: lazy})
-	if err != nil {
-		return nil, nil, err
-	}
-	return s, s.Close, nil
-}
 
 // recordBytes is what one record costs in a Redis Stream (MEMORY USAGE
 // over 20,000 records with sealed user ids on redis-server 7.0).
@@ -118,15 +41,15 @@ func startAudit(ctx context.Context, cfg config.Config, store *redisstore.Store,
 	if !a.Enabled {
 		return nil, func() {}, nil
 	}
-	sealer, err := audit.LoadSealer(AuditKeys(a))
+	sealer, err := audit.LoadSealer(sinks.Keys(a))
 	if err != nil {
 		return nil, nil, fmt.Errorf("routing audit ([audit] enabled): %w", err)
 	}
-	sink, closeSink, err := openAuditSink(ctx, cfg, store, true)
+	sink, closeSink, err := sinks.OpenLazy(ctx, a, store)
 	if err != nil {
 		return nil, nil, fmt.Errorf("routing audit ([audit] enabled): %w", err)
 	}
-	if ps, ok := sink.(*audit.PostgresSink); ok && !ps.Ready() {
+	if ps, ok := sink.(*postgres.Sink); ok && !ps.Ready() {
 		log.Error().Str("table", ps.Table()).Msg("routing audit: PostgreSQL cannot be reached; tether starts anyway, " +
 			"and records fail (tether_audit_records_total{result=\"failed\"}) until it answers")
 	}

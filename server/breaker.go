@@ -9,7 +9,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tetherproxy/tether/affinity"
-	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/metrics"
 )
@@ -22,11 +21,6 @@ const breakerSyncEvery = time.Second
 // evacuator moves an instance's sessions away (affinity.Decider).
 type evacuator interface {
 	Evacuate(ctx context.Context, idx affinity.SessionIndex, instance string) (int, error)
-}
-
-// breakerConfig is the [routing] failure_* keys.
-func breakerConfig(r config.Routing) fleet.BreakerConfig {
-	return fleet.BreakerConfig{Threshold: r.FailureThreshold, Window: r.FailureWindow.D, Cooldown: r.FailureCooldown.D}
 }
 
 // breakerShare connects one replica's breaker to the others.

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tetherproxy/tether/admin"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/extproc"
 )
@@ -41,7 +41,12 @@ func TestEmbeddedStoreBacksEveryFeature(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	}()
-	admin := "http://" + addrs["admin"]
+	adminURL := "http://" + addrs["admin"]
+	api, err := admin.NewClient(adminURL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
 	conn, err := grpc.NewClient(addrs["extproc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -70,27 +75,33 @@ func TestEmbeddedStoreBacksEveryFeature(t *testing.T) {
 	}
 
 	// The session index, through the admin API.
-	var info SessionInfo
-	post(t, admin+"/v1/sessions/lookup", LookupRequest{SessionID: sid}, http.StatusOK, &info)
+	info, err := api.Lookup(ctx, admin.LookupRequest{SessionID: sid})
+	if err != nil {
+		t.Fatalf("lookup: %v", err)
+	}
 	if info.Instance != first || info.Key == "" || info.TTLMs <= 0 {
 		t.Fatalf("lookup: %+v, want the session on %s", info, first)
 	}
-	var shown SessionInfo
-	getJSON(t, admin+"/v1/sessions/"+info.Key, http.StatusOK, &shown)
+	shown, err := api.Session(ctx, info.Key)
+	if err != nil {
+		t.Fatalf("show %s: %v", info.Key, err)
+	}
 	if shown.Key != info.Key || shown.Instance != first {
 		t.Fatalf("show %s: %+v", info.Key, shown)
 	}
 	// Stats come from the load sync (once a second), which reads the index.
-	waitStats(t, admin, "active sessions on "+first, func(in InstanceStats) bool { return in.Name != first || in.Active == 1 })
+	waitStats(t, api, "active sessions on "+first, func(in admin.InstanceStats) bool { return in.Name != first || in.Active == 1 })
 
 	// A drain marks the session: its next request moves, and no new
 	// session lands on the drained instance.
-	var dr DrainResult
-	post(t, admin+"/v1/sessions/drain", DrainRequest{Instance: first}, http.StatusOK, &dr)
+	dr, err := api.Drain(ctx, first)
+	if err != nil {
+		t.Fatalf("drain %s: %v", first, err)
+	}
 	if !dr.Drained || dr.Marked != 1 {
 		t.Fatalf("drain %s: %+v, want drained with 1 session marked", first, dr)
 	}
-	waitStats(t, admin, first+" drained", func(in InstanceStats) bool { return in.Name != first || in.Drained })
+	waitStats(t, api, first+" drained", func(in admin.InstanceStats) bool { return in.Name != first || in.Drained })
 	second, kind := decide(t, client, sid, 200)
 	if second == first || kind != "drained" {
 		t.Fatalf("after the drain: %s %q, want another instance than %s, drained", second, kind, first)
@@ -100,16 +111,15 @@ func TestEmbeddedStoreBacksEveryFeature(t *testing.T) {
 			t.Fatalf("a new session landed on drained %s", first)
 		}
 	}
-	req, _ := http.NewRequest(http.MethodDelete, admin+"/v1/sessions/drain/"+first, nil)
-	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("undrain: %v %v", resp, err)
-	} else {
-		resp.Body.Close()
+	if _, err := api.Undrain(ctx, first); err != nil {
+		t.Fatalf("undrain: %v", err)
 	}
 
 	// A migration marks the v1 session; its next request goes to v2.
-	var mr MarkResult
-	post(t, admin+"/v1/sessions/migrate", MigrateRequest{FromVersion: "v1", ToVersion: "v2", Batch: 1000}, http.StatusOK, &mr)
+	mr, err := api.Migrate(ctx, admin.MigrateRequest{FromVersion: "v1", ToVersion: "v2", Batch: 1000})
+	if err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
 	if mr.Marked < 1 {
 		t.Fatalf("migrate: %+v, want the session marked", mr)
 	}
@@ -149,7 +159,7 @@ func TestEmbeddedStoreBacksEveryFeature(t *testing.T) {
 	if !strings.Contains(logs.String(), "instance breaker opened; moving its sessions") {
 		t.Errorf("log lacks the opening of c's circuit:\n%s", logs)
 	}
-	if code, body := get(t, admin+"/readyz"); code != http.StatusOK || !strings.Contains(body, `"store":"ok"`) || !strings.Contains(body, `"breaker":"closed"`) {
+	if code, body := get(t, adminURL+"/readyz"); code != http.StatusOK || !strings.Contains(body, `"store":"ok"`) || !strings.Contains(body, `"breaker":"closed"`) {
 		t.Errorf("/readyz: %d %s", code, body)
 	}
 }
@@ -201,49 +211,16 @@ func decide(t *testing.T, c extprocv3.ExternalProcessorClient, id string, status
 	return instance, decision
 }
 
-func post(t *testing.T, url string, body any, wantCode int, out any) {
-	t.Helper()
-	b, err := json.Marshal(body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	decode(t, url, resp, wantCode, out)
-}
-
-func getJSON(t *testing.T, url string, wantCode int, out any) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	decode(t, url, resp, wantCode, out)
-}
-
-func decode(t *testing.T, url string, resp *http.Response, wantCode int, out any) {
-	t.Helper()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != wantCode {
-		t.Fatalf("%s: %d %s, want %d", url, resp.StatusCode, b, wantCode)
-	}
-	if err := json.Unmarshal(b, out); err != nil {
-		t.Fatalf("%s: %v in %s", url, err, b)
-	}
-}
-
-// waitStats polls /v1/sessions/stats, at most 10 s, until ok holds for
+// waitStats polls the session stats, at most 10 s, until ok holds for
 // every instance.
-func waitStats(t *testing.T, admin, what string, ok func(InstanceStats) bool) {
+func waitStats(t *testing.T, api *admin.Client, what string, ok func(admin.InstanceStats) bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		var st SessionStats
-		getJSON(t, admin+"/v1/sessions/stats", http.StatusOK, &st)
+		st, err := api.Stats(context.Background())
+		if err != nil {
+			t.Fatalf("stats: %v", err)
+		}
 		all := true
 		for _, in := range st.Instances {
 			all = all && ok(in)

@@ -1,15 +1,16 @@
-// Package server assembles a running tether from a configuration: the
-// binding store, the decision core, the ext_proc gRPC server and the admin
-// HTTP server. cmd/tether parses flags and calls Run.
+// Package server assembles a running tether from a configuration and runs
+// it: the binding store, the routing audit (audit/sinks), live reload
+// (reload, which translates the configuration with plan), the decider, the
+// ext_proc and ADS gRPC servers, the admin HTTP API (admin), and the
+// background loops that share load and circuits between replicas; then the
+// lame-duck delay and the drain. cmd/tether parses flags and calls Run.
 package server
 
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"sync"
@@ -18,18 +19,19 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/tetherproxy/tether/admin"
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
-	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/metrics"
+	"github.com/tetherproxy/tether/plan"
+	"github.com/tetherproxy/tether/reload"
 	"github.com/tetherproxy/tether/store"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 	"github.com/tetherproxy/tether/xds"
@@ -60,17 +62,6 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	ids, err := identity.New(identity.Config{
-		SessionHeader: cfg.Identity.SessionHeader,
-		AuthHeader:    cfg.Identity.AuthHeader,
-		DeviceHeader:  cfg.Identity.DeviceHeader,
-		UserHeader:    cfg.Identity.UserHeader,
-		MaxValueBytes: cfg.Identity.MaxValueBytes,
-		Secret:        secret,
-	})
-	if err != nil {
-		return fmt.Errorf("identity: %w", err)
-	}
 
 	registry := prometheus.NewRegistry()
 	var reg prometheus.Registerer = registry
@@ -78,7 +69,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		reg = opts.WrapRegisterer(registry)
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	creds, err := grpcCredentials(cfg.TLS, log, reg) // none when [tls] is off
+	creds, err := reload.GRPCCredentials(cfg.TLS, log, reg) // none when [tls] is off
 	if err != nil {
 		return err
 	}
@@ -122,8 +113,15 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if ls.xds != nil {
 		ads = xds.NewServer(sctx, log, reg)
 	}
-	rt := newRuntime(ls.extproc.Addr().String(), ads, log, reg)
-	if _, err := rt.apply(ctx, cfg, "start"); err != nil {
+	rt := reload.New(ls.extproc.Addr().String(), ads, log, reg)
+	if _, err := rt.Apply(ctx, cfg, "start"); err != nil {
+		return err
+	}
+	// What only a restart changes comes from the start's plan: the
+	// identity, the breaker, the ext_proc handler's headers.
+	start := rt.Plan()
+	ids, err := start.Extractor(secret)
+	if err != nil {
 		return err
 	}
 
@@ -131,21 +129,15 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	load := affinity.NewLoad(st, replica)
 	var breaker *fleet.Breaker
 	brec := metrics.NewBreaker(reg, func() uint64 { return breaker.Dropped() })
-	breaker = fleet.NewBreaker(breakerConfig(cfg.Routing), nil, brec.Changed)
-	metrics.NewInstances(reg, fleetView{fleet: rt.fleet, load: load, breaker: breaker})
-	decider := affinity.New(metrics.NewStore(reg, st), rt.fleet, rt.currentPolicy(), affinity.WithLoad(load), affinity.WithBreaker(breaker),
-		affinity.WithRand(randomSource(cfg.Routing.RandomSeed)))
-	rt.setPolicy(decider.SetPolicy)
-	processor := extproc.New(ids, decider, rec, extproc.Options{
-		ClusterHeader: cfg.Routing.ClusterHeader,
-		UserHeader:    cfg.Identity.UserHeader,
-		Auditor:       auditor,
-		QueueHeader:   cfg.Routing.QueueDepthHeader,
-		OOMHeader:     cfg.Routing.OOMHeader,
-		GPUHeader:     cfg.Routing.GPUUtilizationHeader,
-		DebugHeaders:  cfg.Server.DebugHeaders,
-		Logger:        log,
-	})
+	breaker = fleet.NewBreaker(start.Breaker, nil, brec.Changed)
+	metrics.NewInstances(reg, fleetView{fleet: rt.Fleet(), load: load, breaker: breaker})
+	// The decider tether-lab simulate --config builds too, on the memory
+	// store (lab/simulator's TestSimulateDecidesAsServe).
+	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{Store: metrics.NewStore(reg, st), Load: load, Breaker: breaker})
+	rt.OnPolicy(decider.SetPolicy)
+	eo := start.ExtProc
+	eo.Auditor, eo.Logger = auditor, log
+	processor := extproc.New(ids, decider, rec, eo)
 
 	gs := grpc.NewServer(creds...)
 	extprocv3.RegisterExternalProcessorServer(gs, processor)
@@ -157,17 +149,19 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		ads.Register(xs)
 	}
 
-	ready := newReadiness(st)
-	sessions := NewSessionOps(SessionOpsConfig{
-		Index: st, Drains: st, Load: load, Fleet: rt.fleet,
+	ready := admin.NewReadiness(st)
+	sessions := admin.NewSessionOps(admin.SessionOpsConfig{
+		Index: st, Drains: st, Load: load, Fleet: rt.Fleet(),
 		Identity: ids, Headers: cfg.Identity, Logger: log,
 	})
-	adminAPI := adminAuth(adminToken, cfg.Server, ls.admin.Addr(), log, adminMux(registry, ready, rt, sessions))
-	admin := &http.Server{Handler: adminAPI, ReadHeaderTimeout: 5 * time.Second}
+	adminAPI := admin.Guard(adminToken, cfg.Server, ls.admin.Addr(), log, admin.NewHandler(admin.Config{
+		Metrics: registry, Ready: ready, Runtime: rt, ADS: ads, Sessions: sessions,
+	}))
+	adminServer := &http.Server{Handler: adminAPI, ReadHeaderTimeout: 5 * time.Second}
 
 	errc := make(chan error, 4)
 	go func() { errc <- serveErr("ext_proc", gs.Serve(ls.extproc)) }()
-	go func() { errc <- serveErr("admin", admin.Serve(ls.admin)) }()
+	go func() { errc <- serveErr("admin", adminServer.Serve(ls.admin)) }()
 	if xs != nil {
 		go func() { errc <- serveErr("xds", xs.Serve(ls.xds)) }()
 	}
@@ -177,14 +171,14 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	var watchers sync.WaitGroup
 	watchers.Go(func() { lengths.Run(wctx) })
-	watchers.Go(func() { syncLoad(wctx, load, rt.fleet, log, rec.LoadSyncFailures()) })
+	watchers.Go(func() { syncLoad(wctx, load, rt.Fleet(), log, rec.LoadSyncFailures()) })
 	watchers.Go(func() {
-		share := &breakerShare{breaker: breaker, store: st, index: st, mover: decider, fleet: rt.fleet, replica: replica, rec: brec, log: log}
+		share := &breakerShare{breaker: breaker, store: st, index: st, mover: decider, fleet: rt.Fleet(), replica: replica, rec: brec, log: log}
 		share.run(wctx)
 	})
 	if opts.ConfigPath != "" {
 		watchers.Go(func() {
-			if err := watchConfig(wctx, opts.ConfigPath, log, func() { reloadFile(wctx, rt, opts) }); err != nil {
+			if err := rt.WatchFile(wctx, opts.ConfigPath, opts.Overrides); err != nil {
 				log.Error().Err(err).Msg("config file not watched; changes need a restart or the admin API")
 			}
 		})
@@ -193,14 +187,14 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if ls.xds != nil {
 		ev = ev.Str("xds", ls.xds.Addr().String())
 	}
-	ev.Str("mode", string(rt.currentPolicy().Mode)).Int("instances", len(cfg.Instances)).Msg("tether ready")
+	ev.Str("mode", string(start.Policy.Mode)).Int("instances", len(cfg.Instances)).Msg("tether ready")
 
 	var runErr error
 	select {
 	case <-ctx.Done():
 	case runErr = <-errc:
 	}
-	ready.drain()
+	ready.Drain()
 	hs.Shutdown()
 	if d := cfg.Server.DrainDelay.D; d > 0 && runErr == nil {
 		runErr = lameDuck(d, errc, log)
@@ -215,7 +209,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 	hctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_ = admin.Shutdown(hctx)
+	_ = adminServer.Shutdown(hctx)
 	log.Info().Msg("tether stopped")
 	return runErr
 }
@@ -276,21 +270,6 @@ func identitySecret(cfg config.Config, log zerolog.Logger) ([]byte, error) {
 	return s, nil
 }
 
-// randomSource returns the generator random routing draws from: seeded and
-// reproducible when seed is set, else from the runtime's per-thread source.
-func randomSource(seed uint64) func() uint64 {
-	if seed == 0 {
-		return mrand.Uint64
-	}
-	var mu sync.Mutex
-	r := mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	return func() uint64 {
-		mu.Lock()
-		defer mu.Unlock()
-		return r.Uint64()
-	}
-}
-
 // lameDuck waits out server.drain_delay with /readyz and the gRPC health
 // service already reporting the replica down but its ext_proc listener
 // still open: Envoy's health checks (twice a second, out after two
@@ -332,58 +311,4 @@ func serveErr(name string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("%s server: %w", name, err)
-}
-
-type readiness struct {
-	store    affinity.Checker
-	mu       sync.Mutex
-	draining bool
-}
-
-func newReadiness(s affinity.Checker) *readiness { return &readiness{store: s} }
-
-func (r *readiness) drain() { r.mu.Lock(); r.draining = true; r.mu.Unlock() }
-
-// ServeHTTP answers /readyz. A store that does not answer leaves tether
-// ready but degraded (200): it still routes, by rendezvous hashing. The
-// answer never waits on a dead Redis: the store's guard refuses the ping
-// at once while open, and otherwise the store's per-call timeout bounds it.
-// The body says the guard's state in its "breaker" field (closed, open,
-// half-open; the name dashboards and probes already read).
-func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	r.mu.Lock()
-	draining := r.draining
-	r.mu.Unlock()
-	body := map[string]string{"status": "ready", "store": "ok"}
-	code := http.StatusOK
-	if draining {
-		body["status"], code = "draining", http.StatusServiceUnavailable
-	}
-	ctx, cancel := context.WithTimeout(req.Context(), time.Second)
-	defer cancel()
-	err := r.store.Ping(ctx)
-	h := r.store.Health()
-	if err != nil || !h.Up() {
-		body["store"] = "unreachable"
-		if !draining {
-			body["status"] = "degraded"
-		}
-	}
-	body["breaker"] = h.State.String()
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(body)
-}
-
-func adminMux(reg *prometheus.Registry, ready http.Handler, rt *runtime, sessions *SessionOps) *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain")
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	mux.Handle("GET /readyz", ready)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	rt.routes(mux)
-	sessions.Routes(mux)
-	return mux
 }

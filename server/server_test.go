@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -22,10 +20,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/testenv"
-	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
 func TestMain(m *testing.M) {
@@ -293,18 +289,6 @@ func TestEmbeddedWithoutSecretWarns(t *testing.T) {
 	}
 }
 
-func TestRandomSourceIsReproducible(t *testing.T) {
-	a, b := randomSource(7), randomSource(7)
-	for i := 0; i < 10; i++ {
-		if a() != b() {
-			t.Fatal("same seed, different draws")
-		}
-	}
-	if randomSource(0)() == randomSource(0)() {
-		t.Fatal("unseeded sources agree")
-	}
-}
-
 // readyz reads /readyz, and how long it took.
 func readyz(t *testing.T, admin string) (int, map[string]string, time.Duration) {
 	t.Helper()
@@ -406,60 +390,6 @@ func TestStartsWithoutRedis(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
-
-// TestReadinessFollowsTheBreaker: /readyz reports the breaker's state; a
-// breaker that is not closed, or a failed ping, makes tether degraded,
-// still ready.
-func TestReadinessFollowsTheBreaker(t *testing.T) {
-	tests := []struct {
-		name  string
-		store fakeStore
-		drain bool
-		code  int
-		want  map[string]string
-	}{
-		{"up", fakeStore{state: affinity.GuardClosed}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
-		{"ping fails", fakeStore{state: affinity.GuardClosed, pingErr: errors.New("timeout")}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "closed"}},
-		{"open", fakeStore{state: affinity.GuardOpen, pingErr: redisstore.ErrGuardOpen}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "open"}},
-		{"half-open", fakeStore{state: affinity.GuardHalfOpen, pingErr: redisstore.ErrGuardOpen}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "half-open"}},
-		{"probe succeeded", fakeStore{state: affinity.GuardOpen, closeOnPing: true}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
-		{"draining, open", fakeStore{state: affinity.GuardOpen, pingErr: redisstore.ErrGuardOpen}, true, 503, map[string]string{"status": "draining", "store": "unreachable", "breaker": "open"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := newReadiness(&tt.store)
-			if tt.drain {
-				r.drain()
-			}
-			rec := httptest.NewRecorder()
-			r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-			var got map[string]string
-			if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
-				t.Fatal(err)
-			}
-			if rec.Code != tt.code || !cmp.Equal(got, tt.want) {
-				t.Errorf("/readyz: %d %v, want %d %v", rec.Code, got, tt.code, tt.want)
-			}
-		})
-	}
-}
-
-// fakeStore stands for the store and its guard.
-type fakeStore struct {
-	state   affinity.GuardState
-	pingErr error
-	// closeOnPing: the ping is the guard's probe, and succeeds.
-	closeOnPing bool
-}
-
-func (f *fakeStore) Ping(context.Context) error {
-	if f.closeOnPing {
-		f.state = affinity.GuardClosed
-	}
-	return f.pingErr
-}
-
-func (f *fakeStore) Health() affinity.StoreHealth { return affinity.StoreHealth{State: f.state} }
 
 // grepLines returns the lines of s that contain sub.
 func grepLines(s, sub string) string {

@@ -13,8 +13,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"sigs.k8s.io/yaml"
-
-	"github.com/tetherproxy/tether/config"
 )
 
 // ADSCluster is the bootstrap cluster that reaches tether's ADS server.
@@ -22,8 +20,8 @@ const ADSCluster = "tether-xds"
 
 // StaticBootstrap is a complete Envoy bootstrap without xDS: Build's
 // resources in Static mode, plus the admin interface.
-func StaticBootstrap(cfg config.Config, extproc []string, admin string) (*bootstrapv3.Bootstrap, error) {
-	r, err := Build(cfg, extproc, Static)
+func StaticBootstrap(s Spec, admin string) (*bootstrapv3.Bootstrap, error) {
+	r, err := Build(s, Static)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
-// Package xds turns tether's configuration into Envoy resources and serves
-// them over ADS. One builder (Build) makes both what the ADS server sends and
-// the static bootstrap in envoy/envoy-static.yaml, so the two cannot drift.
+// Package xds turns a Spec (what package plan translates tether's
+// configuration into) into Envoy resources and serves them over ADS. One
+// builder (Build) makes both what the ADS server sends and the static
+// bootstrap in envoy/envoy-static.yaml, so the two cannot drift.
 package xds
 
 import (
@@ -28,8 +29,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/tetherproxy/tether/config"
-	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 )
 
@@ -61,8 +60,7 @@ type Resources struct {
 	Endpoints []*endpointv3.ClusterLoadAssignment // ADS mode only
 }
 
-// Build makes the resources for cfg. extproc lists the tether replicas Envoy
-// calls (host:port each). cfg must be valid (config.Validate).
+// Build makes the resources s describes.
 //
 // Per instance X there is a cluster inst-X whose priority 0 is X alone,
 // priority 1 the other instances of X's model version in X's zone, and
@@ -71,32 +69,32 @@ type Resources struct {
 // Envoy retries it on a same-zone peer, and once outlier detection ejects X
 // its traffic goes to those peers directly. tether's own decision is what
 // moves bound sessions for good; this covers the requests in between.
-func Build(cfg config.Config, extproc []string, mode Mode) (*Resources, error) {
-	if len(extproc) == 0 {
+func Build(s Spec, mode Mode) (*Resources, error) {
+	if len(s.ExtProc) == 0 {
 		return nil, fmt.Errorf("xds build: no ext_proc endpoint")
 	}
-	if len(cfg.Instances) == 0 {
+	if len(s.Instances) == 0 {
 		return nil, fmt.Errorf("xds build: no instances")
 	}
-	b := &builder{cfg: cfg, mode: mode}
+	b := &builder{spec: s, mode: mode}
 	r := &Resources{}
 
-	ext, err := b.endpoints(ExtProcCluster, [][]string{extproc})
+	ext, err := b.endpoints(ExtProcCluster, [][]string{s.ExtProc})
 	if err != nil {
 		return nil, err
 	}
 	extc := b.extProcCluster(ext)
-	if extc.TransportSocket, err = upstreamTLS(cfg.TLS); err != nil {
+	if extc.TransportSocket, err = upstreamTLS(s.TLS); err != nil {
 		return nil, fmt.Errorf("xds build: %w", err)
 	}
 	r.Clusters = append(r.Clusters, extc)
 	r.Endpoints = append(r.Endpoints, ext)
 
-	byVersion := map[string][]config.Instance{}
-	for _, in := range cfg.Instances {
+	byVersion := map[string][]Instance{}
+	for _, in := range s.Instances {
 		byVersion[in.Version] = append(byVersion[in.Version], in)
 	}
-	for _, in := range cfg.Instances {
+	for _, in := range s.Instances {
 		var zone, other []string
 		for _, peer := range byVersion[in.Version] {
 			switch {
@@ -112,7 +110,7 @@ func Build(cfg config.Config, extproc []string, mode Mode) (*Resources, error) {
 		if err != nil {
 			return nil, fmt.Errorf("xds build: instance %s: %w", in.Name, err)
 		}
-		r.Clusters = append(r.Clusters, b.modelCluster(name, in.Name, cla))
+		r.Clusters = append(r.Clusters, b.modelCluster(name, true, in.Limits, cla))
 		r.Endpoints = append(r.Endpoints, cla)
 	}
 	for _, v := range sortedVersions(byVersion) {
@@ -124,11 +122,11 @@ func Build(cfg config.Config, extproc []string, mode Mode) (*Resources, error) {
 		if err != nil {
 			return nil, fmt.Errorf("xds build: pool %s: %w", v, err)
 		}
-		r.Clusters = append(r.Clusters, b.modelCluster(PoolPrefix+v, "", cla))
+		r.Clusters = append(r.Clusters, b.modelCluster(PoolPrefix+v, false, s.Pool, cla))
 		r.Endpoints = append(r.Endpoints, cla)
 	}
 
-	r.Routes = b.routes(defaultVersion(cfg, byVersion))
+	r.Routes = b.routes(defaultVersion(s, byVersion))
 	if r.Listener, err = b.listener(r.Routes); err != nil {
 		return nil, err
 	}
@@ -142,7 +140,7 @@ func Build(cfg config.Config, extproc []string, mode Mode) (*Resources, error) {
 }
 
 type builder struct {
-	cfg  config.Config
+	spec Spec
 	mode Mode
 	err  error
 }
@@ -204,10 +202,10 @@ func (b *builder) extProcCluster(cla *endpointv3.ClusterLoadAssignment) *cluster
 	return c
 }
 
-var poolLB = map[string]clusterv3.Cluster_LbPolicy{
-	"ring_hash":     clusterv3.Cluster_RING_HASH,
-	"round_robin":   clusterv3.Cluster_ROUND_ROBIN,
-	"least_request": clusterv3.Cluster_LEAST_REQUEST,
+var poolLB = map[LBPolicy]clusterv3.Cluster_LbPolicy{
+	RingHash:     clusterv3.Cluster_RING_HASH,
+	RoundRobin:   clusterv3.Cluster_ROUND_ROBIN,
+	LeastRequest: clusterv3.Cluster_LEAST_REQUEST,
 }
 
 // http2 makes a cluster speak HTTP/2 upstream, as gRPC needs.
@@ -225,7 +223,7 @@ func http2(b *builder, c *clusterv3.Cluster) {
 	}
 }
 
-// modelCluster is an instance cluster (instance != "") or a version pool.
+// modelCluster is an instance cluster (single) or a version pool.
 //
 // A pool hashes on the session headers (RING_HASH), so sessions stay
 // together when tether is unreachable. An instance cluster sends everything
@@ -233,25 +231,24 @@ func http2(b *builder, c *clusterv3.Cluster) {
 // priorities use LEAST_REQUEST because Envoy's hashing balancers ignore the
 // retry plugins that move a failed attempt to the next priority and another
 // host, and a spill should go to the least busy peer anyway.
-func (b *builder) modelCluster(name, instance string, cla *endpointv3.ClusterLoadAssignment) *clusterv3.Cluster {
-	lb := poolLB[b.cfg.Envoy.PoolLB]
-	if instance != "" {
+func (b *builder) modelCluster(name string, single bool, l Limits, cla *endpointv3.ClusterLoadAssignment) *clusterv3.Cluster {
+	lb := poolLB[b.spec.PoolLB]
+	if single {
 		lb = clusterv3.Cluster_LEAST_REQUEST
 	}
 	c := &clusterv3.Cluster{
 		Name:             name,
 		ConnectTimeout:   durationpb.New(time.Second),
 		LbPolicy:         lb,
-		OutlierDetection: outlier(b.cfg.Outlier(instance)),
-		CircuitBreakers:  breakers(b.cfg.Breakers(instance)),
+		OutlierDetection: outlier(l.Outlier),
+		CircuitBreakers:  breakers(l.Breakers),
 	}
 	b.discovery(c, cla)
 	return c
 }
 
-func outlier(o config.OutlierSettings) *clusterv3.OutlierDetection {
-	u := func(p *uint32) *wrapperspb.UInt32Value { return wrapperspb.UInt32(*p) }
-	d := func(p *config.Duration) *durationpb.Duration { return durationpb.New(p.D) }
+func outlier(o Outlier) *clusterv3.OutlierDetection {
+	u, d := wrapperspb.UInt32, durationpb.New
 	return &clusterv3.OutlierDetection{
 		Consecutive_5Xx:                    u(o.Consecutive5xx),
 		EnforcingConsecutive_5Xx:           u(o.EnforcingConsecutive5xx),
@@ -272,13 +269,13 @@ func outlier(o config.OutlierSettings) *clusterv3.OutlierDetection {
 	}
 }
 
-func breakers(cb config.CircuitBreakerSettings) *clusterv3.CircuitBreakers {
+func breakers(cb CircuitBreakers) *clusterv3.CircuitBreakers {
 	return &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
 		Priority:           corev3.RoutingPriority_DEFAULT,
-		MaxConnections:     wrapperspb.UInt32(*cb.MaxConnections),
-		MaxPendingRequests: wrapperspb.UInt32(*cb.MaxPendingRequests),
-		MaxRequests:        wrapperspb.UInt32(*cb.MaxRequests),
-		MaxRetries:         wrapperspb.UInt32(*cb.MaxRetries),
+		MaxConnections:     wrapperspb.UInt32(cb.MaxConnections),
+		MaxPendingRequests: wrapperspb.UInt32(cb.MaxPendingRequests),
+		MaxRequests:        wrapperspb.UInt32(cb.MaxRequests),
+		MaxRetries:         wrapperspb.UInt32(cb.MaxRetries),
 	}}}
 }
 
@@ -287,23 +284,20 @@ func breakers(cb config.CircuitBreakerSettings) *clusterv3.CircuitBreakers {
 // caller's identity headers, strongest first, so a session keeps to one
 // host of whichever cluster serves it.
 func (b *builder) routes(defaultVersion string) *routev3.RouteConfiguration {
-	id := b.cfg.Identity
-	hash := []*routev3.RouteAction_HashPolicy{
-		headerHash(id.SessionHeader, true),
-		headerHash(id.AuthHeader, true),
-		headerHash(id.DeviceHeader, false),
-		headerHash(id.UserHeader, true),
+	hash := make([]*routev3.RouteAction_HashPolicy, len(b.spec.HashPolicy))
+	for i, h := range b.spec.HashPolicy {
+		hash[i] = headerHash(h.Name, h.Terminal)
 	}
 	action := func(target func(*routev3.RouteAction)) *routev3.Route_Route {
 		ra := &routev3.RouteAction{
-			Timeout:     durationpb.New(b.cfg.Envoy.RouteTimeout.D),
+			Timeout:     durationpb.New(b.spec.RouteTimeout),
 			HashPolicy:  hash,
 			RetryPolicy: b.retryPolicy(),
 		}
 		target(ra)
 		return &routev3.Route_Route{Route: ra}
 	}
-	header := b.cfg.Routing.ClusterHeader
+	header := b.spec.ClusterHeader
 	return &routev3.RouteConfiguration{
 		Name: RouteName,
 		VirtualHosts: []*routev3.VirtualHost{{
@@ -347,7 +341,7 @@ func headerHash(name string, terminal bool) *routev3.RouteAction_HashPolicy {
 // failures before the response started are retried, so a streamed answer is
 // never duplicated.
 func (b *builder) retryPolicy() *routev3.RetryPolicy {
-	n := b.cfg.Envoy.Retries
+	n := b.spec.Retries
 	if n == 0 {
 		return nil
 	}
@@ -367,7 +361,7 @@ func (b *builder) retryPolicy() *routev3.RetryPolicy {
 }
 
 func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.Listener, error) {
-	addr, err := socketAddress(b.cfg.Envoy.ListenerAddr)
+	addr, err := socketAddress(b.spec.ListenerAddr)
 	if err != nil {
 		return nil, fmt.Errorf("xds build: envoy.listener_addr: %w", err)
 	}
@@ -378,11 +372,11 @@ func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.List
 		EarlyHeaderMutationExtensions: []*corev3.TypedExtensionConfig{{
 			Name: "envoy.http.early_header_mutation.header_mutation",
 			TypedConfig: b.any(&earlyv3.HeaderMutation{Mutations: []*mutationv3.HeaderMutation{{
-				Action: &mutationv3.HeaderMutation_Remove{Remove: b.cfg.Routing.ClusterHeader},
+				Action: &mutationv3.HeaderMutation_Remove{Remove: b.spec.ClusterHeader},
 			}}}),
 		}},
 	}
-	if b.cfg.Envoy.ExtProc {
+	if b.spec.ExtProcFilter {
 		m.HttpFilters = append(m.HttpFilters, &hcmv3.HttpFilter{
 			Name: "envoy.filters.http.ext_proc", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.any(b.extProcFilter())},
 		})
@@ -406,20 +400,19 @@ func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.List
 }
 
 // extProcFilter: request and response headers only, and Envoy goes on
-// without tether when it is down or slower than message_timeout. The
-// response phase carries upstream.address, the host that answered (and
-// response.code, which shows the attributes arrive at all): when
-// Envoy retried on a peer, or sent the request past an instance it had
-// ejected, that is not the instance tether chose, and the chosen one has
-// failed although the client got an answer.
+// without tether when it is down or slower than the message timeout. The
+// response phase carries the attributes the ext_proc handler asks for
+// (Spec.ResponseAttributes: the host that answered, which is not the
+// instance tether chose when Envoy retried on a peer or sent the request
+// past an instance it had ejected).
 func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	return &extprocv3.ExternalProcessor{
-		ResponseAttributes: []string{extproc.AttrUpstreamAddress, extproc.AttrResponseCode},
+		ResponseAttributes: b.spec.ResponseAttributes,
 		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
 			EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcCluster},
 		}},
 		FailureModeAllow: true,
-		MessageTimeout:   durationpb.New(b.cfg.Envoy.MessageTimeout.D),
+		MessageTimeout:   durationpb.New(b.spec.MessageTimeout),
 		ProcessingMode: &extprocv3.ProcessingMode{
 			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
 			ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
@@ -453,11 +446,11 @@ func socketAddress(hostport string) (*corev3.Address, error) {
 	}}}, nil
 }
 
-// defaultVersion is the configured one, else the version with the most
-// instances (ties: the lowest name), so the default route is deterministic.
-func defaultVersion(cfg config.Config, byVersion map[string][]config.Instance) string {
-	if cfg.Envoy.DefaultVersion != "" {
-		return cfg.Envoy.DefaultVersion
+// defaultVersion is the spec's, else the version with the most instances
+// (ties: the lowest name), so the default route is deterministic.
+func defaultVersion(s Spec, byVersion map[string][]Instance) string {
+	if s.DefaultVersion != "" {
+		return s.DefaultVersion
 	}
 	best := ""
 	for _, v := range sortedVersions(byVersion) {
@@ -468,7 +461,7 @@ func defaultVersion(cfg config.Config, byVersion map[string][]config.Instance) s
 	return best
 }
 
-func sortedVersions(m map[string][]config.Instance) []string {
+func sortedVersions(m map[string][]Instance) []string {
 	out := make([]string, 0, len(m))
 	for v := range m {
 		out = append(out, v)

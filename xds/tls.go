@@ -8,53 +8,45 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/types/known/anypb"
-
-	"github.com/tetherproxy/tether/config"
 )
 
 // BootstrapOption changes what ADSBootstrap makes.
 type BootstrapOption func(*bootstrapOptions)
 
 type bootstrapOptions struct {
-	tls config.TLS
+	tls *UpstreamTLS
 }
 
 // WithTLS makes the bootstrap's ADS cluster connect to tether over TLS as
-// t ([tls] and [tls.envoy]) says; a t without cert_file, or with an empty
-// [tls.envoy], changes nothing.
-func WithTLS(t config.TLS) BootstrapOption {
+// t says; a nil t changes nothing.
+func WithTLS(t *UpstreamTLS) BootstrapOption {
 	return func(o *bootstrapOptions) { o.tls = t }
 }
 
 // upstreamTLS is the transport socket of a cluster that reaches tether's
-// gRPC servers when they speak TLS ([tls]), nil when they do not, and nil
-// when [tls.envoy] is empty: config.Validate allows that only with the
-// ADS server off, where Envoy is configured elsewhere (Istio) and the
-// resources tether builds are not served, so Envoy's TLS to tether is
-// that configuration's to set (docs/security.md). Otherwise Envoy
-// presents [tls.envoy]'s certificate (mutual TLS), verifies tether's
-// against its CA and, with an SNI, requires that name in it. The files are
-// Envoy's: tether does not read them. ALPN offers h2, which gRPC servers
-// require. The maximum version is always TLS 1.3: Envoy's upstream default
-// maximum is TLS 1.2, so min_version = "1.3" alone would leave Envoy no
-// version to offer.
-func upstreamTLS(t config.TLS) (*corev3.TransportSocket, error) {
-	e := t.Envoy
-	if !t.Enabled() || e == (config.EnvoyTLS{}) {
+// gRPC servers when they speak TLS, nil for a nil e (plaintext, or
+// Envoy's TLS to tether set elsewhere, as by Istio: docs/security.md).
+// Envoy presents its client certificate when e names one (mutual TLS),
+// verifies tether's against e's CA and, with an SNI, requires that name in
+// it. The files are Envoy's: tether does not read them. ALPN offers h2,
+// which gRPC servers require. The maximum version is always TLS 1.3:
+// Envoy's upstream default maximum is TLS 1.2, so a minimum of 1.3 alone
+// would leave Envoy no version to offer.
+func upstreamTLS(e *UpstreamTLS) (*corev3.TransportSocket, error) {
+	if e == nil {
 		return nil, nil
 	}
-	var errs []error
-	for _, m := range t.EnvoyMissing() {
-		errs = append(errs, fmt.Errorf("%s: %s", m.Key, m.Why))
+	if e.CAFile == "" {
+		return nil, errors.New("upstream TLS: no CA file to verify tether's certificate with")
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	if (e.CertFile == "") != (e.KeyFile == "") {
+		return nil, fmt.Errorf("upstream TLS: certificate %q and key %q: want both or neither", e.CertFile, e.KeyFile)
 	}
 	file := func(p string) *corev3.DataSource {
 		return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: p}}
 	}
 	version := tlsv3.TlsParameters_TLSv1_2
-	if t.MinVersion == "1.3" {
+	if e.MinVersion == "1.3" {
 		version = tlsv3.TlsParameters_TLSv1_3
 	}
 	vc := &tlsv3.CertificateValidationContext{TrustedCa: file(e.CAFile)}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,6 +48,18 @@ type simulateFlags struct {
 	likeBench          string
 	jsonOut            string
 	noProgress         bool
+	config             string
+	// changed reports whether a flag was given (the file decides those it
+	// names).
+	changed func(name string) bool
+}
+
+// configDecides are the flags a --config file decides.
+var configDecides = map[string]string{
+	"instances":           "its [[instances]]",
+	"zones":               "its instances' zones",
+	"idle-timeout":        "routing.idle_timeout",
+	"max-sticky-duration": "routing.max_sticky_duration",
 }
 
 func newSimulateCmd() *cobra.Command {
@@ -63,12 +77,22 @@ latency percentiles, session continuity, load imbalance, GPU busy, GPU-seconds p
 tokens. Several policies run in parallel, one per CPU. See lab/simulator/README.md.
 
 --like-bench full|smoke takes the rate, duration, think and time scales of 'tether-lab bench''s
-quality scenario (8 instances, 2 zones, streamed answers), to cross-check its table.`,
+quality scenario (8 instances, 2 zones, streamed answers), to cross-check its table.
+
+--config FILE replays a tether configuration: the fleet is its [[instances]] (names, zones,
+versions, weights, kv_sessions; their addresses place them on the ring hash), and the policy
+"tether" routes exactly as 'tether serve --config FILE' would: its rules, versions and canary,
+bounded load, adaptive saturation thresholds, lifetimes and fallback, through the same translation
+and the same decider. The file then decides --instances, --zones, --idle-timeout and
+--max-sticky-duration (they are refused), --policy all means round-robin, ring-hash and tether,
+and sticky and random are refused. The emulated GPUs (--profile, --kv-*) stay the flags'.`,
 		Example: `  tether-lab simulate --policy all --instances 8 --rate 10000 --duration 1h
   tether-lab simulate --like-bench full --seed 1
-  tether-lab simulate --policy sticky --instances 64 --rate 200 --duration 10m --think-scale 1 --json out.json`,
+  tether-lab simulate --policy sticky --instances 64 --rate 200 --duration 10m --think-scale 1 --json out.json
+  tether-lab simulate --config deploy/local/tether.toml --duration 1m`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			fl.changed = cmd.Flags().Changed
 			if err := applyLikeBench(cmd, &fl); err != nil {
 				return err
 			}
@@ -107,6 +131,7 @@ quality scenario (8 instances, 2 zones, streamed answers), to cross-check its ta
 	f.StringVar(&fl.likeBench, "like-bench", "", "take rate, duration, think and time scales from tether-lab bench's scale: full or smoke")
 	f.StringVar(&fl.jsonOut, "json", "", `write the results as JSON to this file ("-" for standard output)`)
 	f.BoolVar(&fl.noProgress, "no-progress", false, "do not draw the progress bar on standard error")
+	f.StringVar(&fl.config, "config", "", "replay a tether configuration: its instances, and its policy as tether serve runs it (policy tether)")
 	return cmd
 }
 
@@ -133,8 +158,10 @@ func applyLikeBench(cmd *cobra.Command, fl *simulateFlags) error {
 	set("duration", func() { fl.duration = sc.Duration })
 	set("think-scale", func() { fl.thinkScale = sc.ThinkScale })
 	set("time-scale", func() { fl.timeScale = sc.TimeScale })
-	set("instances", func() { fl.instances = 8 })
-	set("zones", func() { fl.zones = 2 })
+	if fl.config == "" { // else the file's fleet
+		set("instances", func() { fl.instances = 8 })
+		set("zones", func() { fl.zones = 2 })
+	}
 	set("stream", func() { fl.stream = true })
 	return nil
 }
@@ -142,11 +169,28 @@ func applyLikeBench(cmd *cobra.Command, fl *simulateFlags) error {
 // simulateOptions checks the flags and turns them into the policies to run
 // and the options they share.
 func simulateOptions(fl *simulateFlags) ([]simulator.Policy, simulator.Options, error) {
+	var cfg *config.Config
+	if fl.config != "" {
+		for _, name := range slices.Sorted(maps.Keys(configDecides)) {
+			if fl.changed != nil && fl.changed(name) {
+				return nil, simulator.Options{}, fmt.Errorf("--%s: --config %s decides it (%s)", name, fl.config, configDecides[name])
+			}
+		}
+		c, err := config.Load(fl.config)
+		if err != nil {
+			return nil, simulator.Options{}, fmt.Errorf("--config: %w", err)
+		}
+		cfg = &c
+	}
 	var policies []simulator.Policy
 	for name := range strings.SplitSeq(fl.policy, ",") {
 		name = strings.TrimSpace(name)
 		if strings.EqualFold(name, "all") {
-			policies = append(policies, simulator.Policies()...)
+			if cfg != nil {
+				policies = append(policies, simulator.ConfigPolicies()...)
+			} else {
+				policies = append(policies, simulator.Policies()...)
+			}
 			continue
 		}
 		p, err := simulator.ParsePolicy(name)
@@ -213,10 +257,17 @@ func simulateOptions(fl *simulateFlags) ([]simulator.Policy, simulator.Options, 
 		Seed:        fl.seed,
 		Exact:       fl.exact,
 	}
+	if cfg != nil {
+		opts.Config = cfg
+		opts.Instances, opts.Zones, opts.Lifetime = 0, 0, affinity.Lifetime{}
+	}
 	for _, p := range policies {
 		o := opts
 		o.Policy = p
 		if err := o.Validate(); err != nil {
+			if cfg != nil && (p == simulator.Sticky || p == simulator.Random) {
+				return nil, simulator.Options{}, fmt.Errorf("--policy %s: with --config, tether routes by the file's [routing]: use --policy tether", p)
+			}
 			return nil, simulator.Options{}, err
 		}
 	}
@@ -266,7 +317,7 @@ func runSimulations(ctx context.Context, stdout, stderr io.Writer, fl *simulateF
 		}
 	}
 	if len(done) > 0 {
-		if err := writeSimulateTable(stdout, done); err != nil {
+		if err := writeSimulateTable(stdout, done, fl.config); err != nil {
 			return err
 		}
 		if fl.jsonOut != "" {
@@ -282,7 +333,7 @@ func runSimulations(ctx context.Context, stdout, stderr io.Writer, fl *simulateF
 
 // writeSimulateTable prints one row per policy, then what the settings
 // were and what the wall clock says.
-func writeSimulateTable(w io.Writer, results []*simulator.Result) error {
+func writeSimulateTable(w io.Writer, results []*simulator.Result, configFile string) error {
 	st := results[0].Settings
 	first := "TTFB"
 	if st.Stream {
@@ -290,8 +341,12 @@ func writeSimulateTable(w io.Writer, results []*simulator.Result) error {
 	}
 	fmt.Fprintf(w, "%d × %s instances in %d zones, %.0f requests/s for %s (drain %s), think times ×%g, time scale %g, seed %d\n",
 		st.Instances, st.Profile, st.Zones, st.Rate, st.Duration, st.Drain, st.ThinkScale, st.TimeScale, st.Seed)
-	fmt.Fprintf(w, "KV cache %d tokens per instance, %s; at most %s requests in flight; sticky bindings idle %s, max %s\n\n",
+	fmt.Fprintf(w, "KV cache %d tokens per instance, %s; at most %s requests in flight; sticky bindings idle %s, max %s\n",
 		st.Cache.CapacityTokens, convCap(st.Cache.MaxConversations), inFlightCap(st.MaxInFlight), st.IdleTimeout, st.MaxStickyDuration)
+	if configFile != "" {
+		fmt.Fprintf(w, "instances and tether's policy from %s\n", configFile)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "policy\trequests\tok\tdropped\tcancelled\tKV hit\t%s p50\t%s p99\tlatency p50\tlatency p99\tcontinuity\timbalance (req)\tGPU imbalance\tGPU busy\tGPU-s/1k out\t\n", first, first)
 	for _, r := range results {

@@ -15,8 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherproxy/tether/audit"
+	"github.com/tetherproxy/tether/audit/sinks"
 	"github.com/tetherproxy/tether/config"
-	"github.com/tetherproxy/tether/server"
 	"github.com/tetherproxy/tether/store"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
@@ -201,7 +201,7 @@ func openAudit(ctx context.Context, cmd *cobra.Command, o *auditOptions, withSto
 	if err != nil {
 		return nil, err
 	}
-	sealer, err := audit.LoadSealer(server.AuditKeys(cfg.Audit))
+	sealer, err := audit.LoadSealer(sinks.Keys(cfg.Audit))
 	if err != nil {
 		return nil, err
 	}
@@ -223,7 +223,7 @@ func openAudit(ctx context.Context, cmd *cobra.Command, o *auditOptions, withSto
 			return nil, fmt.Errorf("binding store: %w", err)
 		}
 	}
-	sink, closeSink, err := server.OpenAuditSink(ctx, cfg, a.store)
+	sink, closeSink, err := sinks.Open(ctx, cfg.Audit, a.store)
 	if err != nil {
 		a.close()
 		return nil, err

@@ -27,6 +27,7 @@ import (
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/audit"
+	"github.com/tetherproxy/tether/audit/sinks"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
@@ -129,11 +130,11 @@ func testExportAndForget(t *testing.T, b auditBackend, path string, cfg config.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	sealer, err := audit.LoadSealer(server.AuditKeys(cfg.Audit))
+	sealer, err := audit.LoadSealer(sinks.Keys(cfg.Audit))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink, closeSink, err := server.OpenAuditSink(ctx, cfg, store)
+	sink, closeSink, err := sinks.Open(ctx, cfg.Audit, store)
 	if err != nil {
 		t.Fatal(err)
 	}

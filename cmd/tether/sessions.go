@@ -1,36 +1,28 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/tetherproxy/tether/admin"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/progress"
-	"github.com/tetherproxy/tether/server"
 )
-
-// adminTimeout bounds one admin API call (a migrate batch of 10000
-// sessions is well under it).
-const adminTimeout = time.Minute
 
 // migrateStallBatches: a migration that marks nothing this many batches in
 // a row while sessions remain stops with an error instead of looping.
 const migrateStallBatches = 3
 
 func newSessionsCmd() *cobra.Command {
-	var admin string
+	var adminURL string
 	cmd := &cobra.Command{
 		Use:   "sessions",
 		Short: "Inspect sessions, migrate them to another model version, drain an instance (through a running tether's admin API)",
@@ -47,14 +39,14 @@ failed or cut. Every replica sharing the Redis sees them. When the admin API req
   tether sessions drain --instance gpu-7 --undo`,
 	}
 	var tokenEnv string
-	cmd.PersistentFlags().StringVar(&admin, "admin", "http://"+config.DefaultAdminAddr, "base URL of tether's admin server (server.admin_addr)")
+	cmd.PersistentFlags().StringVar(&adminURL, "admin", "http://"+config.DefaultAdminAddr, "base URL of tether's admin server (server.admin_addr)")
 	cmd.PersistentFlags().StringVar(&tokenEnv, "admin-token-env", config.DefaultAdminTokenEnv, "environment variable holding the admin API's bearer token (sent when set)")
-	client := func() (*adminClient, error) {
-		c, err := newAdminClient(admin)
-		if err == nil {
-			c.token = os.Getenv(tokenEnv)
+	client := func() (*admin.Client, error) {
+		c, err := admin.NewClient(adminURL, os.Getenv(tokenEnv))
+		if err != nil {
+			return nil, fmt.Errorf("--admin %q: want http://host:port", adminURL)
 		}
-		return c, err
+		return c, nil
 	}
 	cmd.AddCommand(
 		newSessionsStatsCmd(client),
@@ -65,7 +57,7 @@ failed or cut. Every replica sharing the Redis sees them. When the admin API req
 	return cmd
 }
 
-func newSessionsStatsCmd(client func() (*adminClient, error)) *cobra.Command {
+func newSessionsStatsCmd(client func() (*admin.Client, error)) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "stats",
@@ -76,8 +68,8 @@ func newSessionsStatsCmd(client func() (*adminClient, error)) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var st server.SessionStats
-			if err := c.do(cmd.Context(), http.MethodGet, "/v1/sessions/stats", nil, &st); err != nil {
+			st, err := c.Stats(cmd.Context())
+			if err != nil {
 				return err
 			}
 			if asJSON {
@@ -91,7 +83,7 @@ func newSessionsStatsCmd(client func() (*adminClient, error)) *cobra.Command {
 }
 
 // writeStats prints the stats as tables: instances, then zones, then versions.
-func writeStats(w io.Writer, st server.SessionStats) error {
+func writeStats(w io.Writer, st admin.SessionStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tZONE\tVERSION\tPOOL\tACTIVE\tIN FLIGHT\tQUEUE\tDRAINED")
 	for _, in := range st.Instances {
@@ -104,7 +96,7 @@ func writeStats(w io.Writer, st server.SessionStats) error {
 	}
 	for _, g := range []struct {
 		title  string
-		groups []server.GroupStats
+		groups []admin.GroupStats
 	}{{"ZONE", st.Zones}, {"VERSION", st.Versions}} {
 		fmt.Fprintf(tw, "\n%s\tINSTANCES\tDRAINED\tACTIVE\tIN FLIGHT\tQUEUE\n", g.title)
 		for _, gs := range g.groups {
@@ -117,14 +109,14 @@ func writeStats(w io.Writer, st server.SessionStats) error {
 	return tw.Flush()
 }
 
-func writeGroup(w io.Writer, name string, g server.GroupTotals) {
+func writeGroup(w io.Writer, name string, g admin.GroupTotals) {
 	fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\n", name, g.Instances, g.Drained, g.Active, g.InFlight, g.Queue)
 }
 
-func newSessionsShowCmd(client func() (*adminClient, error)) *cobra.Command {
+func newSessionsShowCmd(client func() (*admin.Client, error)) *cobra.Command {
 	var (
 		asJSON bool
-		lr     server.LookupRequest
+		lr     admin.LookupRequest
 	)
 	cmd := &cobra.Command{
 		Use:   "show {KEY | --session-id ID | --device-id ID [--user-id ID]}",
@@ -134,7 +126,7 @@ application knows: the session id, or the device id (with the user id when reque
 tether hashes the identifier with its own secret; the raw value is neither logged nor echoed.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			byID := lr != (server.LookupRequest{})
+			byID := lr != (admin.LookupRequest{})
 			if byID == (len(args) == 1) {
 				return errors.New("show: give a session key or --session-id (or --device-id), not both")
 			}
@@ -142,11 +134,11 @@ tether hashes the identifier with its own secret; the raw value is neither logge
 			if err != nil {
 				return err
 			}
-			var s server.SessionInfo
+			var s admin.SessionInfo
 			if byID {
-				err = c.do(cmd.Context(), http.MethodPost, "/v1/sessions/lookup", lr, &s)
+				s, err = c.Lookup(cmd.Context(), lr)
 			} else {
-				err = c.do(cmd.Context(), http.MethodGet, "/v1/sessions/"+url.PathEscape(args[0]), nil, &s)
+				s, err = c.Session(cmd.Context(), args[0])
 			}
 			if err != nil {
 				return err
@@ -165,7 +157,7 @@ tether hashes the identifier with its own secret; the raw value is neither logge
 	return cmd
 }
 
-func writeSession(w io.Writer, s server.SessionInfo, now time.Time) error {
+func writeSession(w io.Writer, s admin.SessionInfo, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "key\t%s\n", s.Key)
 	if s.Alias != "" {
@@ -192,7 +184,7 @@ func writeSession(w io.Writer, s server.SessionInfo, now time.Time) error {
 
 // migrateOptions are the flags of `tether sessions migrate`.
 type migrateOptions struct {
-	req      server.MigrateRequest
+	req      admin.MigrateRequest
 	interval time.Duration
 	quiet    bool
 	asJSON   bool
@@ -209,7 +201,7 @@ type migrateSummary struct {
 	Seconds     float64 `json:"seconds"`
 }
 
-func newSessionsMigrateCmd(client func() (*adminClient, error)) *cobra.Command {
+func newSessionsMigrateCmd(client func() (*admin.Client, error)) *cobra.Command {
 	var o migrateOptions
 	cmd := &cobra.Command{
 		Use:   "migrate --from-version V1 --to-version V2",
@@ -223,8 +215,8 @@ and the migration keeps going. A progress bar on standard error counts the sessi
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch {
-			case o.req.Batch < 1 || o.req.Batch > server.MaxMigrateBatch:
-				return fmt.Errorf("--batch %d: want 1 to %d", o.req.Batch, server.MaxMigrateBatch)
+			case o.req.Batch < 1 || o.req.Batch > admin.MaxMigrateBatch:
+				return fmt.Errorf("--batch %d: want 1 to %d", o.req.Batch, admin.MaxMigrateBatch)
 			case o.interval < 0:
 				return fmt.Errorf("--interval %v: must not be negative", o.interval)
 			}
@@ -257,7 +249,7 @@ and the migration keeps going. A progress bar on standard error counts the sessi
 	f := cmd.Flags()
 	f.StringVar(&o.req.FromVersion, "from-version", "", "the model version the sessions leave")
 	f.StringVar(&o.req.ToVersion, "to-version", "", "the model version they move to (it needs a healthy, undrained instance)")
-	f.IntVar(&o.req.Batch, "batch", server.DefaultMigrateBatch, fmt.Sprintf("sessions marked per call, at most %d", server.MaxMigrateBatch))
+	f.IntVar(&o.req.Batch, "batch", admin.DefaultMigrateBatch, fmt.Sprintf("sessions marked per call, at most %d", admin.MaxMigrateBatch))
 	f.DurationVar(&o.interval, "interval", time.Second, "pause between batches, so the sessions' new instances warm up gradually")
 	f.BoolVar(&o.quiet, "quiet", false, "no progress bar")
 	f.BoolVar(&o.asJSON, "json", false, "print the summary as JSON")
@@ -269,7 +261,7 @@ and the migration keeps going. A progress bar on standard error counts the sessi
 // runMigrate calls migrate until no session is left, ctx ends (the summary
 // then says Interrupted) or a call fails. barTo, when not nil, gets a
 // progress bar.
-func runMigrate(ctx context.Context, c *adminClient, req server.MigrateRequest, interval time.Duration, barTo io.Writer) (sum migrateSummary, err error) {
+func runMigrate(ctx context.Context, c *admin.Client, req admin.MigrateRequest, interval time.Duration, barTo io.Writer) (sum migrateSummary, err error) {
 	start := time.Now()
 	sum = migrateSummary{FromVersion: req.FromVersion, ToVersion: req.ToVersion}
 	var bar *progress.Bar // drawn once the first answer gives a total
@@ -281,8 +273,8 @@ func runMigrate(ctx context.Context, c *adminClient, req server.MigrateRequest, 
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		var res server.MarkResult
-		if err := c.do(ctx, http.MethodPost, "/v1/sessions/migrate", req, &res); err != nil {
+		res, err := c.Migrate(ctx, req)
+		if err != nil {
 			if ctx.Err() != nil {
 				sum.Interrupted = true
 				return sum, nil
@@ -337,7 +329,7 @@ func writemigrateSummary(w io.Writer, s migrateSummary) error {
 	return err
 }
 
-func newSessionsDrainCmd(client func() (*adminClient, error)) *cobra.Command {
+func newSessionsDrainCmd(client func() (*admin.Client, error)) *cobra.Command {
 	var (
 		instance string
 		undo     bool
@@ -355,11 +347,11 @@ sessions the drain already marked still move at their next turn.`,
 			if err != nil {
 				return err
 			}
-			var res server.DrainResult
+			var res admin.DrainResult
 			if undo {
-				err = c.do(cmd.Context(), http.MethodDelete, "/v1/sessions/drain/"+url.PathEscape(instance), nil, &res)
+				res, err = c.Undrain(cmd.Context(), instance)
 			} else {
-				err = c.do(cmd.Context(), http.MethodPost, "/v1/sessions/drain", server.DrainRequest{Instance: instance}, &res)
+				res, err = c.Drain(cmd.Context(), instance)
 			}
 			if err != nil {
 				return err
@@ -382,81 +374,6 @@ sessions the drain already marked still move at their next turn.`,
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	_ = cmd.MarkFlagRequired("instance")
 	return cmd
-}
-
-// adminClient calls tether's admin API.
-type adminClient struct {
-	base  string
-	hc    *http.Client
-	token string // bearer token, "" none
-}
-
-// newAdminClient takes the --admin value: a URL, or host:port for http.
-func newAdminClient(admin string) (*adminClient, error) {
-	raw := admin
-	if !strings.Contains(raw, "://") {
-		raw = "http://" + raw
-	}
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") || u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("--admin %q: want http://host:port", admin)
-	}
-	return &adminClient{base: strings.TrimRight(u.String(), "/"), hc: &http.Client{Timeout: adminTimeout}}, nil
-}
-
-// adminError is an error the admin API answered with.
-type adminError struct {
-	status int
-	msg    string
-}
-
-func (e *adminError) Error() string {
-	return fmt.Sprintf("%s (%d %s)", e.msg, e.status, http.StatusText(e.status))
-}
-
-// do sends in (when not nil) as JSON and decodes the answer into out. An
-// answer other than 2xx is an *adminError with the server's message.
-func (c *adminClient) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return fmt.Errorf("admin API: %w", err)
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
-	if err != nil {
-		return fmt.Errorf("admin API: %w", err)
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("admin API: %w", err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return fmt.Errorf("admin API %s %s: %w", method, path, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(data, &e) != nil || e.Error == "" {
-			e.Error = fmt.Sprintf("admin API %s %s", method, path)
-		}
-		return &adminError{status: resp.StatusCode, msg: e.Error}
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("admin API %s %s: %w", method, path, err)
-	}
-	return nil
 }
 
 func dash(s string) string {

@@ -16,11 +16,11 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/tetherproxy/tether/admin"
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
-	"github.com/tetherproxy/tether/server"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
@@ -67,7 +67,7 @@ func newSessionsServer(t *testing.T) *sessionsServer {
 	pol := affinity.Policy{Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: 30 * time.Minute},
 		VersionAffinity: affinity.Strict, Versions: []affinity.VersionWeight{{Name: "v1", Weight: 1}}}
 	mux := http.NewServeMux()
-	server.NewSessionOps(server.SessionOpsConfig{
+	admin.NewSessionOps(admin.SessionOpsConfig{
 		Index: store, Drains: store, Load: load, Fleet: fl, Identity: ids, Headers: headers, Logger: zerolog.Nop(),
 	}).Routes(mux)
 	srv := httptest.NewServer(mux)
@@ -118,7 +118,7 @@ func TestSessionsCommands(t *testing.T) {
 		}
 	}
 	out, _, err = runCLI(ctx, s.url, "sessions", "stats", "--json")
-	var st server.SessionStats
+	var st admin.SessionStats
 	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.Total.Active != n || len(st.Instances) != 3 {
 		t.Errorf("stats --json: %v, %+v", err, st)
 	}
@@ -177,8 +177,8 @@ func TestSessionsCommands(t *testing.T) {
 		t.Errorf("show after drain: %v\n%s", err, out)
 	}
 	out, _, err = runCLI(ctx, s.url, "sessions", "drain", "--instance", "c", "--undo", "--json")
-	var dr server.DrainResult
-	if err != nil || json.Unmarshal([]byte(out), &dr) != nil || dr != (server.DrainResult{Instance: "c"}) {
+	var dr admin.DrainResult
+	if err != nil || json.Unmarshal([]byte(out), &dr) != nil || dr != (admin.DrainResult{Instance: "c"}) {
 		t.Errorf("undrain: %v %q", err, out)
 	}
 }
@@ -193,8 +193,8 @@ func scripted(t *testing.T, answers []string, onCall func(n int)) string {
 			http.NotFound(w, r)
 			return
 		}
-		var req server.MigrateRequest
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req != (server.MigrateRequest{FromVersion: "v1", ToVersion: "v2", Batch: 10}) {
+		var req admin.MigrateRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req != (admin.MigrateRequest{FromVersion: "v1", ToVersion: "v2", Batch: 10}) {
 			t.Errorf("migrate request %+v, %v", req, err)
 		}
 		n := int(calls.Add(1))
@@ -262,12 +262,12 @@ func TestSessionsMigrateLoop(t *testing.T) {
 			`{"marked": 10, "remaining": 25}`,
 			`{"marked": 10, "remaining": 0}`,
 		}, nil)
-		c, err := newAdminClient(url)
+		c, err := admin.NewClient(url, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		var bar bytes.Buffer
-		sum, err := runMigrate(t.Context(), c, server.MigrateRequest{FromVersion: "v1", ToVersion: "v2", Batch: 10}, 0, &bar)
+		sum, err := runMigrate(t.Context(), c, admin.MigrateRequest{FromVersion: "v1", ToVersion: "v2", Batch: 10}, 0, &bar)
 		if err != nil || sum.Marked != 30 || sum.Batches != 3 || sum.Remaining != 0 {
 			t.Errorf("runMigrate = %+v, %v", sum, err)
 		}
@@ -275,25 +275,6 @@ func TestSessionsMigrateLoop(t *testing.T) {
 			t.Errorf("progress bar output %q, want it to end at 30/30", bar.String())
 		}
 	})
-}
-
-func TestNewAdminClient(t *testing.T) {
-	for _, tt := range []struct{ in, base string }{
-		{"127.0.0.1:8090", "http://127.0.0.1:8090"},
-		{"http://127.0.0.1:8090/", "http://127.0.0.1:8090"},
-		{"https://tether.internal:8443/admin", "https://tether.internal:8443/admin"},
-		{"ftp://x", ""},
-		{"http://", ""},
-		{"http://h:1/?q=1", ""},
-	} {
-		c, err := newAdminClient(tt.in)
-		switch {
-		case tt.base == "" && err == nil:
-			t.Errorf("newAdminClient(%q) = %q, want an error", tt.in, c.base)
-		case tt.base != "" && (err != nil || c.base != tt.base):
-			t.Errorf("newAdminClient(%q) = %v, %v; want %q", tt.in, c, err, tt.base)
-		}
-	}
 }
 
 // TestSessionsSendAdminToken: with the admin API behind a token, the CLI

@@ -47,6 +47,7 @@ import (
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/testenv"
+	"github.com/tetherproxy/tether/plan"
 	"github.com/tetherproxy/tether/store"
 	"github.com/tetherproxy/tether/xds"
 )
@@ -1318,11 +1319,12 @@ func (s *stack) checkEnvoy(cfg *config.Config) {
 
 	// The ext_proc cluster: tether sends it over ADS, built from its config
 	// the way serve builds it.
-	ext := cfg.Envoy.ExtProcEndpoints
-	if len(ext) == 0 {
-		ext = []string{cfg.Server.ExtProcAddr}
+	spec, err := plan.Envoy(*cfg, plan.Options{})
+	if err != nil {
+		s.errf("tether.toml: the resources tether would send Envoy: %v", err)
+		return
 	}
-	res, err := xds.Build(*cfg, ext, xds.ADS)
+	res, err := xds.Build(spec, xds.ADS)
 	if err != nil {
 		s.errf("tether.toml: the resources tether would send Envoy: %v", err)
 		return

@@ -49,6 +49,7 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/plan"
 	"github.com/tetherproxy/tether/store"
 	"github.com/tetherproxy/tether/xds"
 )
@@ -821,7 +822,11 @@ func TestEnvoyFilter(t *testing.T) {
 	}
 
 	// What tether's xDS server would send, for this configuration.
-	res, err := xds.Build(cfg, []string{"127.0.0.1:50051"}, xds.Static)
+	spec, err := plan.Envoy(cfg, plan.Options{ExtProc: []string{"127.0.0.1:50051"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := xds.Build(spec, xds.Static)
 	if err != nil {
 		t.Fatal(err)
 	}

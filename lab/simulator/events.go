@@ -8,6 +8,10 @@ const (
 	eventDone eventKind = iota + 1
 	// eventSend: a conversation sends its next turn (its think time is over).
 	eventSend
+	// eventAnswered: the response headers of a conversation's request in
+	// flight reach tether (the tether router's own queue, see
+	// tetherRouter.finish).
+	eventAnswered
 )
 
 // event is one entry of the event queue.

@@ -1,6 +1,8 @@
 package simulator
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -11,6 +13,7 @@ import (
 	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/lab/loadgen"
 	"github.com/tetherproxy/tether/lab/workload"
+	"github.com/tetherproxy/tether/plan"
 )
 
 // Defaults and limits of Options.
@@ -34,12 +37,23 @@ const (
 // Options configures a Run. The zero value of every field but Rate and
 // Duration means its default.
 type Options struct {
-	// Policy routes the requests. Empty: Sticky.
+	// Policy routes the requests. Empty: Sticky, or Tether with a Config.
 	Policy Policy
+
+	// Config, when set, is a tether configuration (a tether.toml, read by
+	// config.Load) the run replays: its [[instances]] are the fleet (their
+	// names, zones, versions, weights, kv_sessions and pools; their
+	// addresses place them on the ring hash), and Policy Tether routes as
+	// `tether serve` would with it: the same translation (plan.FromConfig)
+	// and the same decider (plan.NewDecider). Instances, Zones and
+	// Lifetime must be zero then, and Policy Tether, RingHash or
+	// RoundRobin: the file decides the rest.
+	Config *config.Config
 
 	// Instances is the number of emulated GPU instances, named
 	// "<profile>-0", "<profile>-1", … as the bench names its fleet; Zones
-	// spreads them over zone-a, zone-b, … in turn. Zero: 8 and 2.
+	// spreads them over zone-a, zone-b, … in turn. Zero: 8 and 2 (or the
+	// Config's).
 	Instances int
 	Zones     int
 
@@ -89,7 +103,8 @@ type Options struct {
 	Seed uint64
 
 	// Lifetime is tether's binding lifetime (sticky). Zero: tether's
-	// defaults, idle 30 min and max_sticky_duration 1800 s.
+	// defaults, idle 30 min and max_sticky_duration 1800 s (with a Config,
+	// its routing.idle_timeout and max_sticky_duration).
 	Lifetime affinity.Lifetime
 
 	// RingSize is the ring hash's minimum ring size. Zero: Envoy's
@@ -119,6 +134,16 @@ type Progress struct {
 }
 
 func (o Options) withDefaults() Options {
+	if o.Config != nil {
+		if o.Policy == "" {
+			o.Policy = Tether
+		}
+		zones := map[string]bool{}
+		for _, in := range o.Config.Instances {
+			zones[in.Zone] = true
+		}
+		o.Instances, o.Zones = len(o.Config.Instances), len(zones)
+	}
 	if o.Policy == "" {
 		o.Policy = Sticky
 	}
@@ -143,7 +168,7 @@ func (o Options) withDefaults() Options {
 	if o.MaxInFlight == 0 {
 		o.MaxInFlight = DefaultMaxInFlightPerInstance * o.Instances
 	}
-	if o.Lifetime == (affinity.Lifetime{}) {
+	if o.Lifetime == (affinity.Lifetime{}) && o.Config == nil {
 		o.Lifetime = affinity.Lifetime{Idle: config.DefaultIdleTimeout, Max: config.DefaultMaxStickyDuration}
 	}
 	if o.RingSize == 0 {
@@ -156,8 +181,11 @@ func (o Options) withDefaults() Options {
 // Validate reports the first problem with the options, naming the option
 // and the bad value.
 func (o Options) Validate() error {
-	if o.Policy != "" && !slices.Contains(Policies(), o.Policy) {
+	if o.Policy != "" && !slices.Contains(Policies(), o.Policy) && o.Policy != Tether {
 		return fmt.Errorf("simulate: unknown policy %q: want one of %s", o.Policy, policyList())
+	}
+	if err := o.validateConfig(); err != nil {
+		return err
 	}
 	d := o.withDefaults()
 	switch {
@@ -187,4 +215,79 @@ func (o Options) Validate() error {
 		return fmt.Errorf("simulate: %w", err)
 	}
 	return nil
+}
+
+// validateConfig checks what a Config decides is left to it.
+func (o Options) validateConfig() error {
+	if o.Config == nil {
+		if o.Policy == Tether {
+			return errors.New("simulate: policy tether runs a configuration's policy: set the configuration (--config)")
+		}
+		return nil
+	}
+	switch {
+	case o.Policy == Sticky || o.Policy == Random:
+		return fmt.Errorf("simulate: policy %s: with a configuration, tether routes by its [routing] (policy tether)", o.Policy)
+	case o.Instances != 0 || o.Zones != 0:
+		return errors.New("simulate: instances and zones: with a configuration, the fleet is its [[instances]]")
+	case o.Lifetime != (affinity.Lifetime{}):
+		return errors.New("simulate: lifetime: with a configuration, its routing.idle_timeout and max_sticky_duration decide")
+	case len(o.Config.Instances) > MaxInstances:
+		return fmt.Errorf("simulate: the configuration has %d instances: at most %d", len(o.Config.Instances), MaxInstances)
+	}
+	if _, err := plan.FromConfig(*o.Config, plan.Options{}); err != nil {
+		return fmt.Errorf("simulate: configuration: %w", err)
+	}
+	return nil
+}
+
+// plan is what the run's fleet and tether's decider are made from: the
+// translation of the Config, or of the configuration the options stand
+// for (generatedConfig).
+func (o Options) plan() (plan.Plan, error) {
+	cfg := o.generatedConfig()
+	if o.Config != nil {
+		cfg = *o.Config
+	}
+	p, err := plan.FromConfig(cfg, plan.Options{})
+	if err != nil {
+		return plan.Plan{}, fmt.Errorf("simulate: configuration: %w", err)
+	}
+	return p, nil
+}
+
+// generatedConfig is the tether configuration of options without a
+// Config (defaults filled in): o.Instances instances "<profile>-i" on
+// 127.0.0.1:20000+i, in o.Zones zones in turn, each taking as many
+// sessions as the emulator's cache keeps conversations (kv_sessions; the
+// largest tether allows when the cache has no cap), and sticky or random
+// routing with o.Lifetime; every other key tether's default.
+func (o Options) generatedConfig() config.Config {
+	c := config.Default()
+	if o.Policy == Random {
+		c.Routing.Mode = config.ModeRandom
+	}
+	c.Routing.IdleTimeout, c.Routing.MaxStickyDuration = config.Dur(o.Lifetime.Idle), config.Dur(o.Lifetime.Max)
+	kv := cmp.Or(o.Cache.MaxConversations, emulator.DefaultMaxConversations)
+	if kv < 0 {
+		kv = config.MaxKVSessions
+	}
+	for i := range o.Instances {
+		c.Instances = append(c.Instances, config.Instance{
+			Name:       fmt.Sprintf("%s-%d", o.Profile.Name, i),
+			Address:    fmt.Sprintf("127.0.0.1:%d", 20000+i),
+			Zone:       zoneName(i % o.Zones),
+			Version:    "v1",
+			Weight:     1,
+			KVSessions: kv,
+		})
+	}
+	return c
+}
+
+func zoneName(i int) string {
+	if i < 26 {
+		return "zone-" + string(rune('a'+i))
+	}
+	return fmt.Sprintf("zone-%d", i)
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/lab/emulator"
+	"github.com/tetherproxy/tether/plan"
 	"github.com/tetherproxy/tether/store/memory"
 )
 
@@ -22,6 +24,10 @@ const (
 	Sticky Policy = "sticky"
 	// Random is tether's random mode, through the same Decider.
 	Random Policy = "random"
+	// Tether is the policy of Options.Config, as `tether serve` runs it:
+	// its rules, versions, bounded load, saturation thresholds,
+	// lifetimes and fallback.
+	Tether Policy = "tether"
 	// RingHash emulates Envoy's RING_HASH on tether's hash policies
 	// (session id, else authorization, else device id + user id).
 	RingHash Policy = "ring-hash"
@@ -29,12 +35,17 @@ const (
 	RoundRobin Policy = "round-robin"
 )
 
-// Policies lists the policies, in the order of the bench's quality table.
+// Policies lists the policies of a run without a configuration, in the
+// order of the bench's quality table.
 func Policies() []Policy { return []Policy{RoundRobin, RingHash, Random, Sticky} }
+
+// ConfigPolicies lists the policies of a run with a configuration: Envoy's
+// balancers over its instances, and tether's policy.
+func ConfigPolicies() []Policy { return []Policy{RoundRobin, RingHash, Tether} }
 
 // ParsePolicy returns the policy called name (any case).
 func ParsePolicy(name string) (Policy, error) {
-	for _, p := range Policies() {
+	for _, p := range append(Policies(), Tether) {
 		if strings.EqualFold(name, string(p)) {
 			return p, nil
 		}
@@ -43,8 +54,8 @@ func ParsePolicy(name string) (Policy, error) {
 }
 
 func policyList() string {
-	names := make([]string, 0, 4)
-	for _, p := range Policies() {
+	names := make([]string, 0, 5)
+	for _, p := range append(Policies(), Tether) {
 		names = append(names, string(p))
 	}
 	return strings.Join(names, ", ")
@@ -57,6 +68,8 @@ func (p Policy) Label() string {
 		return "tether sticky"
 	case Random:
 		return "tether random"
+	case Tether:
+		return "tether (config)"
 	case RingHash:
 		return "Envoy ring hash"
 	case RoundRobin:
@@ -74,44 +87,73 @@ type router interface {
 	// the current virtual time, and the decision's kind for tether ("" for
 	// the Envoy policies).
 	route(ctx context.Context, c *conversation) (int, affinity.Kind, error)
+	// answered says when the request route last placed for c gets its
+	// response headers (at, virtual ns), and the queue depth its instance
+	// reports with them.
+	answered(c *conversation, at int64, queue int)
 }
 
 // identitySecret keys the simulation's session keys; any 16 bytes do.
 const identitySecret = "tether-simulate-identity-secret"
 
-// tetherRouter routes through affinity.Decider: the code tether runs, with
-// the store in memory, the clock virtual and the random source seeded.
+// requestPath is the path of every request, as loadgen sends them: rules
+// match on it.
+const requestPath = "/v1/chat/completions"
+
+// tetherRouter routes through the decider tether serve builds
+// (plan.NewDecider, from the same translation of the configuration), with
+// the store in memory, the clock virtual and the random source seeded. As
+// in tether, a decision counts as a request in flight until its response
+// headers arrive (answered), with the queue depth the instance reports in
+// them, and the load view syncs once a (virtual) second.
 type tetherRouter struct {
 	ids      *identity.Extractor
 	decider  *affinity.Decider
 	index    map[string]int
 	names    []string
-	now      func() time.Time
+	clock    func() int64 // virtual ns
 	lastSync time.Time
+	// queueKnown: tether reads the queue depth the emulator reports
+	// (routing.queue_depth_header is the emulator's header).
+	queueKnown bool
+	// pending are the requests waiting for their response headers
+	// (eventAnswered), in the order they get them.
+	pending eventQueue
+	seq     uint64
+	// trace, when set (tests), sees every call on the decider; decided
+	// numbers the decisions for it.
+	trace   func(deciderCall)
+	decided int
 }
 
 // syncEvery is how often, in virtual time, the router's load view reads
 // the store's session index, as tether's load sync does each second.
 const syncEvery = time.Second
 
-func newTetherRouter(mode affinity.Mode, lt affinity.Lifetime, instances []fleet.Instance, now func() time.Time, rng *rand.Rand) (*tetherRouter, error) {
-	ids, err := identity.New(identity.Config{Secret: []byte(identitySecret)})
+func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRouter, error) {
+	ids, err := p.Extractor([]byte(identitySecret))
 	if err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
-	index := make(map[string]int, len(instances))
-	names := make([]string, len(instances))
-	for i, in := range instances {
+	index := make(map[string]int, len(p.Instances))
+	names := make([]string, len(p.Instances))
+	for i, in := range p.Instances {
 		index[in.Name] = i
 		names[i] = in.Name
 	}
 	store := memory.New()
-	// The load view reads active sessions from the store as tether's does,
-	// so bounded-load placement sees sessions expire.
-	load := affinity.NewLoad(store, "simulate")
-	d := affinity.New(store, fleet.New(instances), affinity.Policy{Mode: mode, Lifetime: lt},
-		affinity.WithClock(now), affinity.WithRand(rng.Uint64), affinity.WithLoad(load))
-	return &tetherRouter{ids: ids, decider: d, index: index, names: names, now: now}, nil
+	now := func() time.Time { return virtualTime(clock()) }
+	d := plan.NewDecider(p, fleet.New(p.Instances), plan.Deps{
+		Store: store,
+		// The load view reads active sessions from the store as tether's
+		// does, so bounded-load placement sees sessions expire.
+		Load:    affinity.NewLoad(store, "simulate"),
+		Breaker: fleet.NewBreaker(p.Breaker, now, nil),
+		Now:     now,
+		Rand:    rng.Uint64,
+	})
+	return &tetherRouter{ids: ids, decider: d, index: index, names: names, clock: clock,
+		queueKnown: p.ExtProc.QueueHeader == emulator.QueueDepthHeader}, nil
 }
 
 func (t *tetherRouter) prepare(c *conversation) {
@@ -119,27 +161,69 @@ func (t *tetherRouter) prepare(c *conversation) {
 	for _, hd := range c.headers {
 		h[hd.Name] = hd.Value
 	}
-	c.id = t.ids.Extract(h)
+	c.request = affinity.Request{ID: t.ids.Extract(h), Path: requestPath, Headers: h}
 }
 
 func (t *tetherRouter) route(ctx context.Context, c *conversation) (int, affinity.Kind, error) {
-	if now := t.now(); now.Sub(t.lastSync) >= syncEvery {
+	t.finish(t.clock())
+	now := virtualTime(t.clock())
+	if now.Sub(t.lastSync) >= syncEvery {
 		if err := t.decider.Load().Sync(ctx, t.names, 3*syncEvery, now); err != nil {
 			return 0, "", fmt.Errorf("simulate: load sync: %w", err)
 		}
 		t.lastSync = now
+		if t.trace != nil {
+			t.trace(deciderCall{at: now, sync: true})
+		}
 	}
-	d, err := t.decider.Decide(ctx, affinity.Request{ID: c.id})
+	d, err := t.decider.Decide(ctx, c.request)
 	if err != nil {
 		return 0, "", fmt.Errorf("simulate: decide: %w", err)
 	}
-	// The simulation models no requests in flight as tether sees them.
-	t.decider.Finish(d, affinity.Answer{Answered: true})
+	c.decision, c.decided = d, t.decided
+	if t.trace != nil {
+		t.trace(deciderCall{at: now, n: t.decided, request: c.request, decision: d})
+	}
+	t.decided++
 	i, ok := t.index[d.Instance.Name]
 	if !ok {
 		return 0, "", fmt.Errorf("simulate: decision names unknown instance %q", d.Instance.Name)
 	}
 	return i, d.Kind, nil
+}
+
+func (t *tetherRouter) answered(c *conversation, at int64, queue int) {
+	c.reply = affinity.Answer{Answered: true, Queue: queue, QueueKnown: t.queueKnown}
+	t.seq++
+	t.pending.push(event{at: at, seq: t.seq, conv: c, kind: eventAnswered})
+}
+
+// finish hands the decider the answers that arrived by now (virtual ns),
+// in the order they arrived. A conversation's next request comes after
+// its answer (its turn ends, then its think time): its decision and answer
+// are still the ones of its request in flight.
+func (t *tetherRouter) finish(now int64) {
+	for len(t.pending) > 0 && t.pending[0].at <= now {
+		ev := t.pending.pop()
+		c := ev.conv
+		t.decider.Finish(c.decision, c.reply)
+		if t.trace != nil {
+			a := c.reply
+			t.trace(deciderCall{at: virtualTime(ev.at), n: c.decided, decision: c.decision, answer: &a})
+		}
+	}
+}
+
+// deciderCall is one call the tether router made on its decider: a load
+// sync, a decision (request and decision), or an answer (decision and
+// answer). n numbers a decision, and an answer by the decision it answers.
+type deciderCall struct {
+	at       time.Time
+	n        int
+	sync     bool
+	request  affinity.Request
+	decision affinity.Decision
+	answer   *affinity.Answer
 }
 
 // ringRouter emulates Envoy's RING_HASH (see ring and envoyHash).
@@ -149,6 +233,8 @@ type ringRouter struct {
 }
 
 func (r *ringRouter) prepare(c *conversation) { c.ringHash, c.hashed = envoyHash(c.headers) }
+
+func (r *ringRouter) answered(*conversation, int64, int) {}
 
 func (r *ringRouter) route(_ context.Context, c *conversation) (int, affinity.Kind, error) {
 	h := c.ringHash
@@ -167,6 +253,8 @@ type roundRobinRouter struct {
 }
 
 func (r *roundRobinRouter) prepare(*conversation) {}
+
+func (r *roundRobinRouter) answered(*conversation, int64, int) {}
 
 func (r *roundRobinRouter) route(context.Context, *conversation) (int, affinity.Kind, error) {
 	i := r.next

@@ -1,16 +1,17 @@
 // Package simulator evaluates routing policies on an emulated GPU fleet in
 // virtual time: a discrete-event simulation of the workload loadgen replays
-// (lab/workload), routed by tether's own decision code (affinity.Decider
-// over store/memory) or by emulations of Envoy's ring hash and round robin,
-// and priced by the emulated instances' cost model (emulator.GPU: the prefix KV
-// cache, the prefill queue, the decode batch). There is no network, no
-// sleeping and no wall clock: an hour of traffic at 10,000 requests per
-// second runs in minutes. The figures are loadgen's (loadgen.Summary), so
-// they compare with `tether-lab bench` and `tether-lab loadgen` runs. See README.md.
+// (lab/workload), routed by tether's own decision code (the decider tether
+// serve builds, plan.NewDecider over store/memory, from a tether
+// configuration: Options.Config, or the one the options stand for) or by
+// emulations of Envoy's ring hash and round robin, and priced by the
+// emulated instances' cost model (emulator.GPU: the prefix KV cache, the
+// prefill queue, the decode batch). There is no network, no sleeping and no
+// wall clock: an hour of traffic at 10,000 requests per second runs in
+// minutes. The figures are loadgen's (loadgen.Summary), so they compare
+// with `tether-lab bench` and `tether-lab loadgen` runs. See README.md.
 package simulator
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -19,10 +20,10 @@ import (
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/fleet"
-	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/lab/loadgen"
 	"github.com/tetherproxy/tether/lab/workload"
+	"github.com/tetherproxy/tether/plan"
 )
 
 // Result is the outcome of a Run. It marshals to JSON.
@@ -151,8 +152,12 @@ type conversation struct {
 	sessionKey uint64
 	// salt identifies the conversation's own KV blocks (blockModel).
 	salt uint64
-	// id and ringHash/hashed are the routers' view of the headers.
-	id       identity.Identity
+	// request and ringHash/hashed are the routers' view of the headers;
+	// decision and reply are tether's of the request in flight.
+	request  affinity.Request
+	decision affinity.Decision
+	decided  int // the decision's number (tetherRouter.trace)
+	reply    affinity.Answer
 	ringHash uint64
 	hashed   bool
 
@@ -181,6 +186,7 @@ type instance struct {
 
 type runner struct {
 	opts      Options
+	plan      plan.Plan // the instances and tether's policy
 	gen       *workload.Generator
 	shapes    *shapes
 	apps      []workload.App
@@ -242,6 +248,9 @@ func newRunner(opts Options) (*runner, error) {
 	for _, k := range workload.Kinds() {
 		r.kinds[k] = &tally{}
 	}
+	if r.plan, err = opts.plan(); err != nil {
+		return nil, err
+	}
 	if err := r.buildFleet(); err != nil {
 		return nil, err
 	}
@@ -251,7 +260,7 @@ func newRunner(opts Options) (*runner, error) {
 	return r, nil
 }
 
-// buildFleet makes the instances and their cost models.
+// buildFleet makes the plan's instances and their cost models.
 func (r *runner) buildFleet() error {
 	o := r.opts
 	// The full blocks of each system prompt: as many as BlockHasher cuts
@@ -261,16 +270,8 @@ func (r *runner) buildFleet() error {
 		prompt, _ := r.gen.SystemPrompt(a.Name)
 		system[i] = emulator.CountTokens(prompt) / emulator.BlockSize
 	}
-	for i := range o.Instances {
-		in := &instance{Instance: fleet.Instance{
-			Name:    fmt.Sprintf("%s-%d", o.Profile.Name, i),
-			Address: fmt.Sprintf("127.0.0.1:%d", 20000+i),
-			Zone:    zoneName(i % o.Zones),
-			Version: "v1",
-			Weight:  1,
-			// The emulator's cache keeps this many conversations.
-			KVSessions: cmp.Or(o.Cache.MaxConversations, emulator.DefaultMaxConversations),
-		}}
+	for _, fi := range r.plan.Instances {
+		in := &instance{Instance: fi}
 		if o.Exact {
 			gpu, err := emulator.NewGPU(emulator.GPUConfig{Profile: o.Profile, TimeScale: o.TimeScale, Cache: o.Cache})
 			if err != nil {
@@ -285,28 +286,13 @@ func (r *runner) buildFleet() error {
 	return nil
 }
 
-func zoneName(i int) string {
-	if i < 26 {
-		return "zone-" + string(rune('a'+i))
-	}
-	return fmt.Sprintf("zone-%d", i)
-}
-
 func (r *runner) buildRouter() error {
 	o := r.opts
 	rng := rand.New(rand.NewPCG(o.Seed, 0x726f75746572)) // "router"
 	switch o.Policy {
-	case Sticky, Random:
-		mode := affinity.Sticky
-		if o.Policy == Random {
-			mode = affinity.Random
-		}
+	case Sticky, Random, Tether:
 		r.decisions = map[string]int{}
-		fl := make([]fleet.Instance, len(r.instances))
-		for i, in := range r.instances {
-			fl[i] = in.Instance
-		}
-		t, err := newTetherRouter(mode, o.Lifetime, fl, func() time.Time { return virtualTime(r.now) }, rng)
+		t, err := newTetherRouter(r.plan, func() int64 { return r.now }, rng)
 		if err != nil {
 			return err
 		}
@@ -451,6 +437,14 @@ func (r *runner) send(ctx context.Context, c *conversation) error {
 	in := r.instances[i]
 	t := c.shape.turns[k]
 	cost := in.model.cost(c, r.now, in.inFlight)
+	// The response headers: at the first token when streamed, else with
+	// the whole answer, each with the depth the emulator reports (the
+	// requests it was already working on).
+	headers := r.now + int64(cost.Wait)
+	if !r.opts.Stream {
+		headers += int64(cost.Decode)
+	}
+	r.router.answered(c, headers, in.inFlight)
 	in.priced++
 	in.completion += int64(t.maxTokens)
 	// The request holds its place on the instance until it ends;
@@ -627,8 +621,8 @@ func (r *runner) settings() Settings {
 		Mix:                         o.Workload.Mix,
 		Identities:                  o.Workload.Identities,
 		Apps:                        r.apps,
-		IdleTimeout:                 o.Lifetime.Idle,
-		MaxStickyDuration:           o.Lifetime.Max,
+		IdleTimeout:                 r.plan.Policy.Lifetime.Idle,
+		MaxStickyDuration:           r.plan.Policy.Lifetime.Max,
 		RingSize:                    o.RingSize,
 		Stream:                      o.Stream,
 		Exact:                       o.Exact,

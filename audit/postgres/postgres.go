@@ -1,4 +1,4 @@
-package audit
+package postgres
 
 import (
 	"context"
@@ -13,14 +13,16 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/tetherproxy/tether/audit"
+
 	"github.com/cespare/xxhash/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// PostgresConfig configures a PostgresSink. Zero values take the defaults.
-type PostgresConfig struct {
+// Config configures a Sink. Zero values take the defaults.
+type Config struct {
 	// Table is the table's name (default "routing_audit"): lower-case
 	// letters, digits and underscores, starting with a letter or an
 	// underscore, at most 40 characters (its index names add 19 more, and
@@ -49,18 +51,18 @@ type PostgresConfig struct {
 	Lazy bool
 }
 
-// DefaultPostgresTable is the table PostgresSink uses when
-// PostgresConfig.Table is empty.
-const DefaultPostgresTable = "routing_audit"
+// DefaultTable is the table Sink uses when
+// Config.Table is empty.
+const DefaultTable = "routing_audit"
 
 var tableNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
 
 // Validate checks the configuration.
-func (c PostgresConfig) Validate() error {
+func (c Config) Validate() error {
 	if c.Table != "" && !tableNameRE.MatchString(c.Table) {
 		return fmt.Errorf("audit postgres sink: table %q: want lower-case letters, digits and _, not starting with a digit, at most 40", c.Table)
 	}
-	if err := CheckRetention(c.Retention); err != nil {
+	if err := audit.CheckRetention(c.Retention); err != nil {
 		return fmt.Errorf("audit postgres sink: %w", err)
 	}
 	if c.PruneBatch < 0 || c.ConnectTimeout < 0 {
@@ -69,9 +71,9 @@ func (c PostgresConfig) Validate() error {
 	return nil
 }
 
-func (c PostgresConfig) withDefaults() PostgresConfig {
+func (c Config) withDefaults() Config {
 	if c.Table == "" {
-		c.Table = DefaultPostgresTable
+		c.Table = DefaultTable
 	}
 	if c.PruneBatch == 0 {
 		c.PruneBatch = 10000
@@ -85,40 +87,8 @@ func (c PostgresConfig) withDefaults() PostgresConfig {
 	return c
 }
 
-// ErrInvalidRecord marks records a sink could not store as they are (see
-// InvalidRecordsError).
-var ErrInvalidRecord = errors.New("invalid audit record")
-
-// InvalidRecordsError is what PostgresSink.Write returns when it skipped
-// records of a batch that PostgreSQL would refuse, and stored the others:
-// a request_id that is not a UUID in lower-case canonical form, or a text
-// field that is not UTF-8 or holds a NUL byte. It names the records by
-// position and the field by name, never by value. errors.Is(err,
-// ErrInvalidRecord) holds.
-type InvalidRecordsError struct {
-	Table   string
-	Total   int      // records in the batch
-	Index   []int    // positions of the skipped records, ascending
-	Reasons []string // why, one per skipped record
-}
-
-func (e *InvalidRecordsError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "audit postgres sink: write %s: skipped %d of %d records (the others are stored)", e.Table, len(e.Index), e.Total)
-	const show = 5
-	for i, idx := range e.Index[:min(len(e.Index), show)] {
-		fmt.Fprintf(&b, "; record %d: %s", idx, e.Reasons[i])
-	}
-	if len(e.Index) > show {
-		fmt.Fprintf(&b, "; and %d more", len(e.Index)-show)
-	}
-	return b.String()
-}
-
-func (e *InvalidRecordsError) Unwrap() error { return ErrInvalidRecord }
-
-// sort orders the skipped records by position, reasons along.
-func (e *InvalidRecordsError) sort() {
+// sortSkipped orders the skipped records by position, reasons along.
+func sortSkipped(e *audit.InvalidRecordsError) {
 	order := make([]int, len(e.Index))
 	for i := range order {
 		order[i] = i
@@ -131,7 +101,7 @@ func (e *InvalidRecordsError) sort() {
 	e.Index, e.Reasons = idx, why
 }
 
-// PostgresSink stores records in a PostgreSQL table, one row per record
+// Sink stores records in a PostgreSQL table, one row per record
 // (see README.md for the table). The request id is the primary key: a
 // record whose request id is already stored (an Envoy retry) is ignored.
 // Rows older than the retention are removed by Prune, which the Writer
@@ -140,10 +110,10 @@ func (e *InvalidRecordsError) sort() {
 //
 // decision_time is stored with PostgreSQL's precision, the microsecond
 // (the nanoseconds below it are truncated); Export returns it in UTC.
-type PostgresSink struct {
+type Sink struct {
 	pool  *pgxpool.Pool
 	owned bool // the sink opened pool and closes it
-	cfg   PostgresConfig
+	cfg   Config
 	where string // host:port/database, for errors; no user or password
 
 	insertSQL, pruneSQL, deleteSQL, exportSQL string
@@ -154,16 +124,16 @@ type PostgresSink struct {
 }
 
 var (
-	_ Sink   = (*PostgresSink)(nil)
-	_ Pruner = (*PostgresSink)(nil)
+	_ audit.Sink   = (*Sink)(nil)
+	_ audit.Pruner = (*Sink)(nil)
 )
 
-// NewPostgresSink opens a pool on dsn (a postgres:// URL or key=value
+// New opens a pool on dsn (a postgres:// URL or key=value
 // pairs, with pgxpool's pool_* settings), creates the table and its
 // indexes if the table is missing, and returns a sink that closes the pool
 // on Close. ctx bounds the opening; errors show the DSN's host, port and
 // database, never the DSN itself.
-func NewPostgresSink(ctx context.Context, dsn string, cfg PostgresConfig) (*PostgresSink, error) {
+func New(ctx context.Context, dsn string, cfg Config) (*Sink, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -183,7 +153,7 @@ func NewPostgresSink(ctx context.Context, dsn string, cfg PostgresConfig) (*Post
 	if err != nil {
 		return nil, fmt.Errorf("audit postgres sink: open %s on %s: %w", cfg.Table, where, err)
 	}
-	s, err := newPostgresSink(ctx, pool, cfg, where)
+	s, err := newSink(ctx, pool, cfg, where)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -192,10 +162,10 @@ func NewPostgresSink(ctx context.Context, dsn string, cfg PostgresConfig) (*Post
 	return s, nil
 }
 
-// NewPostgresSinkFromPool builds a sink on pool, which the caller keeps
+// NewFromPool builds a sink on pool, which the caller keeps
 // and closes, and creates the table and its indexes if the table is
 // missing.
-func NewPostgresSinkFromPool(ctx context.Context, pool *pgxpool.Pool, cfg PostgresConfig) (*PostgresSink, error) {
+func NewFromPool(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Sink, error) {
 	if pool == nil {
 		return nil, errors.New("audit postgres sink: nil pool")
 	}
@@ -204,14 +174,14 @@ func NewPostgresSinkFromPool(ctx context.Context, pool *pgxpool.Pool, cfg Postgr
 	}
 	cfg = cfg.withDefaults()
 	c := pool.Config().ConnConfig
-	return newPostgresSink(ctx, pool, cfg, c.Host+":"+strconv.Itoa(int(c.Port))+"/"+c.Database)
+	return newSink(ctx, pool, cfg, c.Host+":"+strconv.Itoa(int(c.Port))+"/"+c.Database)
 }
 
 const columns = `request_id, model_version, decision_time, instance, mode, decision, identity_source, user_ct, key_id, user_pseudonym, session_keys`
 
-func newPostgresSink(ctx context.Context, pool *pgxpool.Pool, cfg PostgresConfig, where string) (*PostgresSink, error) {
+func newSink(ctx context.Context, pool *pgxpool.Pool, cfg Config, where string) (*Sink, error) {
 	t := pgx.Identifier{cfg.Table}.Sanitize()
-	s := &PostgresSink{
+	s := &Sink{
 		pool: pool, cfg: cfg, where: where,
 		insertSQL: `INSERT INTO ` + t + ` (` + columns + `) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ` +
 			`ON CONFLICT (request_id) DO NOTHING`,
@@ -234,12 +204,12 @@ func newPostgresSink(ctx context.Context, pool *pgxpool.Pool, cfg PostgresConfig
 
 // Ready reports whether the sink has reached the server and checked its
 // table; only a Lazy sink can be open without.
-func (s *PostgresSink) Ready() bool { return s.ready.Load() }
+func (s *Sink) Ready() bool { return s.ready.Load() }
 
 // ensure checks (and creates) the table once: when the sink opens, or for
 // a Lazy sink that could not reach the server then, at each call until
 // one does.
-func (s *PostgresSink) ensure(ctx context.Context) error {
+func (s *Sink) ensure(ctx context.Context) error {
 	if s.ready.Load() {
 		return nil
 	}
@@ -260,7 +230,7 @@ func (s *PostgresSink) ensure(ctx context.Context) error {
 // serialises replicas that start together (concurrent CREATE TABLE IF
 // NOT EXISTS can fail); a table that exists needs no CREATE privilege,
 // so the sink can run as a role that may only insert, select and delete.
-func (s *PostgresSink) migrate(ctx context.Context) error {
+func (s *Sink) migrate(ctx context.Context) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -310,13 +280,13 @@ func (s *PostgresSink) migrate(ctx context.Context) error {
 }
 
 // Table is the table's name.
-func (s *PostgresSink) Table() string { return s.cfg.Table }
+func (s *Sink) Table() string { return s.cfg.Table }
 
 // Invalid counts the records Write skipped as invalid (see
 // InvalidRecordsError).
-func (s *PostgresSink) Invalid() uint64 { return s.invalid.Load() }
+func (s *Sink) Invalid() uint64 { return s.invalid.Load() }
 
-func (s *PostgresSink) wrap(op string, err error) error {
+func (s *Sink) wrap(op string, err error) error {
 	return fmt.Errorf("audit postgres sink: %s %s: %w", op, s.cfg.Table, err)
 }
 
@@ -327,17 +297,17 @@ func (s *PostgresSink) wrap(op string, err error) error {
 // cannot fail the batch: Write stores the others and returns an
 // *InvalidRecordsError, or, when the batch itself failed, that error
 // joined with it.
-func (s *PostgresSink) Write(ctx context.Context, recs []Record) error {
+func (s *Sink) Write(ctx context.Context, recs []audit.Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
 	if err := s.ensure(ctx); err != nil {
 		return s.wrap("write", err)
 	}
-	var bad *InvalidRecordsError
+	var bad *audit.InvalidRecordsError
 	skip := func(i int, reason string) {
 		if bad == nil {
-			bad = &InvalidRecordsError{Table: s.cfg.Table, Total: len(recs)}
+			bad = &audit.InvalidRecordsError{Table: s.cfg.Table, Total: len(recs)}
 		}
 		bad.Index = append(bad.Index, i)
 		bad.Reasons = append(bad.Reasons, reason)
@@ -374,7 +344,7 @@ func (s *PostgresSink) Write(ctx context.Context, recs []Record) error {
 		}
 	}
 	if bad != nil {
-		bad.sort() // duplicates are found after the invalid ones
+		sortSkipped(bad) // duplicates are found after the invalid ones
 
 		s.invalid.Add(uint64(len(bad.Index)))
 		if err != nil {
@@ -391,7 +361,7 @@ func (s *PostgresSink) Write(ctx context.Context, recs []Record) error {
 // invalidReason says why PostgreSQL would refuse r ("" if it would not).
 // The request id must be a lower-case canonical UUID, as PostgreSQL gives
 // it back: the user id's seal is bound to its exact text.
-func invalidReason(r Record) string {
+func invalidReason(r audit.Record) string {
 	if !isLowerUUID(r.RequestID) {
 		return "request_id is not a UUID (lower-case, 8-4-4-4-12 hex digits)"
 	}
@@ -460,7 +430,7 @@ func nullTexts(ss []string) any {
 // Prune deletes the rows whose decision_time is older than now minus the
 // retention, oldest first, at most PruneBatch rows per statement, until
 // none is left or ctx ends (the next Prune goes on from there).
-func (s *PostgresSink) Prune(ctx context.Context) error {
+func (s *Sink) Prune(ctx context.Context) error {
 	if err := s.ensure(ctx); err != nil {
 		return s.wrap("prune", err)
 	}
@@ -477,7 +447,7 @@ func (s *PostgresSink) Prune(ctx context.Context) error {
 }
 
 // Delete removes every row of pseudonym, expired or not, in one statement.
-func (s *PostgresSink) Delete(ctx context.Context, pseudonym string) (int, error) {
+func (s *Sink) Delete(ctx context.Context, pseudonym string) (int, error) {
 	if pseudonym == "" {
 		return 0, errors.New("audit postgres sink: delete: empty pseudonym")
 	}
@@ -493,7 +463,7 @@ func (s *PostgresSink) Delete(ctx context.Context, pseudonym string) (int, error
 
 // Export returns the unexpired records of pseudonym, oldest first (by
 // decision_time, then request_id), with decision_time in UTC.
-func (s *PostgresSink) Export(ctx context.Context, pseudonym string) ([]Record, error) {
+func (s *Sink) Export(ctx context.Context, pseudonym string) ([]audit.Record, error) {
 	if pseudonym == "" {
 		return nil, errors.New("audit postgres sink: export: empty pseudonym")
 	}
@@ -504,8 +474,8 @@ func (s *PostgresSink) Export(ctx context.Context, pseudonym string) ([]Record, 
 	if err != nil {
 		return nil, s.wrap("export", err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
-		var r Record
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (audit.Record, error) {
+		var r audit.Record
 		err := row.Scan(&r.RequestID, &r.ModelVersion, &r.DecisionTime, &r.Instance, &r.Mode, &r.Decision,
 			&r.IdentitySource, &r.UserCiphertext, &r.KeyID, &r.UserPseudonym, &r.SessionKeys)
 		r.DecisionTime = r.DecisionTime.UTC()
@@ -517,9 +487,9 @@ func (s *PostgresSink) Export(ctx context.Context, pseudonym string) ([]Record, 
 	return out, nil
 }
 
-// Close closes the pool if the sink opened it (NewPostgresSink), not a
+// Close closes the pool if the sink opened it (New), not a
 // pool it was given.
-func (s *PostgresSink) Close() error {
+func (s *Sink) Close() error {
 	if s.owned {
 		s.pool.Close()
 	}

@@ -1,4 +1,4 @@
-package audit
+package postgres
 
 import (
 	"context"
@@ -14,12 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherproxy/tether/audit"
+	"github.com/tetherproxy/tether/audit/audittest"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/tetherproxy/tether/internal/testenv"
 )
 
 // pgTables numbers the tables tests make on the shared server, so that
@@ -42,16 +43,16 @@ func pgTableName(t testing.TB) string {
 
 // newPostgresSinkT opens a sink on the shared server, on a table of the
 // test's own unless cfg names one, closed when the test ends.
-func newPostgresSinkT(t testing.TB, cfg PostgresConfig) *PostgresSink {
+func newPostgresSinkT(t testing.TB, cfg Config) *Sink {
 	t.Helper()
 	dsn := pg.DSN(t)
 	if cfg.Table == "" {
 		cfg.Table = pgTableName(t)
 	}
 	if cfg.Retention == 0 {
-		cfg.Retention = MaxRetention
+		cfg.Retention = audit.MaxRetention
 	}
-	s, err := NewPostgresSink(context.Background(), dsn, cfg)
+	s, err := New(context.Background(), dsn, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +85,7 @@ func countRows(t testing.TB, p *pgxpool.Pool, table, where string, args ...any) 
 }
 
 // stored is how a record comes back from PostgreSQL: microseconds, UTC.
-func stored(r Record) Record {
+func stored(r audit.Record) audit.Record {
 	r.DecisionTime = r.DecisionTime.Truncate(time.Microsecond).UTC()
 	return r
 }
@@ -97,11 +98,11 @@ func TestPostgresSinkRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	paris := time.FixedZone("CET", 3600)
 	at := time.Date(2026, 3, 1, 12, 0, 0, 123456789, paris) // nanoseconds below the microsecond
-	s := newPostgresSinkT(t, PostgresConfig{Now: func() time.Time { return at.Add(time.Hour) }})
-	sealer := testSealer(t)
-	var recs []Record
+	s := newPostgresSinkT(t, Config{Now: func() time.Time { return at.Add(time.Hour) }})
+	sealer := audittest.Sealer(t)
+	var recs []audit.Record
 	for i, u := range []string{"alice", "bob", "alice", "", "alice"} {
-		r := Record{RequestID: NewRequestID(), ModelVersion: "llama-3.1-70b@v2", DecisionTime: at.Add(time.Duration(i) * time.Second),
+		r := audit.Record{RequestID: audit.NewRequestID(), ModelVersion: "llama-3.1-70b@v2", DecisionTime: at.Add(time.Duration(i) * time.Second),
 			Instance: fmt.Sprintf("gpu-%d", i), Mode: "sticky", Decision: "hit", IdentitySource: "session",
 			SessionKeys: []string{fmt.Sprintf("s:%064x", i), "s:ü✓"}}
 		if i == 1 {
@@ -117,7 +118,7 @@ func TestPostgresSinkRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Record{stored(recs[0]), stored(recs[2]), stored(recs[4])}
+	want := []audit.Record{stored(recs[0]), stored(recs[2]), stored(recs[4])}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("export (-want +got):\n%s", diff)
 	}
@@ -179,17 +180,17 @@ func TestPostgresSinkRoundTrip(t *testing.T) {
 // rest of the batch is stored.
 func TestPostgresSinkDuplicate(t *testing.T) {
 	ctx := context.Background()
-	s := newPostgresSinkT(t, PostgresConfig{})
-	id := NewRequestID()
-	first := Record{RequestID: id, DecisionTime: time.Now(), Instance: "gpu-a", Decision: "bind"}
+	s := newPostgresSinkT(t, Config{})
+	id := audit.NewRequestID()
+	first := audit.Record{RequestID: id, DecisionTime: time.Now(), Instance: "gpu-a", Decision: "bind"}
 	retry := first
 	retry.Instance = "gpu-b"
-	other := Record{RequestID: NewRequestID(), DecisionTime: time.Now(), Instance: "gpu-c"}
-	var bad *InvalidRecordsError
-	if err := s.Write(ctx, []Record{first, retry, other}); !errors.As(err, &bad) || !slices.Equal(bad.Index, []int{1}) {
+	other := audit.Record{RequestID: audit.NewRequestID(), DecisionTime: time.Now(), Instance: "gpu-c"}
+	var bad *audit.InvalidRecordsError
+	if err := s.Write(ctx, []audit.Record{first, retry, other}); !errors.As(err, &bad) || !slices.Equal(bad.Index, []int{1}) {
 		t.Fatalf("batch with a duplicate: %v, want record 1 reported", err)
 	}
-	if err := s.Write(ctx, []Record{retry}); !errors.As(err, &bad) || !slices.Equal(bad.Index, []int{0}) {
+	if err := s.Write(ctx, []audit.Record{retry}); !errors.As(err, &bad) || !slices.Equal(bad.Index, []int{0}) {
 		t.Fatalf("duplicate of a stored record: %v, want it reported", err)
 	}
 	p := pgPoolT(t, pg.DSN(t))
@@ -205,18 +206,20 @@ func TestPostgresSinkDuplicate(t *testing.T) {
 // skipped and reported by position; the rest of the batch is stored.
 func TestPostgresSinkInvalidRecords(t *testing.T) {
 	ctx := context.Background()
-	s := newPostgresSinkT(t, PostgresConfig{})
-	good := func() Record { return Record{RequestID: NewRequestID(), DecisionTime: time.Now(), Decision: "hit"} }
+	s := newPostgresSinkT(t, Config{})
+	good := func() audit.Record {
+		return audit.Record{RequestID: audit.NewRequestID(), DecisionTime: time.Now(), Decision: "hit"}
+	}
 	upper := good()
 	upper.RequestID = strings.ToUpper(upper.RequestID)
 	nul := good()
 	nul.Instance = "gpu\x00a"
 	badKey := good()
 	badKey.SessionKeys = []string{"s:ok", "s:\xff"}
-	recs := []Record{good(), {RequestID: "secret-req-7", Decision: "hit"}, good(), upper, nul, badKey, good(), {}}
+	recs := []audit.Record{good(), {RequestID: "secret-req-7", Decision: "hit"}, good(), upper, nul, badKey, good(), {}}
 	err := s.Write(ctx, recs)
-	var bad *InvalidRecordsError
-	if !errors.Is(err, ErrInvalidRecord) || !errors.As(err, &bad) {
+	var bad *audit.InvalidRecordsError
+	if !errors.Is(err, audit.ErrInvalidRecord) || !errors.As(err, &bad) {
 		t.Fatalf("Write = %v, want an *InvalidRecordsError", err)
 	}
 	if want := []int{1, 3, 4, 5, 7}; !slices.Equal(bad.Index, want) || bad.Total != len(recs) || len(bad.Reasons) != len(want) {
@@ -239,7 +242,7 @@ func TestPostgresSinkInvalidRecords(t *testing.T) {
 		t.Fatalf("Invalid() = %d, want 5", s.Invalid())
 	}
 	// A batch of invalid records only: nothing to send, still reported.
-	if err := s.Write(ctx, []Record{{RequestID: "x"}}); !errors.Is(err, ErrInvalidRecord) {
+	if err := s.Write(ctx, []audit.Record{{RequestID: "x"}}); !errors.Is(err, audit.ErrInvalidRecord) {
 		t.Fatalf("all-invalid batch: %v", err)
 	}
 }
@@ -249,13 +252,13 @@ func TestPostgresSinkInvalidRecords(t *testing.T) {
 // Export never returns an expired row, even before Prune.
 func TestPostgresSinkPrune(t *testing.T) {
 	ctx := context.Background()
-	clk := newClock(time.Date(2026, 5, 10, 12, 0, 0, 0, time.UTC))
-	s := newPostgresSinkT(t, PostgresConfig{Retention: 24 * time.Hour, PruneBatch: 2, Now: clk.Now})
-	sealer := testSealer(t)
-	var recs []Record
+	clk := audittest.NewClock(time.Date(2026, 5, 10, 12, 0, 0, 0, time.UTC))
+	s := newPostgresSinkT(t, Config{Retention: 24 * time.Hour, PruneBatch: 2, Now: clk.Now})
+	sealer := audittest.Sealer(t)
+	var recs []audit.Record
 	ages := []time.Duration{72 * time.Hour, 48 * time.Hour, 25 * time.Hour, 24*time.Hour + time.Microsecond, 23 * time.Hour, time.Minute, 0}
 	for _, age := range ages {
-		r := Record{RequestID: NewRequestID(), DecisionTime: clk.Now().Add(-age), Decision: "hit"}
+		r := audit.Record{RequestID: audit.NewRequestID(), DecisionTime: clk.Now().Add(-age), Decision: "hit"}
 		sealer.Attach(&r, "alice")
 		recs = append(recs, r)
 	}
@@ -276,7 +279,7 @@ func TestPostgresSinkPrune(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []Record{stored(recs[4]), stored(recs[5]), stored(recs[6])}; !cmp.Equal(want, got) {
+	if want := []audit.Record{stored(recs[4]), stored(recs[5]), stored(recs[6])}; !cmp.Equal(want, got) {
 		t.Fatalf("export before prune (-want +got):\n%s", cmp.Diff(want, got))
 	}
 	if err := s.Prune(ctx); err != nil {
@@ -306,7 +309,7 @@ func TestPostgresSinkConfigRefused(t *testing.T) {
 	ctx := context.Background()
 	const dsn = "postgres://u:hunter2@192.0.2.1:5432/db" // never dialled
 	for _, d := range []time.Duration{0, -time.Minute, 31 * 24 * time.Hour} {
-		_, err := NewPostgresSink(ctx, dsn, PostgresConfig{Retention: d})
+		_, err := New(ctx, dsn, Config{Retention: d})
 		if err == nil {
 			t.Fatalf("retention %v accepted", d)
 		}
@@ -315,11 +318,11 @@ func TestPostgresSinkConfigRefused(t *testing.T) {
 		}
 	}
 	for _, table := range []string{"Routing", "a-b", "a.b", "1abc", `x"; DROP TABLE y; --`, strings.Repeat("a", 41)} {
-		if _, err := NewPostgresSink(ctx, dsn, PostgresConfig{Table: table, Retention: time.Hour}); err == nil || !strings.Contains(err.Error(), "table") {
+		if _, err := New(ctx, dsn, Config{Table: table, Retention: time.Hour}); err == nil || !strings.Contains(err.Error(), "table") {
 			t.Errorf("table %q: %v", table, err)
 		}
 	}
-	if err := (PostgresConfig{Retention: time.Hour, PruneBatch: -1}).Validate(); err == nil {
+	if err := (Config{Retention: time.Hour, PruneBatch: -1}).Validate(); err == nil {
 		t.Error("negative prune batch accepted")
 	}
 }
@@ -327,11 +330,11 @@ func TestPostgresSinkConfigRefused(t *testing.T) {
 // TestPostgresSinkDelete: forget removes exactly the user's rows.
 func TestPostgresSinkDelete(t *testing.T) {
 	ctx := context.Background()
-	s := newPostgresSinkT(t, PostgresConfig{})
-	sealer := testSealer(t)
-	var recs []Record
+	s := newPostgresSinkT(t, Config{})
+	sealer := audittest.Sealer(t)
+	var recs []audit.Record
 	for i := range 30 {
-		r := Record{RequestID: NewRequestID(), DecisionTime: time.Now(), Decision: "hit"}
+		r := audit.Record{RequestID: audit.NewRequestID(), DecisionTime: time.Now(), Decision: "hit"}
 		sealer.Attach(&r, []string{"alice", "bob", ""}[i%3])
 		recs = append(recs, r)
 	}
@@ -368,7 +371,7 @@ func TestPostgresSinkDelete(t *testing.T) {
 // an expired row.
 func TestPostgresSinkWriter(t *testing.T) {
 	ctx := context.Background()
-	s := newPostgresSinkT(t, PostgresConfig{Retention: time.Hour})
+	s := newPostgresSinkT(t, Config{Retention: time.Hour})
 	p := pgPoolT(t, pg.DSN(t))
 	_, err := p.Exec(ctx, `INSERT INTO `+pgx.Identifier{s.Table()}.Sanitize()+
 		` (request_id, model_version, decision_time, instance, mode, decision, identity_source)
@@ -378,7 +381,7 @@ func TestPostgresSinkWriter(t *testing.T) {
 	}
 	var errs []error
 	var mu sync.Mutex
-	w, err := NewWriter(s, WriterConfig{Batch: 7, PruneInterval: 10 * time.Millisecond, OnError: func(err error) {
+	w, err := audit.NewWriter(s, audit.WriterConfig{Batch: 7, PruneInterval: 10 * time.Millisecond, OnError: func(err error) {
 		mu.Lock()
 		errs = append(errs, err)
 		mu.Unlock()
@@ -387,7 +390,7 @@ func TestPostgresSinkWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 100 {
-		if !w.Write(Record{RequestID: NewRequestID(), DecisionTime: time.Now(), Decision: "hit", SessionKeys: []string{"s:1"}}) {
+		if !w.Write(audit.Record{RequestID: audit.NewRequestID(), DecisionTime: time.Now(), Decision: "hit", SessionKeys: []string{"s:1"}}) {
 			t.Fatal("write dropped")
 		}
 	}
@@ -424,7 +427,7 @@ func TestPostgresSinkPoolAndMigration(t *testing.T) {
 	errs := make([]error, 8)
 	for i := range errs {
 		wg.Go(func() {
-			s, err := NewPostgresSinkFromPool(ctx, p, PostgresConfig{Table: table, Retention: time.Hour})
+			s, err := NewFromPool(ctx, p, Config{Table: table, Retention: time.Hour})
 			if err == nil {
 				err = s.Close()
 			}
@@ -454,18 +457,18 @@ func TestPostgresSinkPoolAndMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	roleDSN := fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", role, cfg.Host, cfg.Port, cfg.Database)
-	s, err := NewPostgresSink(ctx, roleDSN, PostgresConfig{Table: table, Retention: time.Hour})
+	s, err := New(ctx, roleDSN, Config{Table: table, Retention: time.Hour})
 	if err != nil {
 		t.Fatalf("open as a role without CREATE: %v", err)
 	}
-	if err := s.Write(ctx, []Record{{RequestID: NewRequestID(), DecisionTime: time.Now()}}); err != nil {
+	if err := s.Write(ctx, []audit.Record{{RequestID: audit.NewRequestID(), DecisionTime: time.Now()}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Prune(ctx); err != nil {
 		t.Fatal(err)
 	}
 	_ = s.Close()
-	if _, err := NewPostgresSink(ctx, roleDSN, PostgresConfig{Table: table + "_new", Retention: time.Hour}); err == nil ||
+	if _, err := New(ctx, roleDSN, Config{Table: table + "_new", Retention: time.Hour}); err == nil ||
 		!strings.Contains(err.Error(), "create") || !strings.Contains(err.Error(), table+"_new") {
 		t.Fatalf("creating a table without CREATE privilege: %v", err)
 	}
@@ -474,7 +477,7 @@ func TestPostgresSinkPoolAndMigration(t *testing.T) {
 	if _, err := p.Exec(ctx, `CREATE TABLE `+other+` (request_id uuid PRIMARY KEY, note text)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewPostgresSinkFromPool(ctx, p, PostgresConfig{Table: other, Retention: time.Hour}); err == nil ||
+	if _, err := NewFromPool(ctx, p, Config{Table: other, Retention: time.Hour}); err == nil ||
 		!strings.Contains(err.Error(), "lacks the sink's columns") || !strings.Contains(err.Error(), other) {
 		t.Fatalf("table of another shape: %v", err)
 	}
@@ -493,7 +496,7 @@ func TestPostgresSinkBadDSN(t *testing.T) {
 		"host=127.0.0.1 password='" + pw,
 		"postgres://tether:" + pw + "@127.0.0.1/db?sslmode=sometimes",
 	} {
-		_, err := NewPostgresSink(ctx, dsn, PostgresConfig{Retention: time.Hour})
+		_, err := New(ctx, dsn, Config{Retention: time.Hour})
 		if err == nil {
 			t.Errorf("%q accepted", dsn)
 			continue
@@ -534,15 +537,15 @@ func TestPostgresSinkBadDSN(t *testing.T) {
 	addr := l.Addr().(*net.TCPAddr)
 	for _, tc := range []struct {
 		name, dsn string
-		cfg       PostgresConfig
+		cfg       Config
 	}{
-		{"silent server", fmt.Sprintf("postgres://tether:%s@127.0.0.1:%d/audit", pw, addr.Port), PostgresConfig{ConnectTimeout: 300 * time.Millisecond}},
-		{"connect_timeout in the dsn", fmt.Sprintf("host=127.0.0.1 port=%d dbname=audit user=tether password=%s connect_timeout=1 sslmode=disable", addr.Port, pw), PostgresConfig{}},
+		{"silent server", fmt.Sprintf("postgres://tether:%s@127.0.0.1:%d/audit", pw, addr.Port), Config{ConnectTimeout: 300 * time.Millisecond}},
+		{"connect_timeout in the dsn", fmt.Sprintf("host=127.0.0.1 port=%d dbname=audit user=tether password=%s connect_timeout=1 sslmode=disable", addr.Port, pw), Config{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Retention = time.Hour
 			start := time.Now()
-			_, err := NewPostgresSink(ctx, tc.dsn, tc.cfg)
+			_, err := New(ctx, tc.dsn, tc.cfg)
 			took := time.Since(start)
 			if err == nil {
 				t.Fatal("opened")
@@ -559,48 +562,16 @@ func TestPostgresSinkBadDSN(t *testing.T) {
 	}
 }
 
-// TestSinksRoundTripSessionKeys: every sink gives SessionKeys back (forget
-// finds a user's bindings through them).
-func TestSinksRoundTripSessionKeys(t *testing.T) {
-	sealer := testSealer(t)
-	r := Record{RequestID: NewRequestID(), DecisionTime: time.Now().Truncate(time.Microsecond).UTC(), Decision: "bind",
-		SessionKeys: []string{"s:0f1e2d", "s:a9b8c7"}}
-	sealer.Attach(&r, "alice")
-	rs, err := NewRedisSink(testenv.RedisServer(t).Client(), RedisConfig{Retention: MaxRetention})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, s := range map[string]Sink{
-		"file":     newFileSinkT(t, FileConfig{Dir: t.TempDir(), Retention: MaxRetention}),
-		"postgres": newPostgresSinkT(t, PostgresConfig{}),
-		"redis":    rs,
-	} {
-		t.Run(name, func(t *testing.T) {
-			ctx := context.Background()
-			if err := s.Write(ctx, []Record{r}); err != nil {
-				t.Fatal(err)
-			}
-			got, err := s.Export(ctx, r.UserPseudonym)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff([]Record{r}, got); diff != "" {
-				t.Fatalf("(-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
 // BenchmarkPostgresSinkWrite writes batches of 256 records (the Writer's
 // default batch).
 func BenchmarkPostgresSinkWrite(b *testing.B) {
-	s := newPostgresSinkT(b, PostgresConfig{})
-	sealer := testSealer(b)
-	batch := make([]Record, 256)
+	s := newPostgresSinkT(b, Config{})
+	sealer := audittest.Sealer(b)
+	batch := make([]audit.Record, 256)
 	ctx := context.Background()
 	for b.Loop() {
 		for i := range batch {
-			r := Record{RequestID: NewRequestID(), ModelVersion: "v1", DecisionTime: time.Now(), Instance: "gpu-a",
+			r := audit.Record{RequestID: audit.NewRequestID(), ModelVersion: "v1", DecisionTime: time.Now(), Instance: "gpu-a",
 				Mode: "sticky", Decision: "hit", IdentitySource: "session", SessionKeys: []string{"s:0123456789abcdef"}}
 			sealer.Attach(&r, "alice")
 			batch[i] = r
@@ -677,13 +648,13 @@ func TestPostgresSinkLazy(t *testing.T) {
 	u.Host = g.addr
 	gated := u.String()
 	table := pgTableName(t)
-	cfg := PostgresConfig{Table: table, Retention: time.Hour, ConnectTimeout: 2 * time.Second}
+	cfg := Config{Table: table, Retention: time.Hour, ConnectTimeout: 2 * time.Second}
 
-	if _, err := NewPostgresSink(ctx, gated, cfg); err == nil || !strings.Contains(err.Error(), "open "+table) {
+	if _, err := New(ctx, gated, cfg); err == nil || !strings.Contains(err.Error(), "open "+table) {
 		t.Fatalf("opening while the server hangs up, not Lazy: %v, want refused", err)
 	}
 	cfg.Lazy = true
-	s, err := NewPostgresSink(ctx, gated, cfg)
+	s, err := New(ctx, gated, cfg)
 	if err != nil {
 		t.Fatalf("Lazy opening while the server hangs up: %v", err)
 	}
@@ -691,9 +662,9 @@ func TestPostgresSinkLazy(t *testing.T) {
 	if s.Ready() {
 		t.Fatal("Ready before the server was reached")
 	}
-	rec := Record{RequestID: NewRequestID(), ModelVersion: "v1", DecisionTime: time.Now(), UserPseudonym: "p1"}
+	rec := audit.Record{RequestID: audit.NewRequestID(), ModelVersion: "v1", DecisionTime: time.Now(), UserPseudonym: "p1"}
 	var ce *pgconn.ConnectError
-	if err := s.Write(ctx, []Record{rec}); !errors.As(err, &ce) {
+	if err := s.Write(ctx, []audit.Record{rec}); !errors.As(err, &ce) {
 		t.Fatalf("Write while the server hangs up: %v, want a connection error", err)
 	}
 	if _, err := s.Export(ctx, "p1"); !errors.As(err, &ce) {
@@ -701,7 +672,7 @@ func TestPostgresSinkLazy(t *testing.T) {
 	}
 
 	g.open.Store(true)
-	if err := s.Write(ctx, []Record{rec}); err != nil {
+	if err := s.Write(ctx, []audit.Record{rec}); err != nil {
 		t.Fatalf("Write once the server answers: %v", err)
 	}
 	if !s.Ready() {
@@ -724,7 +695,7 @@ func TestPostgresSinkLazy(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Table = other
-	if _, err := NewPostgresSink(ctx, gated, cfg); err == nil || !strings.Contains(err.Error(), other) {
+	if _, err := New(ctx, gated, cfg); err == nil || !strings.Contains(err.Error(), other) {
 		t.Fatalf("Lazy opening of a table of another shape: %v, want refused", err)
 	}
 }

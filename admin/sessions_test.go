@@ -1,4 +1,4 @@
-package server
+package admin
 
 import (
 	"encoding/json"

@@ -1,25 +1,24 @@
-package audit
+package file
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/tetherproxy/tether/audit"
+	"github.com/tetherproxy/tether/audit/audittest"
 )
 
-// clock is an injectable clock tests move by hand.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
+// rec is the i-th record of a test.
+func rec(i int) audit.Record {
+	return audit.Record{RequestID: fmt.Sprintf("req-%d", i), Decision: "hit"}
 }
 
-func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
-func newClock(t time.Time) *clock    { return &clock{t: t} }
 func dirNames(t *testing.T, dir string) []string {
 	t.Helper()
 	ents, err := os.ReadDir(dir)
@@ -40,16 +39,16 @@ func dirNames(t *testing.T, dir string) []string {
 // records go to the new file, not to the unlinked old one.
 func TestFileSinkForgetFromAnotherProcess(t *testing.T) {
 	ctx := context.Background()
-	sealer := testSealer(t)
+	sealer := audittest.Sealer(t)
 	dir := t.TempDir()
-	server := newFileSinkT(t, FileConfig{Dir: dir, Retention: MaxRetention})
-	cli := newFileSinkT(t, FileConfig{Dir: dir, Retention: MaxRetention})
+	server := newFileSinkT(t, Config{Dir: dir, Retention: audit.MaxRetention})
+	cli := newFileSinkT(t, Config{Dir: dir, Retention: audit.MaxRetention})
 	write := func(users ...string) {
 		t.Helper()
 		for _, u := range users {
-			r := Record{RequestID: NewRequestID(), DecisionTime: time.Now().UTC(), Decision: "bind"}
+			r := audit.Record{RequestID: audit.NewRequestID(), DecisionTime: time.Now().UTC(), Decision: "bind"}
 			sealer.Attach(&r, u)
-			if err := server.Write(ctx, []Record{r}); err != nil {
+			if err := server.Write(ctx, []audit.Record{r}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -67,9 +66,9 @@ func TestFileSinkForgetFromAnotherProcess(t *testing.T) {
 	}
 }
 
-func newFileSinkT(t *testing.T, cfg FileConfig) *FileSink {
+func newFileSinkT(t *testing.T, cfg Config) *Sink {
 	t.Helper()
-	s, err := NewFileSink(cfg)
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,15 +77,15 @@ func newFileSinkT(t *testing.T, cfg FileConfig) *FileSink {
 }
 
 func TestFileSinkRetentionRefused(t *testing.T) {
-	for _, d := range []time.Duration{0, -time.Hour, time.Hour, 31 * 24 * time.Hour, MaxRetention + time.Second} {
-		if _, err := NewFileSink(FileConfig{Dir: t.TempDir(), Retention: d}); err == nil {
+	for _, d := range []time.Duration{0, -time.Hour, time.Hour, 31 * 24 * time.Hour, audit.MaxRetention + time.Second} {
+		if _, err := New(Config{Dir: t.TempDir(), Retention: d}); err == nil {
 			t.Errorf("retention %v accepted", d)
 		}
 	}
-	if err := CheckRetention(31 * 24 * time.Hour); err == nil || !strings.Contains(err.Error(), "30 days") {
+	if err := audit.CheckRetention(31 * 24 * time.Hour); err == nil || !strings.Contains(err.Error(), "30 days") {
 		t.Errorf("CheckRetention(31 days) = %v", err)
 	}
-	if err := CheckRetention(MaxRetention); err != nil {
+	if err := audit.CheckRetention(audit.MaxRetention); err != nil {
 		t.Errorf("CheckRetention(30 days) = %v", err)
 	}
 }
@@ -94,14 +93,14 @@ func TestFileSinkRetentionRefused(t *testing.T) {
 func TestFileSinkRotationAndRetention(t *testing.T) {
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "audit")
-	clk := newClock(time.Date(2026, 3, 1, 23, 0, 0, 0, time.UTC))
-	s := newFileSinkT(t, FileConfig{Dir: dir, Retention: 2 * 24 * time.Hour, Now: clk.Now})
+	clk := audittest.NewClock(time.Date(2026, 3, 1, 23, 0, 0, 0, time.UTC))
+	s := newFileSinkT(t, Config{Dir: dir, Retention: 2 * 24 * time.Hour, Now: clk.Now})
 	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("dir: %v %v", fi, err)
 	}
 	write := func(i int) {
 		t.Helper()
-		if err := s.Write(ctx, []Record{rec(i)}); err != nil {
+		if err := s.Write(ctx, []audit.Record{rec(i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -135,12 +134,12 @@ func TestFileSinkRotationAndRetention(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, ".audit-123.tmp"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s2 := newFileSinkT(t, FileConfig{Dir: dir, Retention: 2 * 24 * time.Hour, Now: clk.Now})
+	s2 := newFileSinkT(t, Config{Dir: dir, Retention: 2 * 24 * time.Hour, Now: clk.Now})
 	if got := dirNames(t, dir); len(got) != 0 {
 		t.Fatalf("after open: files %v, want none", got)
 	}
 	// Prune, as the Writer calls it on an idle sink.
-	if err := s2.Write(ctx, []Record{rec(5)}); err != nil {
+	if err := s2.Write(ctx, []audit.Record{rec(5)}); err != nil {
 		t.Fatal(err)
 	}
 	clk.Add(48 * time.Hour)
@@ -155,20 +154,20 @@ func TestFileSinkRotationAndRetention(t *testing.T) {
 func TestFileSinkDeleteExport(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	clk := newClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-	s := newFileSinkT(t, FileConfig{Dir: dir, Retention: 7 * 24 * time.Hour, Now: clk.Now})
-	sealer := testSealer(t)
-	mk := func(i int, user string) Record {
+	clk := audittest.NewClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	s := newFileSinkT(t, Config{Dir: dir, Retention: 7 * 24 * time.Hour, Now: clk.Now})
+	sealer := audittest.Sealer(t)
+	mk := func(i int, user string) audit.Record {
 		r := rec(i)
 		r.DecisionTime = clk.Now()
 		sealer.Attach(&r, user)
 		return r
 	}
-	if err := s.Write(ctx, []Record{mk(1, "alice"), mk(2, "bob"), mk(3, "alice")}); err != nil {
+	if err := s.Write(ctx, []audit.Record{mk(1, "alice"), mk(2, "bob"), mk(3, "alice")}); err != nil {
 		t.Fatal(err)
 	}
 	clk.Add(24 * time.Hour)
-	if err := s.Write(ctx, []Record{mk(4, "alice"), mk(5, "")}); err != nil {
+	if err := s.Write(ctx, []audit.Record{mk(4, "alice"), mk(5, "")}); err != nil {
 		t.Fatal(err)
 	}
 	alice := sealer.Pseudonym("alice")
@@ -198,7 +197,7 @@ func TestFileSinkDeleteExport(t *testing.T) {
 		t.Fatalf("bob's records: %d, want 1", len(got))
 	}
 	// Writes go on, to the renamed file; permissions stay 0600.
-	if err := s.Write(ctx, []Record{mk(6, "carol")}); err != nil {
+	if err := s.Write(ctx, []audit.Record{mk(6, "carol")}); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range dirNames(t, dir) {

@@ -1,4 +1,4 @@
-package server
+package reload
 
 import (
 	"context"
@@ -56,16 +56,24 @@ func watchConfig(ctx context.Context, path string, log zerolog.Logger, reload fu
 	}
 }
 
-// reloadFile reads the config file again and applies it. A file that does
-// not parse or validate is refused; the configuration in force stays.
-func reloadFile(ctx context.Context, rt *runtime, opts Options) {
-	next, err := config.Load(opts.ConfigPath)
-	if err == nil && opts.Overrides != nil {
-		opts.Overrides(&next)
+// WatchFile applies the config file at path each time it changes, until
+// ctx ends. overrides, when set, re-applies command-line flags to every
+// configuration read, so a reload does not undo them. A file that does not
+// parse or validate is refused; the configuration in force stays. It
+// returns an error only when the file cannot be watched.
+func (r *Runtime) WatchFile(ctx context.Context, path string, overrides func(*config.Config)) error {
+	return watchConfig(ctx, path, r.log, func() { r.reloadFile(ctx, path, overrides) })
+}
+
+// reloadFile reads the config file again and applies it.
+func (r *Runtime) reloadFile(ctx context.Context, path string, overrides func(*config.Config)) {
+	next, err := config.Load(path)
+	if err == nil && overrides != nil {
+		overrides(&next)
 	}
 	if err != nil {
-		_ = rt.refuse("file", err)
+		_ = r.refuse("file", err)
 		return
 	}
-	_, _ = rt.apply(ctx, next, "file")
+	_, _ = r.Apply(ctx, next, "file")
 }

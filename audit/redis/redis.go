@@ -1,4 +1,4 @@
-package audit
+package redis
 
 import (
 	"context"
@@ -10,11 +10,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tetherproxy/tether/audit"
+
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// RedisConfig configures a RedisSink.
-type RedisConfig struct {
+// Config configures a Sink.
+type Config struct {
 	// Prefix starts the stream's key (default "tether:"): <prefix>audit.
 	Prefix string
 	// Retention: at most MaxRetention.
@@ -30,8 +32,8 @@ type RedisConfig struct {
 }
 
 // Validate checks the configuration.
-func (c RedisConfig) Validate() error {
-	if err := CheckRetention(c.Retention); err != nil {
+func (c Config) Validate() error {
+	if err := audit.CheckRetention(c.Retention); err != nil {
 		return fmt.Errorf("audit redis sink: %w", err)
 	}
 	if c.TrimEvery < 0 || c.ScanCount < 0 {
@@ -40,7 +42,7 @@ func (c RedisConfig) Validate() error {
 	return nil
 }
 
-// RedisSink appends records to one Redis Stream, <prefix>audit, one entry
+// Sink appends records to one Redis Stream, <prefix>audit, one entry
 // per record (fields: the Record's JSON names; user_ct in base64). Entry
 // ids are Redis's own ("*": the server's clock). Expired entries go with
 // XTRIM MINID <now − Retention> (exact, not "~"), sent in the pipeline of
@@ -50,9 +52,9 @@ func (c RedisConfig) Validate() error {
 // billion entries, so a busy fleet wants the PostgreSQL sink (indexed by
 // pseudonym) for forget/export; the stream suits smaller fleets or shorter
 // retention.
-type RedisSink struct {
+type Sink struct {
 	c   goredis.UniversalClient
-	cfg RedisConfig
+	cfg Config
 	key string
 
 	mu       sync.Mutex
@@ -60,12 +62,12 @@ type RedisSink struct {
 }
 
 var (
-	_ Sink   = (*RedisSink)(nil)
-	_ Pruner = (*RedisSink)(nil)
+	_ audit.Sink   = (*Sink)(nil)
+	_ audit.Pruner = (*Sink)(nil)
 )
 
-// NewRedisSink builds a sink on c, which the caller keeps and closes.
-func NewRedisSink(c goredis.UniversalClient, cfg RedisConfig) (*RedisSink, error) {
+// New builds a sink on c, which the caller keeps and closes.
+func New(c goredis.UniversalClient, cfg Config) (*Sink, error) {
 	if c == nil {
 		return nil, errors.New("audit redis sink: nil client")
 	}
@@ -84,19 +86,19 @@ func NewRedisSink(c goredis.UniversalClient, cfg RedisConfig) (*RedisSink, error
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &RedisSink{c: c, cfg: cfg, key: cfg.Prefix + "audit"}, nil
+	return &Sink{c: c, cfg: cfg, key: cfg.Prefix + "audit"}, nil
 }
 
 // Key is the stream's key.
-func (s *RedisSink) Key() string { return s.key }
+func (s *Sink) Key() string { return s.key }
 
 // minID is the first stream id to keep.
-func (s *RedisSink) minID(now time.Time) string {
+func (s *Sink) minID(now time.Time) string {
 	return strconv.FormatInt(now.Add(-s.cfg.Retention).UnixMilli(), 10) + "-0"
 }
 
 // trimDue reports whether a write should trim now, and records it.
-func (s *RedisSink) trimDue(now time.Time) bool {
+func (s *Sink) trimDue(now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.lastTrim.IsZero() && now.Sub(s.lastTrim) < s.cfg.TrimEvery && now.After(s.lastTrim) {
@@ -106,7 +108,7 @@ func (s *RedisSink) trimDue(now time.Time) bool {
 	return true
 }
 
-func fields(r Record) []any {
+func fields(r audit.Record) []any {
 	return []any{
 		"request_id", r.RequestID,
 		"model_version", r.ModelVersion,
@@ -123,9 +125,9 @@ func fields(r Record) []any {
 	}
 }
 
-func fromValues(v map[string]any) (Record, error) {
+func fromValues(v map[string]any) (audit.Record, error) {
 	str := func(k string) string { s, _ := v[k].(string); return s }
-	r := Record{
+	r := audit.Record{
 		RequestID: str("request_id"), ModelVersion: str("model_version"), Instance: str("instance"),
 		Mode: str("mode"), Decision: str("decision"), IdentitySource: str("identity_source"),
 		KeyID: str("key_id"), UserPseudonym: str("user_pseudonym"),
@@ -134,13 +136,13 @@ func fromValues(v map[string]any) (Record, error) {
 	if t := str("decision_time"); t != "" {
 		var err error
 		if r.DecisionTime, err = time.Parse(time.RFC3339Nano, t); err != nil {
-			return Record{}, fmt.Errorf("decision_time: %w", err)
+			return audit.Record{}, fmt.Errorf("decision_time: %w", err)
 		}
 	}
 	if ct := str("user_ct"); ct != "" {
 		b, err := base64.StdEncoding.DecodeString(ct)
 		if err != nil {
-			return Record{}, fmt.Errorf("user_ct: %w", err)
+			return audit.Record{}, fmt.Errorf("user_ct: %w", err)
 		}
 		r.UserCiphertext = b
 	}
@@ -148,7 +150,7 @@ func fromValues(v map[string]any) (Record, error) {
 }
 
 // Write appends recs in one pipeline, with a trim when one is due.
-func (s *RedisSink) Write(ctx context.Context, recs []Record) error {
+func (s *Sink) Write(ctx context.Context, recs []audit.Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
@@ -169,7 +171,7 @@ func (s *RedisSink) Write(ctx context.Context, recs []Record) error {
 }
 
 // Prune trims the expired entries now.
-func (s *RedisSink) Prune(ctx context.Context) error {
+func (s *Sink) Prune(ctx context.Context) error {
 	if err := s.c.XTrimMinID(ctx, s.key, s.minID(s.cfg.Now())).Err(); err != nil {
 		return fmt.Errorf("audit redis sink trim: %w", err)
 	}
@@ -178,7 +180,7 @@ func (s *RedisSink) Prune(ctx context.Context) error {
 
 // scan calls fn with the entries of pseudonym in each page that holds
 // any, oldest first.
-func (s *RedisSink) scan(ctx context.Context, pseudonym string, fn func([]goredis.XMessage) error) error {
+func (s *Sink) scan(ctx context.Context, pseudonym string, fn func([]goredis.XMessage) error) error {
 	start := "-"
 	for {
 		page, err := s.c.XRangeN(ctx, s.key, start, "+", s.cfg.ScanCount).Result()
@@ -223,14 +225,14 @@ func nextID(id string) (string, error) {
 }
 
 // Export trims, then returns the records of pseudonym.
-func (s *RedisSink) Export(ctx context.Context, pseudonym string) ([]Record, error) {
+func (s *Sink) Export(ctx context.Context, pseudonym string) ([]audit.Record, error) {
 	if pseudonym == "" {
 		return nil, errors.New("audit redis sink export: empty pseudonym")
 	}
 	if err := s.Prune(ctx); err != nil {
 		return nil, err
 	}
-	var out []Record
+	var out []audit.Record
 	err := s.scan(ctx, pseudonym, func(ms []goredis.XMessage) error {
 		for _, m := range ms {
 			r, err := fromValues(m.Values)
@@ -249,7 +251,7 @@ func (s *RedisSink) Export(ctx context.Context, pseudonym string) ([]Record, err
 
 // Delete trims, then removes the entries of pseudonym: one XDEL per page
 // that holds any.
-func (s *RedisSink) Delete(ctx context.Context, pseudonym string) (int, error) {
+func (s *Sink) Delete(ctx context.Context, pseudonym string) (int, error) {
 	if pseudonym == "" {
 		return 0, errors.New("audit redis sink delete: empty pseudonym")
 	}
@@ -273,4 +275,4 @@ func (s *RedisSink) Delete(ctx context.Context, pseudonym string) (int, error) {
 }
 
 // Close does nothing: the client belongs to the caller.
-func (s *RedisSink) Close() error { return nil }
+func (s *Sink) Close() error { return nil }

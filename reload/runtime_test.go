@@ -1,4 +1,4 @@
-package server
+package reload
 
 import (
 	"context"
@@ -30,6 +30,16 @@ import (
 	"github.com/tetherproxy/tether/xds"
 )
 
+// testConfig is a configuration of one instance, listening on loopback.
+func testConfig() config.Config {
+	c := config.Default()
+	c.Server.ExtProcAddr = "127.0.0.1:0"
+	c.Server.AdminAddr = "127.0.0.1:0"
+	c.XDS.Addr = "127.0.0.1:0"
+	c.Instances = []config.Instance{{Name: "a", Address: "127.0.0.1:1", Weight: 1, Version: "v1"}}
+	return c
+}
+
 func fleetConfig(names ...string) config.Config {
 	c := testConfig()
 	c.Instances = nil
@@ -44,9 +54,9 @@ func TestApply(t *testing.T) {
 	defer cancel()
 	reg := prometheus.NewRegistry()
 	ads := xds.NewServer(ctx, zerolog.Nop(), reg)
-	rt := newRuntime("127.0.0.1:50051", ads, zerolog.Nop(), reg)
+	rt := New("127.0.0.1:50051", ads, zerolog.Nop(), reg)
 
-	v1, err := rt.apply(ctx, fleetConfig("a", "b"), "start")
+	v1, err := rt.Apply(ctx, fleetConfig("a", "b"), "start")
 	if err != nil || v1 == "" || ads.Version() != v1 {
 		t.Fatalf("first apply: %q, %v (published %q)", v1, err, ads.Version())
 	}
@@ -54,7 +64,7 @@ func TestApply(t *testing.T) {
 		t.Fatalf("fleet has %d instances", got)
 	}
 	// Same configuration: nothing published, counted as unchanged.
-	if v, err := rt.apply(ctx, fleetConfig("a", "b"), "file"); err != nil || v != v1 {
+	if v, err := rt.Apply(ctx, fleetConfig("a", "b"), "file"); err != nil || v != v1 {
 		t.Fatalf("unchanged apply: %q, %v", v, err)
 	}
 	if n := testutil.ToFloat64(rt.reloads.WithLabelValues("file", "unchanged")); n != 1 {
@@ -63,7 +73,7 @@ func TestApply(t *testing.T) {
 	// A weight change moves no Envoy resource but does change the fleet.
 	w := fleetConfig("a", "b")
 	w.Instances[0].Weight = 3
-	if v, err := rt.apply(ctx, w, "file"); err != nil || v != v1 {
+	if v, err := rt.Apply(ctx, w, "file"); err != nil || v != v1 {
 		t.Fatalf("weight change: %q, %v", v, err)
 	}
 	if in, _ := rt.fleet.Lookup("a"); in.Weight != 3 {
@@ -71,11 +81,11 @@ func TestApply(t *testing.T) {
 	}
 	// Invalid: refused, counted, nothing changes.
 	bad := fleetConfig("a", "a")
-	if _, err := rt.apply(ctx, bad, "file"); !errors.Is(err, ErrInvalid) {
+	if _, err := rt.Apply(ctx, bad, "file"); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("duplicate names: err %v", err)
 	}
 	none := fleetConfig()
-	if _, err := rt.apply(ctx, none, "admin"); !errors.Is(err, ErrInvalid) {
+	if _, err := rt.Apply(ctx, none, "admin"); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("no instances: err %v", err)
 	}
 	if n := testutil.ToFloat64(rt.reloads.WithLabelValues("file", "invalid")) + testutil.ToFloat64(rt.reloads.WithLabelValues("admin", "invalid")); n != 2 {
@@ -85,7 +95,7 @@ func TestApply(t *testing.T) {
 		t.Fatal("a refused configuration changed the state")
 	}
 	// A new instance: new version, fleet follows.
-	v2, err := rt.apply(ctx, fleetConfig("a", "b", "c"), "admin")
+	v2, err := rt.Apply(ctx, fleetConfig("a", "b", "c"), "admin")
 	if err != nil || v2 == v1 || len(rt.fleet.All()) != 3 {
 		t.Fatalf("add: %q, %v, %d instances", v2, err, len(rt.fleet.All()))
 	}
@@ -218,18 +228,18 @@ func TestApplyKeepsServerTLS(t *testing.T) {
 			defer cancel()
 			reg := prometheus.NewRegistry()
 			ads, addr := startADS(ctx, t, reg)
-			rt := newRuntime("127.0.0.1:50051", ads, zerolog.Nop(), reg)
+			rt := New("127.0.0.1:50051", ads, zerolog.Nop(), reg)
 
 			cfg := fleetConfig("a", "b")
 			tc.start(&cfg)
-			if _, err := rt.apply(ctx, cfg, "start"); err != nil {
+			if _, err := rt.Apply(ctx, cfg, "start"); err != nil {
 				t.Fatal(err)
 			}
 			before := servedExtProcTLS(t, ads, addr)
 			next := fleetConfig("a", "b", "c") // and a change that is served
 			tc.start(&next)
 			tc.edit(&next)
-			if _, err := rt.apply(ctx, next, "file"); err != nil {
+			if _, err := rt.Apply(ctx, next, "file"); err != nil {
 				t.Fatal(err)
 			}
 			if n := len(rt.fleet.All()); n != 3 {
@@ -268,15 +278,15 @@ func TestApplyKeepsRoutingHeaders(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	ads, addr := startADS(ctx, t, reg)
 	logs := &syncbuf.Buffer{}
-	rt := newRuntime("127.0.0.1:50051", ads, zerolog.New(logs), reg)
+	rt := New("127.0.0.1:50051", ads, zerolog.New(logs), reg)
 	start := fleetConfig("a", "b")
-	if _, err := rt.apply(ctx, start, "start"); err != nil {
+	if _, err := rt.Apply(ctx, start, "start"); err != nil {
 		t.Fatal(err)
 	}
 	next := fleetConfig("a", "b", "c")
 	next.Routing.ClusterHeader = "x-edited-cluster"
 	next.Identity.SessionHeader = "x-edited-session"
-	if _, err := rt.apply(ctx, next, "file"); err != nil {
+	if _, err := rt.Apply(ctx, next, "file"); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(rt.fleet.All()); n != 3 {
@@ -313,7 +323,7 @@ func TestApplyKeepsRoutingHeaders(t *testing.T) {
 	if err := clash.Validate(); err != nil {
 		t.Fatalf("test setup: the file itself should validate: %v", err)
 	}
-	_, err := rt.apply(ctx, clash, "file")
+	_, err := rt.Apply(ctx, clash, "file")
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "routing.rules[0].header") ||
 		!strings.Contains(err.Error(), "until a restart") {
 		t.Errorf("apply of a rule on the running cluster header: %v, want refused naming routing.rules[0].header", err)
@@ -331,7 +341,7 @@ func TestApplyExtProcEndpoints(t *testing.T) {
 	defer cancel()
 	reg := prometheus.NewRegistry()
 	ads, addr := startADS(ctx, t, reg)
-	rt := newRuntime("127.0.0.1:50051", ads, zerolog.Nop(), reg)
+	rt := New("127.0.0.1:50051", ads, zerolog.Nop(), reg)
 	replicas := func() []string {
 		t.Helper()
 		var out []string
@@ -361,7 +371,7 @@ func TestApplyExtProcEndpoints(t *testing.T) {
 		{nil, []string{"127.0.0.1:50051"}},
 	} {
 		cfg.Envoy.ExtProcEndpoints = tc.endpoints
-		if _, err := rt.apply(ctx, cfg, "file"); err != nil {
+		if _, err := rt.Apply(ctx, cfg, "file"); err != nil {
 			t.Fatal(err)
 		}
 		if got := replicas(); !slices.Equal(got, tc.want) {
@@ -392,10 +402,10 @@ func TestRestartOnlyWarned(t *testing.T) {
 			ctx := context.Background()
 			logs := &syncbuf.Buffer{}
 			reg := prometheus.NewRegistry()
-			rt := newRuntime("127.0.0.1:50051", nil, zerolog.New(logs), reg)
+			rt := New("127.0.0.1:50051", nil, zerolog.New(logs), reg)
 			start := fleetConfig("a", "b")
 			withTLS(&start)
-			if _, err := rt.apply(ctx, start, "start"); err != nil {
+			if _, err := rt.Apply(ctx, start, "start"); err != nil {
 				t.Fatal(err)
 			}
 			next := fleetConfig("a", "b")
@@ -414,7 +424,7 @@ func TestRestartOnlyWarned(t *testing.T) {
 				return n
 			}
 			for i := range 2 {
-				if _, err := rt.apply(ctx, next, "file"); err != nil {
+				if _, err := rt.Apply(ctx, next, "file"); err != nil {
 					t.Fatal(err)
 				}
 				if n := warned(); n != 1 {
@@ -424,7 +434,7 @@ func TestRestartOnlyWarned(t *testing.T) {
 			if n := testutil.ToFloat64(rt.reloads.WithLabelValues("file", "unchanged")); n != 2 {
 				t.Errorf("unchanged count %v, want 2", n)
 			}
-			if _, err := rt.apply(ctx, start, "file"); err != nil {
+			if _, err := rt.Apply(ctx, start, "file"); err != nil {
 				t.Fatal(err)
 			}
 			if n := warned(); n != 1 {

@@ -1,4 +1,4 @@
-package server
+package reload
 
 import (
 	"crypto/tls"
@@ -18,11 +18,11 @@ import (
 // reloadCheck is how often a handshake may look at the certificate files.
 const reloadCheck = time.Second
 
-// grpcCredentials returns the server options that put the ext_proc and xDS
+// GRPCCredentials returns the server options that put the ext_proc and xDS
 // gRPC servers behind [tls], or none when tether serves plaintext. The
 // files are read and checked now: an expired certificate, a key that is
 // not the certificate's or a client CA file without a CA fails the start.
-func grpcCredentials(cfg config.TLS, log zerolog.Logger, reg prometheus.Registerer) ([]grpc.ServerOption, error) {
+func GRPCCredentials(cfg config.TLS, log zerolog.Logger, reg prometheus.Registerer) ([]grpc.ServerOption, error) {
 	if !cfg.Enabled() {
 		return nil, nil
 	}

@@ -1,4 +1,4 @@
-package audit
+package sinks
 
 import (
 	"bytes"
@@ -11,6 +11,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tetherproxy/tether/audit"
+	"github.com/tetherproxy/tether/audit/audittest"
+	"github.com/tetherproxy/tether/audit/file"
+	"github.com/tetherproxy/tether/audit/postgres"
+	auditredis "github.com/tetherproxy/tether/audit/redis"
 
 	"github.com/jackc/pgx/v5"
 	goredis "github.com/redis/go-redis/v9"
@@ -25,11 +31,11 @@ import (
 // is or in hex or base64.
 func TestNoPlaintextUserID(t *testing.T) {
 	const user = "plain-user-7f3c@example.org"
-	sealer := testSealer(t)
-	records := func() []Record {
-		var out []Record
+	sealer := audittest.Sealer(t)
+	records := func() []audit.Record {
+		var out []audit.Record
 		for i := range 50 {
-			r := Record{RequestID: NewRequestID(), ModelVersion: "v1", DecisionTime: time.Now(), Instance: "gpu-a",
+			r := audit.Record{RequestID: audit.NewRequestID(), ModelVersion: "v1", DecisionTime: time.Now(), Instance: "gpu-a",
 				Mode: "sticky", Decision: "bind", IdentitySource: "user_device", SessionKeys: []string{"s:9f86d081884c7d65"}}
 			u := user
 			if i%3 == 0 {
@@ -40,10 +46,10 @@ func TestNoPlaintextUserID(t *testing.T) {
 		}
 		return out
 	}
-	drive := func(t *testing.T, sink Sink) {
+	drive := func(t *testing.T, sink audit.Sink) {
 		t.Helper()
 		ctx := context.Background()
-		w, err := NewWriter(sink, WriterConfig{})
+		w, err := audit.NewWriter(sink, audit.WriterConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,7 +69,7 @@ func TestNoPlaintextUserID(t *testing.T) {
 			t.Fatalf("forget: %d records, %v; want 33", n, err)
 		}
 		// Write the user's records again, so the grep below has them.
-		w, err = NewWriter(sink, WriterConfig{})
+		w, err = audit.NewWriter(sink, audit.WriterConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,7 +100,7 @@ func TestNoPlaintextUserID(t *testing.T) {
 
 	t.Run("file", func(t *testing.T) {
 		dir := t.TempDir()
-		s := newFileSinkT(t, FileConfig{Dir: dir, Retention: MaxRetention})
+		s := openFile(t, file.Config{Dir: dir, Retention: audit.MaxRetention})
 		drive(t, s)
 		n := 0
 		err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
@@ -114,9 +120,9 @@ func TestNoPlaintextUserID(t *testing.T) {
 			t.Fatalf("walk: %v, %d bytes", err, n)
 		}
 	})
-	redisBackends(t, func(t *testing.T, c goredis.UniversalClient) {
+	audittest.RedisBackends(t, func(t *testing.T, c goredis.UniversalClient) {
 		ctx := context.Background()
-		s, err := NewRedisSink(c, RedisConfig{Retention: MaxRetention})
+		s, err := auditredis.New(c, auditredis.Config{Retention: audit.MaxRetention})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,11 +149,7 @@ func TestNoPlaintextUserID(t *testing.T) {
 		// A server of its own: the dump below covers every table in it.
 		dsn := testenv.Postgres(t)
 		ctx := context.Background()
-		s, err := NewPostgresSink(ctx, dsn, PostgresConfig{Retention: MaxRetention})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
+		s := openPostgresT(t, dsn, postgres.Config{Retention: audit.MaxRetention})
 		drive(t, s)
 		c, err := pgx.Connect(ctx, dsn)
 		if err != nil {
@@ -183,7 +185,7 @@ func TestNoPlaintextUserID(t *testing.T) {
 				t.Fatal(err)
 			}
 			check(t, table+" rows as text", []byte(strings.Join(text, "\n")))
-			if table == "public."+DefaultPostgresTable {
+			if table == "public."+postgres.DefaultTable {
 				if len(text) != 67 || dump.Len() == 0 { // 50 + 50 written, 33 forgotten
 					t.Fatalf("%s: %d rows, %d bytes of COPY; want 67 rows", table, len(text), dump.Len())
 				}

@@ -1,54 +1,47 @@
-package audit
+package redis
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/tetherproxy/tether/audit"
+	"github.com/tetherproxy/tether/audit/audittest"
 
-	"github.com/tetherproxy/tether/internal/testenv"
+	goredis "github.com/redis/go-redis/v9"
 )
 
-// redisBackends runs fn on miniredis and on a real redis-server.
-func redisBackends(t *testing.T, fn func(t *testing.T, c goredis.UniversalClient)) {
-	t.Run("miniredis", func(t *testing.T) {
-		m := miniredis.RunT(t)
-		c := goredis.NewClient(&goredis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
-		t.Cleanup(func() { _ = c.Close() })
-		fn(t, c)
-	})
-	t.Run("redis-server", func(t *testing.T) {
-		fn(t, testenv.RedisServer(t).Client())
-	})
+// rec is the i-th record of a test.
+func rec(i int) audit.Record {
+	return audit.Record{RequestID: fmt.Sprintf("req-%d", i), Decision: "hit"}
 }
 
 func TestRedisSinkRetentionRefused(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
 	defer c.Close()
 	for _, d := range []time.Duration{0, -time.Minute, 31 * 24 * time.Hour} {
-		if _, err := NewRedisSink(c, RedisConfig{Retention: d}); err == nil {
+		if _, err := New(c, Config{Retention: d}); err == nil {
 			t.Errorf("retention %v accepted", d)
 		}
 	}
 }
 
 func TestRedisSink(t *testing.T) {
-	redisBackends(t, func(t *testing.T, c goredis.UniversalClient) {
+	audittest.RedisBackends(t, func(t *testing.T, c goredis.UniversalClient) {
 		ctx := context.Background()
-		s, err := NewRedisSink(c, RedisConfig{Prefix: "t:", Retention: 24 * time.Hour, ScanCount: 2})
+		s, err := New(c, Config{Prefix: "t:", Retention: 24 * time.Hour, ScanCount: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		sealer := testSealer(t)
+		sealer := audittest.Sealer(t)
 		at := time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.UTC)
-		var recs []Record
+		var recs []audit.Record
 		for i, u := range []string{"alice", "bob", "alice", "", "alice"} {
-			r := Record{RequestID: NewRequestID(), ModelVersion: "v2", DecisionTime: at, Instance: "gpu-" + strconv.Itoa(i),
+			r := audit.Record{RequestID: audit.NewRequestID(), ModelVersion: "v2", DecisionTime: at, Instance: "gpu-" + strconv.Itoa(i),
 				Mode: "sticky", Decision: "hit", IdentitySource: "session"}
 			sealer.Attach(&r, u)
 			recs = append(recs, r)
@@ -64,7 +57,7 @@ func TestRedisSink(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := []Record{recs[0], recs[2], recs[4]}
+		want := []audit.Record{recs[0], recs[2], recs[4]}
 		if len(got) != 3 {
 			t.Fatalf("export: %d records, want 3", len(got))
 		}
@@ -96,10 +89,10 @@ func TestRedisSink(t *testing.T) {
 // TestRedisSinkTrim: entries older than the retention (by the injected
 // clock) go with the first write, then at most once per TrimEvery.
 func TestRedisSinkTrim(t *testing.T) {
-	redisBackends(t, func(t *testing.T, c goredis.UniversalClient) {
+	audittest.RedisBackends(t, func(t *testing.T, c goredis.UniversalClient) {
 		ctx := context.Background()
-		clk := newClock(time.Now())
-		s, err := NewRedisSink(c, RedisConfig{Retention: time.Hour, Now: clk.Now})
+		clk := audittest.NewClock(time.Now())
+		s, err := New(c, Config{Retention: time.Hour, Now: clk.Now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +119,7 @@ func TestRedisSinkTrim(t *testing.T) {
 			}
 			return out
 		}
-		if err := s.Write(ctx, []Record{rec(1)}); err != nil {
+		if err := s.Write(ctx, []audit.Record{rec(1)}); err != nil {
 			t.Fatal(err)
 		}
 		got := ids()
@@ -135,7 +128,7 @@ func TestRedisSinkTrim(t *testing.T) {
 		}
 		// 40 min later the "recent" entry has expired; the trim is due.
 		clk.Add(40 * time.Minute)
-		if err := s.Write(ctx, []Record{rec(2)}); err != nil {
+		if err := s.Write(ctx, []audit.Record{rec(2)}); err != nil {
 			t.Fatal(err)
 		}
 		if got := ids(); len(got) != 2 || slices.Contains(got, recent) {
@@ -156,10 +149,10 @@ func TestRedisSinkTrim(t *testing.T) {
 // a 10 s retention and the clock moved 30 s, a trim would remove every
 // entry (their ids are the server's clock, the real time).
 func TestRedisSinkTrimThrottle(t *testing.T) {
-	redisBackends(t, func(t *testing.T, c goredis.UniversalClient) {
+	audittest.RedisBackends(t, func(t *testing.T, c goredis.UniversalClient) {
 		ctx := context.Background()
-		clk := newClock(time.Now())
-		s, err := NewRedisSink(c, RedisConfig{Retention: 10 * time.Second, TrimEvery: time.Minute, Now: clk.Now})
+		clk := audittest.NewClock(time.Now())
+		s, err := New(c, Config{Retention: 10 * time.Second, TrimEvery: time.Minute, Now: clk.Now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -172,7 +165,7 @@ func TestRedisSinkTrimThrottle(t *testing.T) {
 			{31 * time.Second, 0}, // 61 s since the last trim: trims all
 		} {
 			clk.Add(step.advance)
-			if err := s.Write(ctx, []Record{rec(i)}); err != nil {
+			if err := s.Write(ctx, []audit.Record{rec(i)}); err != nil {
 				t.Fatal(err)
 			}
 			if n := c.XLen(ctx, s.Key()).Val(); n != step.want {

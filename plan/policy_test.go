@@ -1,4 +1,4 @@
-package server
+package plan
 
 import (
 	"regexp"
@@ -221,7 +221,7 @@ func TestInstances(t *testing.T) {
 func TestPolicyRefusesUnvalidatedRule(t *testing.T) {
 	c := config.Default()
 	c.Routing.Rules = []config.Rule{{Name: "r", Header: "x", Regex: "(["}}
-	if _, err := Policy(c); err == nil || !strings.Contains(err.Error(), "routing.rules[0] (r)") {
+	if _, err := policy(c); err == nil || !strings.Contains(err.Error(), "routing.rules[0] (r)") {
 		t.Errorf("Policy of an invalid rule: %v, want an error naming it", err)
 	}
 }
@@ -237,7 +237,7 @@ func TestStickyDisabledTurnsRulesRandom(t *testing.T) {
 
 func mustPolicy(t *testing.T, c config.Config) affinity.Policy {
 	t.Helper()
-	p, err := Policy(c)
+	p, err := policy(c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package server
+package plan
 
 import (
 	"fmt"
@@ -22,11 +22,11 @@ func Instances(cfg config.Config) []fleet.Instance {
 	return out
 }
 
-// Policy turns the routing section and [[versions]] into the decision
+// policy turns the routing section and [[versions]] into the decision
 // policy. cfg should have passed config.Validate; a rule that still does
 // not parse is an error rather than a rule that matches more (or less)
 // than the operator wrote.
-func Policy(cfg config.Config) (affinity.Policy, error) {
+func policy(cfg config.Config) (affinity.Policy, error) {
 	r := cfg.Routing
 	p := affinity.Policy{
 		Mode:     policyMode(r),
@@ -81,6 +81,11 @@ func Policy(cfg config.Config) (affinity.Policy, error) {
 }
 
 func stickyOn(r config.Routing) bool { return r.StickyEnabled != 0 }
+
+// breaker is the [routing] failure_* keys.
+func breaker(r config.Routing) fleet.BreakerConfig {
+	return fleet.BreakerConfig{Threshold: r.FailureThreshold, Window: r.FailureWindow.D, Cooldown: r.FailureCooldown.D}
+}
 
 // policyMode is the mode for requests no rule matches. sticky_enabled = 0
 // turns sticky and hybrid routing into random, as it always has; so does a

@@ -1,4 +1,10 @@
-package server
+// Package reload keeps a running tether on its configuration file: it
+// applies a changed file (or an admin API change) to the fleet, the
+// decision policy and Envoy's resources together (Runtime), watches the
+// file (Runtime.WatchFile), and serves renewed TLS certificates without a
+// restart (GRPCCredentials). What a running tether cannot change is
+// pinned (plan.Pinned) and logged as restart-only.
+package reload
 
 import (
 	"context"
@@ -14,6 +20,7 @@ import (
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/plan"
 	"github.com/tetherproxy/tether/xds"
 )
 
@@ -21,47 +28,39 @@ import (
 // clusters before tether starts routing to them.
 const ackWait = 5 * time.Second
 
-// runtime owns what may change while tether runs: the fleet the decision
+// Runtime owns what may change while tether runs: the fleet the decision
 // reads and the Envoy resources made from the same configuration. Every
-// change goes through apply, so the two move together.
-type runtime struct {
+// change goes through Apply, so the two move together.
+type Runtime struct {
 	mu sync.Mutex // one change at a time
 	// cfg is the configuration last accepted, start is the one tether
 	// started with: the restart-only parts of cfg may differ from what
 	// runs, which is start's.
 	cfg, start config.Config
-	// tls is the [tls] Envoy's side is built from: tether's own servers
-	// keep the [tls] they started with, so Envoy must too; only
-	// [tls.envoy] follows the configuration (see envoyTLS).
-	tls     config.TLS
+	// plan is the translation in force (of the configuration last
+	// applied), with what tether keeps from its start (plan.Pinned): the
+	// routing and identity headers, and the [tls] Envoy's side is built
+	// from (tether's own servers keep the [tls] they started with, so
+	// Envoy must too; only [tls.envoy] follows the configuration, see
+	// envoyTLS).
+	plan    plan.Plan
 	fleet   *fleet.Fleet
 	ads     *xds.Server // nil when the ADS server is off
-	self    string      // this replica's ext_proc address (see endpoints)
+	self    string      // this replica's ext_proc address (see New)
 	version string      // of the Envoy resources in force
 	log     zerolog.Logger
 	reloads *prometheus.CounterVec
 	// policy receives the routing policy of every configuration applied
-	// after setPolicy: rules, versions and weights change without a restart.
+	// after OnPolicy: rules, versions and weights change without a restart.
 	policy func(affinity.Policy)
-	pol    affinity.Policy // of cfg
 }
 
-// currentPolicy returns the decision policy of the configuration in force.
-func (r *runtime) currentPolicy() affinity.Policy {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.pol
-}
-
-// setPolicy registers the decider's SetPolicy.
-func (r *runtime) setPolicy(f func(affinity.Policy)) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.policy = f
-}
-
-func newRuntime(self string, ads *xds.Server, log zerolog.Logger, reg prometheus.Registerer) *runtime {
-	r := &runtime{
+// New returns a runtime with an empty fleet; the first Apply starts it.
+// self is this replica's ext_proc address: Envoy calls it when
+// envoy.extproc_endpoints names no replica. ads is nil when the ADS server
+// is off.
+func New(self string, ads *xds.Server, log zerolog.Logger, reg prometheus.Registerer) *Runtime {
+	r := &Runtime{
 		fleet: fleet.New(nil), ads: ads, self: self, log: log,
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_config_reloads_total",
@@ -72,8 +71,26 @@ func newRuntime(self string, ads *xds.Server, log zerolog.Logger, reg prometheus
 	return r
 }
 
-// current returns the configuration in force.
-func (r *runtime) current() config.Config {
+// Plan returns the translation of the configuration in force.
+func (r *Runtime) Plan() plan.Plan {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.plan
+}
+
+// OnPolicy registers the decider's SetPolicy: every configuration applied
+// after it hands the decider its policy.
+func (r *Runtime) OnPolicy(f func(affinity.Policy)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.policy = f
+}
+
+// Fleet is the fleet the decider reads; Apply changes it.
+func (r *Runtime) Fleet() *fleet.Fleet { return r.fleet }
+
+// Current returns the configuration in force.
+func (r *Runtime) Current() config.Config {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.cfg
@@ -83,7 +100,8 @@ func (r *runtime) current() config.Config {
 // invalid; the previous one stays in force.
 var ErrInvalid = errors.New("invalid configuration")
 
-// apply makes next the configuration in force. An invalid next is refused
+// Apply makes next the configuration in force; source ("start", "file",
+// "admin") labels the reload counter and the logs. An invalid next is refused
 // (logged, counted, nothing changes). Otherwise:
 //  1. instances leaving the fleet stop getting decisions at once;
 //  2. Envoy gets the new resources (when the ADS server is on), and apply
@@ -94,28 +112,24 @@ var ErrInvalid = errors.New("invalid configuration")
 // Sections a running tether does not change are logged as restart-only;
 // Envoy's side of [tls], the routing header and the identity headers
 // follow what tether runs with, not next.
-func (r *runtime) apply(ctx context.Context, next config.Config, source string) (version string, err error) {
+func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) (version string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := next.Validate(); err != nil {
 		return "", r.refuse(source, err)
 	}
 	starting := r.version == ""
+	pins := plan.PinnedOf(next)
 	if starting {
-		r.start, r.tls = next, next.TLS
+		r.start = next
+	} else {
+		// What runs is next with the routing header and the identity
+		// headers tether started with (they change only at a restart),
+		// and Envoy's side of the [tls] in force; Envoy is told the same.
+		pins = r.plan.Pinned
+		pins.TLS = r.envoyTLS(next.TLS)
 	}
-	// What runs is next with the routing header and the identity headers
-	// tether started with (they change only at a restart); Envoy is told
-	// the same. It must validate as a whole too: an edit that moved
-	// cluster_header and gave a rule header the old name would otherwise
-	// match on a header Envoy strips from every request.
-	eff := next
-	eff.Routing.ClusterHeader = r.start.Routing.ClusterHeader
-	eff.Identity = r.start.Identity
-	if err := eff.Validate(); err != nil {
-		return "", r.refuse(source, fmt.Errorf("with the routing and identity headers tether runs with until a restart: %w", err))
-	}
-	pol, err := Policy(eff)
+	p, err := plan.FromConfig(next, plan.Options{ExtProc: []string{r.self}, Pinned: &pins})
 	if err != nil {
 		return "", r.refuse(source, err)
 	}
@@ -126,15 +140,7 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 				"so the Envoy configuration (an Istio EnvoyFilter) must give its tether-extproc cluster a TLS transport socket (docs/security.md)")
 		}
 	}
-	tlsNow := r.envoyTLS(next.TLS)
-	// Envoy is told what tether runs with where the two must agree: its
-	// [tls] (envoyTLS) and, through eff, the header it routes on and the
-	// identity headers both hash on. A cluster_header edit that reached
-	// Envoy alone would send every request past tether's decision to the
-	// default pool.
-	built := eff
-	built.TLS = tlsNow
-	res, err := xds.Build(built, r.endpoints(next), xds.ADS)
+	res, err := xds.Build(p.Envoy, xds.ADS)
 	if err != nil {
 		return "", r.refuse(source, err)
 	}
@@ -153,9 +159,8 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 		return version, nil
 	}
 
-	now := Instances(next)
-	kept := make([]fleet.Instance, 0, len(now))
-	for _, in := range now {
+	kept := make([]fleet.Instance, 0, len(p.Instances))
+	for _, in := range p.Instances {
 		if _, ok := r.fleet.Lookup(in.Name); ok {
 			kept = append(kept, in)
 		}
@@ -163,7 +168,7 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 	r.fleet.Replace(kept)
 	if r.ads != nil {
 		if _, err := r.ads.Publish(res); err != nil {
-			r.fleet.Replace(Instances(r.cfg))
+			r.fleet.Replace(r.plan.Instances)
 			return "", r.refuse(source, err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, ackWait)
@@ -173,26 +178,17 @@ func (r *runtime) apply(ctx context.Context, next config.Config, source string) 
 			r.log.Warn().Err(err).Msg("routing to the new instances anyway")
 		}
 	}
-	r.fleet.Replace(now)
+	r.fleet.Replace(p.Instances)
 	if r.policy != nil {
-		r.policy(pol)
+		r.policy(p.Policy)
 	}
-	r.cfg, r.version, r.pol, r.tls = next, version, pol, tlsNow
+	r.cfg, r.version, r.plan = next, version, p
 	r.reloads.WithLabelValues(source, "applied").Inc()
-	r.log.Info().Str("source", source).Str("version", version).Int("instances", len(now)).Msg("configuration applied")
+	r.log.Info().Str("source", source).Str("version", version).Int("instances", len(p.Instances)).Msg("configuration applied")
 	return version, nil
 }
 
-// endpoints are the tether replicas Envoy is told to call:
-// envoy.extproc_endpoints, else this replica alone.
-func (r *runtime) endpoints(c config.Config) []string {
-	if len(c.Envoy.ExtProcEndpoints) > 0 {
-		return c.Envoy.ExtProcEndpoints
-	}
-	return []string{r.self}
-}
-
-func (r *runtime) refuse(source string, err error) error {
+func (r *Runtime) refuse(source string, err error) error {
 	r.reloads.WithLabelValues(source, "invalid").Inc()
 	r.log.Error().Err(err).Str("source", source).Msg("configuration refused; the previous one stays in force")
 	return fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -207,8 +203,8 @@ func (r *runtime) refuse(source string, err error) error {
 // Only [tls.envoy] (Envoy's own files, the SNI) follows next, and only
 // while it fits the [tls] in force: TLS neither turned on nor off, and
 // nothing Envoy needs left out. Otherwise Envoy keeps its side as it is.
-func (r *runtime) envoyTLS(next config.TLS) config.TLS {
-	t := r.tls
+func (r *Runtime) envoyTLS(next config.TLS) config.TLS {
+	t := r.plan.Pinned.TLS
 	if next.Envoy == t.Envoy {
 		return t
 	}
@@ -268,7 +264,7 @@ func restartOnly(c config.Config) []restartSection {
 // differs from what tether runs with (start) and from the configuration
 // last accepted, so a change is logged once and a return to the running
 // value not at all.
-func (r *runtime) warnRestartOnly(next config.Config) {
+func (r *Runtime) warnRestartOnly(next config.Config) {
 	start, last := restartOnly(r.start), restartOnly(r.cfg)
 	for i, s := range restartOnly(next) {
 		if !reflect.DeepEqual(s.value, start[i].value) && !reflect.DeepEqual(s.value, last[i].value) {

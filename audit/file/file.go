@@ -1,4 +1,4 @@
-package audit
+package file
 
 import (
 	"bufio"
@@ -15,10 +15,12 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tetherproxy/tether/audit"
 )
 
-// FileConfig configures a FileSink.
-type FileConfig struct {
+// Config configures a Sink.
+type Config struct {
 	// Dir holds the files (created 0700 if missing).
 	Dir string
 	// Retention: at least 24h (files are per day), at most MaxRetention.
@@ -28,11 +30,11 @@ type FileConfig struct {
 }
 
 // Validate checks the configuration.
-func (c FileConfig) Validate() error {
+func (c Config) Validate() error {
 	if c.Dir == "" {
 		return errors.New("audit file sink: dir is empty")
 	}
-	if err := CheckRetention(c.Retention); err != nil {
+	if err := audit.CheckRetention(c.Retention); err != nil {
 		return fmt.Errorf("audit file sink: %w", err)
 	}
 	if c.Retention < 24*time.Hour {
@@ -47,13 +49,13 @@ const (
 	dayLayout  = "2006-01-02"
 )
 
-// FileSink writes JSON lines, one file per UTC day (audit-YYYY-MM-DD.jsonl),
+// Sink writes JSON lines, one file per UTC day (audit-YYYY-MM-DD.jsonl),
 // mode 0600. The file of day D is removed once D + Retention has passed
 // (so no record is older than Retention; the oldest kept are at least
 // Retention − 24h old): when the sink opens, when it moves to a new day's
 // file, and on Prune.
-type FileSink struct {
-	cfg FileConfig
+type Sink struct {
+	cfg Config
 
 	mu   sync.Mutex
 	f    *os.File
@@ -62,13 +64,13 @@ type FileSink struct {
 }
 
 var (
-	_ Sink   = (*FileSink)(nil)
-	_ Pruner = (*FileSink)(nil)
+	_ audit.Sink   = (*Sink)(nil)
+	_ audit.Pruner = (*Sink)(nil)
 )
 
-// NewFileSink validates cfg, creates the directory, removes expired files
+// New validates cfg, creates the directory, removes expired files
 // and files left behind by an interrupted Delete.
-func NewFileSink(cfg FileConfig) (*FileSink, error) {
+func New(cfg Config) (*Sink, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -82,7 +84,7 @@ func NewFileSink(cfg FileConfig) (*FileSink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit file sink: %w", err)
 	}
-	s := &FileSink{cfg: cfg, lock: lock}
+	s := &Sink{cfg: cfg, lock: lock}
 	err = s.locked(func() error {
 		tmps, _ := filepath.Glob(filepath.Join(cfg.Dir, ".audit-*.tmp"))
 		for _, t := range tmps {
@@ -97,14 +99,14 @@ func NewFileSink(cfg FileConfig) (*FileSink, error) {
 	return s, nil
 }
 
-// lockName is the file every FileSink on a directory locks while it
+// lockName is the file every Sink on a directory locks while it
 // changes the directory: the serving tether appends while `tether audit
 // forget`, another process, rewrites files.
 const lockName = ".audit.lock"
 
 // locked runs fn holding the directory's lock (flock, so across
 // processes).
-func (s *FileSink) locked(fn func() error) error {
+func (s *Sink) locked(fn func() error) error {
 	if err := syscall.Flock(int(s.lock.Fd()), syscall.LOCK_EX); err != nil {
 		return fmt.Errorf("audit file sink: lock %s: %w", s.cfg.Dir, err)
 	}
@@ -113,7 +115,7 @@ func (s *FileSink) locked(fn func() error) error {
 }
 
 // files lists the sink's files with their day, oldest first.
-func (s *FileSink) files() ([]string, error) {
+func (s *Sink) files() ([]string, error) {
 	ents, err := os.ReadDir(s.cfg.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("audit file sink: %w", err)
@@ -142,13 +144,13 @@ func fileDay(name string) (time.Time, bool) {
 }
 
 // Prune removes the files whose day began Retention ago or longer.
-func (s *FileSink) Prune(context.Context) error {
+func (s *Sink) Prune(context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.locked(s.prune)
 }
 
-func (s *FileSink) prune() error {
+func (s *Sink) prune() error {
 	names, err := s.files()
 	if err != nil {
 		return err
@@ -171,7 +173,7 @@ func (s *FileSink) prune() error {
 }
 
 // Write appends recs to today's file and syncs it.
-func (s *FileSink) Write(_ context.Context, recs []Record) error {
+func (s *Sink) Write(_ context.Context, recs []audit.Record) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	for _, r := range recs {
@@ -186,7 +188,7 @@ func (s *FileSink) Write(_ context.Context, recs []Record) error {
 
 // append writes b to today's file, (re)opening it when the day changed or
 // another process replaced the file (a forget rewrote it).
-func (s *FileSink) append(b []byte) error {
+func (s *Sink) append(b []byte) error {
 	name := filePrefix + s.cfg.Now().UTC().Format(dayLayout) + fileSuffix
 	if s.f != nil && !s.current(name) {
 		_ = s.f.Close()
@@ -221,7 +223,7 @@ func (s *FileSink) append(b []byte) error {
 
 // current reports whether the open file is still the one named name in
 // the directory.
-func (s *FileSink) current(name string) bool {
+func (s *Sink) current(name string) bool {
 	open, err1 := s.f.Stat()
 	onDisk, err2 := os.Stat(filepath.Join(s.cfg.Dir, name))
 	return err1 == nil && err2 == nil && os.SameFile(open, onDisk)
@@ -239,7 +241,7 @@ func pseudonymOf(line []byte) (string, bool) {
 }
 
 // each calls fn for every line of the file name.
-func (s *FileSink) each(name string, fn func(line []byte) error) error {
+func (s *Sink) each(name string, fn func(line []byte) error) error {
 	f, err := os.Open(filepath.Join(s.cfg.Dir, name))
 	if err != nil {
 		return err
@@ -256,13 +258,13 @@ func (s *FileSink) each(name string, fn func(line []byte) error) error {
 }
 
 // Export returns the records of pseudonym from every unexpired file.
-func (s *FileSink) Export(ctx context.Context, pseudonym string) ([]Record, error) {
+func (s *Sink) Export(ctx context.Context, pseudonym string) ([]audit.Record, error) {
 	if pseudonym == "" {
 		return nil, errors.New("audit file sink export: empty pseudonym")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []Record
+	var out []audit.Record
 	err := s.locked(func() error {
 		var err error
 		out, err = s.export(ctx, pseudonym)
@@ -271,7 +273,7 @@ func (s *FileSink) Export(ctx context.Context, pseudonym string) ([]Record, erro
 	return out, err
 }
 
-func (s *FileSink) export(ctx context.Context, pseudonym string) ([]Record, error) {
+func (s *Sink) export(ctx context.Context, pseudonym string) ([]audit.Record, error) {
 	if err := s.prune(); err != nil {
 		return nil, err
 	}
@@ -279,7 +281,7 @@ func (s *FileSink) export(ctx context.Context, pseudonym string) ([]Record, erro
 	if err != nil {
 		return nil, err
 	}
-	var out []Record
+	var out []audit.Record
 	for _, n := range names {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -288,7 +290,7 @@ func (s *FileSink) export(ctx context.Context, pseudonym string) ([]Record, erro
 			if p, ok := pseudonymOf(line); !ok || p != pseudonym {
 				return nil
 			}
-			var r Record
+			var r audit.Record
 			if err := json.Unmarshal(line, &r); err != nil {
 				return err
 			}
@@ -306,7 +308,7 @@ func (s *FileSink) export(ctx context.Context, pseudonym string) ([]Record, erro
 // the kept lines go to a temporary file (0600) that is synced and renamed
 // over the original, so a crash leaves either the old or the new file.
 // Lines that do not parse are kept. Cost: every file is read once.
-func (s *FileSink) Delete(ctx context.Context, pseudonym string) (int, error) {
+func (s *Sink) Delete(ctx context.Context, pseudonym string) (int, error) {
 	if pseudonym == "" {
 		return 0, errors.New("audit file sink delete: empty pseudonym")
 	}
@@ -321,7 +323,7 @@ func (s *FileSink) Delete(ctx context.Context, pseudonym string) (int, error) {
 	return total, err
 }
 
-func (s *FileSink) delete(ctx context.Context, pseudonym string) (int, error) {
+func (s *Sink) delete(ctx context.Context, pseudonym string) (int, error) {
 	if s.f != nil { // reopened by the next Write, on the new inode
 		_ = s.f.Close()
 		s.f, s.day = nil, ""
@@ -344,7 +346,7 @@ func (s *FileSink) delete(ctx context.Context, pseudonym string) (int, error) {
 	return total, nil
 }
 
-func (s *FileSink) rewrite(name, pseudonym string) (int, error) {
+func (s *Sink) rewrite(name, pseudonym string) (int, error) {
 	var kept bytes.Buffer
 	removed := 0
 	err := s.each(name, func(line []byte) error {
@@ -386,7 +388,7 @@ func (s *FileSink) rewrite(name, pseudonym string) (int, error) {
 }
 
 // Close closes the current file.
-func (s *FileSink) Close() error {
+func (s *Sink) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_ = s.lock.Close()

@@ -1,0 +1,55 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/tetherproxy/tether/affinity"
+)
+
+// Readiness answers /readyz.
+type Readiness struct {
+	store    affinity.Checker
+	mu       sync.Mutex
+	draining bool
+}
+
+// NewReadiness returns the readiness of a tether on store.
+func NewReadiness(s affinity.Checker) *Readiness { return &Readiness{store: s} }
+
+// Drain reports the replica down from now on: it is stopping.
+func (r *Readiness) Drain() { r.mu.Lock(); r.draining = true; r.mu.Unlock() }
+
+// ServeHTTP answers /readyz. A store that does not answer leaves tether
+// ready but degraded (200): it still routes, by rendezvous hashing. The
+// answer never waits on a dead Redis: the store's guard refuses the ping
+// at once while open, and otherwise the store's per-call timeout bounds it.
+// The body says the guard's state in its "breaker" field (closed, open,
+// half-open; the name dashboards and probes already read).
+func (r *Readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.mu.Lock()
+	draining := r.draining
+	r.mu.Unlock()
+	body := map[string]string{"status": "ready", "store": "ok"}
+	code := http.StatusOK
+	if draining {
+		body["status"], code = "draining", http.StatusServiceUnavailable
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), time.Second)
+	defer cancel()
+	err := r.store.Ping(ctx)
+	h := r.store.Health()
+	if err != nil || !h.Up() {
+		body["store"] = "unreachable"
+		if !draining {
+			body["status"] = "degraded"
+		}
+	}
+	body["breaker"] = h.State.String()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(body)
+}

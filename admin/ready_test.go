@@ -1,0 +1,69 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tetherproxy/tether/affinity"
+	redisstore "github.com/tetherproxy/tether/store/redis"
+)
+
+// TestReadinessFollowsTheBreaker: /readyz reports the breaker's state; a
+// breaker that is not closed, or a failed ping, makes tether degraded,
+// still ready.
+func TestReadinessFollowsTheBreaker(t *testing.T) {
+	tests := []struct {
+		name  string
+		store fakeStore
+		drain bool
+		code  int
+		want  map[string]string
+	}{
+		{"up", fakeStore{state: affinity.GuardClosed}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
+		{"ping fails", fakeStore{state: affinity.GuardClosed, pingErr: errors.New("timeout")}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "closed"}},
+		{"open", fakeStore{state: affinity.GuardOpen, pingErr: redisstore.ErrGuardOpen}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "open"}},
+		{"half-open", fakeStore{state: affinity.GuardHalfOpen, pingErr: redisstore.ErrGuardOpen}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "half-open"}},
+		{"probe succeeded", fakeStore{state: affinity.GuardOpen, closeOnPing: true}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
+		{"draining, open", fakeStore{state: affinity.GuardOpen, pingErr: redisstore.ErrGuardOpen}, true, 503, map[string]string{"status": "draining", "store": "unreachable", "breaker": "open"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewReadiness(&tt.store)
+			if tt.drain {
+				r.Drain()
+			}
+			rec := httptest.NewRecorder()
+			r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+			var got map[string]string
+			if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+				t.Fatal(err)
+			}
+			if rec.Code != tt.code || !cmp.Equal(got, tt.want) {
+				t.Errorf("/readyz: %d %v, want %d %v", rec.Code, got, tt.code, tt.want)
+			}
+		})
+	}
+}
+
+// fakeStore stands for the store and its breaker.
+type fakeStore struct {
+	state   affinity.GuardState
+	pingErr error
+	// closeOnPing: the ping is the breaker's probe, and succeeds.
+	closeOnPing bool
+}
+
+func (f *fakeStore) Ping(context.Context) error {
+	if f.closeOnPing {
+		f.state = affinity.GuardClosed
+	}
+	return f.pingErr
+}
+
+func (f *fakeStore) Health() affinity.StoreHealth { return affinity.StoreHealth{State: f.state} }

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// runLab runs tether-lab with args.
+func runLab(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	root := newRootCmd()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.ExecuteContext(t.Context())
+	return out.String(), err
+}
+
+// TestSimulateConfig: --config replays the file's instances and policy;
+// the flags the file decides are refused, naming the file's key.
+func TestSimulateConfig(t *testing.T) {
+	local := filepath.Join("..", "..", "deploy", "local", "tether.toml")
+	out, err := runLab(t, "simulate", "--config", local, "--rate", "20", "--duration", "5s", "--no-progress")
+	if err != nil {
+		t.Fatalf("simulate --config: %v\n%s", err, out)
+	}
+	for _, want := range []string{"8 × a100 instances in 2 zones", "instances and tether's policy from " + local, "tether (config)", "Envoy ring hash", "Envoy round robin"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--instances", "4"}, "--instances: --config " + local + " decides it"},
+		{[]string{"--zones", "3"}, "--zones"},
+		{[]string{"--idle-timeout", "1m"}, "routing.idle_timeout"},
+		{[]string{"--max-sticky-duration", "1m"}, "routing.max_sticky_duration"},
+		{[]string{"--policy", "sticky"}, "--policy sticky: with --config"},
+		{[]string{"--config", filepath.Join(t.TempDir(), "missing.toml")}, "--config"},
+	} {
+		args := append([]string{"simulate", "--config", local, "--duration", "1s", "--no-progress"}, tc.args...)
+		if _, err := runLab(t, args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.want)
+		}
+	}
+	if _, err := runLab(t, "simulate", "--policy", "tether", "--duration", "1s", "--no-progress"); err == nil || !strings.Contains(err.Error(), "--config") {
+		t.Errorf("--policy tether without --config: %v, want it refused", err)
+	}
+}

@@ -1,0 +1,127 @@
+package plan
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/extproc"
+	"github.com/tetherproxy/tether/xds"
+)
+
+// envoy is the spec of Envoy's resources for cfg, with pin's routing
+// header, identity headers and [tls]. extproc lists the tether replicas
+// Envoy calls when envoy.extproc_endpoints names none.
+func envoy(cfg config.Config, pin Pinned, extproc []string) (xds.Spec, error) {
+	e := cfg.Envoy
+	ext := e.ExtProcEndpoints
+	switch {
+	case len(ext) > 0:
+	case len(extproc) > 0:
+		ext = extproc
+	default:
+		ext = []string{cfg.Server.ExtProcAddr}
+	}
+	tls, err := UpstreamTLS(pin.TLS)
+	if err != nil {
+		return xds.Spec{}, fmt.Errorf("xds build: %w", err)
+	}
+	s := xds.Spec{
+		ListenerAddr:       e.ListenerAddr,
+		ExtProc:            ext,
+		ExtProcFilter:      e.ExtProc,
+		MessageTimeout:     e.MessageTimeout.D,
+		ResponseAttributes: responseAttributes(),
+		ClusterHeader:      pin.ClusterHeader,
+		HashPolicy:         hashPolicy(pin.Identity),
+		RouteTimeout:       e.RouteTimeout.D,
+		Retries:            e.Retries,
+		PoolLB:             xds.LBPolicy(e.PoolLB),
+		Pool:               limits(cfg, ""),
+		DefaultVersion:     e.DefaultVersion,
+		TLS:                tls,
+	}
+	for _, in := range cfg.Instances {
+		s.Instances = append(s.Instances, xds.Instance{
+			Name: in.Name, Address: in.Address, Zone: in.Zone, Version: in.Version,
+			Limits: limits(cfg, in.Name),
+		})
+	}
+	return s, nil
+}
+
+// responseAttributes are what the ext_proc handler reads in the response
+// phase: the host that answered (when Envoy retried on a peer, or sent the
+// request past an instance it had ejected, that is not the instance tether
+// chose, and the chosen one has failed although the client got an
+// answer), and the status, which shows the attributes arrive at all.
+func responseAttributes() []string {
+	return []string{extproc.AttrUpstreamAddress, extproc.AttrResponseCode}
+}
+
+// hashPolicy: the identity headers, strongest first, each terminal when
+// present but the device id, which goes with the user id.
+func hashPolicy(id config.Identity) []xds.HashHeader {
+	return []xds.HashHeader{
+		{Name: id.SessionHeader, Terminal: true},
+		{Name: id.AuthHeader, Terminal: true},
+		{Name: id.DeviceHeader, Terminal: false},
+		{Name: id.UserHeader, Terminal: true},
+	}
+}
+
+// limits are the outlier detection and circuit breakers of instance's
+// cluster ("" for the version pools): the built-in defaults, then the
+// sections', then the instance's own.
+func limits(cfg config.Config, instance string) xds.Limits {
+	o, b := cfg.Outlier(instance), cfg.Breakers(instance)
+	return xds.Limits{
+		Outlier: xds.Outlier{
+			Consecutive5xx:                     *o.Consecutive5xx,
+			EnforcingConsecutive5xx:            *o.EnforcingConsecutive5xx,
+			ConsecutiveGatewayFailure:          *o.ConsecutiveGatewayFailure,
+			EnforcingConsecutiveGatewayFailure: *o.EnforcingConsecutiveGatewayFailure,
+			Interval:                           o.Interval.D,
+			BaseEjectionTime:                   o.BaseEjectionTime.D,
+			MaxEjectionTime:                    o.MaxEjectionTime.D,
+			MaxEjectionPercent:                 *o.MaxEjectionPercent,
+			SuccessRateMinimumHosts:            *o.SuccessRateMinimumHosts,
+			SuccessRateRequestVolume:           *o.SuccessRateRequestVolume,
+			SuccessRateStdevFactor:             *o.SuccessRateStdevFactor,
+			EnforcingSuccessRate:               *o.EnforcingSuccessRate,
+			FailurePercentageThreshold:         *o.FailurePercentageThreshold,
+			FailurePercentageMinimumHosts:      *o.FailurePercentageMinimumHosts,
+			FailurePercentageRequestVolume:     *o.FailurePercentageRequestVolume,
+			EnforcingFailurePercentage:         *o.EnforcingFailurePercentage,
+		},
+		Breakers: xds.CircuitBreakers{
+			MaxConnections:     *b.MaxConnections,
+			MaxPendingRequests: *b.MaxPendingRequests,
+			MaxRequests:        *b.MaxRequests,
+			MaxRetries:         *b.MaxRetries,
+		},
+	}
+}
+
+// UpstreamTLS is how Envoy reaches tether's gRPC servers under [tls]: nil
+// when tether serves plaintext, and nil when [tls.envoy] is empty, which
+// config.Validate allows only with the ADS server off, where Envoy is
+// configured elsewhere (Istio) and the resources tether builds are not
+// served, so Envoy's TLS to tether is that configuration's to set
+// (docs/security.md). A [tls.envoy] that lacks what Envoy needs is an
+// error naming the key (config.TLS.EnvoyMissing), so a valid
+// configuration always builds.
+func UpstreamTLS(t config.TLS) (*xds.UpstreamTLS, error) {
+	e := t.Envoy
+	if !t.Enabled() || e == (config.EnvoyTLS{}) {
+		return nil, nil
+	}
+	var errs []error
+	for _, m := range t.EnvoyMissing() {
+		errs = append(errs, fmt.Errorf("%s: %s", m.Key, m.Why))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &xds.UpstreamTLS{CAFile: e.CAFile, CertFile: e.CertFile, KeyFile: e.KeyFile, SNI: e.SNI, MinVersion: t.MinVersion}, nil
+}

@@ -1,0 +1,93 @@
+package plan
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tetherproxy/tether/config"
+)
+
+func TestRandomSourceIsReproducible(t *testing.T) {
+	a, b := randomSource(7), randomSource(7)
+	for i := 0; i < 10; i++ {
+		if a() != b() {
+			t.Fatal("same seed, different draws")
+		}
+	}
+	if randomSource(0)() == randomSource(0)() {
+		t.Fatal("unseeded sources agree")
+	}
+}
+
+func testConfig() config.Config {
+	c := config.Default()
+	c.Instances = []config.Instance{{Name: "a", Address: "127.0.0.1:1", Version: "v1", Weight: 1}}
+	return c
+}
+
+// TestFromConfigPinned: what a running tether keeps until a restart
+// reaches the decider's side and Envoy's alike, and a configuration that
+// is valid alone but not with it is refused.
+func TestFromConfigPinned(t *testing.T) {
+	cfg := testConfig()
+	cfg.Routing.ClusterHeader = "x-edited-cluster"
+	cfg.Identity.SessionHeader = "x-edited-session"
+	pin := PinnedOf(testConfig())
+	p, err := FromConfig(cfg, Options{Pinned: &pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ what, got, want string }{
+		{"Envoy's cluster header", p.Envoy.ClusterHeader, pin.ClusterHeader},
+		{"ext_proc's cluster header", p.ExtProc.ClusterHeader, pin.ClusterHeader},
+		{"Envoy's first hash header", p.Envoy.HashPolicy[0].Name, pin.Identity.SessionHeader},
+		{"the identity's session header", p.Identity.SessionHeader, pin.Identity.SessionHeader},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s %q, want the pinned %q", c.what, c.got, c.want)
+		}
+	}
+	if p.Pinned != pin {
+		t.Errorf("plan pinned %+v, want %+v", p.Pinned, pin)
+	}
+	unpinned, err := FromConfig(cfg, Options{})
+	if err != nil || unpinned.Envoy.ClusterHeader != "x-edited-cluster" || unpinned.Pinned != PinnedOf(cfg) {
+		t.Errorf("without pins: cluster header %q, pinned %+v, %v; want the file's", unpinned.Envoy.ClusterHeader, unpinned.Pinned, err)
+	}
+
+	clash := cfg
+	clash.Routing.Rules = []config.Rule{{Name: "old-header", Header: pin.ClusterHeader, Mode: config.ModeRandom}}
+	if _, err := FromConfig(clash, Options{}); err != nil {
+		t.Fatalf("test setup: valid alone: %v", err)
+	}
+	_, err = FromConfig(clash, Options{Pinned: &pin})
+	if err == nil || !strings.Contains(err.Error(), "routing.rules[0].header") || !strings.Contains(err.Error(), "until a restart") {
+		t.Errorf("a rule on the pinned cluster header: %v, want refused naming routing.rules[0].header", err)
+	}
+	bad := testConfig()
+	bad.Routing.Mode = "sometimes"
+	if _, err := FromConfig(bad, Options{}); err == nil || !strings.Contains(err.Error(), "routing.mode") {
+		t.Errorf("invalid mode: %v, want an error naming routing.mode", err)
+	}
+}
+
+// TestEnvoyExtProcEndpoints: envoy.extproc_endpoints, else the replicas
+// the caller names, else server.extproc_addr.
+func TestEnvoyExtProcEndpoints(t *testing.T) {
+	cfg := testConfig()
+	for _, tc := range []struct {
+		file, opt, want []string
+	}{
+		{nil, nil, []string{cfg.Server.ExtProcAddr}},
+		{nil, []string{"10.0.0.9:50051"}, []string{"10.0.0.9:50051"}},
+		{[]string{"10.0.0.7:50051"}, []string{"10.0.0.9:50051"}, []string{"10.0.0.7:50051"}},
+	} {
+		c := cfg
+		c.Envoy.ExtProcEndpoints = tc.file
+		s, err := Envoy(c, Options{ExtProc: tc.opt})
+		if err != nil || !slices.Equal(s.ExtProc, tc.want) {
+			t.Errorf("file %v, options %v: %v, %v; want %v", tc.file, tc.opt, s.ExtProc, err, tc.want)
+		}
+	}
+}

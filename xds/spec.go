@@ -1,0 +1,116 @@
+package xds
+
+import "time"
+
+// Spec is what Build makes Envoy's resources from. The translation of
+// tether's configuration (package plan) fills it with every default and
+// every per-instance override resolved: xds knows nothing of the
+// configuration file, and nothing of the ext_proc handler beyond the
+// names Spec gives it.
+type Spec struct {
+	// ListenerAddr is where Envoy takes client traffic (host:port).
+	ListenerAddr string
+	// ExtProc lists the tether replicas Envoy calls (host:port each).
+	ExtProc []string
+	// ExtProcFilter puts tether's ext_proc filter in the listener. Without
+	// it tether is a control plane only: every request takes the default
+	// route to its version's pool.
+	ExtProcFilter bool
+	// MessageTimeout bounds each ext_proc exchange; past it Envoy goes on
+	// without tether (failure_mode_allow).
+	MessageTimeout time.Duration
+	// ResponseAttributes are the attributes Envoy sends tether with the
+	// response headers (the ext_proc handler's names).
+	ResponseAttributes []string
+	// ClusterHeader is the request header tether names a cluster in. The
+	// listener strips it from every client request.
+	ClusterHeader string
+	// HashPolicy lists the request headers both routes hash on, strongest
+	// first.
+	HashPolicy []HashHeader
+	// RouteTimeout bounds a whole request, streaming included.
+	RouteTimeout time.Duration
+	// Retries is how many times a request that failed at its instance
+	// before its response started is retried on a fallback host; 0: none.
+	Retries uint32
+	// Instances are the model servers, in order: one cluster each.
+	Instances []Instance
+	// PoolLB balances the version pools; Pool is their outlier detection
+	// and circuit breakers.
+	PoolLB LBPolicy
+	Pool   Limits
+	// DefaultVersion is the pool of the default route (tether unreachable
+	// or undecided); "" the version with the most instances.
+	DefaultVersion string
+	// TLS is how Envoy reaches tether's gRPC servers; nil: plaintext (or,
+	// with the ADS server off, a transport socket configured elsewhere).
+	TLS *UpstreamTLS
+}
+
+// HashHeader is one hash policy on a request header: Terminal stops at it
+// when the request has the header.
+type HashHeader struct {
+	Name     string
+	Terminal bool
+}
+
+// Instance is one model server and the limits of its cluster.
+type Instance struct {
+	Name, Address, Zone, Version string
+	Limits                       Limits
+}
+
+// Limits are a cluster's outlier detection and circuit breakers.
+type Limits struct {
+	Outlier  Outlier
+	Breakers CircuitBreakers
+}
+
+// Outlier is Envoy's outlier detection (envoy.config.cluster.v3.OutlierDetection).
+type Outlier struct {
+	Consecutive5xx                     uint32
+	EnforcingConsecutive5xx            uint32
+	ConsecutiveGatewayFailure          uint32
+	EnforcingConsecutiveGatewayFailure uint32
+	Interval                           time.Duration
+	BaseEjectionTime                   time.Duration
+	MaxEjectionTime                    time.Duration
+	MaxEjectionPercent                 uint32
+	SuccessRateMinimumHosts            uint32
+	SuccessRateRequestVolume           uint32
+	SuccessRateStdevFactor             uint32
+	EnforcingSuccessRate               uint32
+	FailurePercentageThreshold         uint32
+	FailurePercentageMinimumHosts      uint32
+	FailurePercentageRequestVolume     uint32
+	EnforcingFailurePercentage         uint32
+}
+
+// CircuitBreakers are Envoy's per-cluster thresholds (default priority).
+type CircuitBreakers struct {
+	MaxConnections, MaxPendingRequests, MaxRequests, MaxRetries uint32
+}
+
+// LBPolicy balances a version pool.
+type LBPolicy string
+
+// The pool balancers.
+const (
+	RingHash     LBPolicy = "ring_hash" // on the hash policy: sessions stay together without tether
+	RoundRobin   LBPolicy = "round_robin"
+	LeastRequest LBPolicy = "least_request"
+)
+
+// UpstreamTLS is how Envoy connects to tether's gRPC servers when they
+// speak TLS. The files are Envoy's: xds names them and reads none.
+type UpstreamTLS struct {
+	// CAFile verifies tether's certificate (required).
+	CAFile string
+	// CertFile and KeyFile are Envoy's client certificate (mutual TLS);
+	// "" for none.
+	CertFile, KeyFile string
+	// SNI, when set, is sent and required among the certificate's DNS names.
+	SNI string
+	// MinVersion is "1.2" or "1.3".
+	MinVersion string
+}

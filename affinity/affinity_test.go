@@ -229,7 +229,9 @@ func TestRandomIsUnbiased(t *testing.T) {
 				for i := 0; i < n; i++ {
 					got, _ := d.Decide(context.Background(), affinity.Request{})
 					var idx int
-					fmt.Sscanf(got.Instance.Name, "gpu-%d", &idx)
+					if _, err := fmt.Sscanf(got.Instance.Name, "gpu-%d", &idx); err != nil {
+						t.Fatalf("instance %q: %v", got.Instance.Name, err)
+					}
 					counts[idx]++
 				}
 				if x := chiSquare(counts, shares, n); x > chi2Crit01[len(ins)-1] {
@@ -250,7 +252,9 @@ func TestRendezvousSpreadsByWeight(t *testing.T) {
 	for i := 0; i < n; i++ {
 		in := affinity.Rendezvous(fmt.Sprintf("s:%d", i), ins)
 		var idx int
-		fmt.Sscanf(in.Name, "gpu-%d", &idx)
+		if _, err := fmt.Sscanf(in.Name, "gpu-%d", &idx); err != nil {
+			t.Fatalf("instance %q: %v", in.Name, err)
+		}
 		counts[idx]++
 	}
 	// Keys are fixed, so this is deterministic; the bound is the 1% level.

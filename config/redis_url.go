@@ -77,9 +77,9 @@ func embeddedSettings(scheme, rest string) []string {
 	add(slices.Contains(parts, "sentinel") || param("master", "sentinel"), "Sentinel options")
 	add(param("addr"), "seed list (addr=)")
 	add(slices.Contains(parts, "rediss") || param("tls", "ssl"), "TLS")
-	user, host, hasUser := strings.Cut(authority, "@")
+	_, host, hasUser := strings.Cut(authority, "@")
 	if !hasUser {
-		host, user = user, ""
+		host = authority
 	}
 	add(hasUser || param("pass", "user"), "credentials")
 	add(strings.Trim(host, ":") != "", "address")

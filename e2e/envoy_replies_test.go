@@ -666,7 +666,7 @@ func (u *replyInstance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "released")
 	case behaviour == "reset-before-headers":
 		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			conn.Close()
+			_ = conn.Close() // the reset is the point
 		}
 	case strings.Contains(behaviour, "after-headers"):
 		// A 200 whose body promises more than it carries; the connection
@@ -701,7 +701,9 @@ func closedPort(t *testing.T) string {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
 	return addr
 }
 

@@ -47,7 +47,9 @@ func (p *proxy) stat(t *testing.T, name string) int {
 	for sc.Scan() {
 		if k, v, ok := strings.Cut(sc.Text(), ": "); ok && k == name {
 			var n int
-			fmt.Sscan(v, &n)
+			if _, err := fmt.Sscan(v, &n); err != nil {
+				t.Fatalf("Envoy stat %s = %q: %v", name, v, err)
+			}
 			return n
 		}
 	}

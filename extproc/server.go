@@ -23,7 +23,6 @@ import (
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/identity"
-	"github.com/tetherproxy/tether/metrics"
 )
 
 // Identifier extracts the caller's identity.
@@ -42,7 +41,7 @@ type Decider interface {
 type Recorder interface {
 	Decision(identity.Identity, affinity.Decision, time.Duration)
 	DecisionFailed(id identity.Identity, reason string)
-	Response(d affinity.Decision, r metrics.Reply)
+	Response(d affinity.Decision, r affinity.Reply)
 }
 
 // Auditor hears every decision, for the routing audit. Audit must not
@@ -214,7 +213,7 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *
 // reply is what the recorder hears about an answer, plus the queue depth
 // the decider hears.
 type reply struct {
-	metrics.Reply
+	affinity.Reply
 	queue      int
 	queueKnown bool
 }
@@ -224,7 +223,7 @@ type reply struct {
 // in percent. A header that is present but unreadable is ignored and named
 // in BadReports.
 func (s *Server) reports(h headers, status int) reply {
-	r := reply{Reply: metrics.Reply{Status: status, OOM: status == http.StatusInsufficientStorage}}
+	r := reply{Reply: affinity.Reply{Status: status, OOM: status == http.StatusInsufficientStorage}}
 	if v := h.Get(s.opts.QueueHeader); v != "" && s.opts.QueueHeader != "" {
 		q, err := strconv.Atoi(v)
 		if r.queueKnown = err == nil && q >= 0; r.queueKnown {

@@ -24,7 +24,6 @@ import (
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
-	"github.com/tetherproxy/tether/metrics"
 	"github.com/tetherproxy/tether/store/memory"
 )
 
@@ -36,7 +35,7 @@ type recorded struct {
 	failures  []string
 	rejected  []identity.Reason
 	responses []string
-	replies   []metrics.Reply
+	replies   []affinity.Reply
 }
 
 func (r *recorded) Decision(id identity.Identity, d affinity.Decision, _ time.Duration) {
@@ -54,7 +53,7 @@ func (r *recorded) DecisionFailed(_ identity.Identity, reason string) {
 	r.failures = append(r.failures, reason)
 }
 
-func (r *recorded) Response(d affinity.Decision, rep metrics.Reply) {
+func (r *recorded) Response(d affinity.Decision, rep affinity.Reply) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.responses = append(r.responses, d.Instance.Name+":"+strconv.Itoa(rep.Status))
@@ -85,12 +84,12 @@ func serve(t testing.TB, srv *extproc.Server) extprocv3.ExternalProcessorClient 
 	}
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
-	go gs.Serve(ln)
+	go func() { _ = gs.Serve(ln) }() // returns when Stop closes ln
 	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close(); gs.Stop() })
+	t.Cleanup(func() { _ = conn.Close(); gs.Stop() })
 	return extprocv3.NewExternalProcessorClient(conn)
 }
 
@@ -386,17 +385,17 @@ func TestInstanceReports(t *testing.T) {
 	}))
 	cases := []struct {
 		resp []string
-		want metrics.Reply
+		want affinity.Reply
 	}{
 		{[]string{":status", "200", "x-queue-depth", "3", "x-oom", "false", "x-gpu-utilization", "87.5"},
-			metrics.Reply{Status: 200, GPU: 0.875, GPUKnown: true}},
+			affinity.Reply{Status: 200, GPU: 0.875, GPUKnown: true}},
 		{[]string{":status", "200", "x-oom", "TRUE", "x-gpu-utilization", "40%"},
-			metrics.Reply{Status: 200, OOM: true, GPU: 0.4, GPUKnown: true}},
-		{[]string{":status", "507"}, metrics.Reply{Status: 507, OOM: true}},
+			affinity.Reply{Status: 200, OOM: true, GPU: 0.4, GPUKnown: true}},
+		{[]string{":status", "507"}, affinity.Reply{Status: 507, OOM: true}},
 		{[]string{":status", "200", "x-queue-depth", "-1", "x-oom", "maybe", "x-gpu-utilization", "150"},
-			metrics.Reply{Status: 200, BadReports: []string{"queue_depth", "oom", "gpu_utilization"}}},
+			affinity.Reply{Status: 200, BadReports: []string{"queue_depth", "oom", "gpu_utilization"}}},
 		{[]string{":status", "200", "x-gpu-utilization", "NaN"},
-			metrics.Reply{Status: 200, BadReports: []string{"gpu_utilization"}}},
+			affinity.Reply{Status: 200, BadReports: []string{"gpu_utilization"}}},
 	}
 	for i, tc := range cases {
 		exchange(t, c, reqHeaders("x-session-id", "conv-1"), respHeaders(tc.resp...))

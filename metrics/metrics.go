@@ -152,28 +152,8 @@ func (m *Metrics) DecisionFailed(id identity.Identity, reason string) {
 	m.decisionErrors.WithLabelValues(reason).Inc()
 }
 
-// Reply is what a decided request's response headers said.
-type Reply struct {
-	Status int
-	// Elapsed runs from the request headers to the response headers.
-	Elapsed time.Duration
-	// Served: a host answered (not Envoy's own reply for which it picked
-	// none, nor its overflow).
-	Served bool
-	// Peer: another host than the chosen instance answered (Envoy retried
-	// or went past it).
-	Peer bool
-	// OOM: the instance reported running out of memory.
-	OOM bool
-	// GPU is the utilisation (0 to 1) the instance reported, when GPUKnown.
-	GPU      float64
-	GPUKnown bool
-	// BadReports names the report headers that were present but unreadable.
-	BadReports []string
-}
-
 // Response records how a decided request was answered.
-func (m *Metrics) Response(d affinity.Decision, r Reply) {
+func (m *Metrics) Response(d affinity.Decision, r affinity.Reply) {
 	instance := d.Instance.Name
 	m.upstreamResponses.WithLabelValues(instance, statusClass(r.Status)).Inc()
 	for _, h := range r.BadReports {

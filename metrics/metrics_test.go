@@ -28,7 +28,7 @@ func TestRecords(t *testing.T) {
 	m.Decision(identity.Identity{Key: "s:y", Source: identity.SourceSession},
 		affinity.Decision{Mode: affinity.Random, Kind: affinity.KindFallback, Stage: affinity.StageRandom}, time.Millisecond)
 	for _, code := range []int{200, 201, 503, 0, 999} {
-		m.Response(affinity.Decision{Instance: fleet.Instance{Name: "a"}}, Reply{Status: code})
+		m.Response(affinity.Decision{Instance: fleet.Instance{Name: "a"}}, affinity.Reply{Status: code})
 	}
 	want := `
 # HELP tether_identity_rejected_total Requests whose identifier was present but unusable (too long, control characters, malformed bearer token); they are routed as anonymous.
@@ -95,19 +95,19 @@ func TestContinuity(t *testing.T) {
 	m := New(reg)
 	a, b := fleet.Instance{Name: "a"}, fleet.Instance{Name: "b"}
 	sess := identity.Identity{Key: "s:x", Source: identity.SourceSession}
-	ok := Reply{Status: 200, Served: true, Elapsed: 20 * time.Millisecond}
+	ok := affinity.Reply{Status: 200, Served: true, Elapsed: 20 * time.Millisecond}
 	steps := []struct {
 		d affinity.Decision
-		r Reply
+		r affinity.Reply
 	}{
-		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindBind}, ok},                                                         // new: not a follow-up
-		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, ok},                                           // kept
-		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, Reply{Status: 503, Served: true}},             // broken: failed
-		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, Reply{Status: 200, Served: true, Peer: true}}, // broken: a peer answered
-		{affinity.Decision{Instance: b, Mode: affinity.Sticky, Kind: affinity.KindMoved, Previous: "a"}, ok},                                         // broken: moved
-		{affinity.Decision{Instance: b, Mode: affinity.Random, Kind: affinity.KindFallback, Previous: "a"}, ok},                                      // broken, binding kept
-		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, Reply{Status: 503}},                           // Envoy's own reply: not served, not counted
-		{affinity.Decision{Instance: b, Mode: affinity.Random, Kind: affinity.KindRandom}, ok},                                                       // random: not a follow-up
+		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindBind}, ok},                                                                  // new: not a follow-up
+		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, ok},                                                    // kept
+		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, affinity.Reply{Status: 503, Served: true}},             // broken: failed
+		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, affinity.Reply{Status: 200, Served: true, Peer: true}}, // broken: a peer answered
+		{affinity.Decision{Instance: b, Mode: affinity.Sticky, Kind: affinity.KindMoved, Previous: "a"}, ok},                                                  // broken: moved
+		{affinity.Decision{Instance: b, Mode: affinity.Random, Kind: affinity.KindFallback, Previous: "a"}, ok},                                               // broken, binding kept
+		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, affinity.Reply{Status: 503}},                           // Envoy's own reply: not served, not counted
+		{affinity.Decision{Instance: b, Mode: affinity.Random, Kind: affinity.KindRandom}, ok},                                                                // random: not a follow-up
 	}
 	for _, st := range steps {
 		m.Decision(sess, st.d, time.Millisecond)
@@ -133,10 +133,10 @@ func TestInstanceReports(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	d := affinity.Decision{Instance: fleet.Instance{Name: "a"}, Mode: affinity.Sticky, Kind: affinity.KindHit}
-	m.Response(d, Reply{Status: 507, Served: true, OOM: true})
-	m.Response(d, Reply{Status: 200, Served: true, GPU: 0.5, GPUKnown: true})
-	m.Response(d, Reply{Status: 507, Served: true, Peer: true, OOM: true, GPU: 0.9, GPUKnown: true})
-	m.Response(d, Reply{Status: 200, Served: true, BadReports: []string{"gpu_utilization"}})
+	m.Response(d, affinity.Reply{Status: 507, Served: true, OOM: true})
+	m.Response(d, affinity.Reply{Status: 200, Served: true, GPU: 0.5, GPUKnown: true})
+	m.Response(d, affinity.Reply{Status: 507, Served: true, Peer: true, OOM: true, GPU: 0.9, GPUKnown: true})
+	m.Response(d, affinity.Reply{Status: 200, Served: true, BadReports: []string{"gpu_utilization"}})
 	if n := testutil.ToFloat64(m.oom.WithLabelValues("a")); n != 1 {
 		t.Errorf("OOM events %v, want 1", n)
 	}

@@ -15,7 +15,7 @@ func TestRandomSourceIsReproducible(t *testing.T) {
 			t.Fatal("same seed, different draws")
 		}
 	}
-	if randomSource(0)() == randomSource(0)() {
+	if a, b := randomSource(0)(), randomSource(0)(); a == b {
 		t.Fatal("unseeded sources agree")
 	}
 }

@@ -24,7 +24,7 @@ func watchConfig(ctx context.Context, path string, log zerolog.Logger, reload fu
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", path, err)
 	}
-	defer w.Close()
+	defer func() { _ = w.Close() }() // the watch ends with ctx; nothing to report
 	dir := filepath.Dir(path)
 	if err := w.Add(dir); err != nil {
 		return fmt.Errorf("watch %s: %w", dir, err)

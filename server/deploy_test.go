@@ -334,7 +334,7 @@ func exportedMetrics(t *testing.T) metricSet {
 			t.Fatalf("Run returned before ready: %v", err)
 		case <-deadline:
 			cancel()
-			<-done
+			_ = <-done
 			t.Fatal("not ready within 10s")
 		}
 	}
@@ -402,11 +402,15 @@ func (r *recordingRegisterer) metrics() (metricSet, error) {
 		}
 	}
 	for _, c := range cs {
+		// A vector with no child yet gathers nothing, so its kind comes
+		// from its type; a plain histogram or summary gathers its kind.
+		// (prometheus.Histogram and prometheus.Summary have the same
+		// methods: a type switch on them cannot tell them apart.)
 		kind := map[string]string{}
 		switch c.(type) {
-		case prometheus.Histogram, *prometheus.HistogramVec:
+		case *prometheus.HistogramVec:
 			kind[""] = "HISTOGRAM"
-		case prometheus.Summary, *prometheus.SummaryVec:
+		case *prometheus.SummaryVec:
 			kind[""] = "SUMMARY"
 		}
 		alone := prometheus.NewRegistry()

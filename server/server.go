@@ -87,7 +87,11 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("binding store: %w", err)
 	}
-	defer st.Close()
+	defer func() {
+		if err := st.Close(); err != nil {
+			log.Warn().Err(err).Msg("binding store close")
+		}
+	}()
 	lengths := metrics.NewSessionLengths(reg, st, metrics.SessionLengthsOptions{})
 	rec.TrackSessions(lengths)
 	// The Redis sink writes to the bindings' Redis; the memory store has

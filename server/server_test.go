@@ -235,7 +235,7 @@ func TestLameDuck(t *testing.T) {
 		t.Errorf("Run returned %v after the context ended, before the %v drain delay", took, delay)
 	}
 	if c, err := net.DialTimeout("tcp", extproc, time.Second); err == nil {
-		c.Close()
+		_ = c.Close()
 		t.Error("the ext_proc port still accepts connections after Run returned")
 	}
 }

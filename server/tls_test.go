@@ -114,7 +114,7 @@ func runLogged(t *testing.T, cfg config.Config) (addrs map[string]string, logs *
 		t.Fatalf("Run returned before ready: %v\n%s", err, logs)
 	case <-time.After(10 * time.Second):
 		cancel()
-		<-done
+		_ = <-done
 		t.Fatalf("not ready within 10s:\n%s", logs)
 	}
 	var stopped bool

@@ -246,7 +246,7 @@ func (s *Sink) each(name string, fn func(line []byte) error) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: a close error loses nothing
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
@@ -365,7 +365,7 @@ func (s *Sink) rewrite(name, pseudonym string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer os.Remove(tmp.Name()) // after a successful rename: nothing to remove
+	defer func() { _ = os.Remove(tmp.Name()) }() // after a successful rename: nothing to remove
 	if _, err := tmp.Write(kept.Bytes()); err != nil {
 		_ = tmp.Close()
 		return 0, err

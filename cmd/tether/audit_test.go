@@ -138,7 +138,7 @@ func testExportAndForget(t *testing.T, b auditBackend, path string, cfg config.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeSink()
+	defer func() { _ = closeSink() }()
 	w, err := audit.NewWriter(sink, audit.WriterConfig{SampleRate: cfg.Audit.SampleRate})
 	if err != nil {
 		t.Fatal(err)

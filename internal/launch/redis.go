@@ -80,7 +80,7 @@ func WaitRedis(ctx context.Context, p *Proc, o goredis.Options) error {
 	o.DialTimeout = time.Second
 	o.ContextTimeoutEnabled = true
 	probe := goredis.NewClient(&o)
-	defer probe.Close()
+	defer func() { _ = probe.Close() }()
 	return p.Poll(ctx, "PING on "+o.Addr, func(ctx context.Context) error {
 		if o.Network == "unix" {
 			// No dial before the socket exists: go-redis logs every

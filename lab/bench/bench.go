@@ -136,7 +136,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }() // scratch files only
 	if opts.Saturation == (Saturation{}) {
 		opts.Saturation = DefaultSaturation
 	}

@@ -48,8 +48,7 @@ func (f *simFleet) add(name, zone, version string) (config.Instance, error) {
 	}
 	in := config.Instance{Name: name, Address: ln.Addr().String(), Zone: zone, Version: version, Weight: 1}
 	if err := f.serve(in, ln); err != nil {
-		ln.Close()
-		return config.Instance{}, err
+		return config.Instance{}, errors.Join(err, ln.Close())
 	}
 	f.mu.Lock()
 	f.order = append(f.order, name)

@@ -230,7 +230,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }() // scratch files only
 
 	fleet := newSimFleet(func(string) (emulator.LatencyModel, error) { return emulator.Fixed(o.InstanceLatency), nil })
 	defer fleet.close()
@@ -820,8 +820,7 @@ func (r *SoakReport) Chart(path string) error {
 		return err
 	}
 	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
+		return errors.Join(err, f.Close())
 	}
 	return f.Close()
 }

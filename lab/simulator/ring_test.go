@@ -71,7 +71,7 @@ func TestRing(t *testing.T) {
 			}
 		}
 		// The same hash, the same host; past the last point, the first.
-		if r.pick(42) != r.pick(42) || r.pick(^uint64(0)) != int(r.points[0].host) {
+		if first, again := r.pick(42), r.pick(42); first != again || r.pick(^uint64(0)) != int(r.points[0].host) {
 			t.Errorf("%d hosts: pick is not a ring", n)
 		}
 	}

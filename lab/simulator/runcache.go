@@ -277,7 +277,7 @@ func (c *runCache) extend(r *convRun, n, promptBlocks int32, prompt, answer int6
 
 // assign mirrors KVCache.assign for chain(a, conv, n), never empty.
 func (c *runCache) assign(a int, conv uint64, n int, named bool, session uint64) {
-	cv := int32(-1)
+	var cv int32
 	if named {
 		var ok bool
 		if cv, ok = c.sessions[session]; !ok {

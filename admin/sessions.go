@@ -383,7 +383,7 @@ func (s *SessionOps) checkMigrate(mr *MigrateRequest) ([]fleet.Instance, *migrat
 		}
 	}
 	up := false
-	for _, in := range s.fleet.Healthy() {
+	for _, in := range s.fleet.All() {
 		if in.Version == mr.ToVersion && !s.load.Drained(in.Name) {
 			up = true
 			break

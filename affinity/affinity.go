@@ -46,9 +46,10 @@ var ErrNoVersion = errors.New("no healthy instance of the session's model versio
 // replica's fleet does not have.
 var ErrFleetMismatch = errors.New("session bound to an instance unknown to this replica")
 
-// Fleet is what the decision needs to know about instances.
+// Fleet is what the decision needs to know about instances: every
+// configured one (the breaker and drains decide which take requests).
 type Fleet interface {
-	Healthy() []fleet.Instance
+	All() []fleet.Instance
 }
 
 // Decision is the outcome for one request.
@@ -214,10 +215,10 @@ func (d *Decider) Finish(dec Decision, a Answer) {
 	}
 }
 
-// available is the healthy instances minus the drained ones and those the
+// available is the fleet's instances minus the drained ones and those the
 // breaker keeps out.
 func (d *Decider) available() []fleet.Instance {
-	healthy := d.fleet.Healthy()
+	healthy := d.fleet.All()
 	drained := d.load.drained()
 	open := d.breaker != nil && !d.breaker.Quiet()
 	if len(drained) == 0 && !open {

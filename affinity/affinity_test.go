@@ -53,7 +53,7 @@ func TestStickyLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.Kind != affinity.KindBind || first.Instance != affinity.Rendezvous("s:a", fl.Healthy()) {
+	if first.Kind != affinity.KindBind || first.Instance != affinity.Rendezvous("s:a", fl.All()) {
 		t.Fatalf("first request: %+v, want bind on the rendezvous choice", first)
 	}
 	clk.add(10 * time.Minute)
@@ -151,7 +151,7 @@ func TestStoreDownFallsBackToRendezvous(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Kind != affinity.KindDegraded || !errors.Is(got.Err, errDown) || got.Instance != affinity.Rendezvous("s:x", fl.Healthy()) {
+	if got.Kind != affinity.KindDegraded || !errors.Is(got.Err, errDown) || got.Instance != affinity.Rendezvous("s:x", fl.All()) {
 		t.Fatalf("got %+v, want degraded on the rendezvous choice", got)
 	}
 }

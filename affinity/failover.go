@@ -82,7 +82,7 @@ func (d *Decider) out(instance string) bool {
 	if d.breaker == nil || d.load.Drained(instance) {
 		return false
 	}
-	_, ok := find(d.fleet.Healthy(), instance)
+	_, ok := find(d.fleet.All(), instance)
 	return ok
 }
 
@@ -108,7 +108,7 @@ func failovers(b Binding, now time.Time) int {
 // every rung; under strict, a session with no other instance of its
 // version gets ErrNoVersion.
 func (d *Decider) ladder(p *Policy, c choice, b Binding, n int, avail []fleet.Instance) (Stage, []fleet.Instance, error) {
-	failed, _ := find(d.fleet.Healthy(), b.Instance)
+	failed, _ := find(d.fleet.All(), b.Instance)
 	pool := without(avail, b.Instance)
 	if b.Version != "" && p.VersionAffinity != AnyVersion {
 		same := ofVersion(pool, b.Version)

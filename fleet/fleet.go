@@ -62,12 +62,10 @@ func (f *Fleet) Replace(instances []Instance) {
 	f.cur.Store(s)
 }
 
-// Healthy returns the configured instances. The slice is shared and must
-// not be modified. The instance breaker (Breaker) is applied by the
-// decision on top of it, so a circuit's state never changes the fleet.
-func (f *Fleet) Healthy() []Instance { return f.cur.Load().all }
-
-// All returns every configured instance. The slice must not be modified.
+// All returns every configured instance. The slice is shared and must not
+// be modified. Health is not the fleet's: the instance breaker (Breaker)
+// and drains are applied by the decision on top of it, so a circuit's
+// state never changes the fleet.
 func (f *Fleet) All() []Instance { return f.cur.Load().all }
 
 // Lookup finds an instance by name.

@@ -92,16 +92,9 @@ func WithLatency(d time.Duration) Option {
 	return func(c *serveConfig) { c.template.Latency = d }
 }
 
-// WithLatencyModel sets the latency model of every instance; it replaces
-// WithLatency. Every instance shares m: give a model with state (a KV
-// cache, such as GPU) through WithModelFactory instead.
-func WithLatencyModel(m LatencyModel) Option {
-	return func(c *serveConfig) { c.template.LatencyModel = m }
-}
-
 // WithModelFactory gives each instance its own latency model, made by
 // newModel with the instance's name: the way to serve a fleet of GPU models,
-// each with its own KV cache. It replaces WithLatency and WithLatencyModel.
+// each with its own KV cache. It replaces WithLatency.
 func WithModelFactory(newModel func(name string) (LatencyModel, error)) Option {
 	return func(c *serveConfig) { c.newModel = newModel }
 }

@@ -1,3 +1,5 @@
+// Package file is the routing audit's JSON-lines sink: one 0600 file per UTC
+// day in a directory, pruned past the retention (audit.sink = "file").
 package file
 
 import (

@@ -1,3 +1,6 @@
+// Package postgres is the routing audit's PostgreSQL sink: one row per
+// record, indexed by the user's pseudonym, so export and forget read only
+// that user's rows (audit.sink = "postgres").
 package postgres
 
 import (

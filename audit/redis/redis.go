@@ -1,3 +1,5 @@
+// Package redis is the routing audit's Redis Stream sink, in the binding
+// store's Redis or audit.redis_url's (audit.sink = "redis").
 package redis
 
 import (

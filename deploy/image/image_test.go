@@ -849,15 +849,17 @@ func TestLabBinaryRunsAlone(t *testing.T) {
 
 // TestProductImageCarriesNoLab lists, in each recipe's build context and
 // with its build flags, the packages its binary is made of: tether's hold
-// nothing of the lab (lab/, and gonum, which only the lab's charts use);
-// tether-lab's hold both, which shows the check sees them.
+// nothing of the lab (lab/, and gonum, which only the lab's charts use)
+// and no miniredis (a test double: "embedded" is store/memory);
+// tether-lab's hold the lab's, which shows the check sees them.
 func TestProductImageCarriesNoLab(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("go command: %v", err)
 	}
 	labOnly := []string{"github.com/tetherproxy/tether/lab/", "gonum.org/"}
-	deps := func(files recipeFiles) []string {
+	notInProduct := append([]string{"github.com/alicebob/miniredis"}, labOnly...)
+	deps := func(files recipeFiles, prefixes []string) []string {
 		im := readRecipe(t, files)
 		ctxDir := t.TempDir()
 		buildContext(t, files, ctxDir)
@@ -876,7 +878,7 @@ func TestProductImageCarriesNoLab(t *testing.T) {
 		}
 		var found []string
 		for _, p := range strings.Fields(string(out)) {
-			for _, prefix := range labOnly {
+			for _, prefix := range prefixes {
 				if strings.HasPrefix(p, prefix) {
 					found = append(found, p)
 				}
@@ -884,10 +886,10 @@ func TestProductImageCarriesNoLab(t *testing.T) {
 		}
 		return found
 	}
-	if found := deps(product); len(found) > 0 {
-		t.Errorf("%s: tether is built from lab packages: %v", product.dockerfile, found)
+	if found := deps(product, notInProduct); len(found) > 0 {
+		t.Errorf("%s: tether is built from lab or test packages: %v", product.dockerfile, found)
 	}
-	found := deps(lab)
+	found := deps(lab, labOnly)
 	for _, prefix := range labOnly {
 		if !slices.ContainsFunc(found, func(p string) bool { return strings.HasPrefix(p, prefix) }) {
 			t.Errorf("%s: no %s… package in tether-lab's: the check cannot see the lab (found %v)", lab.dockerfile, prefix, found)

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/cli"
 	"github.com/tetherproxy/tether/lab/emulator"
 )
 
@@ -59,7 +60,7 @@ cache. Each instance also serves /admin/faults, /admin/stats and /admin/reset (s
 			if err != nil {
 				return err
 			}
-			log := newLogger(lvl.String())
+			log := cli.NewLogger(lvl.String())
 			log.Info().Str("profile", fl.profile).Msg(model.describe)
 			opts := []emulator.Option{model.option, emulator.WithLogger(log)}
 			if fl.allowNonLoopback {

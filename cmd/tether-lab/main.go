@@ -4,27 +4,12 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-
-	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
+
+	"github.com/tetherproxy/tether/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	// The first signal starts a graceful stop; a second one, back on the
-	// default handler, ends the process at once.
-	go func() { <-ctx.Done(); stop() }()
-	if err := newRootCmd().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "tether-lab:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("tether-lab", newRootCmd()) }
 
 func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
@@ -40,13 +25,4 @@ func newRootCmd() *cobra.Command {
 		newSimulateCmd(),
 	)
 	return root
-}
-
-// newLogger writes JSON lines to stderr at level ("debug", "info", …).
-func newLogger(level string) zerolog.Logger {
-	lvl, err := zerolog.ParseLevel(level)
-	if err != nil {
-		lvl = zerolog.InfoLevel
-	}
-	return zerolog.New(os.Stderr).Level(lvl).With().Timestamp().Logger()
 }

@@ -2,27 +2,14 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 	_ "time/tzdata" // routing.rules time zones on hosts without zoneinfo
 
 	"github.com/spf13/cobra"
+
+	"github.com/tetherproxy/tether/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	// The first signal starts a graceful stop; a second one, back on the
-	// default handler, ends the process at once.
-	go func() { <-ctx.Done(); stop() }()
-	if err := newRootCmd().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "tether:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("tether", newRootCmd()) }
 
 func newRootCmd() *cobra.Command {
 	root := &cobra.Command{

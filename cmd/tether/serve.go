@@ -1,12 +1,10 @@
 package main
 
 import (
-	"os"
-
-	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/internal/cli"
 	"github.com/tetherproxy/tether/server"
 )
 
@@ -47,7 +45,7 @@ func newServeCmd() *cobra.Command {
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			log := newLogger(cfg.Server.LogLevel)
+			log := cli.NewLogger(cfg.Server.LogLevel)
 			setRedisLogger(log)
 			return server.Run(cmd.Context(), cfg, server.Options{
 				Logger:     log,
@@ -63,13 +61,4 @@ func newServeCmd() *cobra.Command {
 	f.StringVar(&adminAddr, "admin-addr", "", "admin HTTP listen address (overrides server.admin_addr)")
 	f.StringVar(&xdsAddr, "xds-addr", "", `ADS server listen address, "" for none (overrides xds.addr)`)
 	return cmd
-}
-
-// newLogger writes JSON lines to stderr at level ("debug", "info", …).
-func newLogger(level string) zerolog.Logger {
-	lvl, err := zerolog.ParseLevel(level)
-	if err != nil {
-		lvl = zerolog.InfoLevel
-	}
-	return zerolog.New(os.Stderr).Level(lvl).With().Timestamp().Logger()
 }

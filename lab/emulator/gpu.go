@@ -44,7 +44,7 @@ func (c GPUConfig) Validate() error {
 		return err
 	}
 	if s := c.TimeScale; math.IsNaN(s) || math.IsInf(s, 0) || s < 0 {
-		return fmt.Errorf("sim: time_scale %v: want a finite number > 0 (1 is real time, 0.1 ten times faster)", s)
+		return fmt.Errorf("emulator: time_scale %v: want a finite number > 0 (1 is real time, 0.1 ten times faster)", s)
 	}
 	return c.withDefaults().Cache.Validate()
 }

@@ -101,21 +101,21 @@ type Instance struct {
 // Validate reports the first problem with the configuration.
 func (in Instance) Validate() error {
 	if in.Name == "" {
-		return fmt.Errorf("sim: instance name is empty")
+		return fmt.Errorf("emulator: instance name is empty")
 	}
 	if len(in.Name) > maxNameLen {
-		return fmt.Errorf("sim: instance name %q… is %d bytes, more than %d", in.Name[:32], len(in.Name), maxNameLen)
+		return fmt.Errorf("emulator: instance name %q… is %d bytes, more than %d", in.Name[:32], len(in.Name), maxNameLen)
 	}
 	for i := 0; i < len(in.Name); i++ {
 		if c := in.Name[i]; c <= ' ' || c > '~' {
-			return fmt.Errorf("sim: instance name %q: byte %d (%#x) is not visible ASCII", in.Name, i, c)
+			return fmt.Errorf("emulator: instance name %q: byte %d (%#x) is not visible ASCII", in.Name, i, c)
 		}
 	}
 	if in.Latency < 0 {
-		return fmt.Errorf("sim: instance %q: latency %v is negative", in.Name, in.Latency)
+		return fmt.Errorf("emulator: instance %q: latency %v is negative", in.Name, in.Latency)
 	}
 	if in.Latency != 0 && in.LatencyModel != nil {
-		return fmt.Errorf("sim: instance %q: set either latency (%v) or a latency model, not both", in.Name, in.Latency)
+		return fmt.Errorf("emulator: instance %q: set either latency (%v) or a latency model, not both", in.Name, in.Latency)
 	}
 	return nil
 }

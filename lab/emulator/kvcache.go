@@ -29,7 +29,7 @@ type CacheConfig struct {
 // Validate reports the first problem with the configuration.
 func (c CacheConfig) Validate() error {
 	if c.CapacityTokens < BlockSize {
-		return fmt.Errorf("sim: kv cache capacity_tokens %d: want at least one block (%d tokens)", c.CapacityTokens, BlockSize)
+		return fmt.Errorf("emulator: kv cache capacity_tokens %d: want at least one block (%d tokens)", c.CapacityTokens, BlockSize)
 	}
 	return nil
 }

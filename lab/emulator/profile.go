@@ -88,7 +88,7 @@ func (p Profile) Prefill(uncached, cached int) time.Duration {
 // Validate reports the first problem with the profile.
 func (p Profile) Validate() error {
 	if p.Name == "" {
-		return fmt.Errorf("sim: profile has no name")
+		return fmt.Errorf("emulator: profile has no name")
 	}
 	for _, f := range []struct {
 		name string
@@ -100,28 +100,28 @@ func (p Profile) Validate() error {
 		{"cached_per_token", p.CachedPerToken},
 	} {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
-			return fmt.Errorf("sim: profile %q: %s %v: want a finite number ≥ 0", p.Name, f.name, f.v)
+			return fmt.Errorf("emulator: profile %q: %s %v: want a finite number ≥ 0", p.Name, f.name, f.v)
 		}
 	}
 	t := p.Decode
 	if len(t.Batches) == 0 || len(t.Contexts) == 0 || len(t.StepMs) != len(t.Contexts) {
-		return fmt.Errorf("sim: profile %q: decode table needs batches, contexts and one row of steps per context", p.Name)
+		return fmt.Errorf("emulator: profile %q: decode table needs batches, contexts and one row of steps per context", p.Name)
 	}
 	if t.Batches[0] != 1 || !strictlyAscending(t.Batches) || !strictlyAscending(t.Contexts) {
-		return fmt.Errorf("sim: profile %q: decode batches %v and contexts %v must ascend strictly, batches from 1", p.Name, t.Batches, t.Contexts)
+		return fmt.Errorf("emulator: profile %q: decode batches %v and contexts %v must ascend strictly, batches from 1", p.Name, t.Batches, t.Contexts)
 	}
 	for i, row := range t.StepMs {
 		if len(row) != len(t.Batches) {
-			return fmt.Errorf("sim: profile %q: decode row %d has %d steps for %d batch sizes", p.Name, i, len(row), len(t.Batches))
+			return fmt.Errorf("emulator: profile %q: decode row %d has %d steps for %d batch sizes", p.Name, i, len(row), len(t.Batches))
 		}
 		for _, v := range row {
 			if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
-				return fmt.Errorf("sim: profile %q: decode step %v ms: want a finite number > 0", p.Name, v)
+				return fmt.Errorf("emulator: profile %q: decode step %v ms: want a finite number > 0", p.Name, v)
 			}
 		}
 	}
 	if p.KVCapacityTokens < BlockSize {
-		return fmt.Errorf("sim: profile %q: kv_capacity_tokens %d: want at least %d", p.Name, p.KVCapacityTokens, BlockSize)
+		return fmt.Errorf("emulator: profile %q: kv_capacity_tokens %d: want at least %d", p.Name, p.KVCapacityTokens, BlockSize)
 	}
 	return nil
 }
@@ -224,5 +224,5 @@ func ProfileByName(name string) (Profile, error) {
 	case "h200":
 		return ProfileH200(), nil
 	}
-	return Profile{}, fmt.Errorf("sim: unknown profile %q: want one of %s", name, strings.Join(ProfileNames(), ", "))
+	return Profile{}, fmt.Errorf("emulator: unknown profile %q: want one of %s", name, strings.Join(ProfileNames(), ", "))
 }

@@ -35,7 +35,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 
 	select {
 	case err := <-served:
-		return fmt.Errorf("sim: serve %s: %w", ln.Addr(), err)
+		return fmt.Errorf("emulator: serve %s: %w", ln.Addr(), err)
 	case <-ctx.Done():
 	}
 
@@ -49,7 +49,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	}
 	_ = <-served // http.ErrServerClosed once Shutdown or Close has run
 	if err != nil {
-		return fmt.Errorf("sim: graceful shutdown of %s: %w", ln.Addr(), err)
+		return fmt.Errorf("emulator: graceful shutdown of %s: %w", ln.Addr(), err)
 	}
 	return nil
 }
@@ -64,14 +64,14 @@ type Spec struct {
 func ParseSpec(s string) (Spec, error) {
 	name, addr, ok := strings.Cut(s, "=")
 	if !ok || name == "" || addr == "" {
-		return Spec{}, fmt.Errorf("sim: instance %q: want NAME=HOST:PORT", s)
+		return Spec{}, fmt.Errorf("emulator: instance %q: want NAME=HOST:PORT", s)
 	}
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return Spec{}, fmt.Errorf("sim: instance %q: address %q: %w", s, addr, err)
+		return Spec{}, fmt.Errorf("emulator: instance %q: address %q: %w", s, addr, err)
 	}
 	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-		return Spec{}, fmt.Errorf("sim: instance %q: port %q is not a number from 0 to 65535", s, port)
+		return Spec{}, fmt.Errorf("emulator: instance %q: port %q is not a number from 0 to 65535", s, port)
 	}
 	return Spec{Name: name, Addr: addr}, nil
 }
@@ -134,7 +134,7 @@ func ServeAll(ctx context.Context, specs []Spec, opts ...Option) error {
 		o(&cfg)
 	}
 	if len(specs) == 0 {
-		return errors.New("sim: no instances to serve")
+		return errors.New("emulator: no instances to serve")
 	}
 
 	handlers := make([]http.Handler, len(specs))
@@ -143,13 +143,13 @@ func ServeAll(ctx context.Context, specs []Spec, opts ...Option) error {
 		in := cfg.template
 		in.Name = sp.Name
 		if seen[sp.Name] {
-			return fmt.Errorf("sim: instance name %q is used twice", sp.Name)
+			return fmt.Errorf("emulator: instance name %q is used twice", sp.Name)
 		}
 		seen[sp.Name] = true
 		if cfg.newModel != nil {
 			m, err := cfg.newModel(sp.Name)
 			if err != nil {
-				return fmt.Errorf("sim: instance %q: %w", sp.Name, err)
+				return fmt.Errorf("emulator: instance %q: %w", sp.Name, err)
 			}
 			in.LatencyModel, in.Latency = m, 0
 		}
@@ -160,7 +160,7 @@ func ServeAll(ctx context.Context, specs []Spec, opts ...Option) error {
 		handlers[i] = h
 		if !cfg.allowNonLoopback {
 			if err := checkLoopback(sp.Addr); err != nil {
-				return fmt.Errorf("sim: instance %q: %w", sp.Name, err)
+				return fmt.Errorf("emulator: instance %q: %w", sp.Name, err)
 			}
 		}
 	}
@@ -211,13 +211,13 @@ func listenAll(ctx context.Context, specs []Spec, allowNonLoopback bool) ([]net.
 		ln, err := lc.Listen(ctx, "tcp", sp.Addr)
 		if err != nil {
 			closeAll()
-			return nil, fmt.Errorf("sim: instance %q: %w", sp.Name, err)
+			return nil, fmt.Errorf("emulator: instance %q: %w", sp.Name, err)
 		}
 		listeners = append(listeners, ln)
 		// "localhost" is resolved by the system; check what it became.
 		if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !allowNonLoopback && !tcp.IP.IsLoopback() {
 			closeAll()
-			return nil, fmt.Errorf("sim: instance %q: %s resolved to non-loopback %s", sp.Name, sp.Addr, tcp.IP)
+			return nil, fmt.Errorf("emulator: instance %q: %s resolved to non-loopback %s", sp.Name, sp.Addr, tcp.IP)
 		}
 	}
 	return listeners, nil

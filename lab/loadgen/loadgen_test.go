@@ -40,10 +40,10 @@ func serve(t *testing.T, h http.Handler) string {
 		select {
 		case err := <-done:
 			if err != nil {
-				t.Errorf("sim.Serve: %v", err)
+				t.Errorf("emulator.Serve: %v", err)
 			}
 		case <-time.After(15 * time.Second):
-			t.Error("sim.Serve did not return within 15s")
+			t.Error("emulator.Serve did not return within 15s")
 		}
 	})
 	return "http://" + ln.Addr().String()

@@ -56,12 +56,7 @@ func fleetRoutes(mux *http.ServeMux, r Runtime, ads *xds.Server) {
 			writeJSON(w, http.StatusBadRequest, apiError{fmt.Sprintf("instance: %v", err)})
 			return
 		}
-		if in.Version == "" {
-			in.Version = config.DefaultVersion
-		}
-		if in.Weight == 0 {
-			in.Weight = 1
-		}
+		in.SetDefaults()
 		next := r.Current()
 		next.Instances = append([]config.Instance(nil), next.Instances...)
 		replaced := false

@@ -218,14 +218,14 @@ func (d *Decider) Finish(dec Decision, a Answer) {
 // available is the fleet's instances minus the drained ones and those the
 // breaker keeps out.
 func (d *Decider) available() []fleet.Instance {
-	healthy := d.fleet.All()
+	all := d.fleet.All()
 	drained := d.load.drained()
 	open := d.breaker != nil && !d.breaker.Quiet()
 	if len(drained) == 0 && !open {
-		return healthy
+		return all
 	}
-	out := make([]fleet.Instance, 0, len(healthy))
-	for _, in := range healthy {
+	out := make([]fleet.Instance, 0, len(all))
+	for _, in := range all {
 		if !drained[in.Name] && (!open || d.breaker.Available(in.Name)) {
 			out = append(out, in)
 		}

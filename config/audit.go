@@ -124,13 +124,13 @@ func (c *Config) validateAudit(bad reporter) {
 		switch {
 		case a.Sink != AuditSinkRedis:
 			bad("audit.redis_url", shownURL(a.RedisURL), `only used with sink = "redis"`)
-		case a.RedisURL == "embedded":
+		case a.RedisURL == embeddedURL:
 			bad("audit.redis_url", a.RedisURL, "want a Redis URL: records in the embedded (in-process) store die with the process")
 		case !redisScheme(a.RedisURL):
 			bad("audit.redis_url", shownURL(a.RedisURL), "want "+redisSchemes)
 		}
 	}
-	if a.Enabled && a.Sink == AuditSinkRedis && a.RedisURL == "" && c.Redis.URL == "embedded" {
+	if a.Enabled && a.Sink == AuditSinkRedis && a.RedisURL == "" && c.Redis.URL == embeddedURL {
 		bad("audit.sink", a.Sink, `with redis.url = "embedded" the records would live inside this process, where they die with it `+
 			"and `tether audit forget` cannot reach them: set audit.redis_url, or use sink = \"file\" or \"postgres\"")
 	}

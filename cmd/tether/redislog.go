@@ -12,7 +12,7 @@ import (
 // redisLogger sends go-redis's own log lines (dial failures while Redis is
 // down, one per attempt) to tether's JSON log, sampled, instead of plain
 // text on stderr. go-redis keeps its logger in a package variable, so this
-// is set once, in main, for the whole process.
+// is set once, by tether serve, for the whole process.
 type redisLogger struct{ log zerolog.Logger }
 
 func (l redisLogger) Printf(_ context.Context, format string, v ...any) {

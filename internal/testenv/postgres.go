@@ -219,12 +219,12 @@ func startPostgresIn(bin, dir string, cred *syscall.Credential) (*postgresServer
 }
 
 // loopbackPort returns a port that was free on 127.0.0.1 a moment ago.
-// PostgreSQL cannot take a listener from us, so the caller retries with
-// another port when the server finds this one taken.
+// PostgreSQL and Prometheus cannot take a listener from us, so the caller
+// retries with another port when the server finds this one taken.
 func loopbackPort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, fmt.Errorf("postgres: free port: %w", err)
+		return 0, fmt.Errorf("free loopback port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil

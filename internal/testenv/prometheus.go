@@ -38,7 +38,7 @@ func PrometheusServer(t testing.TB, config string) *Prometheus {
 	// A free port, then Prometheus binds it; another process can take it
 	// in between, so a failed start is retried on a new one.
 	for attempt := 0; ; attempt++ {
-		port, err := freePort()
+		port, err := loopbackPort()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,15 +63,6 @@ func PrometheusServer(t testing.TB, config string) *Prometheus {
 		t.Cleanup(func() { p.Stop(stopTimeout) })
 		return prom
 	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (p *Prometheus) waitReady() error {

@@ -11,7 +11,7 @@
 // (ProfileA100, an estimate). Each instance also takes fault injection and
 // reports its counters through /admin/ endpoints.
 //
-// sim belongs to no part of the data path and imports none of it.
+// The emulator belongs to no part of the data path and imports none of it.
 package emulator
 
 import (

@@ -63,7 +63,7 @@ func (m *textModel) stats() emulator.ModelStats { return m.gpu.Stats() }
 
 // answerText is what an emulated instance answers with ignore_eos: the
 // words "served by <name>" repeated until the answer is maxTokens words
-// long (sim's answerWords; TestAnswerTextMatchesEmulator checks it against
+// long (the emulator's answerWords; TestAnswerTextMatchesEmulator checks it against
 // the emulator's handler).
 func answerText(name string, maxTokens int) string {
 	words := strings.Fields("served by " + name)

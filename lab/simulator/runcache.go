@@ -23,7 +23,7 @@ import (
 //     Their ready times rise with the index, kept as segments.
 //   - The cached system blocks of an application are a prefix 0..s-1, also
 //     one run of the LRU; each keeps its own ready time, reference count
-//     and generation (sim's block objects: a block evicted and stored again
+//     and generation (the emulator's block objects: a block evicted and stored again
 //     is a new object, and the conversations that held the old one no
 //     longer count for it), in an array.
 //   - The LRU is a list of runs, at most one per application and one per
@@ -103,7 +103,7 @@ type leafKey struct {
 	sys   bool
 }
 
-// convRecord is one of sim's conversations (the unit of the cap).
+// convRecord is one of the emulator's conversations (the unit of the cap).
 type convRecord struct {
 	named     bool
 	session   uint64
@@ -148,7 +148,7 @@ func newRunCache(cfg emulator.CacheConfig, systemBlocks []int) *runCache {
 	return c
 }
 
-// sessionKey is sim's hash of a session id (FNV-1a, 64 bits).
+// sessionKey is the emulator's hash of a session id (FNV-1a, 64 bits).
 func sessionKey(s string) uint64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(s))
@@ -189,7 +189,7 @@ func (c *runCache) match(a int, conv uint64, lookup int, t int64) int {
 
 // store mirrors KVCache.Store of chain(a, conv, n): blocks below
 // promptBlocks ready at prompt, the others at answer. named and session
-// are sim's session argument (named: session = sessionKey(x-session-id)).
+// are the emulator's session argument (named: session = sessionKey(x-session-id)).
 func (c *runCache) store(a int, conv uint64, n, promptBlocks int, prompt, answer int64, named bool, session uint64) {
 	app := &c.apps[a]
 	sys := len(app.blocks)
@@ -338,7 +338,7 @@ func (c *runCache) assign(a int, conv uint64, n int, named bool, session uint64)
 }
 
 // deepestLeaf finds the anonymous record whose leaf is the deepest block of
-// chain(a, conv, n), as sim's scan from the end of the chain does.
+// chain(a, conv, n), as the emulator's scan from the end of the chain does.
 func (c *runCache) deepestLeaf(a int, conv uint64, n int) int32 {
 	sys := len(c.apps[a].blocks)
 	if cv, ok := c.leafConv[conv]; ok && int(c.recs[cv].leaf.index) < n {

@@ -75,7 +75,7 @@ func TestDeterministic(t *testing.T) {
 // TestFastMatchesText runs the same traffic through the fast path (block
 // runs, runCache) and the exact path (the texts through emulator.GPU.Cost, as the
 // emulator prices them) and wants identical results, to the nanosecond. It
-// is what keeps the fast path honest when sim's cost model changes.
+// is what keeps the fast path honest when the emulator's cost model changes.
 func TestFastMatchesText(t *testing.T) {
 	for _, p := range Policies() {
 		t.Run(string(p), func(t *testing.T) {

@@ -31,7 +31,7 @@
 // # Text and tokens
 //
 // Texts are pseudo-random words (syllables drawn from the seed), separated
-// by single spaces, so the token counts follow sim.CountTokens exactly (one
+// by single spaces, so the token counts follow emulator.CountTokens exactly (one
 // token per whitespace-separated word): a user message of UserTokens tokens
 // has UserTokens words, a system prompt SystemTokens words. The first user
 // message of every conversation starts with the conversation's ID in
@@ -86,7 +86,7 @@ type Header struct {
 // Turn is one request of a conversation.
 type Turn struct {
 	// User is the new user message of the turn; UserTokens its length by
-	// sim.CountTokens.
+	// emulator.CountTokens.
 	User       string
 	UserTokens int
 	// MaxTokens is the answer length to ask for (max_tokens, with

@@ -244,7 +244,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		// A new session placed on a saturated instance would spill at once.
 		cands = d.unsaturated(cands, p.Saturation)
 	}
-	place := d.place(key, cands, p.Epsilon)
+	place := d.place(key, cands, p)
 	lt := Lifetime{Idle: c.idle, Max: p.Lifetime.Max}
 	res, err := d.store.GetOrBind(ctx, Lookup{
 		Key: key, Aliases: req.ID.Aliases, Candidate: Binding{Instance: place.Name, Version: place.Version, Since: now}, Lifetime: lt,
@@ -381,7 +381,7 @@ func (d *Decider) relocate(p *Policy, c choice, key string, b Binding, mv Move, 
 		}
 		return fleet.Instance{}, kind, ErrNoInstance
 	}
-	return d.place(key, avoidSpot(cands), p.Epsilon), kind, nil
+	return d.place(key, avoidSpot(cands), p), kind, nil
 }
 
 // storeFailed places by rendezvous hashing when the store fails, unless the
@@ -426,16 +426,18 @@ func (d *Decider) random(p *Policy, c choice, healthy []fleet.Instance, kind Kin
 // to the highest-ranked instance whose active sessions are below its bound,
 // ⌈(1+ε)·(A+1)·w/W⌉ (A the active sessions and W the weight of all
 // candidates), preferring one that also has room in its KV cache (active
-// below kv_sessions, the soft cap). When every instance is at its bound
+// below kv_sessions, the soft cap, and a KV-cache usage its engine reports
+// below the saturation threshold). When every instance is at its bound
 // the hash's first choice takes the session. The choice is reserved in the
 // load view until settle, so concurrent placements count each other.
-func (d *Decider) place(key string, cands []fleet.Instance, eps float64) fleet.Instance {
-	return d.load.reserve(key, cands, eps)
+func (d *Decider) place(key string, cands []fleet.Instance, p *Policy) fleet.Instance {
+	return d.load.reserve(key, cands, p.Epsilon, p.Saturation)
 }
 
 // choose is place's rule: the index in cands of the instance for key,
-// given the candidates' active sessions.
-func choose(key string, cands []fleet.Instance, active []int, eps float64) int {
+// given the candidates' active sessions and whether their engine reports
+// a full KV cache (full nil: none does).
+func choose(key string, cands []fleet.Instance, active []int, full []bool, eps float64) int {
 	first := top(key, cands)
 	if len(cands) == 1 {
 		return first
@@ -448,7 +450,7 @@ func choose(key string, cands []fleet.Instance, active []int, eps float64) int {
 	under := func(i int) bool {
 		return active[i] < ceil((1+eps)*float64(total+1)*cands[i].Weight/weight)
 	}
-	room := func(i int) bool { return active[i] < cands[i].KVSessions }
+	room := func(i int) bool { return active[i] < cands[i].KVSessions && (full == nil || !full[i]) }
 	// The common case: the hash's own choice is under both.
 	if under(first) && room(first) {
 		return first

@@ -171,7 +171,7 @@ func (d *Decider) failover(ctx context.Context, p *Policy, c choice, key string,
 	if stage == StageRandom {
 		return Decision{Instance: d.pick(cands), Mode: Random, Kind: KindFallback, Stage: StageRandom}, nil
 	}
-	next := d.place(key, cands, p.Epsilon)
+	next := d.place(key, cands, p)
 	dec, err := d.rebind(ctx, key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: n + 1}, lt, next, avail)
 	if err != nil {
 		return Decision{}, err
@@ -238,7 +238,7 @@ func (d *Decider) Evacuate(ctx context.Context, idx SessionIndex, instance strin
 		if err != nil || stage == StageRandom {
 			continue // nowhere to rebind: its next request decides
 		}
-		next := d.place(s.Key, cands, p.Epsilon)
+		next := d.place(s.Key, cands, p)
 		// The session keeps the idle lifetime it has left.
 		lt := Lifetime{Idle: max(s.TTL, time.Millisecond), Max: p.Lifetime.Max}
 		nb, err := d.store.Replace(ctx, s.Key, instance, Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: n + 1}, lt)

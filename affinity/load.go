@@ -21,8 +21,9 @@ type Load struct {
 	replica string
 
 	mu     sync.Mutex
-	flight map[string]int          // this replica's requests in flight
-	queue  map[string]queueReading // last queue depth an instance reported here
+	flight map[string]int           // this replica's requests in flight
+	queue  map[string]queueReading  // last queue depth an instance reported here
+	engine map[string]EngineReading // the engine readings this replica scraped
 	// Sessions this replica placed (+) or moved away (-) that the last
 	// sync's index read may not hold yet: pending are placements whose store
 	// call is under way (reserved by place, so concurrent placements see
@@ -48,9 +49,9 @@ type queueReading struct {
 func NewLoad(syncer LoadSyncer, replica string) *Load {
 	return &Load{
 		syncer: syncer, replica: replica,
-		flight: map[string]int{}, queue: map[string]queueReading{}, now: time.Now,
+		flight: map[string]int{}, queue: map[string]queueReading{}, engine: map[string]EngineReading{}, now: time.Now,
 		pending: map[string]int{}, placed: map[string]int{}, syncing: map[string]int{},
-		state: LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}},
+		state: LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]EngineReading{}},
 	}
 }
 
@@ -77,15 +78,24 @@ func (l *Load) End(instance string, queue int, known bool) {
 // reserve places key among cands by the bounded-load rule (choose) on
 // their active sessions, and counts the choice as pending under the same
 // lock, so that concurrent placements see each other. settle must follow.
-func (l *Load) reserve(key string, cands []fleet.Instance, eps float64) fleet.Instance {
+func (l *Load) reserve(key string, cands []fleet.Instance, eps float64, s Saturation) fleet.Instance {
 	var buf [16]int
+	var fullBuf [16]bool
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	active := buf[:0]
 	for _, in := range cands {
 		active = append(active, l.activeLocked(in.Name))
 	}
-	in := cands[choose(key, cands, active, eps)]
+	var full []bool
+	if s.KVUsage > 0 {
+		full = fullBuf[:0]
+		for _, in := range cands {
+			r, ok := l.engineLocked(in.Name, s.Stale)
+			full = append(full, ok && r.KVKnown && r.KVUsage >= s.KVUsage)
+		}
+	}
+	in := cands[choose(key, cands, active, full, eps)]
 	l.pending[in.Name]++
 	return in
 }
@@ -170,10 +180,70 @@ func (l *Load) freshQueues() map[string]int {
 	return out
 }
 
-// Saturated reports whether instance is at a threshold of s.
+// Saturated reports whether instance is at a threshold of s. An engine
+// reading older than s.Stale counts for nothing: an instance whose
+// /metrics fails is neither saturated nor unhealthy by it.
 func (l *Load) Saturated(instance string, s Saturation) bool {
-	return s.InFlight > 0 && l.InFlight(instance) >= s.InFlight ||
-		s.QueueDepth > 0 && l.Queue(instance) >= s.QueueDepth
+	if s.InFlight > 0 && l.InFlight(instance) >= s.InFlight ||
+		s.QueueDepth > 0 && l.Queue(instance) >= s.QueueDepth {
+		return true
+	}
+	if s.Waiting <= 0 && s.KVUsage <= 0 {
+		return false
+	}
+	r, ok := l.Engine(instance, s.Stale)
+	return ok && (s.Waiting > 0 && r.Waiting >= s.Waiting || s.KVUsage > 0 && r.KVKnown && r.KVUsage >= s.KVUsage)
+}
+
+// SetEngine records a reading this replica took of instance's engine; the
+// next Sync shares it with the other replicas.
+func (l *Load) SetEngine(instance string, r EngineReading) {
+	l.mu.Lock()
+	l.engine[instance] = r
+	l.mu.Unlock()
+}
+
+// ForgetEngine drops this replica's reading of instance (it no longer
+// scrapes it).
+func (l *Load) ForgetEngine(instance string) {
+	l.mu.Lock()
+	delete(l.engine, instance)
+	l.mu.Unlock()
+}
+
+// Engine is the newest reading of instance's engine any replica took, if
+// one is younger than stale (0: any age).
+func (l *Load) Engine(instance string, stale time.Duration) (EngineReading, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.engineLocked(instance, stale)
+}
+
+func (l *Load) engineLocked(instance string, stale time.Duration) (EngineReading, bool) {
+	r, ok := l.engine[instance]
+	if o, ook := l.state.Engine[instance]; ook && (!ok || o.At.After(r.At)) {
+		r, ok = o, true
+	}
+	if !ok || stale > 0 && l.now().Sub(r.At) > stale {
+		return EngineReading{}, false
+	}
+	return r, true
+}
+
+// Engines is every instance's newest engine reading younger than stale
+// (0: any age), for metrics and operators.
+func (l *Load) Engines(stale time.Duration) map[string]EngineReading {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]EngineReading, len(l.engine)+len(l.state.Engine))
+	for _, m := range []map[string]EngineReading{l.engine, l.state.Engine} {
+		for in := range m {
+			if r, ok := l.engineLocked(in, stale); ok {
+				out[in] = r
+			}
+		}
+	}
+	return out
 }
 
 // Drained reports whether an operator is draining instance.
@@ -196,7 +266,14 @@ func (l *Load) Snapshot() LoadState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := LoadState{Active: maps.Clone(l.state.Active), InFlight: maps.Clone(l.state.InFlight),
-		Queue: maps.Clone(l.state.Queue), Drained: maps.Clone(l.state.Drained)}
+		Queue: maps.Clone(l.state.Queue), Drained: maps.Clone(l.state.Drained), Engine: map[string]EngineReading{}}
+	for _, m := range []map[string]EngineReading{l.engine, l.state.Engine} {
+		for in := range m {
+			if r, ok := l.engineLocked(in, 0); ok {
+				s.Engine[in] = r
+			}
+		}
+	}
 	for _, m := range []map[string]int{l.pending, l.placed, l.syncing} {
 		for in, n := range m {
 			s.Active[in] += n
@@ -224,7 +301,7 @@ func (l *Load) Sync(ctx context.Context, instances []string, ttl time.Duration, 
 		return nil
 	}
 	l.mu.Lock()
-	r := LoadReport{Replica: l.replica, InFlight: maps.Clone(l.flight), Queue: l.freshQueues()}
+	r := LoadReport{Replica: l.replica, InFlight: maps.Clone(l.flight), Queue: l.freshQueues(), Engine: maps.Clone(l.engine)}
 	for in, n := range l.placed {
 		add(l.syncing, in, n)
 	}
@@ -238,6 +315,7 @@ func (l *Load) Sync(ctx context.Context, instances []string, ttl time.Duration, 
 		return err
 	}
 	st.Active, st.InFlight, st.Queue, st.Drained = orEmpty(st.Active), orEmpty(st.InFlight), orEmpty(st.Queue), orEmpty(st.Drained)
+	st.Engine = orEmpty(st.Engine)
 	l.state = st
 	clear(l.syncing)
 	return nil

@@ -97,7 +97,14 @@ type VersionWeight struct {
 // Saturation thresholds; 0 disables one.
 type Saturation struct {
 	InFlight   int // requests in flight to the instance, across replicas
-	QueueDepth int // queue depth the instance last reported
+	QueueDepth int // queue depth the instance last reported in a response header
+	// From the instance's engine (EngineReading): requests waiting, and the
+	// share of its KV cache in use, at which it counts as saturated. A new
+	// session also skips an instance at KVUsage when another has room.
+	Waiting int
+	KVUsage float64
+	// Stale is the age past which an engine reading is not used; 0: any age.
+	Stale time.Duration
 }
 
 // Rule matches requests and overrides the policy for them. Every set match

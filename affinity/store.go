@@ -230,6 +230,8 @@ type LoadReport struct {
 	Replica  string
 	InFlight map[string]int // instance → requests this replica has in flight to it
 	Queue    map[string]int // instance → queue depth it last reported (absent: none known)
+	// Engine holds the readings of the engines this replica scrapes.
+	Engine map[string]EngineReading
 }
 
 // LoadState is the fleet's load as all replicas see it together.
@@ -238,17 +240,47 @@ type LoadState struct {
 	InFlight map[string]int  // instance → requests in flight, summed over the other live replicas
 	Queue    map[string]int  // instance → the highest queue depth any live replica last saw
 	Drained  map[string]bool // instances an operator is draining
+	// Engine is the newest engine reading of each instance any other live
+	// replica reported (absent: none).
+	Engine map[string]EngineReading
 }
 
 // LoadSyncer exchanges load with the other replicas through the store.
 type LoadSyncer interface {
 	// SyncLoad publishes r (valid for ttl) and returns the load of every
 	// instance in instances, with the other live replicas' reports summed
-	// (r itself is left out of InFlight). An instance nobody reported has
-	// Active 0 and no InFlight or Queue entry; no map is nil.
+	// (r itself is left out of InFlight and Engine). An instance nobody
+	// reported has Active 0 and no InFlight, Queue or Engine entry; no map
+	// is nil.
 	SyncLoad(ctx context.Context, r LoadReport, instances []string, ttl time.Duration, now time.Time) (LoadState, error)
 	// SetDrained adds or removes an instance from the drained set.
 	SetDrained(ctx context.Context, instance string, drained bool) error
+}
+
+// Leases hands out short exclusive leases between replicas: the engine
+// scrapes are split into shards, and one replica at a time holds each.
+type Leases interface {
+	// Lease takes name for holder until ttl from now, or renews it when
+	// holder has it already; ok is false while another holder's lease
+	// runs. Times are the caller's clock (store/redis uses the server's).
+	Lease(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (ok bool, err error)
+	// Release ends holder's lease on name at once (a replica stopping);
+	// another holder's lease is left alone.
+	Release(ctx context.Context, name, holder string) error
+}
+
+// CheckLease reports why Lease(name, holder, ttl) cannot be done; every
+// Leases refuses the same inputs with it.
+func CheckLease(name, holder string, ttl time.Duration) error {
+	switch {
+	case name == "":
+		return errors.New("empty lease name")
+	case holder == "":
+		return errors.New("empty lease holder")
+	case ttl < time.Millisecond:
+		return fmt.Errorf("lease ttl must be at least 1ms, got %v", ttl)
+	}
+	return nil
 }
 
 // Circuits is the instance breaker's state shared between replicas

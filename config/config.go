@@ -29,6 +29,8 @@ type Config struct {
 	Routing   Routing    `toml:"routing"`
 	Identity  Identity   `toml:"identity"`
 	Instances []Instance `toml:"instances"`
+	// Engines says how tether reads the instances' engines ([engines]).
+	Engines Engines `toml:"engines"`
 	// Versions split new sessions between model versions ([[versions]]).
 	Versions []Version `toml:"versions"`
 
@@ -53,6 +55,7 @@ func Default() Config {
 		Redis:    defaultRedis(),
 		Routing:  defaultRouting(),
 		Identity: defaultIdentity(),
+		Engines:  defaultEngines(),
 		XDS:      defaultXDS(),
 		Envoy:    defaultEnvoy(),
 		Audit:    defaultAudit(),
@@ -74,6 +77,7 @@ func (c *Config) Validate() error {
 	c.validateRedis(bad)
 	c.validateRouting(bad)
 	c.validateIdentity(bad)
+	c.validateEngines(bad)
 	c.validateInstances(bad)
 	c.validateEnvoy(bad)
 	c.validateAudit(bad)

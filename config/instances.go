@@ -19,6 +19,11 @@ type Instance struct {
 	KVSessions int `toml:"kv_sessions" json:"kv_sessions"`
 	// Pool is "" (on-demand) or "spot" (may be reclaimed at short notice).
 	Pool string `toml:"pool" json:"pool"`
+	// Engine is what serves the instance: "vllm", "sglang" or "generic"
+	// ("" follows engines.default). MetricsURL is where a vllm or sglang
+	// engine serves its metrics ("": http://<address>/metrics).
+	Engine     string `toml:"engine" json:"engine,omitempty"`
+	MetricsURL string `toml:"metrics_url" json:"metrics_url,omitempty"`
 }
 
 // Defaults and bounds of an instance.
@@ -70,6 +75,16 @@ func (c *Config) validateInstances(bad reporter) {
 		// 0 is the default (kv_sessions left out); Parse and SetDefaults fill it in.
 		if in.KVSessions < 0 || in.KVSessions > MaxKVSessions {
 			bad(key+".kv_sessions", in.KVSessions, fmt.Sprintf("want 1 to %d", MaxKVSessions))
+		}
+		if in.Engine != "" && !validEngine(in.Engine) {
+			bad(key+".engine", in.Engine, engineKinds)
+		}
+		if in.MetricsURL != "" {
+			if why := checkMetricsURL(in.MetricsURL); why != "" {
+				bad(key+".metrics_url", in.MetricsURL, why)
+			} else if c.Engine(in) == EngineGeneric {
+				bad(key+".metrics_url", in.MetricsURL, `a generic engine is not scraped; set the instance's engine to "vllm" or "sglang"`)
+			}
 		}
 		switch in.Pool {
 		case "", PoolSpot:

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -59,6 +60,12 @@ type Routing struct {
 	SaturationInFlight   int    `toml:"saturation_inflight"`
 	SaturationQueueDepth int    `toml:"saturation_queue_depth"`
 	QueueDepthHeader     string `toml:"queue_depth_header"`
+	// From the engines' own metrics ([engines]): an instance is saturated
+	// at SaturationWaiting requests waiting or a KV-cache usage of
+	// SaturationKVUsage (0 to 1); 0 turns a threshold off. A new session
+	// skips an instance at SaturationKVUsage when another has room.
+	SaturationWaiting int     `toml:"saturation_waiting"`
+	SaturationKVUsage float64 `toml:"saturation_kv_usage"`
 	// Instances may report running out of memory ("true" or "1"; status
 	// 507 counts too) and their GPU utilisation (percent, 0–100) in
 	// response headers; tether exports both per instance.
@@ -118,8 +125,13 @@ const (
 	// a sixth of the KV-cache hits (BENCHMARKS.md). Tune it to the engine.
 	DefaultQueueDepth       = 12
 	DefaultQueueDepthHeader = "x-queue-depth"
-	DefaultOOMHeader        = "x-oom"
-	DefaultGPUHeader        = "x-gpu-utilization"
+	// DefaultWaiting and DefaultKVUsage are what the Gateway API Inference
+	// Extension and llm-d count as saturated: a waiting queue of 5, or a
+	// KV cache 80% in use.
+	DefaultWaiting   = 5
+	DefaultKVUsage   = 0.8
+	DefaultOOMHeader = "x-oom"
+	DefaultGPUHeader = "x-gpu-utilization"
 )
 
 func defaultRouting() Routing {
@@ -138,6 +150,8 @@ func defaultRouting() Routing {
 		TierHeader:           DefaultTierHeader,
 		SaturationQueueDepth: DefaultQueueDepth,
 		QueueDepthHeader:     DefaultQueueDepthHeader,
+		SaturationWaiting:    DefaultWaiting,
+		SaturationKVUsage:    DefaultKVUsage,
 		OOMHeader:            DefaultOOMHeader,
 		GPUUtilizationHeader: DefaultGPUHeader,
 	}
@@ -201,6 +215,12 @@ func (c *Config) validateRouting(bad reporter) {
 	if r.SaturationQueueDepth < 0 {
 		bad("routing.saturation_queue_depth", r.SaturationQueueDepth, "must not be negative (0 turns it off)")
 	}
+	if r.SaturationWaiting < 0 {
+		bad("routing.saturation_waiting", r.SaturationWaiting, "must not be negative (0 turns it off)")
+	}
+	if u := r.SaturationKVUsage; math.IsNaN(u) || u < 0 || u > 1 {
+		bad("routing.saturation_kv_usage", u, "want a share from 0 (off) to 1")
+	}
 	if r.AdaptiveSticky == 1 && !r.saturable() {
 		bad("routing.adaptive_sticky", r.AdaptiveSticky, noThreshold)
 	}
@@ -212,11 +232,13 @@ func (c *Config) validateRouting(bad reporter) {
 	c.validateVersions(bad, versions, unknownVersion)
 }
 
-const noThreshold = "adaptive routing needs routing.saturation_inflight or routing.saturation_queue_depth above 0"
+const noThreshold = "adaptive routing needs routing.saturation_inflight, saturation_queue_depth, saturation_waiting or saturation_kv_usage above 0"
 
 // saturable reports whether an instance can be saturated at all: adaptive
 // routing needs a threshold.
-func (r Routing) saturable() bool { return r.SaturationInFlight > 0 || r.SaturationQueueDepth > 0 }
+func (r Routing) saturable() bool {
+	return r.SaturationInFlight > 0 || r.SaturationQueueDepth > 0 || r.SaturationWaiting > 0 || r.SaturationKVUsage > 0
+}
 
 // validateHeaders checks the request headers tether reads and the
 // response headers instances report. Envoy strips the routing header from

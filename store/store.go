@@ -28,6 +28,7 @@ type Store interface {
 	affinity.SessionIndex // Show, Mark, Bound
 	affinity.LoadSyncer   // SyncLoad, SetDrained
 	affinity.Circuits     // the instance breaker's shared circuits
+	affinity.Leases       // who scrapes which engines
 	affinity.Counts       // Requests, for the session-length metrics
 	affinity.Checker      // Ping, Health, for readiness
 	io.Closer             // releases what Open built; idempotent

@@ -71,7 +71,13 @@ type link struct {
 
 type report struct {
 	inFlight, queue map[string]int
+	engine          map[string]affinity.EngineReading
 	expires         time.Time
+}
+
+type lease struct {
+	holder  string
+	expires time.Time
 }
 
 // Store is a mutex-protected set of maps. The zero value is not usable;
@@ -83,6 +89,7 @@ type Store struct {
 	index    map[string]map[string]struct{} // instance → session keys bound to it
 	reports  map[string]report              // replica → its last load report
 	drained  map[string]bool
+	leases   map[string]lease
 	// The instance circuits: an instance's recent failures (member → when),
 	// and the end of the cooldown of each circuit that is not closed.
 	failures map[string]map[string]time.Time
@@ -102,6 +109,7 @@ func New() *Store {
 		index:     map[string]map[string]struct{}{},
 		reports:   map[string]report{},
 		drained:   map[string]bool{},
+		leases:    map[string]lease{},
 		failures:  map[string]map[string]time.Time{},
 		circuits:  map[string]time.Time{},
 		since:     time.Now(),
@@ -298,13 +306,18 @@ func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances [
 		return affinity.LoadState{}, fmt.Errorf("memory sync load: %w", err)
 	}
 	defer s.mu.Unlock()
-	s.reports[r.Replica] = report{inFlight: maps.Clone(r.InFlight), queue: maps.Clone(r.Queue), expires: now.Add(ttl)}
+	s.reports[r.Replica] = report{inFlight: maps.Clone(r.InFlight), queue: maps.Clone(r.Queue), engine: maps.Clone(r.Engine), expires: now.Add(ttl)}
 	maps.DeleteFunc(s.reports, func(_ string, rep report) bool { return !now.Before(rep.expires) })
 
-	st := affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}}
+	st := affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]affinity.EngineReading{}}
 	for _, in := range instances {
 		st.Active[in] = s.active(in, now)
 		for name, rep := range s.reports {
+			if e, ok := rep.engine[in]; ok && name != r.Replica {
+				if cur, seen := st.Engine[in]; !seen || e.At.After(cur.At) {
+					st.Engine[in] = e
+				}
+			}
 			if n, ok := rep.inFlight[in]; ok && name != r.Replica {
 				st.InFlight[in] += n
 			}
@@ -317,6 +330,37 @@ func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances [
 	}
 	maps.Copy(st.Drained, s.drained)
 	return st, nil
+}
+
+// Lease implements affinity.Leases.
+func (s *Store) Lease(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (bool, error) {
+	if err := affinity.CheckLease(name, holder, ttl); err != nil {
+		return false, fmt.Errorf("memory lease: %w", err)
+	}
+	if err := s.lock(ctx); err != nil {
+		return false, fmt.Errorf("memory lease: %w", err)
+	}
+	defer s.mu.Unlock()
+	if l, ok := s.leases[name]; ok && l.holder != holder && now.Before(l.expires) {
+		return false, nil
+	}
+	s.leases[name] = lease{holder: holder, expires: now.Add(ttl)}
+	return true, nil
+}
+
+// Release implements affinity.Leases.
+func (s *Store) Release(ctx context.Context, name, holder string) error {
+	if err := affinity.CheckLease(name, holder, time.Second); err != nil {
+		return fmt.Errorf("memory release: %w", err)
+	}
+	if err := s.lock(ctx); err != nil {
+		return fmt.Errorf("memory release: %w", err)
+	}
+	defer s.mu.Unlock()
+	if l, ok := s.leases[name]; ok && l.holder == holder {
+		delete(s.leases, name)
+	}
+	return nil
 }
 
 // SetDrained implements affinity.LoadSyncer.

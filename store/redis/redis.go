@@ -148,6 +148,7 @@ var (
 	_ affinity.SessionIndex = (*Store)(nil)
 	_ affinity.LoadSyncer   = (*Store)(nil)
 	_ affinity.Circuits     = (*Store)(nil)
+	_ affinity.Leases       = (*Store)(nil)
 	_ affinity.Counts       = (*Store)(nil)
 	_ affinity.Checker      = (*Store)(nil)
 )
@@ -688,6 +689,9 @@ func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances [
 	}
 	for in, q := range r.Queue {
 		args = append(args, "q:"+in, q)
+	}
+	for in, e := range r.Engine {
+		args = append(args, "e:"+in, encodeReading(e))
 	}
 	c := &scriptCall{sc: s.syncLoad, keys: keys, args: args}
 	s.exec(ctx, []*scriptCall{c}, nil)

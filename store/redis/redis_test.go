@@ -297,6 +297,7 @@ func TestSyncLoadSkipsBadValues(t *testing.T) {
 		InFlight: map[string]int{"b": 2},
 		Queue:    map[string]int{"b": 3},
 		Drained:  map[string]bool{"b": true},
+		Engine:   map[string]affinity.EngineReading{},
 	}
 	if diff := cmp.Diff(want, st); diff != "" {
 		t.Errorf("SyncLoad (-want +got):\n%s", diff)
@@ -413,6 +414,7 @@ func TestParseReplies(t *testing.T) {
 		{"report value not a string", with(good, 1, []any{"r2", []any{"f:a", int64(1)}}), true, 0},
 		{"report values not numbers", with(good, 1, []any{"r2", []any{"f:a", "x", "q:a", "", "f:b", "1"}}), false, 2},
 		{"drained not strings", with(good, 2, []any{int64(1)}), true, 0},
+		{"engine readings damaged", with(good, 1, []any{"r2", []any{"e:a", "{", "e:b", `{"W":-1,"At":5}`, "e:a", `{"W":1,"KV":1.5,"At":5}`, "e:a", `{"W":1,"At":0}`}}), false, 4},
 	}
 	for _, tt := range load {
 		st, skipped, err := parseLoadReply(tt.res, affinity.LoadReport{Replica: "r1", Queue: map[string]int{"a": 1}}, []string{"a"})
@@ -420,7 +422,7 @@ func TestParseReplies(t *testing.T) {
 			t.Errorf("parseLoadReply %s (%v): err = %v, skipped %q; want error: %v, %d skipped", tt.name, tt.res, err, skipped, tt.wantErr, tt.skipped)
 		}
 		if tt.name == "good" {
-			want := affinity.LoadState{Active: map[string]int{"a": 3}, InFlight: map[string]int{"a": 2}, Queue: map[string]int{"a": 4}, Drained: map[string]bool{"a": true}}
+			want := affinity.LoadState{Active: map[string]int{"a": 3}, InFlight: map[string]int{"a": 2}, Queue: map[string]int{"a": 4}, Drained: map[string]bool{"a": true}, Engine: map[string]affinity.EngineReading{}}
 			if diff := cmp.Diff(want, st); diff != "" {
 				t.Errorf("parseLoadReply (-want +got):\n%s", diff)
 			}

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -159,7 +160,7 @@ func parseShowReply(res []any) (s affinity.Session, link string, ok bool, err er
 // key) is skipped and described in skipped, so that one bad field does
 // not stop every replica's load sync.
 func parseLoadReply(res []any, r affinity.LoadReport, instances []string) (st affinity.LoadState, skipped []string, err error) {
-	st = affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}}
+	st = affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]affinity.EngineReading{}}
 	bad := func(what string) (affinity.LoadState, []string, error) {
 		return affinity.LoadState{}, nil, fmt.Errorf("unexpected sync-load reply (%s): %v", what, res)
 	}
@@ -201,12 +202,21 @@ func parseLoadReply(res []any, r affinity.LoadReport, instances []string) (st af
 				return bad("report field")
 			}
 			kind, in, _ := strings.Cut(field, ":")
-			if kind != "f" && kind != "q" {
+			if kind != "f" && kind != "q" && kind != "e" {
 				continue // a newer replica's field: not ours to read
 			}
 			val, ok := fields[j+1].(string)
 			if !ok {
 				return bad("report value")
+			}
+			if kind == "e" {
+				e, err := decodeReading(val)
+				if err != nil {
+					skipped = append(skipped, fmt.Sprintf("replica %q field %q: %v", replica, field, err))
+				} else if cur, seen := st.Engine[in]; listed[in] && (!seen || e.At.After(cur.At)) {
+					st.Engine[in] = e
+				}
+				continue
 			}
 			n, err := strconv.Atoi(val)
 			if err != nil {
@@ -263,4 +273,54 @@ func binding(instance, since, version string) (affinity.Binding, bool) {
 		return affinity.Binding{}, false
 	}
 	return affinity.Binding{Instance: instance, Version: version, Since: time.UnixMilli(ms)}, true
+}
+
+// wireReading is an engine reading as a report field holds it (JSON, short
+// names: a report carries one per scraped instance every second).
+type wireReading struct {
+	W, R       int
+	KV         *float64 `json:",omitempty"`
+	H, Q       *float64 `json:",omitempty"` // prefix-cache hits, queries (tokens)
+	P          float64
+	HR, QR, PR *float64 `json:",omitempty"` // rates, when known
+	At         int64    // Unix milliseconds
+}
+
+func encodeReading(e affinity.EngineReading) string {
+	w := wireReading{W: e.Waiting, R: e.Running, P: e.Preemptions, At: e.At.UnixMilli()}
+	if e.KVKnown {
+		w.KV = &e.KVUsage
+	}
+	if e.PrefixKnown {
+		w.H, w.Q = &e.PrefixHits, &e.PrefixQueries
+	}
+	if e.RatesKnown {
+		w.HR, w.QR, w.PR = &e.HitRate, &e.QueryRate, &e.PreemptionRate
+	}
+	b, _ := json.Marshal(w) // never fails: the scraper refuses NaN and infinities
+	return string(b)
+}
+
+// decodeReading reads a report field back; one that is not a reading with
+// sane values (another replica's bug, a damaged key) is an error.
+func decodeReading(s string) (affinity.EngineReading, error) {
+	var w wireReading
+	if err := json.Unmarshal([]byte(s), &w); err != nil {
+		return affinity.EngineReading{}, fmt.Errorf("not an engine reading: %w", err)
+	}
+	e := affinity.EngineReading{Waiting: w.W, Running: w.R, Preemptions: w.P, At: time.UnixMilli(w.At)}
+	if w.KV != nil {
+		e.KVUsage, e.KVKnown = *w.KV, true
+	}
+	if w.H != nil && w.Q != nil {
+		e.PrefixHits, e.PrefixQueries, e.PrefixKnown = *w.H, *w.Q, true
+	}
+	if w.HR != nil && w.QR != nil && w.PR != nil {
+		e.HitRate, e.QueryRate, e.PreemptionRate, e.RatesKnown = *w.HR, *w.QR, *w.PR, true
+	}
+	if e.Waiting < 0 || e.Running < 0 || e.KVUsage < 0 || e.KVUsage > 1 || e.PrefixHits < 0 || e.PrefixQueries < 0 ||
+		e.Preemptions < 0 || e.HitRate < 0 || e.QueryRate < 0 || e.PreemptionRate < 0 || w.At <= 0 {
+		return affinity.EngineReading{}, fmt.Errorf("engine reading out of range: %s", s)
+	}
+	return e, nil
 }

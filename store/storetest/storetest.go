@@ -31,6 +31,7 @@ type Store interface {
 	affinity.LoadSyncer
 	affinity.Counts
 	affinity.Circuits
+	affinity.Leases
 }
 
 // Harness tells Run how to make a store and how to move its clock.
@@ -589,7 +590,7 @@ var cases = []testCase{
 		none := map[string]int{}
 		check := func(what string, st affinity.LoadState, inFlight, queue map[string]int) {
 			e.t.Helper()
-			want := affinity.LoadState{Active: map[string]int{"a": 0, "b": 0, "c": 0}, InFlight: inFlight, Queue: queue, Drained: map[string]bool{}}
+			want := affinity.LoadState{Active: map[string]int{"a": 0, "b": 0, "c": 0}, InFlight: inFlight, Queue: queue, Drained: map[string]bool{}, Engine: map[string]affinity.EngineReading{}}
 			if diff := cmp.Diff(want, st); diff != "" {
 				e.t.Errorf("%s (-want +got):\n%s", what, diff)
 			}
@@ -609,6 +610,64 @@ var cases = []testCase{
 		e.skew(reportTTL/2 + time.Second)
 		check("r1 expired", e.sync("r2", map[string]int{"a": 4}, nil, in...), none, none)
 		check("r1 back", e.sync("r1", nil, nil, in...), map[string]int{"a": 4}, none)
+	}},
+	{"sync load shares the newest engine reading", func(e *env) {
+		in := []string{"a", "b"}
+		at := func(d time.Duration) time.Time { return e.now.Add(d).Truncate(time.Millisecond) }
+		old := affinity.EngineReading{Waiting: 1, Running: 2, At: at(-time.Second)}
+		newer := affinity.EngineReading{Waiting: 7, Running: 3, KVUsage: 0.5, KVKnown: true, PrefixHits: 10, PrefixQueries: 40,
+			PrefixKnown: true, Preemptions: 2, HitRate: 1.5, QueryRate: 4, PreemptionRate: 0.25, RatesKnown: true, At: at(0)}
+		sync := func(replica string, engine map[string]affinity.EngineReading) affinity.LoadState {
+			e.t.Helper()
+			st, err := e.s.SyncLoad(e.ctx, affinity.LoadReport{Replica: replica, Engine: engine}, in, reportTTL, e.now)
+			if err != nil {
+				e.t.Fatalf("SyncLoad(%s): %v", replica, err)
+			}
+			return st
+		}
+		if st := sync("r1", map[string]affinity.EngineReading{"a": old, "z": old}); len(st.Engine) != 0 {
+			e.t.Errorf("r1 alone sees engine readings %v, want none (its own are left out)", st.Engine)
+		}
+		sync("r2", map[string]affinity.EngineReading{"a": newer})
+		// r3 sees both reports: the newest reading of a wins; z is not listed.
+		st := sync("r3", nil)
+		if diff := cmp.Diff(map[string]affinity.EngineReading{"a": newer}, st.Engine, cmpopts.EquateApproxTime(0)); diff != "" {
+			e.t.Errorf("engine readings (-want +got):\n%s", diff)
+		}
+	}},
+	{"leases", func(e *env) {
+		name, ttl := e.key("engines/0"), e.idle/2
+		take := func(holder string, want bool) {
+			e.t.Helper()
+			ok, err := e.s.Lease(e.ctx, name, holder, ttl, e.now)
+			if err != nil {
+				e.t.Fatalf("Lease(%s): %v", holder, err)
+			}
+			if ok != want {
+				e.t.Errorf("Lease(%s) = %v, want %v", holder, ok, want)
+			}
+		}
+		take("r1", true)
+		take("r2", false)
+		take("r1", true) // renewed
+		if err := e.s.Release(e.ctx, name, "r2"); err != nil {
+			e.t.Fatal(err)
+		}
+		take("r2", false) // r2 could not release r1's lease
+		if err := e.s.Release(e.ctx, name, "r1"); err != nil {
+			e.t.Fatal(err)
+		}
+		take("r2", true)
+		e.advance(ttl + ttl/2)
+		take("r1", true) // r2's lease ran out
+		for _, bad := range []struct {
+			name, holder string
+			ttl          time.Duration
+		}{{"", "r1", ttl}, {name, "", ttl}, {name, "r1", 0}} {
+			if _, err := e.s.Lease(e.ctx, bad.name, bad.holder, bad.ttl, e.now); err == nil {
+				e.t.Errorf("Lease(%q, %q, %v) = nil error, want one", bad.name, bad.holder, bad.ttl)
+			}
+		}
 	}},
 	{"drained set", func(e *env) {
 		for _, d := range []struct {

@@ -49,6 +49,11 @@ var flaws = map[string]string{
 	"replace-resets":  "replace_keeps_the_count",
 	"count-forever":   "an_ended_session's_count_is_gone",
 	"racy-count":      "racing_requests_each_get_their_own_count",
+	"engine-first":    "sync_load_shares_the_newest_engine_reading",
+	"engine-self":     "sync_load_shares_the_newest_engine_reading",
+	"lease-shared":    "leases",
+	"lease-forever":   "leases",
+	"release-any":     "leases",
 	// The instance circuits.
 	"circuit-count-open":    "circuits_open_on_the_fleet's_count",
 	"circuit-per-fleet":     "circuits_open_on_the_fleet's_count",
@@ -144,12 +149,13 @@ type fakeStore struct {
 	drained map[string]bool
 	fails   map[string][]time.Time // instance → failures in the window
 	open    map[string]time.Time   // instance → cooldown end
+	leases  map[string]fakeReport  // name → holder (as Replica) and expiry
 }
 
 func newFakeStore(flaw string) *fakeStore {
 	return &fakeStore{flaw: flaw, m: map[string]fakeEntry{}, links: map[string]fakeLink{},
 		stale: map[string]string{}, reports: map[string]fakeReport{}, drained: map[string]bool{},
-		fails: map[string][]time.Time{}, open: map[string]time.Time{}}
+		fails: map[string][]time.Time{}, open: map[string]time.Time{}, leases: map[string]fakeReport{}}
 }
 
 func (s *fakeStore) k(key string) string {
@@ -433,7 +439,8 @@ func (s *fakeStore) SyncLoad(ctx context.Context, r affinity.LoadReport, instanc
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reports[r.Replica] = fakeReport{r: r, expires: now.Add(ttl)}
-	st := affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: maps.Clone(s.drained)}
+	st := affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: maps.Clone(s.drained),
+		Engine: map[string]affinity.EngineReading{}}
 	for _, in := range instances {
 		st.Active[in] = 0
 		for key, e := range s.m {
@@ -453,9 +460,37 @@ func (s *fakeStore) SyncLoad(ctx context.Context, r affinity.LoadReport, instanc
 					st.Queue[in] = q
 				}
 			}
+			if e, ok := rep.r.Engine[in]; ok && (name != r.Replica || s.flaw == "engine-self") {
+				if cur, seen := st.Engine[in]; !seen || e.At.After(cur.At) != (s.flaw == "engine-first") {
+					st.Engine[in] = e
+				}
+			}
 		}
 	}
 	return st, nil
+}
+
+func (s *fakeStore) Lease(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (bool, error) {
+	if err := affinity.CheckLease(name, holder, ttl); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.leases[name]
+	if ok && l.r.Replica != holder && (now.Before(l.expires) || s.flaw == "lease-forever") && s.flaw != "lease-shared" {
+		return false, nil
+	}
+	s.leases[name] = fakeReport{r: affinity.LoadReport{Replica: holder}, expires: now.Add(ttl)}
+	return true, nil
+}
+
+func (s *fakeStore) Release(_ context.Context, name, holder string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l, ok := s.leases[name]; ok && (l.r.Replica == holder || s.flaw == "release-any") {
+		delete(s.leases, name)
+	}
+	return nil
 }
 
 func (s *fakeStore) SetDrained(ctx context.Context, instance string, drained bool) error {

@@ -450,22 +450,26 @@ func choose(key string, cands []fleet.Instance, active []int, full []bool, eps f
 	under := func(i int) bool {
 		return active[i] < ceil((1+eps)*float64(total+1)*cands[i].Weight/weight)
 	}
-	room := func(i int) bool { return active[i] < cands[i].KVSessions && (full == nil || !full[i]) }
-	// The common case: the hash's own choice is under both.
-	if under(first) && room(first) {
+	room := func(i int) bool { return active[i] < cands[i].KVSessions }
+	free := func(i int) bool { return full == nil || !full[i] }
+	// The common case: the hash's own choice is under all three.
+	if under(first) && room(first) && free(first) {
 		return first
 	}
 	var orderBuf [16]int
 	var scoreBuf [16]float64
 	order := ranking(key, cands, orderBuf[:0], scoreBuf[:0])
-	for _, i := range order {
-		if under(i) && room(i) {
-			return i
-		}
-	}
-	for _, i := range order {
-		if under(i) {
-			return i
+	// What the engine reports outranks the kv_sessions estimate.
+	for _, ok := range []func(int) bool{
+		func(i int) bool { return under(i) && room(i) && free(i) },
+		func(i int) bool { return under(i) && free(i) },
+		func(i int) bool { return under(i) && room(i) },
+		under,
+	} {
+		for _, i := range order {
+			if ok(i) {
+				return i
+			}
 		}
 	}
 	return first

@@ -23,6 +23,10 @@ type Instance struct {
 	KVSessions int
 	// Pool is "" (on-demand) or PoolSpot.
 	Pool string
+	// Engine is the serving engine whose metrics tether scrapes ("vllm",
+	// "sglang"), at MetricsURL; "" for one it does not scrape.
+	Engine     string
+	MetricsURL string
 }
 
 // PoolSpot marks instances that may be reclaimed at short notice: random

@@ -41,6 +41,8 @@ type Plan struct {
 	ExtProc extproc.Options
 	// Envoy is what xds.Build makes Envoy's resources from.
 	Envoy xds.Spec
+	// Scrape is how the instances' engines are read ([engines]).
+	Scrape Scrape
 	// Pinned is what the plan was made with of what only a restart
 	// changes: Options.Pinned, or the configuration's own.
 	Pinned Pinned
@@ -58,6 +60,13 @@ type Pinned struct {
 	ClusterHeader string
 	Identity      config.Identity
 	TLS           config.TLS
+}
+
+// Scrape is how often and how patiently tether reads the engines' metrics
+// ([engines]); which instances, at which URL, is in the fleet.
+type Scrape struct {
+	Interval, Timeout, Staleness time.Duration
+	MaxBody                      int64
 }
 
 // PinnedOf is what c pins when tether starts with it.
@@ -118,7 +127,11 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 			GPUHeader:     r.GPUUtilizationHeader,
 			DebugHeaders:  cfg.Server.DebugHeaders,
 		},
-		Envoy:  env,
+		Envoy: env,
+		Scrape: Scrape{
+			Interval: cfg.Engines.ScrapeInterval.D, Timeout: cfg.Engines.ScrapeTimeout.D,
+			Staleness: cfg.Engines.Staleness.D, MaxBody: cfg.Engines.MaxBodyBytes,
+		},
 		Pinned: pin,
 	}, nil
 }

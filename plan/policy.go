@@ -9,7 +9,8 @@ import (
 )
 
 // Instances turns the configured instances into the fleet's. Unset
-// version, weight and kv_sessions take their defaults.
+// version, weight and kv_sessions take their defaults; an instance served
+// by vllm or sglang gets its engine and metrics URL.
 func Instances(cfg config.Config) []fleet.Instance {
 	out := make([]fleet.Instance, len(cfg.Instances))
 	for i, in := range cfg.Instances {
@@ -17,6 +18,9 @@ func Instances(cfg config.Config) []fleet.Instance {
 		out[i] = fleet.Instance{
 			Name: in.Name, Address: in.Address, Zone: in.Zone, Version: in.Version, Weight: in.Weight,
 			KVSessions: in.KVSessions, Pool: in.Pool,
+		}
+		if e := cfg.Engine(in); e != config.EngineGeneric {
+			out[i].Engine, out[i].MetricsURL = e, in.ScrapeURL()
 		}
 	}
 	return out
@@ -38,9 +42,12 @@ func policy(cfg config.Config) (affinity.Policy, error) {
 		VersionAffinity: versionAffinity[r.VersionAffinity],
 		CanaryHeader:    r.CanaryByHeader,
 		Epsilon:         r.BoundedLoadEpsilon,
-		Saturation:      affinity.Saturation{InFlight: r.SaturationInFlight, QueueDepth: r.SaturationQueueDepth},
-		TierHeader:      r.TierHeader,
-		Fallback:        affinity.Fallback(r.FallbackPolicy),
+		Saturation: affinity.Saturation{
+			InFlight: r.SaturationInFlight, QueueDepth: r.SaturationQueueDepth,
+			Waiting: r.SaturationWaiting, KVUsage: r.SaturationKVUsage, Stale: cfg.Engines.Staleness.D,
+		},
+		TierHeader: r.TierHeader,
+		Fallback:   affinity.Fallback(r.FallbackPolicy),
 	}
 	for _, v := range cfg.Versions {
 		p.Versions = append(p.Versions, affinity.VersionWeight{Name: v.Name, Weight: v.Weight, Canary: v.Canary})

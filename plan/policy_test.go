@@ -27,6 +27,8 @@ bounded_load_epsilon = 0.5
 tier_header = "x-tier"
 saturation_inflight = 8
 saturation_queue_depth = 0
+saturation_waiting = 7
+saturation_kv_usage = 0.9
 
 [[routing.rules]]
 name = "premium-peak"
@@ -109,7 +111,7 @@ func TestPolicy(t *testing.T) {
 		VersionAffinity: affinity.Strict,
 		CanaryHeader:    "x-canary",
 		Epsilon:         0.5,
-		Saturation:      affinity.Saturation{InFlight: 8, QueueDepth: 0},
+		Saturation:      affinity.Saturation{InFlight: 8, QueueDepth: 0, Waiting: 7, KVUsage: 0.9, Stale: config.DefaultStaleness},
 		TierHeader:      "x-tier",
 		Fallback:        affinity.Gradual,
 	}
@@ -160,9 +162,10 @@ func TestPolicyDefaults(t *testing.T) {
 		Lifetime:        affinity.Lifetime{Idle: config.DefaultIdleTimeout, Max: config.DefaultMaxStickyDuration},
 		VersionAffinity: affinity.Prefer,
 		Epsilon:         config.DefaultEpsilon,
-		Saturation:      affinity.Saturation{QueueDepth: config.DefaultQueueDepth},
-		TierHeader:      config.DefaultTierHeader,
-		Fallback:        affinity.Gradual,
+		Saturation: affinity.Saturation{QueueDepth: config.DefaultQueueDepth, Waiting: config.DefaultWaiting,
+			KVUsage: config.DefaultKVUsage, Stale: config.DefaultStaleness},
+		TierHeader: config.DefaultTierHeader,
+		Fallback:   affinity.Gradual,
 	}
 	if d := cmp.Diff(want, p, cmpopts.IgnoreUnexported(affinity.Policy{})); d != "" {
 		t.Errorf("policy (-want +got):\n%s", d)

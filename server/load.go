@@ -12,7 +12,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/engine"
 	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/metrics"
+	"github.com/tetherproxy/tether/plan"
 )
 
 const (
@@ -59,5 +62,24 @@ func syncLoad(ctx context.Context, load *affinity.Load, fl *fleet.Fleet, log zer
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// newPoller is the engine scraper of this replica: one replica scrapes
+// each shard of the fleet's engines, by lease, and shares the readings
+// through the load sync. Its failures are logged at most once a round, and
+// the same failure at most every 30 s.
+func newPoller(sc plan.Scrape, replica string, fl *fleet.Fleet, load *affinity.Load, leases affinity.Leases,
+	reg prometheus.Registerer, log zerolog.Logger) *engine.Poller {
+	warn := log.Sample(&zerolog.BurstSampler{Burst: 1, Period: 30 * time.Second})
+	return &engine.Poller{
+		Replica: replica, Instances: fl.All, Load: load, Leases: leases,
+		Scraper:  &engine.Scraper{Timeout: sc.Timeout, MaxBody: sc.MaxBody},
+		Tracker:  engine.NewTracker(),
+		Interval: sc.Interval,
+		Recorder: metrics.NewEngines(reg, load, sc.Staleness),
+		Log: func(failed int, summary string) {
+			warn.Warn().Int("failed", failed).Str("first", summary).Msg("engine scrapes failed; their readings expire, the instances stay in service")
+		},
 	}
 }

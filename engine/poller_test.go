@@ -1,0 +1,211 @@
+package engine_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/engine"
+	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/store/memory"
+)
+
+// vllmText is a small vLLM exposition with waiting requests.
+func vllmText(waiting int, hits, queries float64) string {
+	return fmt.Sprintf(`# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} %d.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} %g
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} %g
+`, waiting, queries, hits)
+}
+
+// fakeEngines serves n instances' /metrics on loopback and counts scrapes.
+type fakeEngines struct {
+	srv     *httptest.Server
+	scrapes sync.Map // instance → *atomic.Int64
+	broken  atomic.Bool
+}
+
+func newFakeEngines(t *testing.T) *fakeEngines {
+	f := &fakeEngines{}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := strings.TrimPrefix(r.URL.Path, "/")
+		c, _ := f.scrapes.LoadOrStore(name, new(atomic.Int64))
+		c.(*atomic.Int64).Add(1)
+		if f.broken.Load() {
+			http.Error(w, "<html>gone</html>", http.StatusNotFound)
+			return
+		}
+		fmt.Fprint(w, vllmText(6, 10, 40))
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeEngines) count(name string) int64 {
+	c, ok := f.scrapes.Load(name)
+	if !ok {
+		return 0
+	}
+	return c.(*atomic.Int64).Load()
+}
+
+func (f *fakeEngines) fleet(n int) []fleet.Instance {
+	out := make([]fleet.Instance, n)
+	for i := range out {
+		name := fmt.Sprintf("gpu-%d", i)
+		out[i] = fleet.Instance{Name: name, Engine: "vllm", MetricsURL: f.srv.URL + "/" + name}
+	}
+	return append(out, fleet.Instance{Name: "generic"}) // not scraped
+}
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// TestPollersShareTheFleet: three replicas on one store scrape each
+// instance once per round between them; when the one holding a shard
+// stops, another takes it over once the lease runs out, and no reading
+// older than the staleness bound is used meanwhile.
+func TestPollersShareTheFleet(t *testing.T) {
+	f := newFakeEngines(t)
+	st := memory.New()
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	ins := f.fleet(24)
+	const interval = time.Second
+	pollers := make([]*engine.Poller, 3)
+	loads := make([]*affinity.Load, 3)
+	for i := range pollers {
+		loads[i] = affinity.NewLoad(st, fmt.Sprintf("r%d", i))
+		pollers[i] = &engine.Poller{
+			Replica: fmt.Sprintf("r%d", i), Instances: func() []fleet.Instance { return ins },
+			Load: loads[i], Leases: st, Scraper: &engine.Scraper{Timeout: time.Second},
+			Tracker: engine.NewTracker(), Interval: interval, Now: clk.now,
+		}
+	}
+	round := func(ps ...*engine.Poller) {
+		for _, p := range ps {
+			p.Round(t.Context())
+		}
+		clk.add(interval)
+	}
+	for range 5 {
+		round(pollers...)
+	}
+	for _, in := range ins[:24] {
+		if n := f.count(in.Name); n != 5 {
+			t.Errorf("%s scraped %d times in 5 rounds of 3 replicas, want 5", in.Name, n)
+		}
+	}
+	if n := f.count("generic"); n != 0 {
+		t.Errorf("a generic instance was scraped %d times", n)
+	}
+	// Whoever holds gpu-0's shard stops; the other two go on.
+	var owner int
+	for i, l := range loads {
+		if _, ok := l.Engine("gpu-0", 0); ok {
+			owner = i
+		}
+	}
+	var rest []*engine.Poller
+	for i, p := range pollers {
+		if i != owner {
+			rest = append(rest, p)
+		}
+	}
+	before := f.count("gpu-0")
+	rounds := 0
+	for f.count("gpu-0") == before {
+		if rounds++; rounds > 5 {
+			t.Fatalf("gpu-0 not scraped again %d rounds after its scraper stopped", rounds)
+		}
+		round(rest...)
+	}
+	// The lease lasts three intervals; it was renewed just before the stop.
+	if rounds > 4 {
+		t.Errorf("takeover took %d rounds, want at most 4", rounds)
+	}
+	stale := 5 * time.Second
+	for i, l := range loads {
+		if r, ok := l.Engine("gpu-0", stale); ok && clk.now().Sub(r.At) > stale {
+			t.Errorf("replica %d uses a reading %v old", i, clk.now().Sub(r.At))
+		}
+	}
+}
+
+// TestPollerFailingEngineExpires: a failing /metrics is counted and its
+// reading simply ages out.
+func TestPollerFailingEngineExpires(t *testing.T) {
+	f := newFakeEngines(t)
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	ins := f.fleet(2)
+	load := affinity.NewLoad(nil, "r0")
+	rec := &recorder{reasons: map[string]int{}}
+	var logged []string
+	p := &engine.Poller{
+		Replica: "r0", Instances: func() []fleet.Instance { return ins }, Load: load, Leases: memory.New(),
+		Scraper: &engine.Scraper{Timeout: time.Second}, Tracker: engine.NewTracker(), Interval: time.Second,
+		Now: clk.now, Recorder: rec, Log: func(n int, s string) { logged = append(logged, s) },
+	}
+	p.Round(t.Context())
+	if r, ok := load.Engine("gpu-0", 0); !ok || r.Waiting != 6 {
+		t.Fatalf("reading after a good scrape: %+v, %v", r, ok)
+	}
+	f.broken.Store(true)
+	for range 3 {
+		clk.add(time.Second)
+		p.Round(t.Context())
+	}
+	if rec.reasons[engine.ReasonStatus] != 6 {
+		t.Errorf("errors by reason %v, want 6 status", rec.reasons)
+	}
+	if len(logged) != 3 || !strings.Contains(logged[0], "gpu-0") {
+		t.Errorf("logged %q, want one line per round naming the instances", logged)
+	}
+	if _, ok := load.Engine("gpu-0", 2*time.Second); ok {
+		t.Error("a 3 s old reading is used under a 2 s staleness bound")
+	}
+	if load.Saturated("gpu-0", affinity.Saturation{Waiting: 5, Stale: 2 * time.Second}) {
+		t.Error("an instance whose /metrics fails stays saturated by its old reading")
+	}
+}
+
+type recorder struct {
+	mu      sync.Mutex
+	reasons map[string]int
+}
+
+func (r *recorder) Scraped(_ string, _ time.Duration, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if reason != "" {
+		r.reasons[reason]++
+	}
+}
+
+func (r *recorder) Shards(int) {}

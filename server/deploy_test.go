@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +52,22 @@ const (
 // and every label they select or group on is one of its labels.
 func TestDeployReferencesExportedMetrics(t *testing.T) {
 	exported := exportedMetrics(t)
+	t.Run("no target labels", func(t *testing.T) {
+		// Prometheus sets job and instance on every series it scrapes: a
+		// metric of tether's own with either would lose it (renamed
+		// exported_instance), and max by (instance) would group by the
+		// tether replica. tether names a GPU instance upstream.
+		for name, labels := range exported {
+			for l := range targetLabels {
+				if labels[l] {
+					t.Errorf("%s has a label %s, which Prometheus overwrites with the scrape target's: name the GPU instance upstream", name, l)
+				}
+			}
+		}
+	})
+	if err := addEngineMetrics(exported); err != nil {
+		t.Error(err)
+	}
 	for _, name := range []string{
 		"tether_requests_total", "tether_decision_duration_seconds_bucket", "tether_instance_available",
 		"tether_xds_connected_streams", "tether_audit_records_total", "go_goroutines", "process_cpu_seconds_total",
@@ -195,6 +212,44 @@ func TestDeployCheckerRejects(t *testing.T) {
 	}
 }
 
+// TestDeployEngineMetrics: the engine metrics stand in only while no
+// collector exports any of them, and then must all be exported as the
+// dashboard and the rules name them.
+func TestDeployEngineMetrics(t *testing.T) {
+	none := metricSet{"tether_redis_up": labelSet()}
+	if err := addEngineMetrics(none); err != nil {
+		t.Fatalf("no engine metric registered: %v", err)
+	}
+	if got := none["tether_engine_kv_cache_usage_ratio"]; !got["upstream"] {
+		t.Errorf("not added: %v", none)
+	}
+
+	all := metricSet{}
+	for name, labels := range engineMetrics {
+		all[name] = labels
+	}
+	if err := addEngineMetrics(all); err != nil {
+		t.Errorf("every engine metric registered: %v", err)
+	}
+
+	partial := metricSet{
+		"tether_engine_waiting_requests":     labelSet("instance"),
+		"tether_engine_kv_cache_usage_ratio": labelSet("upstream"),
+	}
+	err := addEngineMetrics(partial)
+	for _, want := range []string{
+		"tether_engine_waiting_requests has labels [instance], the dashboard and the rules expect [upstream]",
+		"tether_engine_preemptions_total is not exported",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("addEngineMetrics: %v\nwant an error containing %q", err, want)
+		}
+	}
+	if _, added := partial["tether_engine_preemptions_total"]; added {
+		t.Error("added an engine metric while others are registered")
+	}
+}
+
 func TestDeployParsePromQL(t *testing.T) {
 	for _, tc := range []struct {
 		expr string
@@ -275,6 +330,53 @@ func FuzzParsePromQL(f *testing.F) {
 			}
 		}
 	})
+}
+
+// engineMetrics are the engine signals tether exports per GPU instance
+// from the engines' scraped /metrics (issue 15), as the dashboard and the
+// rules name them. addEngineMetrics adds them to what Run exports while
+// no collector of Run registers a tether_engine_* metric yet; once one
+// does, they must all be exported with these labels, so the dashboard,
+// the rules and the collectors cannot disagree silently.
+var engineMetrics = metricSet{
+	"tether_engine_waiting_requests":                labelSet("upstream"),
+	"tether_engine_running_requests":                labelSet("upstream"),
+	"tether_engine_kv_cache_usage_ratio":            labelSet("upstream"),
+	"tether_engine_prefix_cache_hit_tokens_total":   labelSet("upstream"),
+	"tether_engine_prefix_cache_query_tokens_total": labelSet("upstream"),
+	"tether_engine_preemptions_total":               labelSet("upstream"),
+	"tether_engine_reading_age_seconds":             labelSet("upstream"),
+	"tether_engine_scrapes_total":                   labelSet(),
+	"tether_engine_scrape_errors_total":             labelSet("reason"),
+	"tether_engine_scrape_duration_seconds":         labelSet(),
+	"tether_engine_scrape_duration_seconds_bucket":  labelSet("le"),
+	"tether_engine_scrape_duration_seconds_sum":     labelSet(),
+	"tether_engine_scrape_duration_seconds_count":   labelSet(),
+}
+
+// addEngineMetrics adds engineMetrics to exported if it holds no
+// tether_engine_* metric, and otherwise reports every one of them that
+// exported lacks or labels differently.
+func addEngineMetrics(exported metricSet) error {
+	registered := false
+	for name := range exported {
+		registered = registered || strings.HasPrefix(name, "tether_engine_")
+	}
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(engineMetrics)) {
+		want := engineMetrics[name]
+		got, ok := exported[name]
+		switch {
+		case !registered:
+			exported[name] = want
+		case !ok:
+			errs = append(errs, fmt.Errorf("%s is not exported, though other tether_engine_* metrics are: the dashboard and the rules name it", name))
+		case !maps.Equal(got, want):
+			errs = append(errs, fmt.Errorf("%s has labels %v, the dashboard and the rules expect %v",
+				name, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want))))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // metricSet maps each metric name to its label names. A nil set (the

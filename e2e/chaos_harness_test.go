@@ -254,7 +254,9 @@ func (in *chaosInstance) start(t *testing.T) {
 	if in.srv != nil {
 		return
 	}
-	h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, Latency: time.Millisecond})
+	// ReportHeaders: as the other harnesses, until tether reads the
+	// engine's /metrics instead of x-queue-depth.
+	h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, Latency: time.Millisecond, Model: in.Version, ReportHeaders: true})
 	if err != nil {
 		t.Fatal(err)
 	}

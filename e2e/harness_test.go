@@ -85,7 +85,9 @@ func startFaultyFleet(t *testing.T, n int) ([]config.Instance, map[string]*atomi
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := emulator.NewHandler(emulator.Instance{Name: name, Latency: time.Millisecond})
+		// ReportHeaders: adaptive routing reads x-queue-depth until tether
+		// reads the engine's /metrics instead.
+		h, err := emulator.NewHandler(emulator.Instance{Name: name, Latency: time.Millisecond, Model: "v1", ReportHeaders: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,17 +119,6 @@ func startInstances(t *testing.T, specs ...config.Instance) []config.Instance {
 	out := append([]config.Instance(nil), specs...)
 	for i := range out {
 		in := &out[i]
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, Latency: time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = emulator.Serve(ctx, ln, h) }()
-		in.Address = ln.Addr().String()
 		if in.Zone == "" {
 			in.Zone = "zone-a"
 		}
@@ -137,6 +128,19 @@ func startInstances(t *testing.T, specs ...config.Instance) []config.Instance {
 		if in.Weight == 0 {
 			in.Weight = 1
 		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// ReportHeaders: the adaptive tests saturate an instance through
+		// x-queue-depth until tether reads the engine's /metrics instead.
+		h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, Latency: time.Millisecond, Model: in.Version, ReportHeaders: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = emulator.Serve(ctx, ln, h) }()
+		in.Address = ln.Addr().String()
 	}
 	return out
 }

@@ -25,6 +25,9 @@ type emulateFlags struct {
 	timeScale          float64
 	kvCapacityTokens   int
 	kvMaxConversations int
+	engine             string // vllm or sglang: the metrics of GET /metrics
+	model              string // served model name of every instance
+	reportHeaders      bool   // x-queue-depth, x-gpu-utilization on answers
 }
 
 // profileFixed is the --profile of the fixed latency without a KV cache.
@@ -41,16 +44,24 @@ With --profile a100 (the default) or h200, each instance has its own prefix KV c
 after the time the calibrated cost model gives (prefill of the uncached tokens, decode of the
 answer, queueing behind other prefills). The a100 figures are ESTIMATES derived from the measured
 H200 by datasheet ratios; h200 is measured. --profile fixed answers after --latency, without a
-cache. Each instance also serves /admin/faults, /admin/stats and /admin/reset (see lab/emulator/README.md).`,
+cache. Each instance serves GET /metrics in vLLM's format (--engine sglang: SGLang's), computed
+from its cache and queues, lists its served model on /v1/models (--model; with --config, each
+instance's version), and serves /admin/faults, /admin/stats and /admin/reset (see
+lab/emulator/README.md). The emulator-only load headers x-queue-depth and x-gpu-utilization are
+sent only with --report-headers.`,
 		Example: `  tether-lab emulate --config deploy/local/tether.toml
   tether-lab emulate --instance gpu-a=127.0.0.1:8001 --instance gpu-b=127.0.0.1:8002 --profile h200
   tether-lab emulate --config deploy/local/tether.toml --time-scale 0.1 --kv-max-conversations 50
-  tether-lab emulate --instance gpu-a=127.0.0.1:8001 --profile fixed --latency 20ms --log-level debug`,
+  tether-lab emulate --instance gpu-a=127.0.0.1:8001 --profile fixed --latency 20ms --log-level debug
+  tether-lab emulate --instance gpu-a=127.0.0.1:8001 --engine sglang --model llama-3.1-8b --report-headers`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			lvl, err := zerolog.ParseLevel(fl.logLevel)
 			if err != nil || lvl == zerolog.NoLevel {
 				return fmt.Errorf("--log-level %q: want trace, debug, info, warn or error", fl.logLevel)
+			}
+			if fl.engine != emulator.EngineVLLM && fl.engine != emulator.EngineSGLang {
+				return fmt.Errorf("--engine %q: want %s or %s", fl.engine, emulator.EngineVLLM, emulator.EngineSGLang)
 			}
 			model, err := emulateModel(cmd, &fl)
 			if err != nil {
@@ -61,10 +72,13 @@ cache. Each instance also serves /admin/faults, /admin/stats and /admin/reset (s
 				return err
 			}
 			log := cli.NewLogger(lvl.String())
-			log.Info().Str("profile", fl.profile).Msg(model.describe)
-			opts := []emulator.Option{model.option, emulator.WithLogger(log)}
+			log.Info().Str("profile", fl.profile).Str("engine", fl.engine).Bool("report_headers", fl.reportHeaders).Msg(model.describe)
+			opts := []emulator.Option{model.option, emulator.WithLogger(log), emulator.WithEngine(fl.engine)}
 			if fl.allowNonLoopback {
 				opts = append(opts, emulator.AllowNonLoopback())
+			}
+			if fl.reportHeaders {
+				opts = append(opts, emulator.WithReportHeaders())
 			}
 			// cmd.Context() ends on SIGINT/SIGTERM (see main); ServeAll then
 			// shuts every instance down and returns nil.
@@ -83,6 +97,13 @@ cache. Each instance also serves /admin/faults, /admin/stats and /admin/reset (s
 		"KV cache of each instance in tokens (0: the profile's, about 427k for a100 and 846k for h200)")
 	f.IntVar(&fl.kvMaxConversations, "kv-max-conversations", emulator.DefaultMaxConversations,
 		"conversations each KV cache keeps, least recently used dropped first (0: no cap)")
+	f.StringVar(&fl.engine, "engine", emulator.EngineVLLM,
+		"engine whose metrics GET /metrics serves: vllm (vLLM V1's vllm:* names) or sglang (SGLang's sglang:*)")
+	f.StringVar(&fl.model, "model", "",
+		"served model name of every instance (/v1/models, the metrics' model_name); default: each --config instance's version, "+
+			emulator.DefaultModel+" for --instance ones")
+	f.BoolVar(&fl.reportHeaders, "report-headers", false,
+		"add the emulator-only load headers x-queue-depth and x-gpu-utilization to completion answers (real engines send neither)")
 	f.StringVar(&fl.logLevel, "log-level", "info", "log level: debug (one line per request), info, warn, error")
 	f.BoolVar(&fl.allowNonLoopback, "allow-non-loopback", false,
 		"allow listening on non-loopback addresses (the emulator answers anyone with made-up completions)")
@@ -163,7 +184,9 @@ func conversationCap(n int) string {
 }
 
 // emulateSpecs returns the instances to emulate: those of --config first,
-// so the emulator serves the fleet tether routes to, then --instance ones.
+// so the emulator serves the fleet tether routes to, each serving its
+// version as its model, then --instance ones. --model names the model of
+// all of them.
 func emulateSpecs(fl *emulateFlags) ([]emulator.Spec, error) {
 	var specs []emulator.Spec
 	if fl.configFile != "" {
@@ -172,7 +195,7 @@ func emulateSpecs(fl *emulateFlags) ([]emulator.Spec, error) {
 			return nil, err
 		}
 		for _, in := range cfg.Instances {
-			specs = append(specs, emulator.Spec{Name: in.Name, Addr: in.Address})
+			specs = append(specs, emulator.Spec{Name: in.Name, Addr: in.Address, Model: in.Version})
 		}
 	}
 	for _, s := range fl.instances {
@@ -184,6 +207,11 @@ func emulateSpecs(fl *emulateFlags) ([]emulator.Spec, error) {
 	}
 	if len(specs) == 0 {
 		return nil, errors.New("no instances: give --config FILE or at least one --instance NAME=HOST:PORT")
+	}
+	if fl.model != "" {
+		for i := range specs {
+			specs[i].Model = fl.model
+		}
 	}
 	return specs, nil
 }

@@ -450,9 +450,17 @@ func TestComposeRejects(t *testing.T) {
 		{
 			name: "emulator refusing non-loopback",
 			edit: func(t *testing.T, c string) string {
-				return replace(t, c, `"a100-west-1=0.0.0.0:8000", "--allow-non-loopback"]`, `"a100-west-1=0.0.0.0:8000"]`)
+				return replace(t, c, `"a100-west-1=0.0.0.0:8000", "--model", "llama-3.1-8b", "--report-headers", "--allow-non-loopback"]`,
+					`"a100-west-1=0.0.0.0:8000", "--model", "llama-3.1-8b", "--report-headers"]`)
 			},
 			want: []string{`service "a100-west-1"`, "--allow-non-loopback"},
+		},
+		{
+			name: "emulator serving another model than the instance's version",
+			edit: func(t *testing.T, c string) string {
+				return replace(t, c, `"a100-east-1=0.0.0.0:8000", "--model", "llama-3.1-8b"`, `"a100-east-1=0.0.0.0:8000", "--model", "llama-3"`)
+			},
+			want: []string{`service "a100-east-1"`, `--model "llama-3"`, "want --model llama-3.1-8b"},
 		},
 		{
 			name: "emulator runs tether emulate",
@@ -1177,8 +1185,9 @@ func (s *stack) checkRedis(cfg *config.Config) {
 
 // checkInstances: every [[instances]] entry is a compose service of the
 // same name that runs `tether-lab emulate` from the lab's image for that
-// instance, on the instance's port, at the instance's address; and every
-// emulated instance is one tether routes to.
+// instance, on the instance's port, at the instance's address, serving the
+// instance's version as its model; and every emulated instance is one
+// tether routes to.
 func (s *stack) checkInstances(cfg *config.Config) {
 	known := map[string]bool{}
 	for i, in := range cfg.Instances {
@@ -1223,6 +1232,16 @@ func (s *stack) checkInstances(cfg *config.Config) {
 		}
 		if !slices.Contains(argv, "--allow-non-loopback") {
 			s.errf("service %q: emulate listens on %s without --allow-non-loopback, which it refuses", svc.Name, listen)
+		}
+		// The instance serves its version as its model (/v1/models, the
+		// model_name label of its /metrics), as a real engine of that
+		// version would.
+		if models := flagValues(argv, "--model"); len(models) != 1 || models[0] != in.Version {
+			got := "no --model"
+			if len(models) > 0 {
+				got = fmt.Sprintf("--model %q", models[len(models)-1])
+			}
+			s.errf("service %q: emulates %s with %s, want --model %s, its version in tether.toml", svc.Name, in.Name, got, in.Version)
 		}
 		var addrs []string
 		for _, sn := range svc.Networks {

@@ -61,7 +61,11 @@ func (f *simFleet) serve(in config.Instance, ln net.Listener) error {
 	if err != nil {
 		return err
 	}
-	h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, LatencyModel: m})
+	// The instance serves its version as its model, as tether's config
+	// names it. ReportHeaders: adaptive routing (tether's
+	// routing.queue_depth_header) and the spread report read x-queue-depth
+	// until tether reads the engine's /metrics instead.
+	h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, LatencyModel: m, Model: in.Version, ReportHeaders: true})
 	if err != nil {
 		return err
 	}

@@ -199,10 +199,27 @@ type Stats struct {
 	InFlight int64 `json:"in_flight"`
 	// PromptTokens, CachedTokens and CompletionTokens add up the usage of
 	// every request the latency model priced.
-	PromptTokens     int64  `json:"prompt_tokens"`
-	CachedTokens     int64  `json:"cached_tokens"`
-	CompletionTokens int64  `json:"completion_tokens"`
-	Faults           Faults `json:"faults"`
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CachedTokens     int64 `json:"cached_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	// PrefixCacheQueries and PrefixCacheHits are the prefix cache's
+	// counters, in tokens, that GET /metrics serves
+	// (vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total;
+	// SGLang's sglang:cached_tokens_total is the hits): the prompt tokens
+	// looked up and those served from the cache. Both stay 0 with a model
+	// without cache (Fixed).
+	PrefixCacheQueries int64 `json:"prefix_cache_queries"`
+	PrefixCacheHits    int64 `json:"prefix_cache_hits"`
+	// Preemptions is the model's count of running requests whose blocks
+	// the cache freed (vllm:num_preemptions_total); 0 with Fixed.
+	Preemptions int64 `json:"preemptions"`
+	// MetricsScrapes counts the GET /metrics answers served.
+	MetricsScrapes int64 `json:"metrics_scrapes"`
+	// Engine and ServedModel are the engine whose metrics GET /metrics
+	// serves and the model name the instance serves.
+	Engine      string `json:"engine"`
+	ServedModel string `json:"served_model"`
+	Faults      Faults `json:"faults"`
 	// Model is the latency model's state (profile, KV cache, GPU time),
 	// absent for models without state such as Fixed.
 	Model *ModelStats `json:"model,omitempty"`
@@ -220,7 +237,16 @@ func (h *handler) stats() Stats {
 		PromptTokens:     c.promptTokens.Load(),
 		CachedTokens:     c.cachedTokens.Load(),
 		CompletionTokens: c.completionTokens.Load(),
-		Faults:           *h.faults.Load(),
+
+		PrefixCacheQueries: c.prefixQueries.Load(),
+		PrefixCacheHits:    c.prefixHits.Load(),
+		MetricsScrapes:     c.scrapes.Load(),
+		Engine:             h.engine,
+		ServedModel:        h.model,
+		Faults:             *h.faults.Load(),
+	}
+	if h.engineModel != nil {
+		s.Preemptions = h.engineModel.EngineState(h.now()).Preemptions
 	}
 	if m, ok := h.latency.(StatefulModel); ok {
 		ms := m.Stats()
@@ -234,11 +260,14 @@ func (h *handler) getStats(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, h.stats())
 }
 
-// reset answers POST /admin/reset: it zeroes the counters and empties the
-// latency model's state (the KV cache), as benchmarks need between runs.
+// reset answers POST /admin/reset: it zeroes the counters (those of GET
+// /metrics too, as a restarted engine's) and empties the latency model's
+// state (the KV cache), as benchmarks need between runs.
 // Faults stay as they are; requests in flight finish normally.
 func (h *handler) reset(w http.ResponseWriter, _ *http.Request) {
 	h.counters.reset()
+	h.metrics.ttft.reset()
+	h.metrics.e2e.reset()
 	if m, ok := h.latency.(StatefulModel); ok {
 		m.Reset()
 	}

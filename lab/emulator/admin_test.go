@@ -314,7 +314,7 @@ func (m gateModel) Cost(r Request) Cost {
 
 func TestQueueDepth(t *testing.T) {
 	m := gateModel{n: 3, arrived: make(chan Request, 10), gate: make(chan struct{})}
-	srv := newServer(t, Instance{Name: "gpu-q", LatencyModel: m})
+	srv := newServer(t, Instance{Name: "gpu-q", LatencyModel: m, ReportHeaders: true})
 	var wg sync.WaitGroup
 	for range 3 {
 		wg.Go(func() {
@@ -476,7 +476,7 @@ func TestStatsAndReset(t *testing.T) {
 
 func TestGPUInstanceUnderConcurrency(t *testing.T) {
 	g := newGPU(t, GPUConfig{Profile: ProfileA100(), TimeScale: 0.0005, Cache: CacheConfig{CapacityTokens: 50_000, MaxConversations: 5}})
-	srv := newServer(t, Instance{Name: "gpu-c", LatencyModel: g})
+	srv := newServer(t, Instance{Name: "gpu-c", LatencyModel: g, ReportHeaders: true})
 	sys := text("sys", 300)
 	const n = 40
 	var wg sync.WaitGroup

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,7 +18,35 @@ const (
 
 	finishStop   = "stop"
 	finishLength = "length"
+	finishAbort  = "abort" // the client left (vLLM's finished_reason)
 )
+
+// The indexes of counters.finished, in the order of finishReasons.
+const (
+	finishStopIndex = iota
+	finishLengthIndex
+	finishAbortIndex
+	numFinishReasons
+)
+
+// finishReason is the finished_reason label value of
+// vllm:request_success_total of counters.finished[i].
+func finishReason(i int) string {
+	switch i {
+	case finishLengthIndex:
+		return finishLength
+	case finishAbortIndex:
+		return finishAbort
+	}
+	return finishStop
+}
+
+func finishIndex(reason string) int {
+	if reason == finishLength {
+		return finishLengthIndex
+	}
+	return finishStopIndex
+}
 
 // chatCompletions answers POST /v1/chat/completions.
 func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
@@ -52,6 +81,9 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 // or streamed with its chunks paced over the decode time.
 func (h *handler) serveJob(w http.ResponseWriter, r *http.Request, j job) {
 	ctx := r.Context()
+	if j.model == "" {
+		j.model = h.model
+	}
 	f := h.faults.Load()
 	h.counters.requests.Add(1)
 	if f.ErrorRate > 0 && h.draw() < f.ErrorRate {
@@ -67,19 +99,22 @@ func (h *handler) serveJob(w http.ResponseWriter, r *http.Request, j job) {
 
 	depth := int(h.inFlight.Add(1) - 1)
 	defer h.inFlight.Add(-1)
-	if u, ok := h.latency.(Utilizer); ok { // before this request's own work
+	if u, ok := h.latency.(Utilizer); ok && h.reportHeaders { // before this request's own work
 		w.Header().Set(GPUUtilizationHeader, strconv.FormatFloat(100*u.Utilization(h.now()), 'f', 1, 64))
 	}
 	out, cost := h.work(r, j, depth)
 	w.Header().Set(CachedTokensHeader, strconv.Itoa(out.usage.PromptTokensDetails.CachedTokens))
-	w.Header().Set(QueueDepthHeader, strconv.Itoa(depth))
+	if h.reportHeaders {
+		w.Header().Set(QueueDepthHeader, strconv.Itoa(depth))
+	}
 
-	first := f.ExtraLatency.Duration + cost.Wait
+	ttft := f.ExtraLatency.Duration + cost.Wait
+	first := ttft
 	if !j.stream {
 		first += cost.Decode
 	}
 	if h.sleep(ctx, first) != nil {
-		h.counters.cancelled.Add(1)
+		h.abort()
 		return
 	}
 	out.created = h.now().Unix()
@@ -119,8 +154,25 @@ func (h *handler) serveJob(w http.ResponseWriter, r *http.Request, j job) {
 		})
 	}
 	if ctx.Err() != nil {
-		h.counters.cancelled.Add(1) // the client left during a paced stream
+		h.abort() // the client left during a paced stream
+		return
 	}
+	h.finish(out.finish, ttft, ttft+cost.Decode)
+}
+
+// abort records a request whose client left before its answer ended: the
+// engine aborts it (vLLM's finished_reason "abort").
+func (h *handler) abort() {
+	h.counters.cancelled.Add(1)
+	h.counters.finished[finishAbortIndex].Add(1)
+}
+
+// finish records a request answered in full, with its modelled time to
+// first token and end-to-end latency.
+func (h *handler) finish(reason string, ttft, e2e time.Duration) {
+	h.counters.finished[finishIndex(reason)].Add(1)
+	h.metrics.ttft.observe(ttft.Seconds())
+	h.metrics.e2e.observe(e2e.Seconds())
 }
 
 // draw returns a uniform number in [0, 1) from the injected source.
@@ -192,6 +244,15 @@ func (h *handler) work(r *http.Request, j job, depth int) (output, Cost) {
 	h.counters.promptTokens.Add(int64(j.promptTokens))
 	h.counters.cachedTokens.Add(int64(cached))
 	h.counters.completionTokens.Add(int64(completion))
+	if h.engineModel != nil { // a model with a prefix cache looked the prompt up
+		h.counters.prefixQueries.Add(int64(j.promptTokens))
+		h.counters.prefixHits.Add(int64(cached))
+		rate := 0.0
+		if j.promptTokens > 0 {
+			rate = float64(cached) / float64(j.promptTokens)
+		}
+		h.counters.lastHitRate.Store(math.Float64bits(rate))
+	}
 
 	prefix := "chatcmpl-"
 	if j.endpoint == pathCompletions {

@@ -96,8 +96,10 @@ type StatefulModel interface {
 // waits. Every duration is multiplied by the time scale.
 //
 // Not modelled: later arrivals slowing down a decode already timed, prefill
-// chunks interleaved with decode steps, batch limits and preemption, and
-// cancelled requests (their cost stays spent and their blocks stored).
+// chunks interleaved with decode steps, batch limits, preemption (counted
+// when the cache frees a running request's block, see EngineState, but the
+// request keeps its cost), and cancelled requests (their cost stays spent,
+// their blocks stored, and they count as running until their decode ends).
 type GPU struct {
 	cfg   GPUConfig
 	cache *KVCache
@@ -110,6 +112,14 @@ type GPU struct {
 	// wall time, for Utilization; those that ended a window ago are
 	// dropped.
 	busy []span
+	// flights are the requests priced whose decode had not ended when the
+	// last request arrived, soonest end first (a heap); held counts, per
+	// block hash, the flights whose sequence has that block; preemptions
+	// counts the running requests the cache freed a block of (see
+	// EngineState).
+	flights     flightHeap
+	held        map[BlockHash]int
+	preemptions int64
 }
 
 // span is a stretch of wall time, [from, to).
@@ -119,8 +129,9 @@ type span struct{ from, to time.Time }
 const UtilizationWindow = time.Second
 
 var (
-	_ StatefulModel = (*GPU)(nil)
-	_ Utilizer      = (*GPU)(nil)
+	_ StatefulModel  = (*GPU)(nil)
+	_ Utilizer       = (*GPU)(nil)
+	_ EngineReporter = (*GPU)(nil)
 )
 
 // NewGPU returns a GPU model with an empty cache.
@@ -133,7 +144,7 @@ func NewGPU(cfg GPUConfig) (*GPU, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &GPU{cfg: cfg, cache: cache}, nil
+	return &GPU{cfg: cfg, cache: cache, held: make(map[BlockHash]int)}, nil
 }
 
 // Cache returns the model's prefix cache.
@@ -147,8 +158,13 @@ func (g *GPU) Cost(r Request) Cost {
 	var h BlockHasher
 	hashes := h.Append(nil, r.Prompt)
 	promptTokens, promptBlocks := h.Tokens(), len(hashes)
-	if !g.cfg.PromptOnly {
-		hashes = h.Append(hashes, r.Completion)
+	// The answer's blocks follow the prompt's: the request holds them while
+	// it decodes, and the cache stores them unless PromptOnly.
+	hashes = h.Append(hashes, r.Completion)
+	seqTokens := h.Tokens()
+	stored := hashes
+	if g.cfg.PromptOnly {
+		stored = hashes[:promptBlocks]
 	}
 	lookup := 0
 	if promptTokens > 0 {
@@ -160,6 +176,7 @@ func (g *GPU) Cost(r Request) Cost {
 
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.retire(r.Arrived)
 
 	// Prefills run one at a time: this one starts when the GPU is free, and
 	// looks the cache up then, so it finds what the prefills queued ahead
@@ -177,14 +194,24 @@ func (g *GPU) Cost(r Request) Cost {
 	decode := time.Duration(max(out-1, 0)) * step
 	decodeEnd := prefillEnd.Add(g.scale(decode))
 
-	chain := make([]Block, len(hashes))
-	for i, hash := range hashes {
+	chain := make([]Block, len(stored))
+	for i, hash := range stored {
 		chain[i] = Block{Hash: hash, Ready: prefillEnd}
 		if i >= promptBlocks {
 			chain[i].Ready = decodeEnd
 		}
 	}
-	g.cache.Store(r.Session, chain)
+	var freed []BlockHash // blocks of requests in flight the store frees
+	g.cache.storeReporting(r.Session, chain, func(hash BlockHash) {
+		if g.held[hash] > 0 {
+			freed = append(freed, hash)
+		}
+	})
+	g.preempt(freed, r.Arrived)
+	g.admit(&flight{
+		start: start, prefillEnd: prefillEnd, decodeEnd: decodeEnd,
+		promptTokens: promptTokens, seqTokens: seqTokens, hashes: hashes,
+	})
 
 	g.prefillGPU += prefill
 	g.decodeGPU += float64(decode) / float64(batch)
@@ -268,12 +295,15 @@ func earlier(a, b time.Time) time.Time {
 }
 
 // Reset implements StatefulModel: it empties the cache, forgets the prefill
-// queue and zeroes the counters.
+// queue and the requests in flight, and zeroes the counters.
 func (g *GPU) Reset() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.cache.Reset()
 	g.busy = nil
+	g.flights = nil
+	g.held = make(map[BlockHash]int)
+	g.preemptions = 0
 	g.prefillFree = time.Time{}
 	g.prefillGPU = 0
 	g.decodeGPU = 0

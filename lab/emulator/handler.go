@@ -21,10 +21,19 @@ import (
 // counters, all safe for concurrent use.
 type handler struct {
 	name    string
+	model   string // served model name (Instance.Model or DefaultModel)
+	engine  string // EngineVLLM or EngineSGLang: the names of GET /metrics
 	latency LatencyModel
-	log     zerolog.Logger
-	routes  map[string]route
-	now     func() time.Time
+	// engineModel is latency when it reports a scheduler and a prefix
+	// cache (GPU), else nil (Fixed): /metrics then knows only the
+	// handler's own counts.
+	engineModel EngineReporter
+	// reportHeaders sends the emulator-only load headers
+	// (Instance.ReportHeaders).
+	reportHeaders bool
+	log           zerolog.Logger
+	routes        map[string]route
+	now           func() time.Time
 	// sleep waits d or until ctx ends (wait); tests replace it to record
 	// the waits instead.
 	sleep func(ctx context.Context, d time.Duration) error
@@ -35,18 +44,37 @@ type handler struct {
 	faults   atomic.Pointer[Faults]
 	inFlight atomic.Int64
 	counters counters
+	metrics  *engineMetrics
 }
 
-// counters are the handler's part of GET /admin/stats.
+// counters are the handler's part of GET /admin/stats, and the counters
+// GET /metrics serves.
 type counters struct {
 	requests, injectedErrors, cancelled          atomic.Int64
 	promptTokens, cachedTokens, completionTokens atomic.Int64
+	// prefixQueries and prefixHits count, in tokens, the prompts looked up
+	// in the prefix cache and the part of them it served; both stay 0
+	// with a model without cache (Fixed).
+	prefixQueries, prefixHits atomic.Int64
+	// finished counts the requests the engine finished, by reason
+	// (finishStop, finishLength, finishAbort: the client left).
+	finished [numFinishReasons]atomic.Int64
+	// scrapes counts the GET /metrics answers served.
+	scrapes atomic.Int64
+	// lastHitRate is the float64 bits of the prefix cache hit rate of the
+	// last prompt looked up (SGLang's sglang:cache_hit_rate).
+	lastHitRate atomic.Uint64
 }
 
 func (c *counters) reset() {
-	for _, v := range []*atomic.Int64{&c.requests, &c.injectedErrors, &c.cancelled, &c.promptTokens, &c.cachedTokens, &c.completionTokens} {
+	for _, v := range []*atomic.Int64{&c.requests, &c.injectedErrors, &c.cancelled, &c.promptTokens, &c.cachedTokens, &c.completionTokens,
+		&c.prefixQueries, &c.prefixHits, &c.scrapes} {
 		v.Store(0)
 	}
+	for i := range c.finished {
+		c.finished[i].Store(0)
+	}
+	c.lastHitRate.Store(0)
 }
 
 // route maps the methods a path answers to their handlers; a GET handler
@@ -105,11 +133,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	serve(sw, r)
 }
 
-// models answers GET /v1/models.
+// models answers GET /v1/models: the served model, owned by the engine
+// (vLLM and SGLang both name themselves there).
 func (h *handler) models(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, modelList{
 		Object: "list",
-		Data:   []model{{ID: DefaultModel, Object: "model", Created: 0, OwnedBy: "tether"}},
+		Data:   []model{{ID: h.model, Object: "model", Created: 0, OwnedBy: h.engine}},
 	})
 }
 

@@ -171,7 +171,7 @@ func TestEndpoints(t *testing.T) {
 		},
 		{
 			name: "models", method: "GET", path: "/v1/models",
-			want: `{"object":"list","data":[{"id":"tether-sim","object":"model","created":0,"owned_by":"tether"}]}`,
+			want: `{"object":"list","data":[{"id":"tether-sim","object":"model","created":0,"owned_by":"vllm"}]}`,
 		},
 		{
 			name: "healthz", method: "GET", path: "/healthz",
@@ -402,7 +402,7 @@ func TestLatencyModel(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &recordingModel{cost: tc.cost}
-			srv := newServer(t, Instance{Name: "gpu-b", LatencyModel: m, Now: func() time.Time { return clock }})
+			srv := newServer(t, Instance{Name: "gpu-b", LatencyModel: m, Now: func() time.Time { return clock }, ReportHeaders: true})
 			resp, body := doHeaders(t, srv, "POST", tc.path, strings.NewReader(tc.body), tc.header)
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("status %d: %s", resp.StatusCode, body)
@@ -697,15 +697,15 @@ func TestCountTokens(t *testing.T) {
 	}
 }
 
-// TestGPUUtilizationHeader: an instance on the GPU model sends how busy
-// its GPU was over the last second, in percent: 0 when idle, above 0
-// right after a request it served.
+// TestGPUUtilizationHeader: an instance on the GPU model that reports the
+// emulator's headers sends how busy its GPU was over the last second, in
+// percent: 0 when idle, above 0 right after a request it served.
 func TestGPUUtilizationHeader(t *testing.T) {
 	g, err := NewGPU(GPUConfig{Profile: ProfileA100(), TimeScale: 0.01})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := newServer(t, Instance{Name: "gpu-u", LatencyModel: g})
+	srv := newServer(t, Instance{Name: "gpu-u", LatencyModel: g, ReportHeaders: true})
 	body := `{"model":"` + DefaultModel + `","messages":[{"role":"user","content":"` + strings.Repeat("word ", 2000) + `"}],"max_tokens":16}`
 	for i, check := range []func(float64) bool{
 		func(u float64) bool { return u == 0 },

@@ -8,8 +8,9 @@
 // LatencyModel: Fixed waits the same time for every request; GPU keeps a
 // prefix KV cache (KVCache) and prices prefill, decode and queueing by the
 // figures measured on an H200 (ProfileH200) or derived from them for an A100
-// (ProfileA100, an estimate). Each instance also takes fault injection and
-// reports its counters through /admin/ endpoints.
+// (ProfileA100, an estimate). Each instance serves its engine's metrics on
+// GET /metrics, as vLLM or SGLang name them (Instance.Engine), takes fault
+// injection and reports its counters through /admin/ endpoints.
 //
 // The emulator belongs to no part of the data path and imports none of it.
 package emulator
@@ -20,6 +21,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/rs/zerolog"
 )
@@ -29,9 +32,19 @@ const (
 	// Instance.Latency is zero.
 	DefaultLatency = 2 * time.Millisecond
 
-	// DefaultModel is the model id listed by GET /v1/models and echoed in
-	// answers to requests that name no model.
+	// DefaultModel is the served model name of an instance that sets no
+	// Instance.Model: the id GET /v1/models lists, the model_name label of
+	// its metrics, and the model of answers to requests that name none.
 	DefaultModel = "tether-sim"
+
+	// EngineVLLM and EngineSGLang are the engines whose metrics an instance
+	// serves on GET /metrics (Instance.Engine): vLLM's V1 names (vllm:…)
+	// or SGLang's (sglang:…).
+	EngineVLLM   = "vllm"
+	EngineSGLang = "sglang"
+
+	// maxModelLen bounds a served model name (Instance.Model).
+	maxModelLen = 1024
 
 	// MaxBodyBytes bounds a request body; a larger body is answered 413.
 	MaxBodyBytes = 8 << 20
@@ -51,13 +64,14 @@ const (
 
 	// QueueDepthHeader is the response header of a completion answer that
 	// gives the number of completion requests the instance was already
-	// working on when the request arrived.
+	// working on when the request arrived. Emulator-only: sent only with
+	// Instance.ReportHeaders (real engines report load on GET /metrics).
 	QueueDepthHeader = "x-queue-depth"
 
 	// GPUUtilizationHeader is the response header of a completion answer
 	// that gives, in percent, how busy the emulated GPU was over the
 	// second before the request arrived (Utilizer; only models that
-	// implement it).
+	// implement it). Emulator-only: sent only with Instance.ReportHeaders.
 	GPUUtilizationHeader = "x-gpu-utilization"
 
 	// SessionHeader is the request header whose value a latency model
@@ -96,6 +110,22 @@ type Instance struct {
 	// Nil means a source seeded from crypto/rand. The handler serialises
 	// its draws.
 	Rand rand.Source
+
+	// Model is the served model name: the id GET /v1/models lists, the
+	// model_name label of GET /metrics, and the model of answers to
+	// requests that name none (requests naming another model are served
+	// too, and answered with the name they gave). Empty means
+	// DefaultModel. tether's configuration calls it the instance's version.
+	Model string
+
+	// Engine is the engine whose metrics GET /metrics serves: EngineVLLM
+	// (empty means it) or EngineSGLang.
+	Engine string
+
+	// ReportHeaders adds the emulator-only load headers to completion
+	// answers: QueueDepthHeader, and GPUUtilizationHeader for models that
+	// report it. Off by default, as real engines send neither.
+	ReportHeaders bool
 }
 
 // Validate reports the first problem with the configuration.
@@ -117,6 +147,31 @@ func (in Instance) Validate() error {
 	if in.Latency != 0 && in.LatencyModel != nil {
 		return fmt.Errorf("emulator: instance %q: set either latency (%v) or a latency model, not both", in.Name, in.Latency)
 	}
+	if err := validModel(in.Model); err != nil {
+		return fmt.Errorf("emulator: instance %q: %w", in.Name, err)
+	}
+	switch in.Engine {
+	case "", EngineVLLM, EngineSGLang:
+	default:
+		return fmt.Errorf("emulator: instance %q: engine %q: want %q or %q", in.Name, in.Engine, EngineVLLM, EngineSGLang)
+	}
+	return nil
+}
+
+// validModel checks a served model name: empty (DefaultModel), or UTF-8
+// without control characters, at most maxModelLen bytes.
+func validModel(m string) error {
+	if len(m) > maxModelLen {
+		return fmt.Errorf("model name of %d bytes: at most %d", len(m), maxModelLen)
+	}
+	if !utf8.ValidString(m) {
+		return fmt.Errorf("model name %q is not valid UTF-8", m)
+	}
+	for _, r := range m {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("model name %q holds a control character", m)
+		}
+	}
 	return nil
 }
 
@@ -126,6 +181,7 @@ func (in Instance) Validate() error {
 //	POST /v1/completions
 //	GET  /v1/models
 //	GET  /healthz
+//	GET  /metrics (the engine's metrics, Prometheus text)
 //
 // and answers anything else with an OpenAI-style error. See the package
 // README for the details.
@@ -151,20 +207,34 @@ func NewHandler(in Instance) (http.Handler, error) {
 		_, _ = crand.Read(seed[:]) // never fails (crypto/rand.Read)
 		src = rand.NewChaCha8(seed)
 	}
-	h := &handler{
-		name:    in.Name,
-		latency: lm,
-		log:     in.Logger,
-		now:     now,
-		rnd:     rand.New(src),
-		sleep:   wait,
+	served := in.Model
+	if served == "" {
+		served = DefaultModel
 	}
+	engine := in.Engine
+	if engine == "" {
+		engine = EngineVLLM
+	}
+	h := &handler{
+		name:          in.Name,
+		model:         served,
+		engine:        engine,
+		reportHeaders: in.ReportHeaders,
+		latency:       lm,
+		log:           in.Logger,
+		now:           now,
+		rnd:           rand.New(src),
+		sleep:         wait,
+	}
+	h.engineModel, _ = lm.(EngineReporter)
 	h.faults.Store(noFaults())
+	h.metrics = newEngineMetrics(h)
 	h.routes = map[string]route{
 		pathChat:        {http.MethodPost: h.chatCompletions},
 		pathCompletions: {http.MethodPost: h.completions},
 		"/v1/models":    {http.MethodGet: h.models},
 		"/healthz":      {http.MethodGet: h.healthz},
+		pathMetrics:     {http.MethodGet: h.serveMetrics},
 		pathFaults:      {http.MethodGet: h.getFaults, http.MethodPost: h.setFaults, http.MethodDelete: h.clearFaults},
 		pathStats:       {http.MethodGet: h.getStats},
 		pathReset:       {http.MethodPost: h.reset},
@@ -193,7 +263,8 @@ type Request struct {
 	// Arrived is when the request arrived, by the instance's clock.
 	Arrived time.Time
 	// InFlight is the number of completion requests the instance was
-	// already working on when this one arrived (the x-queue-depth header).
+	// already working on when this one arrived (what the x-queue-depth
+	// header reports).
 	InFlight int
 }
 

@@ -113,6 +113,9 @@ type KVCache struct {
 	leaves   map[BlockHash]*conversation // anonymous conversations by their last block
 	convLRU  list.List                   // of *conversation; front is the most recently used
 	stats    CacheStats
+	// onRemove, when set (for the duration of one storeReporting call),
+	// learns the hash of every block the cache frees.
+	onRemove func(BlockHash)
 }
 
 type cacheBlock struct {
@@ -182,8 +185,17 @@ func (c *KVCache) Match(hashes []BlockHash, t time.Time) int {
 // conversation (see KVCache); then the cache evicts what exceeds the
 // conversation cap and the capacity.
 func (c *KVCache) Store(session string, chain []Block) {
+	c.storeReporting(session, chain, nil)
+}
+
+// storeReporting is Store, calling removed (when not nil) with the hash of
+// every block it frees, by the capacity LRU or the conversation cap. It
+// calls removed with the cache locked: removed must not call the cache.
+func (c *KVCache) storeReporting(session string, chain []Block, removed func(BlockHash)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.onRemove = removed
+	defer func() { c.onRemove = nil }()
 
 	held := make([]*cacheBlock, len(chain))
 	for i, bl := range chain {
@@ -313,6 +325,9 @@ func (c *KVCache) remove(b *cacheBlock) {
 	c.lru.Remove(b.elem)
 	b.elem = nil
 	b.dead = true
+	if c.onRemove != nil {
+		c.onRemove(b.hash)
+	}
 }
 
 // Stats returns the cache's size and counters.

@@ -49,7 +49,7 @@ type streamOptions struct {
 // job is a validated completion request, whichever endpoint it came from.
 type job struct {
 	endpoint     string
-	model        string
+	model        string   // as the request named it; empty: the served model
 	prompts      []string // chat: one entry, the joined message contents
 	promptTokens int
 	maxTokens    int
@@ -105,7 +105,7 @@ func (r chatRequest) job() (job, *reqError) {
 	prompt := strings.Join(texts, "\n")
 	return job{
 		endpoint:     pathChat,
-		model:        modelOrDefault(r.Model),
+		model:        r.Model,
 		prompts:      []string{prompt},
 		promptTokens: CountTokens(prompt),
 		maxTokens:    maxTokens,
@@ -133,7 +133,7 @@ func (r completionRequest) job() (job, *reqError) {
 	}
 	return job{
 		endpoint:     pathCompletions,
-		model:        modelOrDefault(r.Model),
+		model:        r.Model,
 		prompts:      prompts,
 		promptTokens: tokens,
 		maxTokens:    maxTokens,
@@ -218,13 +218,6 @@ func resolveMaxTokens(limits ...namedInt) (int, *reqError) {
 		}
 	}
 	return chosen, nil
-}
-
-func modelOrDefault(m string) string {
-	if m == "" {
-		return DefaultModel
-	}
-	return m
 }
 
 // ---- responses ----

@@ -1,6 +1,7 @@
 package emulator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,6 +59,9 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 type Spec struct {
 	Name string
 	Addr string // host:port; port 0 picks a free port
+	// Model is the instance's served model name (Instance.Model); empty
+	// means the one WithServedModel gives, or DefaultModel.
+	Model string
 }
 
 // ParseSpec parses NAME=HOST:PORT, the form of the --instance flag.
@@ -97,6 +101,25 @@ func WithLatency(d time.Duration) Option {
 // each with its own KV cache. It replaces WithLatency.
 func WithModelFactory(newModel func(name string) (LatencyModel, error)) Option {
 	return func(c *serveConfig) { c.newModel = newModel }
+}
+
+// WithEngine sets the engine whose metrics every instance serves on
+// GET /metrics (Instance.Engine): EngineVLLM (the default) or
+// EngineSGLang.
+func WithEngine(engine string) Option {
+	return func(c *serveConfig) { c.template.Engine = engine }
+}
+
+// WithServedModel sets the served model name of the instances whose Spec
+// names none (Instance.Model; default DefaultModel).
+func WithServedModel(model string) Option {
+	return func(c *serveConfig) { c.template.Model = model }
+}
+
+// WithReportHeaders makes every instance send the emulator-only load
+// headers (Instance.ReportHeaders: x-queue-depth, x-gpu-utilization).
+func WithReportHeaders() Option {
+	return func(c *serveConfig) { c.template.ReportHeaders = true }
 }
 
 // WithLogger sets the logger: one info line per instance at start, one
@@ -142,6 +165,9 @@ func ServeAll(ctx context.Context, specs []Spec, opts ...Option) error {
 	for i, sp := range specs {
 		in := cfg.template
 		in.Name = sp.Name
+		if sp.Model != "" {
+			in.Model = sp.Model
+		}
 		if seen[sp.Name] {
 			return fmt.Errorf("emulator: instance name %q is used twice", sp.Name)
 		}
@@ -178,9 +204,14 @@ func ServeAll(ctx context.Context, specs []Spec, opts ...Option) error {
 		errs []error
 	)
 	for i, ln := range listeners {
+		model := specs[i].Model
+		if model == "" {
+			model = cmp.Or(cfg.template.Model, DefaultModel)
+		}
 		cfg.template.Logger.Info().
 			Str("instance", specs[i].Name).
 			Str("addr", ln.Addr().String()).
+			Str("model", model).
 			Msg("emulated instance listening")
 		if cfg.onListen != nil {
 			cfg.onListen(specs[i].Name, ln.Addr())

@@ -164,10 +164,14 @@ func TestServeAll(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	errc := make(chan error, 1)
-	specs := []Spec{{Name: "gpu-a", Addr: "127.0.0.1:0"}, {Name: "gpu-b", Addr: "localhost:0"}}
+	specs := []Spec{{Name: "gpu-a", Addr: "127.0.0.1:0", Model: "v1"}, {Name: "gpu-b", Addr: "localhost:0"}}
+	models := map[string]string{"gpu-a": "v1", "gpu-b": "fleet-model"}
 	go func() {
 		errc <- ServeAll(ctx, specs,
 			WithLatency(time.Millisecond),
+			WithEngine(EngineSGLang),
+			WithServedModel("fleet-model"),
+			WithReportHeaders(),
 			OnListen(func(name string, addr net.Addr) { boundc <- bound{name, addr.String()} }))
 	}()
 
@@ -193,6 +197,22 @@ func TestServeAll(t *testing.T) {
 		}
 		if diff := cmp.Diff(health{Status: "ok", Instance: sp.Name}, hz); diff != "" || resp.Header.Get(InstanceHeader) != sp.Name {
 			t.Errorf("%s at %s: %s=%q, healthz (-want +got):\n%s", sp.Name, got[sp.Name], InstanceHeader, resp.Header.Get(InstanceHeader), diff)
+		}
+		_, body = get(t, "http://"+got[sp.Name]+"/v1/models")
+		var list modelList
+		if err := json.Unmarshal(body, &list); err != nil || len(list.Data) != 1 || list.Data[0].ID != models[sp.Name] {
+			t.Errorf("%s: /v1/models %s (%v), want %s", sp.Name, body, err, models[sp.Name])
+		}
+		if _, body = get(t, "http://"+got[sp.Name]+"/metrics"); !strings.Contains(string(body), `sglang:num_running_reqs{engine_type="unified",model_name="`+models[sp.Name]+`"`) {
+			t.Errorf("%s: /metrics is not SGLang's for %s:\n%s", sp.Name, models[sp.Name], body)
+		}
+		resp, err := http.Post("http://"+got[sp.Name]+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.Header.Get(QueueDepthHeader) != "0" {
+			t.Errorf("%s: %s = %q with WithReportHeaders", sp.Name, QueueDepthHeader, resp.Header.Get(QueueDepthHeader))
 		}
 	}
 
@@ -270,20 +290,22 @@ func TestServeAllRefuses(t *testing.T) {
 		want  string
 	}{
 		{"no instances", nil, nil, "no instances"},
-		{"every interface, IPv4", []Spec{{"a", "0.0.0.0:0"}}, nil, "not a loopback address"},
-		{"every interface, IPv6", []Spec{{"a", "[::]:0"}}, nil, "not a loopback address"},
-		{"every interface, empty host", []Spec{{"a", ":0"}}, nil, "every interface"},
-		{"private address", []Spec{{"a", "10.1.2.3:8000"}}, nil, "not a loopback address"},
-		{"host name", []Spec{{"a", "example.com:80"}}, nil, "not a loopback address"},
-		{"second instance non-loopback", []Spec{{"a", "127.0.0.1:0"}, {"b", "192.168.1.1:0"}}, nil, `instance "b"`},
-		{"no port", []Spec{{"a", "127.0.0.1"}}, nil, "missing port"},
-		{"empty name", []Spec{{"", "127.0.0.1:0"}}, nil, "name is empty"},
-		{"duplicate name", []Spec{{"a", "127.0.0.1:0"}, {"a", "127.0.0.1:0"}}, nil, "used twice"},
-		{"negative latency", []Spec{{"a", "127.0.0.1:0"}}, []Option{WithLatency(-time.Second)}, "negative"},
-		{"address in use: the others are closed", []Spec{{"a", "127.0.0.1:0"}, {"b", busy.Addr().String()}}, nil, "address already in use"},
+		{"every interface, IPv4", []Spec{{Name: "a", Addr: "0.0.0.0:0"}}, nil, "not a loopback address"},
+		{"every interface, IPv6", []Spec{{Name: "a", Addr: "[::]:0"}}, nil, "not a loopback address"},
+		{"every interface, empty host", []Spec{{Name: "a", Addr: ":0"}}, nil, "every interface"},
+		{"private address", []Spec{{Name: "a", Addr: "10.1.2.3:8000"}}, nil, "not a loopback address"},
+		{"host name", []Spec{{Name: "a", Addr: "example.com:80"}}, nil, "not a loopback address"},
+		{"second instance non-loopback", []Spec{{Name: "a", Addr: "127.0.0.1:0"}, {Name: "b", Addr: "192.168.1.1:0"}}, nil, `instance "b"`},
+		{"no port", []Spec{{Name: "a", Addr: "127.0.0.1"}}, nil, "missing port"},
+		{"empty name", []Spec{{Name: "", Addr: "127.0.0.1:0"}}, nil, "name is empty"},
+		{"duplicate name", []Spec{{Name: "a", Addr: "127.0.0.1:0"}, {Name: "a", Addr: "127.0.0.1:0"}}, nil, "used twice"},
+		{"negative latency", []Spec{{Name: "a", Addr: "127.0.0.1:0"}}, []Option{WithLatency(-time.Second)}, "negative"},
+		{"unknown engine", []Spec{{Name: "a", Addr: "127.0.0.1:0"}}, []Option{WithEngine("tgi")}, `engine "tgi"`},
+		{"bad model name", []Spec{{Name: "a", Addr: "127.0.0.1:0", Model: "a\tb"}}, nil, "control character"},
+		{"address in use: the others are closed", []Spec{{Name: "a", Addr: "127.0.0.1:0"}, {Name: "b", Addr: busy.Addr().String()}}, nil, "address already in use"},
 		// With AllowNonLoopback the loopback check is skipped; 192.0.2.1
 		// (TEST-NET-1) is on no interface, so listening itself fails.
-		{"allowed non-loopback reaches listen", []Spec{{"a", "192.0.2.1:0"}}, []Option{AllowNonLoopback()}, "assign requested address"},
+		{"allowed non-loopback reaches listen", []Spec{{Name: "a", Addr: "192.0.2.1:0"}}, []Option{AllowNonLoopback()}, "assign requested address"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -303,9 +325,9 @@ func TestParseSpec(t *testing.T) {
 		want    Spec
 		wantErr string
 	}{
-		{in: "gpu-a=127.0.0.1:8001", want: Spec{"gpu-a", "127.0.0.1:8001"}},
-		{in: "b=[::1]:0", want: Spec{"b", "[::1]:0"}},
-		{in: "c=localhost:9000", want: Spec{"c", "localhost:9000"}},
+		{in: "gpu-a=127.0.0.1:8001", want: Spec{Name: "gpu-a", Addr: "127.0.0.1:8001"}},
+		{in: "b=[::1]:0", want: Spec{Name: "b", Addr: "[::1]:0"}},
+		{in: "c=localhost:9000", want: Spec{Name: "c", Addr: "localhost:9000"}},
 		{in: "gpu-a", wantErr: "want NAME=HOST:PORT"},
 		{in: "=127.0.0.1:1", wantErr: "want NAME=HOST:PORT"},
 		{in: "a=", wantErr: "want NAME=HOST:PORT"},

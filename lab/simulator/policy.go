@@ -114,7 +114,10 @@ type tetherRouter struct {
 	clock    func() int64 // virtual ns
 	lastSync time.Time
 	// queueKnown: tether reads the queue depth the emulator reports
-	// (routing.queue_depth_header is the emulator's header).
+	// (routing.queue_depth_header is the emulator's header). The simulated
+	// instances report it as the bench's do (emulator.Instance's
+	// ReportHeaders, off by default since real engines send no such
+	// header).
 	queueKnown bool
 	// pending are the requests waiting for their response headers
 	// (eventAnswered), in the order they get them.

@@ -254,9 +254,7 @@ func (in *chaosInstance) start(t *testing.T) {
 	if in.srv != nil {
 		return
 	}
-	// ReportHeaders: as the other harnesses, until tether reads the
-	// engine's /metrics instead of x-queue-depth.
-	h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, Latency: time.Millisecond, Model: in.Version, ReportHeaders: true})
+	h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, Latency: time.Millisecond, Model: in.Version})
 	if err != nil {
 		t.Fatal(err)
 	}

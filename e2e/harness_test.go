@@ -85,9 +85,7 @@ func startFaultyFleet(t *testing.T, n int) ([]config.Instance, map[string]*atomi
 		if err != nil {
 			t.Fatal(err)
 		}
-		// ReportHeaders: adaptive routing reads x-queue-depth until tether
-		// reads the engine's /metrics instead.
-		h, err := emulator.NewHandler(emulator.Instance{Name: name, Latency: time.Millisecond, Model: "v1", ReportHeaders: true})
+		h, err := emulator.NewHandler(emulator.Instance{Name: name, Latency: time.Millisecond, Model: "v1"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,9 +130,10 @@ func startInstances(t *testing.T, specs ...config.Instance) []config.Instance {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// ReportHeaders: the adaptive tests saturate an instance through
-		// x-queue-depth until tether reads the engine's /metrics instead.
-		h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, Latency: time.Millisecond, Model: in.Version, ReportHeaders: true})
+		// A batch of at most 4, as vLLM's --max-num-seqs: more requests in
+		// flight count as waiting on /metrics (the adaptive tests saturate
+		// an instance so).
+		h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, Latency: time.Millisecond, Model: in.Version, MaxRunning: 4})
 		if err != nil {
 			t.Fatal(err)
 		}

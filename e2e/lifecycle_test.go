@@ -453,13 +453,14 @@ func TestBoundedLoadThroughEnvoy(t *testing.T) {
 	}
 }
 
-// adaptiveConfig is the config of the adaptive tests: saturated at a queue
-// of 4, and gold-tier users (x-user-tier) of high priority. adaptive 0
-// gives the same config, sticky.
+// adaptiveConfig is the config of the adaptive tests: the instances are
+// vLLM engines whose /metrics tether scrapes, saturated at 5 waiting
+// requests (the default), and gold-tier users (x-user-tier) of high
+// priority. adaptive 0 gives the same config, sticky.
 func adaptiveConfig(redisURL string, inst []config.Instance, adaptive int) config.Config {
 	c := baseConfig(redisURL, inst)
+	c.Engines.Default = config.EngineVLLM
 	c.Routing.AdaptiveSticky = adaptive
-	c.Routing.SaturationQueueDepth = 4
 	c.Routing.Rules = []config.Rule{{Name: "gold", Tiers: []string{"gold"}, Priority: config.PriorityHigh}}
 	return c
 }
@@ -532,7 +533,8 @@ func TestAdaptiveSpillsLowPriorityOffASaturatedInstance(t *testing.T) {
 	}
 
 	// Saturate it: 300ms more per request, and the gold sessions keep a
-	// request each in flight, so it reports a queue of about ten.
+	// request each in flight, so its /metrics report 4 running and about 6
+	// waiting (its batch holds 4).
 	instanceAdmin(t, http.MethodPost, "http://"+hot.Address+"/admin/faults", `{"extra_latency":"300ms"}`)
 	t.Cleanup(func() { instanceAdmin(t, http.MethodDelete, "http://"+hot.Address+"/admin/faults", "") })
 	var bad problems

@@ -60,7 +60,10 @@ marked section of --out and the charts go to --charts.`,
 					return fmt.Errorf("--only %q: want overhead, quality, hotspot or churn", s)
 				}
 			}
-			if sat.InFlight < 0 || sat.QueueDepth < 0 || sat == (bench.Saturation{}) {
+			if sat.Waiting < 0 || !(sat.KVUsage >= 0 && sat.KVUsage <= 1) || sat.Waiting == 0 && sat.KVUsage == 0 {
+				return fmt.Errorf("--adaptive-waiting %d, --adaptive-kv-usage %v: want waiting not negative, a usage from 0 to 1, and one of them above 0", sat.Waiting, sat.KVUsage)
+			}
+			if sat.InFlight < 0 || sat.QueueDepth < 0 || sat.InFlight == 0 && sat.QueueDepth == 0 {
 				return fmt.Errorf("--adaptive-inflight %d, --adaptive-queue-depth %d: want neither negative and at least one above 0", sat.InFlight, sat.QueueDepth)
 			}
 			rep, err := bench.Run(cmd.Context(), bench.Options{
@@ -101,8 +104,10 @@ marked section of --out and the charts go to --charts.`,
 	f.StringVar(&scale, "scale", "full", "full (about 16 minutes) or smoke (about a minute and a half)")
 	f.Uint64Var(&seed, "seed", 1, "workload seed")
 	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, hotspot, churn")
-	f.IntVar(&sat.InFlight, "adaptive-inflight", sat.InFlight, "routing.saturation_inflight of the tether adaptive policy (0: off)")
-	f.IntVar(&sat.QueueDepth, "adaptive-queue-depth", sat.QueueDepth, "routing.saturation_queue_depth of the tether adaptive policy (0: off)")
+	f.IntVar(&sat.Waiting, "adaptive-waiting", sat.Waiting, "routing.saturation_waiting of the tether adaptive policy (0: off)")
+	f.Float64Var(&sat.KVUsage, "adaptive-kv-usage", sat.KVUsage, "routing.saturation_kv_usage of the tether adaptive policy (0: off)")
+	f.IntVar(&sat.InFlight, "adaptive-inflight", sat.InFlight, "routing.saturation_inflight of the header-signals adaptive policy (0: off)")
+	f.IntVar(&sat.QueueDepth, "adaptive-queue-depth", sat.QueueDepth, "routing.saturation_queue_depth of the header-signals adaptive policy (0: off)")
 	cmd.AddCommand(newBenchSoakCmd())
 	return cmd
 }

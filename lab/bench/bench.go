@@ -47,6 +47,9 @@ type Scale struct {
 	HotRate      float64
 	HotDocTokens int
 	HotTimeScale float64
+	// ScrapeInterval is how often tether reads the engines' /metrics
+	// (engines.scrape_interval).
+	ScrapeInterval time.Duration
 }
 
 // Full is what `make bench` runs (about 16 minutes). The hot tenant's
@@ -58,6 +61,7 @@ var Full = Scale{
 	Name: "full", OverheadRate: 300, OverheadDuration: 10 * time.Second, OverheadWorkers: 32,
 	Rate: 6, Duration: 90 * time.Second, ThinkScale: 0.2, TimeScale: 1,
 	HotDuration: 60 * time.Second, HotRate: 5, HotDocTokens: 2000, HotTimeScale: 1,
+	ScrapeInterval: config.DefaultScrapeInterval,
 }
 
 // Smoke is the short version the test command runs so the suite cannot
@@ -72,32 +76,44 @@ var Smoke = Scale{
 	Name: "smoke", OverheadRate: 100, OverheadDuration: 2 * time.Second, OverheadWorkers: 8,
 	Rate: 8, Duration: 8 * time.Second, ThinkScale: 0.02, TimeScale: 0.05,
 	HotDuration: 2 * time.Second, HotRate: 35, HotDocTokens: 2000, HotTimeScale: 0.25,
+	// The hot phase lasts a second: tether must see it well within.
+	ScrapeInterval: 100 * time.Millisecond,
 }
 
-// Saturation is when the "tether adaptive" policy counts an instance as
-// saturated (routing.saturation_inflight, routing.saturation_queue_depth);
-// 0 turns a threshold off.
+// Saturation is when the adaptive policies count an instance as
+// saturated; 0 turns a threshold off. "tether adaptive" reads what the
+// engines publish on /metrics, as it would on a real vLLM fleet
+// (routing.saturation_waiting, routing.saturation_kv_usage); "tether
+// adaptive (header signals)" reads the emulator-only x-queue-depth header
+// and tether's own in-flight count (routing.saturation_queue_depth,
+// routing.saturation_inflight).
 type Saturation struct {
+	Waiting int
+	KVUsage float64
+	// The header-signals policy's.
 	InFlight, QueueDepth int
 }
 
-// DefaultSaturation is chosen from what the emulated A100s report under
-// the full quality workload routed by tether sticky (6 requests/s on eight
-// instances, their GPUs about 98% busy). The queue depth an instance
-// reports (x-queue-depth: the requests it was already working on when a
-// request arrived, decoding ones included) was 3 at the median, 6 at p90,
-// 8 at p99 and 9 at most. The requests waiting for their first token, which
-// is what tether counts in flight (it hears an answer's headers with its
-// first token), were 0 at the median, 2 at p99 and 4 at most. Saturation
-// is what the steady load never reaches: a reported queue of 12, or 6
-// requests waiting for a prefill. Lower thresholds spill sessions off
-// instances that are only as busy as the rest of the fleet, losing their
-// KV cache for nothing: with routing's default queue depth of 4 (the
-// fleet's median) adaptive spilled 29% of its decisions in that workload
-// and did worse than sticky on hit rate, TTFT and GPU cost, and with 8
-// (its p99, and 4 in flight) it still spilled a fifth, because a reported
-// depth stands until the instance's next answer (see BENCHMARKS.md).
-var DefaultSaturation = Saturation{InFlight: 6, QueueDepth: 12}
+// DefaultSaturation: the engine thresholds are routing's defaults, what
+// the Gateway API Inference Extension and llm-d ship (5 waiting, 80% of
+// the KV cache). Under the full quality workload routed by tether sticky
+// (6 requests/s on eight emulated A100s, their GPUs about 98% busy) the
+// requests waiting for a prefill were 0 at the median, 2 at p99 and 4 at
+// most, so steady load does not reach 5.
+//
+// The header thresholds were chosen from the same run: the queue depth an
+// instance reports (x-queue-depth: the requests it was already working on
+// when a request arrived, decoding ones included) was 3 at the median, 6
+// at p90, 8 at p99 and 9 at most; saturation is what the steady load never
+// reaches, a reported queue of 12, or 6 requests waiting for a prefill.
+// Lower thresholds spill sessions off instances that are only as busy as
+// the rest of the fleet, losing their KV cache for nothing: with a queue
+// depth of 4 (the fleet's median) adaptive spilled 29% of its decisions
+// in that workload and did worse than sticky on hit rate, TTFT and GPU
+// cost, and with 8 (its p99, and 4 in flight) it still spilled a fifth,
+// because a reported depth stands until the instance's next answer (see
+// BENCHMARKS.md).
+var DefaultSaturation = Saturation{Waiting: config.DefaultWaiting, KVUsage: config.DefaultKVUsage, InFlight: 6, QueueDepth: 12}
 
 // Options configure a run.
 type Options struct {
@@ -167,7 +183,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 
 // baseConfig is a tether config for instances: loopback listeners on
 // ports the kernel picks, ADS on, the default Envoy settings.
-func baseConfig(instances []config.Instance) config.Config {
+func baseConfig(sc Scale, instances []config.Instance) config.Config {
 	c := config.Default()
 	c.Server.ExtProcAddr = "127.0.0.1:0"
 	c.Server.AdminAddr = "127.0.0.1:0"
@@ -175,6 +191,13 @@ func baseConfig(instances []config.Instance) config.Config {
 	c.Server.DebugHeaders = true
 	c.XDS.Addr = "127.0.0.1:0"
 	c.Envoy.ListenerAddr = "127.0.0.1:0"
+	// The emulated instances are vLLM engines, and tether reads their
+	// /metrics as it would a real fleet's.
+	c.Engines.Default = config.EngineVLLM
+	if sc.ScrapeInterval > 0 {
+		c.Engines.ScrapeInterval = config.Dur(sc.ScrapeInterval)
+		c.Engines.ScrapeTimeout = config.Dur(min(config.DefaultScrapeTimeout, sc.ScrapeInterval))
+	}
 	c.Instances = instances
 	return c
 }
@@ -184,6 +207,7 @@ type policy struct {
 	name    string
 	store   bool // needs redis-server
 	offPath bool // tether only serves Envoy's configuration
+	headers bool // the instances send the emulator-only load headers
 	edit    func(*config.Config)
 }
 
@@ -202,11 +226,23 @@ var (
 )
 
 // policyAdaptive is sticky routing that lets a session leave a saturated
-// instance for its next choice.
+// instance for its next choice, saturation read from the engines' /metrics.
 func policyAdaptive(s Saturation) policy {
 	return policy{name: "tether adaptive", store: true, edit: func(c *config.Config) {
 		c.Routing.AdaptiveSticky = 1
-		c.Routing.SaturationInFlight = s.InFlight
-		c.Routing.SaturationQueueDepth = s.QueueDepth
+		c.Routing.SaturationWaiting, c.Routing.SaturationKVUsage = s.Waiting, s.KVUsage
+		c.Routing.SaturationInFlight, c.Routing.SaturationQueueDepth = 0, 0
+	}}
+}
+
+// policyAdaptiveHeaders is adaptive routing on the signals tether had
+// before it read engines: the emulator-only x-queue-depth header and its
+// own in-flight count, with the engines not scraped.
+func policyAdaptiveHeaders(s Saturation) policy {
+	return policy{name: "tether adaptive (header signals)", store: true, headers: true, edit: func(c *config.Config) {
+		c.Engines.Default = config.EngineGeneric
+		c.Routing.AdaptiveSticky = 1
+		c.Routing.SaturationWaiting, c.Routing.SaturationKVUsage = 0, 0
+		c.Routing.SaturationInFlight, c.Routing.SaturationQueueDepth = s.InFlight, s.QueueDepth
 	}}
 }

@@ -99,11 +99,11 @@ func TestMarkdownHasEveryTable(t *testing.T) {
 			{Policy: "tether adaptive", Decisions: 10, Spilled: 0.25, Spread: Spread{MinRequests: 3, MaxRequests: 9, Imbalance: 1.5, QueueP50: 2, QueueP99: 7, BusiestQueueP99: 8}}},
 		Hotspot:    []HotspotRow{{Policy: "tether adaptive", Tenant: Traffic{Requests: 80, TTFTP99: 250 * time.Millisecond, Spilled: 0.075, Instances: 2}, Decisions: 100, Spilled: 0.05}},
 		Churn:      []ChurnRow{{Policy: "tether sticky", Phase: "steady"}},
-		Saturation: Saturation{InFlight: 6, QueueDepth: 12},
+		Saturation: Saturation{Waiting: 5, KVUsage: 0.8, InFlight: 6, QueueDepth: 12},
 	}
 	md := r.Markdown(Meta{Command: "cmd", Commit: "abc", Machine: "m"}, []string{"docs/bench/x.png"})
 	for _, want := range []string{MarkerStart, MarkerEnd, "### Overhead", "| tether sticky | 2.0 ms", "0.50 | 300 µs", "### Routing quality", "50.0%",
-		"`saturation_inflight = 6` and `saturation_queue_depth = 12`", "### Hot spot",
+		"`saturation_waiting = 5` and\n`saturation_kv_usage = 0.8`", "### Hot spot",
 		"| tether adaptive | hot tenant | 80 | 0 | 0.0% | 0.0 ms | 250.0 ms | 7.5% | 2 |", "### Load spread",
 		"| quality | Envoy ring hash | – |", "| quality | tether adaptive | 25.0% | 3–9 | 1.50 | 2 | 7 | 8 |", "| hot spot | tether adaptive | 5.0% |",
 		"### Churn", "![x](docs/bench/x.png)", "commit abc"} {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetherproxy/tether/config"
@@ -27,6 +28,50 @@ type simFleet struct {
 	// answers reported (x-queue-depth) since the last reset: what adaptive
 	// routing reads, and how the load spread.
 	depths map[string][]int
+	// headers: the answers keep the emulator-only load headers.
+	headers atomic.Bool
+}
+
+// tap reads the queue depth an answer reports as its headers are written,
+// and strips the emulator-only headers when strip is set.
+type tap struct {
+	http.ResponseWriter
+	strip  bool
+	record func(queueDepth string)
+	wrote  bool
+}
+
+func (t *tap) WriteHeader(code int) {
+	if !t.wrote {
+		t.wrote = true
+		h := t.ResponseWriter.Header()
+		t.record(h.Get(emulator.QueueDepthHeader))
+		if t.strip {
+			h.Del(emulator.QueueDepthHeader)
+			h.Del(emulator.GPUUtilizationHeader)
+		}
+	}
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *tap) Write(b []byte) (int, error) {
+	if !t.wrote {
+		t.WriteHeader(http.StatusOK)
+	}
+	return t.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (t *tap) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+// Flush keeps streamed answers streaming.
+func (t *tap) Flush() {
+	if !t.wrote {
+		t.WriteHeader(http.StatusOK)
+	}
+	if f, ok := t.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
 }
 
 type simServer struct {
@@ -62,22 +107,22 @@ func (f *simFleet) serve(in config.Instance, ln net.Listener) error {
 		return err
 	}
 	// The instance serves its version as its model, as tether's config
-	// names it. ReportHeaders: adaptive routing (tether's
-	// routing.queue_depth_header) and the spread report read x-queue-depth
-	// until tether reads the engine's /metrics instead.
+	// names it, and its /metrics as vLLM does. It always adds the
+	// emulator-only x-queue-depth header, because the spread report reads
+	// it here; the tap removes it (and x-gpu-utilization) before the answer
+	// leaves, unless the fleet reports headers (the header-signals row).
 	h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, LatencyModel: m, Model: in.Version, ReportHeaders: true})
 	if err != nil {
 		return err
 	}
-	// The header map outlives the answer: read what the instance reported
-	// once it is done.
 	probe := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(w, r)
-		if d, err := strconv.Atoi(w.Header().Get(emulator.QueueDepthHeader)); err == nil {
-			f.mu.Lock()
-			f.depths[in.Name] = append(f.depths[in.Name], d)
-			f.mu.Unlock()
-		}
+		h.ServeHTTP(&tap{ResponseWriter: w, strip: !f.headers.Load(), record: func(v string) {
+			if d, err := strconv.Atoi(v); err == nil {
+				f.mu.Lock()
+				f.depths[in.Name] = append(f.depths[in.Name], d)
+				f.mu.Unlock()
+			}
+		}}, r)
 	})
 	s := &simServer{cfg: in, ln: ln, srv: &http.Server{Handler: probe, ReadHeaderTimeout: 10 * time.Second}}
 	go func() { _ = s.srv.Serve(ln) }()

@@ -78,11 +78,12 @@ func runHotspot(ctx context.Context, opts Options, dir string) ([]HotspotRow, er
 	}
 	defer fleet.close()
 	var rows []HotspotRow
-	for _, p := range []policy{policySticky, policyAdaptive(opts.Saturation)} {
+	for _, p := range []policy{policySticky, policyAdaptive(opts.Saturation), policyAdaptiveHeaders(opts.Saturation)} {
 		fmt.Fprintf(opts.Log, "hot spot: %s (%s)\n", p.name, opts.Scale.HotDuration)
 		if err := fleet.reset(ctx); err != nil {
 			return rows, err
 		}
+		fleet.headers.Store(p.headers)
 		row, err := hotspotOnce(ctx, opts, dir, p, fleet, instances)
 		if err != nil {
 			return rows, fmt.Errorf("%s: %w", p.name, err)

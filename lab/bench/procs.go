@@ -37,7 +37,7 @@ type stack struct {
 }
 
 func startStack(ctx context.Context, opts Options, dir string, p policy, instances []config.Instance) (*stack, error) {
-	cfg := baseConfig(instances)
+	cfg := baseConfig(opts.Scale, instances)
 	p.edit(&cfg)
 	s := &stack{}
 	var err error

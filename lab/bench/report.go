@@ -153,10 +153,12 @@ func qualityPreamble(s Scale, sat Saturation) string {
 		"change. Continuity: follow-up turns served by the instance of the previous turn (anonymous callers\n"+
 		"are routed at random by every policy). GPU-seconds: the emulated GPU time the instances spent\n"+
 		"(prefill, plus each decode step divided among the requests in flight on the instance); GPU busy is\n"+
-		"that over the fleet's time. Tether adaptive is tether sticky with `routing.adaptive_sticky = 1`,\n"+
-		"`saturation_inflight = %d` and `saturation_queue_depth = %d`: thresholds above what this steady load\n"+
-		"reaches (the reading notes say why), so that only a real hot spot moves sessions.",
-		s.TimeScale, s.Rate, s.Duration, s.ThinkScale, sat.InFlight, sat.QueueDepth)
+		"that over the fleet's time. The instances publish vLLM's /metrics and send none of the emulator's own\n"+
+		"headers; every tether policy scrapes them (`engines.default = \"vllm\"`, every second). Tether\n"+
+		"adaptive is tether sticky with `routing.adaptive_sticky = 1`, `saturation_waiting = %d` and\n"+
+		"`saturation_kv_usage = %g` read from those metrics: thresholds above what this steady load reaches\n"+
+		"(the reading notes say why), so that only a real hot spot moves sessions.",
+		s.TimeScale, s.Rate, s.Duration, s.ThinkScale, sat.Waiting, sat.KVUsage)
 }
 
 func hotspotPreamble(s Scale) string {
@@ -165,7 +167,9 @@ func hotspotPreamble(s Scale) string {
 		"under one API key (`Authorization: Bearer …`, no session id), each the tenant's %d-token instructions,\n"+
 		"shared, and a %d-token document of its own, %d streamed output tokens. Sticky routing sees one identity\n"+
 		"and keeps the whole job on one instance; adaptive moves it (and the other sessions bound there) to\n"+
-		"their next choice while that instance is saturated. \"Others\" are the workload's requests that\n"+
+		"their next choice while that instance is saturated: \"tether adaptive\" by what the engines publish on\n"+
+		"/metrics (waiting requests, KV-cache usage), \"header signals\" by the emulator-only x-queue-depth\n"+
+		"header and tether's in-flight count, the signals tether had before it read engines. \"Others\" are the workload's requests that\n"+
 		"started during the hot phase, the ones that share the fleet with the burst. Spilled: answers whose\n"+
 		"x-tether-decision was \"spilled\". TTFT of the tenant's requests is timed from when each was due.",
 		s.HotDuration, s.HotTimeScale, s.HotDuration/4, 3*s.HotDuration/4, s.HotRate, hotSystemTokens, s.HotDocTokens, hotOutputTokens)

@@ -31,9 +31,11 @@ type handler struct {
 	// reportHeaders sends the emulator-only load headers
 	// (Instance.ReportHeaders).
 	reportHeaders bool
-	log           zerolog.Logger
-	routes        map[string]route
-	now           func() time.Time
+	// maxRunning caps the Fixed model's batch (Instance.MaxRunning).
+	maxRunning int
+	log        zerolog.Logger
+	routes     map[string]route
+	now        func() time.Time
 	// sleep waits d or until ctx ends (wait); tests replace it to record
 	// the waits instead.
 	sleep func(ctx context.Context, d time.Duration) error

@@ -126,6 +126,12 @@ type Instance struct {
 	// answers: QueueDepthHeader, and GPUUtilizationHeader for models that
 	// report it. Off by default, as real engines send neither.
 	ReportHeaders bool
+
+	// MaxRunning caps the batch of an instance without a latency model of
+	// its own scheduler (Latency, Fixed), as vLLM's --max-num-seqs does:
+	// past it, requests in flight count as waiting on GET /metrics. They
+	// are not slowed down for it. 0: no cap, nothing waits.
+	MaxRunning int
 }
 
 // Validate reports the first problem with the configuration.
@@ -143,6 +149,9 @@ func (in Instance) Validate() error {
 	}
 	if in.Latency < 0 {
 		return fmt.Errorf("emulator: instance %q: latency %v is negative", in.Name, in.Latency)
+	}
+	if in.MaxRunning < 0 {
+		return fmt.Errorf("emulator: instance %q: max running %d is negative", in.Name, in.MaxRunning)
 	}
 	if in.Latency != 0 && in.LatencyModel != nil {
 		return fmt.Errorf("emulator: instance %q: set either latency (%v) or a latency model, not both", in.Name, in.Latency)
@@ -220,6 +229,7 @@ func NewHandler(in Instance) (http.Handler, error) {
 		model:         served,
 		engine:        engine,
 		reportHeaders: in.ReportHeaders,
+		maxRunning:    in.MaxRunning,
 		latency:       lm,
 		log:           in.Logger,
 		now:           now,

@@ -236,9 +236,14 @@ func (h *handler) snapshot() snapshot {
 	if h.engineModel != nil {
 		s.state = h.engineModel.EngineState(h.now())
 	} else {
-		// No scheduler to ask: the requests in flight run, nothing waits,
-		// and there is no KV cache.
-		s.state = EngineState{Running: int(max(h.inFlight.Load(), 0))}
+		// No scheduler to ask: the requests in flight run, up to the cap,
+		// the rest wait, and there is no KV cache.
+		n := int(max(h.inFlight.Load(), 0))
+		run := n
+		if h.maxRunning > 0 {
+			run = min(n, h.maxRunning)
+		}
+		s.state = EngineState{Running: run, Waiting: n - run}
 	}
 	return s
 }

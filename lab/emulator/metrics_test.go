@@ -3,6 +3,7 @@ package emulator
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -325,10 +326,18 @@ func TestSGLangMetrics(t *testing.T) {
 }
 
 // TestMetricsWithFixedLatency: without a cache model, /metrics serves what
-// the handler knows: the requests in flight run, nothing waits, no KV
-// cache, no prefix cache queries, the tokens served.
+// the handler knows: the requests in flight run (past MaxRunning they
+// wait), no KV cache, no prefix cache queries, the tokens served.
 func TestMetricsWithFixedLatency(t *testing.T) {
-	hh, err := NewHandler(Instance{Name: "gpu-f", Latency: time.Millisecond})
+	for _, maxRunning := range []int{0, 1} {
+		t.Run(fmt.Sprintf("max running %d", maxRunning), func(t *testing.T) { testFixedMetrics(t, maxRunning) })
+	}
+}
+
+// testFixedMetrics runs three requests at once; with maxRunning 1, two of
+// them count as waiting.
+func testFixedMetrics(t *testing.T, maxRunning int) {
+	hh, err := NewHandler(Instance{Name: "gpu-f", Latency: time.Millisecond, MaxRunning: maxRunning})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,9 +365,13 @@ func TestMetricsWithFixedLatency(t *testing.T) {
 	m := scrape(t, h)
 	close(gate)
 	wg.Wait()
+	running := n
+	if maxRunning > 0 {
+		running = maxRunning
+	}
 	for name, v := range map[string]float64{
-		"vllm:num_requests_running":       n,
-		"vllm:num_requests_waiting":       0,
+		"vllm:num_requests_running":       float64(running),
+		"vllm:num_requests_waiting":       float64(n - running),
 		"vllm:kv_cache_usage_perc":        0,
 		"vllm:prefix_cache_queries_total": 0,
 		"vllm:prefix_cache_hits_total":    0,

@@ -1,0 +1,111 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Kind names the serving engine behind an instance, which says how its
+// /metrics is read.
+type Kind string
+
+// The kinds of engine. A Generic instance is not scraped.
+const (
+	Generic Kind = "generic"
+	VLLM    Kind = "vllm"
+	SGLang  Kind = "sglang"
+)
+
+// ParseKind returns the kind s names; anything but "generic", "vllm" and
+// "sglang" is an error that names the three.
+func ParseKind(s string) (Kind, error) {
+	switch k := Kind(s); k {
+	case Generic, VLLM, SGLang:
+		return k, nil
+	}
+	return "", fmt.Errorf("engine: unknown engine %q (want %q, %q or %q)", s, VLLM, SGLang, Generic)
+}
+
+// errNotScraped is what Parse and Scrape say of the generic kind.
+var errNotScraped = errors.New("engine: a generic instance has no engine metrics to read")
+
+// Sample is what one exposition says, series summed over data-parallel
+// engines.
+type Sample struct {
+	// Waiting and Running are the requests queued and being served, summed
+	// over the engines.
+	Waiting, Running float64
+	// KVUsage is the share of the KV cache in use, 0 to 1: the mean over the
+	// engines (vLLM's label engine, SGLang's dp_rank). KVKnown is false when
+	// the exposition has no usage gauge.
+	KVUsage float64
+	KVKnown bool
+	// PrefixHits and PrefixQueries are the engine's cumulative counts of
+	// prompt tokens served from the prefix cache and looked up in it, summed
+	// over the engines; PrefixKnown is false when the engine publishes no such
+	// counters.
+	PrefixHits, PrefixQueries float64
+	PrefixKnown               bool
+	// Preemptions is the engine's cumulative count of preempted requests
+	// (SGLang: retracted), summed over the engines; 0 when it publishes none.
+	Preemptions float64
+	// Engines is how many engine series the exposition held: the distinct
+	// engine (vLLM) or dp_rank (SGLang) values of the running gauge, 1 when
+	// it carries no such label.
+	Engines int
+}
+
+// The reasons an Error gives: the values of the label reason of
+// tether_engine_scrape_errors_total.
+const (
+	ReasonConnect      = "connect"       // the request did not get an answer: refused, reset, no route, DNS
+	ReasonTimeout      = "timeout"       // no whole answer within the scrape timeout
+	ReasonStatus       = "status"        // an answer other than 200
+	ReasonTooLarge     = "too_large"     // a body over the limit
+	ReasonParse        = "parse"         // not the Prometheus text format (an HTML page, a truncated body…)
+	ReasonMissing      = "missing"       // none of the engine's queue gauges
+	ReasonBadValue     = "bad_value"     // NaN, ±Inf, a negative value, a usage above 1, or a histogram where a number belongs
+	ReasonCounterReset = "counter_reset" // a counter lower than in the sample before (an engine restart)
+	ReasonOther        = "other"         // any other error
+)
+
+// Reasons lists every reason Reason can return, for metrics that want each
+// label value present from the start.
+func Reasons() []string {
+	return []string{
+		ReasonConnect, ReasonTimeout, ReasonStatus, ReasonTooLarge, ReasonParse,
+		ReasonMissing, ReasonBadValue, ReasonCounterReset, ReasonOther,
+	}
+}
+
+// Error is a failed scrape or an unusable exposition.
+type Error struct {
+	Reason string
+	Err    error
+}
+
+func (e *Error) Error() string {
+	if e.Err == nil {
+		return "engine: " + e.Reason
+	}
+	return "engine: " + e.Reason + ": " + e.Err.Error()
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Reason is the reason of the first *Error in err's chain, ReasonOther when
+// there is none, and "" for a nil err.
+func Reason(err error) string {
+	if err == nil {
+		return ""
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Reason
+	}
+	return ReasonOther
+}
+
+func errorf(reason, format string, args ...any) error {
+	return &Error{Reason: reason, Err: fmt.Errorf(format, args...)}
+}

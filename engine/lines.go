@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"bytes"
+	"strings"
+)
+
+// An exposition of vLLM runs to ~900 lines, nearly all of them histogram
+// buckets and families tether does not read, and expfmt's parser spends ~30
+// allocations on each. So before parsing, the lines of families certainly not
+// read are dropped: a line whose first token names a metric (a sample line,
+// or a # HELP or # TYPE line) is kept when that name is one the kind reads,
+// and any line the filter is not sure of (not starting with a plain metric
+// name, a quoted name, anything odd) is kept for expfmt to judge. Comments
+// other than HELP and TYPE, which expfmt ignores, are dropped. This decides
+// only what is parsed, never how: expfmt parses what is kept.
+
+// readNames is the set of names whose lines are kept: the sample names a
+// spec reads, their bare counter names (OpenMetrics' # TYPE lines, and
+// counters exposed without the suffix), and the _bucket, _sum and _count
+// series a wrongly typed family would have, so that it is refused as such.
+type readNames map[string]bool
+
+func namesOf(sp *spec, prefixNames ...string) readNames {
+	n := readNames{}
+	for _, name := range append([]string{sp.running, sp.waiting, sp.preemptions}, append(sp.usage, prefixNames...)...) {
+		n[name] = true
+		if bare, ok := strings.CutSuffix(name, "_total"); ok {
+			n[bare] = true
+		}
+	}
+	for name := range n {
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			n[name+suffix] = true
+		}
+	}
+	return n
+}
+
+// relevant appends to dst the lines of b that names keeps.
+func (names readNames) relevant(b, dst []byte) []byte {
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i+1], b[i+1:]
+		} else {
+			b = nil
+		}
+		if names.keep(line) {
+			dst = append(dst, line...)
+		}
+	}
+	return dst
+}
+
+func (names readNames) keep(line []byte) bool {
+	s := trimBlank(line)
+	switch {
+	case len(s) == 0 || s[0] == '\n':
+		return false
+	case s[0] == '#':
+		s = trimBlank(s[1:])
+		kw, rest := token(s)
+		if string(kw) != "HELP" && string(kw) != "TYPE" {
+			return false // a comment
+		}
+		if len(rest) == 0 || (rest[0] != ' ' && rest[0] != '\t') {
+			return true
+		}
+		name, next := metricName(trimBlank(rest))
+		if len(name) == 0 || (next != ' ' && next != '\t' && next != '\n') {
+			return true
+		}
+		return names[string(name)]
+	}
+	name, next := metricName(s)
+	if len(name) == 0 || (next != '{' && next != ' ' && next != '\t') {
+		return true
+	}
+	return names[string(name)]
+}
+
+func trimBlank(s []byte) []byte {
+	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
+		s = s[1:]
+	}
+	return s
+}
+
+// token is s up to the first blank or newline, and the rest.
+func token(s []byte) (tok, rest []byte) {
+	i := 0
+	for i < len(s) && s[i] != ' ' && s[i] != '\t' && s[i] != '\n' {
+		i++
+	}
+	return s[:i], s[i:]
+}
+
+// metricName is the plain (unquoted) metric name s starts with, and the byte
+// after it (0 at the end of s).
+func metricName(s []byte) (name []byte, next byte) {
+	i := 0
+	for i < len(s) {
+		c := s[i]
+		if c == '_' || c == ':' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (i > 0 && c >= '0' && c <= '9') {
+			i++
+			continue
+		}
+		break
+	}
+	if i < len(s) {
+		next = s[i]
+	}
+	return s[:i], next
+}

@@ -28,9 +28,7 @@ trap 'stop; exit 143' TERM
 trap stop EXIT
 
 "$tether" config validate "$config"
-# --report-headers: tether's instance metrics (queue depth, GPU utilisation)
-# read the emulator's headers until it reads the instances' /metrics.
-"$lab" emulate --config "$config" --report-headers 2>"$logs/emulate.log" &
+"$lab" emulate --config "$config" 2>"$logs/emulate.log" &
 pids+=($!)
 "$tether" serve --config "$config" 2>"$logs/tether.log" &
 pids+=($!)

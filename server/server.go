@@ -176,7 +176,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	var watchers sync.WaitGroup
 	watchers.Go(func() { lengths.Run(wctx) })
 	watchers.Go(func() { syncLoad(wctx, load, rt.Fleet(), log, rec.LoadSyncFailures()) })
-	watchers.Go(func() { newPoller(start.Scrape, replica, rt.Fleet(), load, st, reg, log).Run(wctx) })
+	poller := newPoller(start.Scrape, replica, rt.Fleet(), load, st, reg, log)
+	watchers.Go(func() { poller.Run(wctx) })
 	watchers.Go(func() {
 		share := &breakerShare{breaker: breaker, store: st, index: st, mover: decider, fleet: rt.Fleet(), replica: replica, rec: brec, log: log}
 		share.run(wctx)

@@ -450,8 +450,8 @@ func TestComposeRejects(t *testing.T) {
 		{
 			name: "emulator refusing non-loopback",
 			edit: func(t *testing.T, c string) string {
-				return replace(t, c, `"a100-west-1=0.0.0.0:8000", "--model", "llama-3.1-8b", "--report-headers", "--allow-non-loopback"]`,
-					`"a100-west-1=0.0.0.0:8000", "--model", "llama-3.1-8b", "--report-headers"]`)
+				return replace(t, c, `"a100-west-1=0.0.0.0:8000", "--model", "llama-3.1-8b", "--allow-non-loopback"]`,
+					`"a100-west-1=0.0.0.0:8000", "--model", "llama-3.1-8b"]`)
 			},
 			want: []string{`service "a100-west-1"`, "--allow-non-loopback"},
 		},

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"sort"
@@ -180,14 +179,14 @@ func (p *Poller) scrapeOne(ctx context.Context, in fleet.Instance) string {
 		r, err = p.Tracker.Observe(in.Name, s, start)
 		p.Load.SetEngine(in.Name, r) // a reset still gives a good reading
 	}
-	reason := ""
-	if err != nil {
-		reason = Reason(err)
+	if ctx.Err() != nil {
+		return "" // stopping: a scrape cut short says nothing of the engine
 	}
+	reason := Reason(err)
 	if p.Recorder != nil {
 		p.Recorder.Scraped(in.Name, took, reason)
 	}
-	if err == nil || errors.Is(err, context.Canceled) && ctx.Err() != nil {
+	if err == nil {
 		return ""
 	}
 	return fmt.Sprintf("%s (%s): %v", in.Name, reason, err)

@@ -48,8 +48,10 @@ type Scale struct {
 	HotDocTokens int
 	HotTimeScale float64
 	// ScrapeInterval is how often tether reads the engines' /metrics
-	// (engines.scrape_interval).
-	ScrapeInterval time.Duration
+	// (engines.scrape_interval); HotScrapeIntervals, the intervals the hot
+	// spot's adaptive policy runs at, a row each.
+	ScrapeInterval     time.Duration
+	HotScrapeIntervals []time.Duration
 }
 
 // Full is what `make bench` runs (about 16 minutes). The hot tenant's
@@ -62,6 +64,9 @@ var Full = Scale{
 	Rate: 6, Duration: 90 * time.Second, ThinkScale: 0.2, TimeScale: 1,
 	HotDuration: 60 * time.Second, HotRate: 5, HotDocTokens: 2000, HotTimeScale: 1,
 	ScrapeInterval: config.DefaultScrapeInterval,
+	// The default, and the interval at which adaptive routing on scraped
+	// signals relieves the hot spot as fast as on the header signals.
+	HotScrapeIntervals: []time.Duration{config.DefaultScrapeInterval, 250 * time.Millisecond},
 }
 
 // Smoke is the short version the test command runs so the suite cannot
@@ -77,7 +82,8 @@ var Smoke = Scale{
 	Rate: 8, Duration: 8 * time.Second, ThinkScale: 0.02, TimeScale: 0.05,
 	HotDuration: 2 * time.Second, HotRate: 35, HotDocTokens: 2000, HotTimeScale: 0.25,
 	// The hot phase lasts a second: tether must see it well within.
-	ScrapeInterval: 100 * time.Millisecond,
+	ScrapeInterval:     100 * time.Millisecond,
+	HotScrapeIntervals: []time.Duration{100 * time.Millisecond},
 }
 
 // Saturation is when the adaptive policies count an instance as
@@ -195,8 +201,7 @@ func baseConfig(sc Scale, instances []config.Instance) config.Config {
 	// /metrics as it would a real fleet's.
 	c.Engines.Default = config.EngineVLLM
 	if sc.ScrapeInterval > 0 {
-		c.Engines.ScrapeInterval = config.Dur(sc.ScrapeInterval)
-		c.Engines.ScrapeTimeout = config.Dur(min(config.DefaultScrapeTimeout, sc.ScrapeInterval))
+		setScrapeInterval(&c, sc.ScrapeInterval)
 	}
 	c.Instances = instances
 	return c
@@ -225,6 +230,11 @@ var (
 	policySticky     = policy{name: "tether sticky", store: true, edit: func(*config.Config) {}}
 )
 
+func setScrapeInterval(c *config.Config, d time.Duration) {
+	c.Engines.ScrapeInterval = config.Dur(d)
+	c.Engines.ScrapeTimeout = config.Dur(min(config.DefaultScrapeTimeout, d))
+}
+
 // policyAdaptive is sticky routing that lets a session leave a saturated
 // instance for its next choice, saturation read from the engines' /metrics.
 func policyAdaptive(s Saturation) policy {
@@ -233,6 +243,21 @@ func policyAdaptive(s Saturation) policy {
 		c.Routing.SaturationWaiting, c.Routing.SaturationKVUsage = s.Waiting, s.KVUsage
 		c.Routing.SaturationInFlight, c.Routing.SaturationQueueDepth = 0, 0
 	}}
+}
+
+// policyAdaptiveEvery is policyAdaptive with the engines scraped every d,
+// named by it when there are several.
+func policyAdaptiveEvery(s Saturation, d time.Duration, named bool) policy {
+	p := policyAdaptive(s)
+	if named {
+		p.name = fmt.Sprintf("tether adaptive (scrape %v)", d)
+	}
+	edit := p.edit
+	p.edit = func(c *config.Config) {
+		edit(c)
+		setScrapeInterval(c, d)
+	}
+	return p
 }
 
 // policyAdaptiveHeaders is adaptive routing on the signals tether had

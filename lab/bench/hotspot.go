@@ -78,7 +78,11 @@ func runHotspot(ctx context.Context, opts Options, dir string) ([]HotspotRow, er
 	}
 	defer fleet.close()
 	var rows []HotspotRow
-	for _, p := range []policy{policySticky, policyAdaptive(opts.Saturation), policyAdaptiveHeaders(opts.Saturation)} {
+	policies := []policy{policySticky}
+	for _, d := range opts.Scale.HotScrapeIntervals {
+		policies = append(policies, policyAdaptiveEvery(opts.Saturation, d, len(opts.Scale.HotScrapeIntervals) > 1))
+	}
+	for _, p := range append(policies, policyAdaptiveHeaders(opts.Saturation)) {
 		fmt.Fprintf(opts.Log, "hot spot: %s (%s)\n", p.name, opts.Scale.HotDuration)
 		if err := fleet.reset(ctx); err != nil {
 			return rows, err

@@ -168,8 +168,9 @@ func hotspotPreamble(s Scale) string {
 		"shared, and a %d-token document of its own, %d streamed output tokens. Sticky routing sees one identity\n"+
 		"and keeps the whole job on one instance; adaptive moves it (and the other sessions bound there) to\n"+
 		"their next choice while that instance is saturated: \"tether adaptive\" by what the engines publish on\n"+
-		"/metrics (waiting requests, KV-cache usage), \"header signals\" by the emulator-only x-queue-depth\n"+
-		"header and tether's in-flight count, the signals tether had before it read engines. \"Others\" are the workload's requests that\n"+
+		"/metrics (waiting requests, KV-cache usage), scraped every `engines.scrape_interval` (the default\n"+
+		"1s, or the interval its name gives), \"header signals\" by the emulator-only x-queue-depth header\n"+
+		"and tether's in-flight count, the signals tether had before it read engines. \"Others\" are the workload's requests that\n"+
 		"started during the hot phase, the ones that share the fleet with the burst. Spilled: answers whose\n"+
 		"x-tether-decision was \"spilled\". TTFT of the tenant's requests is timed from when each was due.",
 		s.HotDuration, s.HotTimeScale, s.HotDuration/4, 3*s.HotDuration/4, s.HotRate, hotSystemTokens, s.HotDocTokens, hotOutputTokens)

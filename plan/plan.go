@@ -60,6 +60,10 @@ type Pinned struct {
 	ClusterHeader string
 	Identity      config.Identity
 	TLS           config.TLS
+	// Engines is how the engines are scraped, and how old a reading may be
+	// (engines.default follows the file: it decides which instances are
+	// scraped, as their own engine keys do).
+	Engines config.Engines
 }
 
 // Scrape is how often and how patiently tether reads the engines' metrics
@@ -71,7 +75,7 @@ type Scrape struct {
 
 // PinnedOf is what c pins when tether starts with it.
 func PinnedOf(c config.Config) Pinned {
-	return Pinned{ClusterHeader: c.Routing.ClusterHeader, Identity: c.Identity, TLS: c.TLS}
+	return Pinned{ClusterHeader: c.Routing.ClusterHeader, Identity: c.Identity, TLS: c.TLS, Engines: c.Engines}
 }
 
 // Options are what the translation takes besides the configuration.
@@ -112,7 +116,9 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 	if err != nil {
 		return Plan{}, err
 	}
+	pol.Saturation.Stale = pin.Engines.Staleness.D
 	r := cfg.Routing
+	e := pin.Engines
 	return Plan{
 		Instances:  Instances(cfg),
 		Policy:     pol,
@@ -129,8 +135,8 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 		},
 		Envoy: env,
 		Scrape: Scrape{
-			Interval: cfg.Engines.ScrapeInterval.D, Timeout: cfg.Engines.ScrapeTimeout.D,
-			Staleness: cfg.Engines.Staleness.D, MaxBody: cfg.Engines.MaxBodyBytes,
+			Interval: e.ScrapeInterval.D, Timeout: e.ScrapeTimeout.D,
+			Staleness: e.Staleness.D, MaxBody: e.MaxBodyBytes,
 		},
 		Pinned: pin,
 	}, nil

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tetherproxy/tether/config"
 )
@@ -89,5 +90,41 @@ func TestEnvoyExtProcEndpoints(t *testing.T) {
 		if err != nil || !slices.Equal(s.ExtProc, tc.want) {
 			t.Errorf("file %v, options %v: %v, %v; want %v", tc.file, tc.opt, s.ExtProc, err, tc.want)
 		}
+	}
+}
+
+// TestEnginesPinnedAndInstances: how engines are scraped, and how old a
+// reading may be, stay as tether started; which instances are scraped
+// follows the file (engines.default, an instance's engine).
+func TestEnginesPinnedAndInstances(t *testing.T) {
+	start := config.Default()
+	start.Instances = []config.Instance{{Name: "a", Address: "10.0.0.1:8000"}, {Name: "b", Address: "10.0.0.2:8000", Engine: config.EngineSGLang}}
+	for i := range start.Instances {
+		start.Instances[i].SetDefaults()
+	}
+	edit := start
+	edit.Engines.Default = config.EngineVLLM
+	edit.Engines.Staleness = config.Dur(30 * time.Second)
+	edit.Engines.ScrapeInterval = config.Dur(5 * time.Second)
+	pin := PinnedOf(start)
+	p, err := FromConfig(edit, Options{Pinned: &pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Policy.Saturation.Stale != config.DefaultStaleness || p.Scrape.Interval != config.DefaultScrapeInterval || p.Scrape.Staleness != config.DefaultStaleness {
+		t.Errorf("after a live edit: staleness %v, scrape %+v; want the start's", p.Policy.Saturation.Stale, p.Scrape)
+	}
+	want := []struct{ engine, url string }{{"vllm", "http://10.0.0.1:8000/metrics"}, {"sglang", "http://10.0.0.2:8000/metrics"}}
+	for i, in := range p.Instances {
+		if in.Engine != want[i].engine || in.MetricsURL != want[i].url {
+			t.Errorf("instance %s: engine %q at %q, want %q at %q", in.Name, in.Engine, in.MetricsURL, want[i].engine, want[i].url)
+		}
+	}
+	p, err = FromConfig(start, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := p.Instances[0]; in.Engine != "" || in.MetricsURL != "" {
+		t.Errorf("a generic instance: engine %q at %q, want neither (not scraped)", in.Engine, in.MetricsURL)
 	}
 }

@@ -257,7 +257,14 @@ func restartOnly(c config.Config) []restartSection {
 		{"routing.failure_cooldown", c.Routing.FailureCooldown.D},
 		{"identity", c.Identity},
 		{"xds", c.XDS},
+		{"engines (all but default)", engineScrape(c.Engines)},
 	}
+}
+
+// engineScrape is [engines] without default, which changes live.
+func engineScrape(e config.Engines) config.Engines {
+	e.Default = ""
+	return e
 }
 
 // warnRestartOnly logs each restart-only section next changes: one that

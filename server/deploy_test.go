@@ -65,7 +65,7 @@ func TestDeployReferencesExportedMetrics(t *testing.T) {
 			}
 		}
 	})
-	if err := addEngineMetrics(exported); err != nil {
+	if err := checkEngineMetrics(exported); err != nil {
 		t.Error(err)
 	}
 	for _, name := range []string{
@@ -212,41 +212,29 @@ func TestDeployCheckerRejects(t *testing.T) {
 	}
 }
 
-// TestDeployEngineMetrics: the engine metrics stand in only while no
-// collector exports any of them, and then must all be exported as the
-// dashboard and the rules name them.
+// TestDeployEngineMetrics: the check of the engine metrics finds one
+// missing and one labelled otherwise than the dashboard and the rules name
+// them.
 func TestDeployEngineMetrics(t *testing.T) {
-	none := metricSet{"tether_redis_up": labelSet()}
-	if err := addEngineMetrics(none); err != nil {
-		t.Fatalf("no engine metric registered: %v", err)
-	}
-	if got := none["tether_engine_kv_cache_usage_ratio"]; !got["upstream"] {
-		t.Errorf("not added: %v", none)
-	}
-
 	all := metricSet{}
 	for name, labels := range engineMetrics {
 		all[name] = labels
 	}
-	if err := addEngineMetrics(all); err != nil {
+	if err := checkEngineMetrics(all); err != nil {
 		t.Errorf("every engine metric registered: %v", err)
 	}
-
 	partial := metricSet{
 		"tether_engine_waiting_requests":     labelSet("instance"),
 		"tether_engine_kv_cache_usage_ratio": labelSet("upstream"),
 	}
-	err := addEngineMetrics(partial)
+	err := checkEngineMetrics(partial)
 	for _, want := range []string{
 		"tether_engine_waiting_requests has labels [instance], the dashboard and the rules expect [upstream]",
 		"tether_engine_preemptions_total is not exported",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("addEngineMetrics: %v\nwant an error containing %q", err, want)
+			t.Errorf("checkEngineMetrics: %v\nwant an error containing %q", err, want)
 		}
-	}
-	if _, added := partial["tether_engine_preemptions_total"]; added {
-		t.Error("added an engine metric while others are registered")
 	}
 }
 
@@ -333,11 +321,9 @@ func FuzzParsePromQL(f *testing.F) {
 }
 
 // engineMetrics are the engine signals tether exports per GPU instance
-// from the engines' scraped /metrics (issue 15), as the dashboard and the
-// rules name them. addEngineMetrics adds them to what Run exports while
-// no collector of Run registers a tether_engine_* metric yet; once one
-// does, they must all be exported with these labels, so the dashboard,
-// the rules and the collectors cannot disagree silently.
+// from the engines' scraped /metrics, as the dashboard and the rules name
+// them (they are registered whether or not any instance is scraped, so a
+// per-instance series can be checked without one).
 var engineMetrics = metricSet{
 	"tether_engine_waiting_requests":                labelSet("upstream"),
 	"tether_engine_running_requests":                labelSet("upstream"),
@@ -354,23 +340,16 @@ var engineMetrics = metricSet{
 	"tether_engine_scrape_duration_seconds_count":   labelSet(),
 }
 
-// addEngineMetrics adds engineMetrics to exported if it holds no
-// tether_engine_* metric, and otherwise reports every one of them that
-// exported lacks or labels differently.
-func addEngineMetrics(exported metricSet) error {
-	registered := false
-	for name := range exported {
-		registered = registered || strings.HasPrefix(name, "tether_engine_")
-	}
+// checkEngineMetrics reports every engine metric exported lacks or labels
+// otherwise than engineMetrics.
+func checkEngineMetrics(exported metricSet) error {
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(engineMetrics)) {
 		want := engineMetrics[name]
 		got, ok := exported[name]
 		switch {
-		case !registered:
-			exported[name] = want
 		case !ok:
-			errs = append(errs, fmt.Errorf("%s is not exported, though other tether_engine_* metrics are: the dashboard and the rules name it", name))
+			errs = append(errs, fmt.Errorf("%s is not exported: the dashboard and the rules name it", name))
 		case !maps.Equal(got, want):
 			errs = append(errs, fmt.Errorf("%s has labels %v, the dashboard and the rules expect %v",
 				name, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want))))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/fleet"
@@ -86,5 +87,30 @@ func TestFailOpenOverriddenOverBound(t *testing.T) {
 	}
 	if d.FailOpenOverrides() != before+1 {
 		t.Errorf("a pool choice outside the candidates is not counted")
+	}
+}
+
+func TestFailOpenOverriddenWhenKVFull(t *testing.T) {
+	ctx := context.Background()
+	p := affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25,
+		Saturation: affinity.Saturation{KVUsage: 0.8, Stale: time.Minute}}
+	d := affinity.New(memory.New(), fleet.New(instances(4)), p, affinity.WithFailOpen(poolOf))
+	d.Load().SetEngine("gpu-2", affinity.EngineReading{KVUsage: 0.9, KVKnown: true, At: time.Now()})
+	for i := range 8 {
+		dec, err := d.Decide(ctx, pooled(fmt.Sprint("s", i), "gpu-2"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dec.Instance.Name == "gpu-2" {
+			t.Fatalf("session %d bound on gpu-2, whose engine reports its KV cache full", i)
+		}
+	}
+	if got := d.FailOpenOverrides(); got != 8 {
+		t.Errorf("%d overrides, want 8", got)
+	}
+	// Room again: the pool's choice takes new sessions.
+	d.Load().SetEngine("gpu-2", affinity.EngineReading{KVUsage: 0.2, KVKnown: true, At: time.Now()})
+	if dec, _ := d.Decide(ctx, pooled("later", "gpu-2")); dec.Instance.Name != "gpu-2" {
+		t.Errorf("with room: %s, want gpu-2", dec.Instance.Name)
 	}
 }

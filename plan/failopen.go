@@ -15,7 +15,8 @@ import (
 // the version with the most instances, as xds picks it), a ring over its
 // instances keyed by their names (xds sets each pool endpoint's hash_key
 // to it), and the route's header hash policies. nil when the pools do not
-// hash (pool_lb round_robin or least_request).
+// hash (pool_lb round_robin or least_request). A pool whose instances'
+// weights differ gives no choice: Envoy's endpoints carry equal weights.
 func failOpen(s xds.Spec) affinity.FailOpen {
 	if s.PoolLB != xds.RingHash || len(s.HashPolicy) == 0 {
 		return nil
@@ -40,10 +41,18 @@ func failOpen(s xds.Spec) affinity.FailOpen {
 		}
 		var buf [16]string
 		keys := buf[:0]
+		weight := 0.0
 		for _, in := range all {
-			if in.Version == v {
-				keys = append(keys, in.Name)
+			if in.Version != v {
+				continue
 			}
+			if len(keys) > 0 && in.Weight != weight {
+				// xds gives the pool's endpoints equal weights: with
+				// unequal ones the pool's shares are not the fleet's,
+				// and tether keeps to its weighted placement.
+				return "", false
+			}
+			keys, weight = append(keys, in.Name), in.Weight
 		}
 		i := ring.Pick(keys, hash)
 		if i < 0 {

@@ -39,6 +39,15 @@ func TestFailOpenIsThePoolsRing(t *testing.T) {
 	if got, _ := failOpen(spec)(identity.Map{"x-session-id": "s1"}, all); got != "old" {
 		t.Errorf("default_version v0: %q, want old", got)
 	}
+	weighted := append([]fleet.Instance(nil), all...)
+	weighted[1].Weight = 2
+	if _, ok := failOpen(spec)(identity.Map{"x-session-id": "s1"}, weighted); !ok {
+		t.Error("weights differ outside the pool (v1): want a choice")
+	}
+	spec.DefaultVersion = ""
+	if _, ok := failOpen(spec)(identity.Map{"x-session-id": "s1"}, weighted); ok {
+		t.Error("weights differ within the pool: want no choice (tether keeps its weighted placement)")
+	}
 	spec.PoolLB = xds.LeastRequest
 	if failOpen(spec) != nil {
 		t.Error("a pool that does not hash: want no fail-open choice")

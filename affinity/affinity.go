@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/identity"
 )
 
 // Kind says how a decision was reached; it is what x-tether-decision shows
@@ -91,6 +92,9 @@ type Decider struct {
 	policy  atomic.Pointer[Policy]
 	now     func() time.Time
 	rand    func() uint64
+
+	failOpen          FailOpen
+	failOpenOverrides atomic.Uint64
 }
 
 // Option configures a Decider.
@@ -107,6 +111,23 @@ func WithRand(r func() uint64) Option { return func(d *Decider) { d.rand = r } }
 // adaptive saturation and drained instances use it. Without it every
 // instance counts as idle.
 func WithLoad(l *Load) Option { return func(d *Decider) { d.load = l } }
+
+// FailOpen names the instance Envoy's fail-open pool would send a request
+// with headers h to, given every configured instance (ok false: the pool
+// would pick at random, or balances without hashing). It reads the raw
+// identity headers, as Envoy hashes them, and must keep nothing of them.
+type FailOpen func(h identity.Headers, all []fleet.Instance) (instance string, ok bool)
+
+// WithFailOpen places new sessions where Envoy's fail-open pool would send
+// them, so a session keeps its instance while no tether replica answers:
+// the bounded load, or a KV cache its engine reports full, overrides the
+// pool's choice (FailOpenOverrides counts those).
+func WithFailOpen(f FailOpen) Option { return func(d *Decider) { d.failOpen = f } }
+
+// FailOpenOverrides is how many sessions were bound elsewhere than where
+// the fail-open pool would send them (its instance over its bound, full,
+// or not a candidate) since the decider started.
+func (d *Decider) FailOpenOverrides() uint64 { return d.failOpenOverrides.Load() }
 
 // New returns a Decider.
 func New(store Store, f Fleet, p Policy, opts ...Option) *Decider {
@@ -244,7 +265,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		// A new session placed on a saturated instance would spill at once.
 		cands = d.unsaturated(cands, p.Saturation)
 	}
-	place := d.place(key, cands, p)
+	place, overridden := d.placeNew(req, key, cands, p)
 	lt := Lifetime{Idle: c.idle, Max: p.Lifetime.Max}
 	res, err := d.store.GetOrBind(ctx, Lookup{
 		Key: key, Aliases: req.ID.Aliases, Candidate: Binding{Instance: place.Name, Version: place.Version, Since: now}, Lifetime: lt,
@@ -253,7 +274,11 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	if err == nil && res.Outcome == Renewed && res.Previous.Instance != place.Name {
 		from = res.Previous.Instance // the renewal took the session off it
 	}
-	d.load.settle(place.Name, err == nil && res.Outcome != Found && res.Binding.Instance == place.Name, from)
+	bound := err == nil && res.Outcome != Found && res.Binding.Instance == place.Name
+	d.load.settle(place.Name, bound, from)
+	if bound && overridden {
+		d.failOpenOverrides.Add(1)
+	}
 	if err != nil {
 		return d.storeFailed(ctx, key, cands, mode, err)
 	}
@@ -422,7 +447,7 @@ func (d *Decider) random(p *Policy, c choice, healthy []fleet.Instance, kind Kin
 	return Decision{Instance: pick, Mode: Random, Kind: kind}
 }
 
-// place is bounded-load rendezvous placement over cands: the session goes
+// place is bounded-load placement over cands: the session goes
 // to the highest-ranked instance whose active sessions are below its bound,
 // ⌈(1+ε)·(A+1)·w/W⌉ (A the active sessions and W the weight of all
 // candidates), preferring one that also has room in its KV cache (active
@@ -431,16 +456,47 @@ func (d *Decider) random(p *Policy, c choice, healthy []fleet.Instance, kind Kin
 // the hash's first choice takes the session. The choice is reserved in the
 // load view until settle, so concurrent placements count each other.
 func (d *Decider) place(key string, cands []fleet.Instance, p *Policy) fleet.Instance {
-	return d.load.reserve(key, cands, p.Epsilon, p.Saturation)
+	in, _ := d.load.reserve(key, cands, p.Epsilon, p.Saturation, -1)
+	return in
+}
+
+// placeNew is place for a request that may bind a new session: with a
+// fail-open pool (WithFailOpen) the session goes to the instance Envoy's
+// pool would send req to, unless that instance is not a candidate, is
+// over its bound or its engine reports its KV cache full; overridden says
+// the pool's choice was passed over.
+func (d *Decider) placeNew(req Request, key string, cands []fleet.Instance, p *Policy) (in fleet.Instance, overridden bool) {
+	if d.failOpen == nil {
+		return d.place(key, cands, p), false
+	}
+	name, ok := d.failOpen(req.Headers, d.fleet.All())
+	if !ok {
+		return d.place(key, cands, p), false
+	}
+	pref := -1
+	for i, c := range cands {
+		if c.Name == name {
+			pref = i
+			break
+		}
+	}
+	in, overridden = d.load.reserve(key, cands, p.Epsilon, p.Saturation, pref)
+	return in, overridden || pref < 0
 }
 
 // choose is place's rule: the index in cands of the instance for key,
 // given the candidates' active sessions and whether their engine reports
-// a full KV cache (full nil: none does).
-func choose(key string, cands []fleet.Instance, active []int, full []bool, eps float64) int {
+// a full KV cache (full nil: none does). pref, when not -1, is the index
+// of the instance Envoy's fail-open pool would pick: it takes the session
+// while it is under its bound and its engine does not report it full;
+// overridden says it did not.
+func choose(key string, cands []fleet.Instance, active []int, full []bool, eps float64, pref int) (i int, overridden bool) {
+	if pref >= 0 && len(cands) == 1 {
+		return pref, false
+	}
 	first := top(key, cands)
 	if len(cands) == 1 {
-		return first
+		return first, false
 	}
 	total, weight := 0, 0.0
 	for i, in := range cands {
@@ -452,9 +508,15 @@ func choose(key string, cands []fleet.Instance, active []int, full []bool, eps f
 	}
 	room := func(i int) bool { return active[i] < cands[i].KVSessions }
 	free := func(i int) bool { return full == nil || !full[i] }
+	if pref >= 0 {
+		if under(pref) && free(pref) {
+			return pref, false
+		}
+		overridden = true
+	}
 	// The common case: the hash's own choice is under all three.
 	if under(first) && room(first) && free(first) {
-		return first
+		return first, overridden
 	}
 	var orderBuf [16]int
 	var scoreBuf [16]float64
@@ -468,11 +530,11 @@ func choose(key string, cands []fleet.Instance, active []int, full []bool, eps f
 	} {
 		for _, i := range order {
 			if ok(i) {
-				return i
+				return i, overridden
 			}
 		}
 	}
-	return first
+	return first, overridden
 }
 
 func ceil(x float64) int {

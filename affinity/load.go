@@ -78,7 +78,7 @@ func (l *Load) End(instance string, queue int, known bool) {
 // reserve places key among cands by the bounded-load rule (choose) on
 // their active sessions, and counts the choice as pending under the same
 // lock, so that concurrent placements see each other. settle must follow.
-func (l *Load) reserve(key string, cands []fleet.Instance, eps float64, s Saturation) fleet.Instance {
+func (l *Load) reserve(key string, cands []fleet.Instance, eps float64, s Saturation, pref int) (fleet.Instance, bool) {
 	var buf [16]int
 	var fullBuf [16]bool
 	l.mu.Lock()
@@ -95,9 +95,10 @@ func (l *Load) reserve(key string, cands []fleet.Instance, eps float64, s Satura
 			full = append(full, ok && r.KVKnown && r.KVUsage >= s.KVUsage)
 		}
 	}
-	in := cands[choose(key, cands, active, full, eps)]
+	i, overridden := choose(key, cands, active, full, eps, pref)
+	in := cands[i]
 	l.pending[in.Name]++
-	return in
+	return in, overridden
 }
 
 // reserveName counts a placement on name as pending; settle must follow.

@@ -209,6 +209,9 @@ func NewDecider(p Plan, fl affinity.Fleet, d Deps) *affinity.Decider {
 	if d.Now != nil {
 		opts = append(opts, affinity.WithClock(d.Now))
 	}
+	if f := failOpen(p.Envoy); f != nil {
+		opts = append(opts, affinity.WithFailOpen(f))
+	}
 	return affinity.New(d.Store, fl, p.Policy, opts...)
 }
 

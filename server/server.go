@@ -139,6 +139,11 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	// store (lab/simulator's TestSimulateDecidesAsServe).
 	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{Store: metrics.NewStore(reg, st), Load: load, Breaker: breaker})
 	rt.OnPolicy(decider.SetPolicy)
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tether_failopen_overrides_total",
+		Help: "New sessions bound elsewhere than where Envoy's fail-open pool would send them: " +
+			"that instance was over its bounded load, its engine reported its KV cache full, or it was not a candidate.",
+	}, func() float64 { return float64(decider.FailOpenOverrides()) }))
 	eo := start.ExtProc
 	eo.Auditor, eo.Logger = auditor, log
 	processor := extproc.New(ids, decider, rec, eo)

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tetherproxy/tether/fleet"
@@ -114,14 +115,16 @@ func Build(s Spec, mode Mode) (*Resources, error) {
 		r.Endpoints = append(r.Endpoints, cla)
 	}
 	for _, v := range sortedVersions(byVersion) {
-		var addrs []string
+		var addrs, names []string
 		for _, in := range byVersion[v] {
 			addrs = append(addrs, in.Address)
+			names = append(names, in.Name)
 		}
 		cla, err := b.endpoints(PoolPrefix+v, [][]string{addrs})
 		if err != nil {
 			return nil, fmt.Errorf("xds build: pool %s: %w", v, err)
 		}
+		hashKeys(cla, names)
 		r.Clusters = append(r.Clusters, b.modelCluster(PoolPrefix+v, false, s.Pool, cla))
 		r.Endpoints = append(r.Endpoints, cla)
 	}
@@ -166,6 +169,20 @@ func (b *builder) endpoints(cluster string, groups [][]string) (*endpointv3.Clus
 		cla.Endpoints = append(cla.Endpoints, loc)
 	}
 	return cla, nil
+}
+
+// hashKeys gives the endpoints of a pool's single priority their instance
+// names as hash keys (metadata envoy.lb, key hash_key): Envoy's ring hash
+// places a host by its hash_key when it has one, by its address otherwise
+// (HashingLoadBalancer::hashKey). Names are stable where addresses are not,
+// and tether computes the same ring from them (package ringhash), so it
+// places new sessions where the pool sends them when tether is unreachable.
+func hashKeys(cla *endpointv3.ClusterLoadAssignment, names []string) {
+	for i, ep := range cla.Endpoints[0].LbEndpoints {
+		ep.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+			"envoy.lb": {Fields: map[string]*structpb.Value{"hash_key": structpb.NewStringValue(names[i])}},
+		}}
+	}
 }
 
 // discovery points a cluster at its endpoints: inline, or EDS over ADS.

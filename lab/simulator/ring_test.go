@@ -8,6 +8,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/tetherproxy/tether/lab/workload"
+	"github.com/tetherproxy/tether/ringhash"
 )
 
 func newTestRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed)) }
@@ -73,6 +74,60 @@ func TestRing(t *testing.T) {
 		// The same hash, the same host; past the last point, the first.
 		if first, again := r.pick(42), r.pick(42); first != again || r.pick(^uint64(0)) != int(r.points[0].host) {
 			t.Errorf("%d hosts: pick is not a ring", n)
+		}
+	}
+}
+
+// TestRingMatchesProduct: the simulator's emulation of Envoy's ring and
+// request hash picks what package ringhash (tether's own, which places new
+// sessions where the fail-open pool sends them) picks.
+func TestRingMatchesProduct(t *testing.T) {
+	rng := newTestRand(3)
+	for _, n := range []int{1, 4, 7, 64} {
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("gpu-%d", i)
+		}
+		sim, prod := newRing(keys, DefaultRingSize), ringhash.New(keys, ringhash.DefaultMinSize)
+		for range 20_000 {
+			h := rng.Uint64()
+			if s, p := sim.pick(h), prod.Pick(h); s != p {
+				t.Fatalf("%d hosts, hash %x: simulator %d, ringhash %d", n, h, s, p)
+			}
+		}
+	}
+	policies := []ringhash.Policy{
+		{Header: workload.SessionHeader, Terminal: true},
+		{Header: workload.AuthHeader, Terminal: true},
+		{Header: workload.DeviceHeader},
+		{Header: workload.UserHeader, Terminal: true},
+	}
+	for i := range 1000 {
+		var hs []workload.Header
+		if i%2 == 0 {
+			hs = append(hs, workload.Header{Name: workload.SessionHeader, Value: fmt.Sprint("s", i)})
+		}
+		if i%3 == 0 {
+			hs = append(hs, workload.Header{Name: workload.AuthHeader, Value: fmt.Sprint("Bearer t", i)})
+		}
+		if i%5 < 3 {
+			hs = append(hs, workload.Header{Name: workload.DeviceHeader, Value: fmt.Sprint("d", i)})
+		}
+		if i%7 < 4 {
+			hs = append(hs, workload.Header{Name: workload.UserHeader, Value: fmt.Sprint("u", i)})
+		}
+		get := func(name string) string {
+			for _, h := range hs {
+				if h.Name == name {
+					return h.Value
+				}
+			}
+			return ""
+		}
+		s, sok := envoyHash(hs)
+		p, pok := ringhash.Hash(policies, get)
+		if s != p || sok != pok {
+			t.Fatalf("headers %v: simulator %x %v, ringhash %x %v", hs, s, sok, p, pok)
 		}
 	}
 }

@@ -19,7 +19,8 @@ const MaxRingSize = 8 << 20
 // ring emulates the ring of an Envoy RING_HASH cluster with the defaults
 // tether's xDS server leaves in place (xxHash, minimum_ring_size 1024, equal
 // weights): every host gets ceil(minSize / hosts) points, the xxHash64 of
-// "<address>_<i>", and a request goes to the first point at or after its
+// "<hash key>_<i>" (the endpoint's hash_key metadata, which tether's xDS
+// server sets to the instance name; Envoy uses the address without one), and a request goes to the first point at or after its
 // hash, wrapping around (ring_hash_lb.cc). Envoy's own binary search (from
 // ketama) picks the same point except in corner cases of equal hashes.
 type ring struct {
@@ -31,16 +32,16 @@ type ringPoint struct {
 	host int32
 }
 
-func newRing(addresses []string, minSize int) ring {
-	n := len(addresses)
+func newRing(keys []string, minSize int) ring {
+	n := len(keys)
 	// Envoy: scale = ceil(min_normalized_weight × min_ring_size) /
 	// min_normalized_weight, capped at max_ring_size; each host then gets
 	// scale × its normalized weight points (1/n each here).
 	perHost := int(math.Ceil(float64(minSize) / float64(n)))
 	perHost = max(min(perHost, MaxRingSize/n), 1)
 	r := ring{points: make([]ringPoint, 0, perHost*n)}
-	for h, addr := range addresses {
-		key := []byte(addr + "_")
+	for h, k := range keys {
+		key := []byte(k + "_")
 		base := len(key)
 		for i := range perHost {
 			key = strconv.AppendInt(key[:base], int64(i), 10)

@@ -298,11 +298,13 @@ func (r *runner) buildRouter() error {
 		}
 		r.router = t
 	case RingHash:
-		addrs := make([]string, len(r.instances))
+		// Keyed by name: the hash_key tether's xDS server gives each
+		// pool endpoint.
+		keys := make([]string, len(r.instances))
 		for i, in := range r.instances {
-			addrs[i] = in.Address
+			keys[i] = in.Name
 		}
-		r.router = &ringRouter{ring: newRing(addrs, o.RingSize), rng: rng}
+		r.router = &ringRouter{ring: newRing(keys, o.RingSize), rng: rng}
 	case RoundRobin:
 		r.router = &roundRobinRouter{n: len(r.instances), next: rng.IntN(len(r.instances))}
 	default:

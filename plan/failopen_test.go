@@ -1,0 +1,55 @@
+package plan
+
+import (
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/ringhash"
+	"github.com/tetherproxy/tether/xds"
+)
+
+func TestFailOpenIsThePoolsRing(t *testing.T) {
+	spec := xds.Spec{PoolLB: xds.RingHash, HashPolicy: []xds.HashHeader{
+		{Name: "x-session-id", Terminal: true}, {Name: "authorization", Terminal: true},
+		{Name: "x-device-id"}, {Name: "x-user-id", Terminal: true},
+	}}
+	all := []fleet.Instance{
+		{Name: "a", Version: "v1"}, {Name: "b", Version: "v1"}, {Name: "old", Version: "v0"},
+		{Name: "c", Version: "v1"}, {Name: "d", Version: "v1"},
+	}
+	pool := []string{"a", "b", "c", "d"} // v1 has the most instances: the default pool
+	ring := ringhash.New(pool, 0)
+	f := failOpen(spec)
+	for _, s := range []string{"s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"} {
+		got, ok := f(identity.Map{"x-session-id": s}, all)
+		if want := pool[ring.Pick(xxhash.Sum64String(s))]; !ok || got != want {
+			t.Errorf("session %s: %q, %v; want %q", s, got, ok, want)
+		}
+	}
+	if _, ok := f(identity.Map{"user-agent": "curl"}, all); ok {
+		t.Error("no hashed header: the pool picks at random, want ok false")
+	}
+	if _, ok := f(nil, all); ok {
+		t.Error("no headers: want ok false")
+	}
+	spec.DefaultVersion = "v0"
+	if got, _ := failOpen(spec)(identity.Map{"x-session-id": "s1"}, all); got != "old" {
+		t.Errorf("default_version v0: %q, want old", got)
+	}
+	weighted := append([]fleet.Instance(nil), all...)
+	weighted[1].Weight = 2
+	if _, ok := failOpen(spec)(identity.Map{"x-session-id": "s1"}, weighted); !ok {
+		t.Error("weights differ outside the pool (v1): want a choice")
+	}
+	spec.DefaultVersion = ""
+	if _, ok := failOpen(spec)(identity.Map{"x-session-id": "s1"}, weighted); ok {
+		t.Error("weights differ within the pool: want no choice (tether keeps its weighted placement)")
+	}
+	spec.PoolLB = xds.LeastRequest
+	if failOpen(spec) != nil {
+		t.Error("a pool that does not hash: want no fail-open choice")
+	}
+}

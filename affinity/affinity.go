@@ -491,13 +491,28 @@ func (d *Decider) placeNew(req Request, key string, cands []fleet.Instance, p *P
 // while it is under its bound and its engine does not report it full;
 // overridden says it did not.
 func choose(key string, cands []fleet.Instance, active []int, full []bool, eps float64, pref int) (i int, overridden bool) {
-	if pref >= 0 && len(cands) == 1 {
-		return pref, false
-	}
-	first := top(key, cands)
 	if len(cands) == 1 {
-		return first, false
+		return 0, false
 	}
+	// Each candidate's rendezvous score, once; the highest-ranked candidate
+	// a rule accepts is found by one pass over them, in ranking's order
+	// (score, then name), without sorting.
+	var scoreBuf [64]float64
+	scores := scoreBuf[:0]
+	kh := fnv64(key)
+	for _, in := range cands {
+		scores = append(scores, score(kh, in))
+	}
+	best := func(ok func(int) bool) int {
+		b := -1
+		for i := range cands {
+			if ok(i) && (b < 0 || scores[i] > scores[b] || scores[i] == scores[b] && cands[i].Name < cands[b].Name) {
+				b = i
+			}
+		}
+		return b
+	}
+	first := best(func(int) bool { return true })
 	total, weight := 0, 0.0
 	for i, in := range cands {
 		total += active[i]
@@ -518,9 +533,6 @@ func choose(key string, cands []fleet.Instance, active []int, full []bool, eps f
 	if under(first) && room(first) && free(first) {
 		return first, overridden
 	}
-	var orderBuf [16]int
-	var scoreBuf [16]float64
-	order := ranking(key, cands, orderBuf[:0], scoreBuf[:0])
 	// What the engine reports outranks the kv_sessions estimate.
 	for _, ok := range []func(int) bool{
 		func(i int) bool { return under(i) && room(i) && free(i) },
@@ -528,10 +540,8 @@ func choose(key string, cands []fleet.Instance, active []int, full []bool, eps f
 		func(i int) bool { return under(i) && room(i) },
 		under,
 	} {
-		for _, i := range order {
-			if ok(i) {
-				return i, overridden
-			}
+		if i := best(ok); i >= 0 {
+			return i, overridden
 		}
 	}
 	return first, overridden

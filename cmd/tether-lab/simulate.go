@@ -287,23 +287,29 @@ func runSimulations(ctx context.Context, stdout, stderr io.Writer, fl *simulateF
 	}
 	results := make([]*simulator.Result, len(policies))
 	errs := make([]error, len(policies))
-	slots := make(chan struct{}, parallel)
+	// The policies start costliest first (tether's decider, then the
+	// Envoy emulations), so the slowest does not start last: the run
+	// takes about as long as its slowest policy, or its share of the CPUs.
+	next := make(chan int, len(policies))
+	for _, i := range costliestFirst(policies) {
+		next <- i
+	}
+	close(next)
 	var wg sync.WaitGroup
-	for i, p := range policies {
-		o := base
-		o.Policy = p
-		if prog != nil {
-			o.Progress = prog.reporter(i)
-		}
+	for range min(parallel, len(policies)) {
 		wg.Go(func() {
-			select {
-			case slots <- struct{}{}:
-			case <-ctx.Done():
-				errs[i] = ctx.Err()
-				return
+			for i := range next {
+				if err := ctx.Err(); err != nil {
+					errs[i] = err
+					continue
+				}
+				o := base
+				o.Policy = policies[i]
+				if prog != nil {
+					o.Progress = prog.reporter(i)
+				}
+				results[i], errs[i] = simulator.Run(ctx, o)
 			}
-			defer func() { <-slots }()
-			results[i], errs[i] = simulator.Run(ctx, o)
 		})
 	}
 	wg.Wait()
@@ -329,6 +335,28 @@ func runSimulations(ctx context.Context, stdout, stderr io.Writer, fl *simulateF
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// costliestFirst is the indexes of policies, those that run tether's
+// decider first (sticky and a configuration's policy place every new
+// session by bounded-load rendezvous over the store), then random, then
+// Envoy's, each group in the given order.
+func costliestFirst(policies []simulator.Policy) []int {
+	rank := func(p simulator.Policy) int {
+		switch p {
+		case simulator.Sticky, simulator.Tether:
+			return 0
+		case simulator.Random:
+			return 1
+		}
+		return 2
+	}
+	order := make([]int, len(policies))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return rank(policies[a]) - rank(policies[b]) })
+	return order
 }
 
 // writeSimulateTable prints one row per policy, then what the settings

@@ -19,6 +19,7 @@
 package memory
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -87,9 +88,14 @@ type Store struct {
 	bindings map[string]entry
 	links    map[string]link
 	index    map[string]map[string]struct{} // instance → session keys bound to it
-	reports  map[string]report              // replica → its last load report
-	drained  map[string]bool
-	leases   map[string]lease
+	// expiry holds, for every binding, an item at its expiry time (and
+	// stale items of older expiry times and dropped bindings), so that
+	// SyncLoad counts the live sessions of an instance without visiting
+	// them: it drops the expired bindings first, then counts the index.
+	expiry  expiryHeap
+	reports map[string]report // replica → its last load report
+	drained map[string]bool
+	leases  map[string]lease
 	// The instance circuits: an instance's recent failures (member → when),
 	// and the end of the cooldown of each circuit that is not closed.
 	failures map[string]map[string]time.Time
@@ -166,6 +172,7 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 		e.expires = now.Add(idle)
 		e.requests++
 		s.bindings[key] = e
+		s.expireAt(key, e.expires)
 		res.Binding, res.Outcome, res.Move, res.Requests = e.b, affinity.Found, e.move, e.requests
 	case ok:
 		// The same conversation placed again: it keeps counting.
@@ -202,6 +209,7 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 		// Someone else moved it first: keep theirs, count this as a use.
 		e.expires = now.Add(lt.Idle)
 		s.bindings[key] = e
+		s.expireAt(key, e.expires)
 		return e.b, nil
 	}
 	// No pending move; the same session, so the same count (0 when there
@@ -309,9 +317,10 @@ func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances [
 	s.reports[r.Replica] = report{inFlight: maps.Clone(r.InFlight), queue: maps.Clone(r.Queue), engine: maps.Clone(r.Engine), expires: now.Add(ttl)}
 	maps.DeleteFunc(s.reports, func(_ string, rep report) bool { return !now.Before(rep.expires) })
 
+	s.expire(now)
 	st := affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]affinity.EngineReading{}}
 	for _, in := range instances {
-		st.Active[in] = s.active(in, now)
+		st.Active[in] = s.active(in)
 		for name, rep := range s.reports {
 			if e, ok := rep.engine[in]; ok && name != r.Replica {
 				if cur, seen := st.Engine[in]; !seen || e.At.After(cur.At) {
@@ -472,7 +481,7 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
-	s.bindings, s.links, s.index, s.reports = nil, nil, nil, nil
+	s.bindings, s.links, s.index, s.reports, s.expiry = nil, nil, nil, nil, nil
 	s.drained, s.failures, s.circuits = nil, nil, nil
 	return nil
 }
@@ -491,6 +500,7 @@ func (s *Store) put(key string, e entry) {
 		delete(s.index[old.b.Instance], key)
 	}
 	s.bindings[key] = e
+	s.expireAt(key, e.expires)
 	idx := s.index[e.b.Instance]
 	if idx == nil {
 		idx = map[string]struct{}{}
@@ -507,27 +517,59 @@ func (s *Store) drop(key string) {
 	}
 }
 
-// active counts the live sessions in instance's index, pruning the others.
-// Called with s.mu held.
-func (s *Store) active(instance string, now time.Time) int {
-	n := 0
-	for key := range s.index[instance] {
-		switch e, ok := s.live(key, now); {
-		case ok && e.b.Instance == instance:
-			n++
-		case ok:
-			// Cannot happen (put moves the entry), but a live binding
-			// elsewhere must keep its binding: only the entry goes.
-			delete(s.index[instance], key)
-		default:
-			s.drop(key)
-			delete(s.index[instance], key)
-		}
-	}
+// active counts the live sessions in instance's index. Called with s.mu
+// held, after s.expire(now): every binding left is live at now, and the
+// index holds only bindings to its instance (put, drop), so the count is
+// the index's size.
+func (s *Store) active(instance string) int {
+	n := len(s.index[instance])
 	if n == 0 {
 		delete(s.index, instance)
 	}
 	return n
+}
+
+// expireAt records that key's binding expires at t. Called with s.mu held,
+// whenever a binding's expiry is set. When stale items outnumber the
+// bindings, the heap is rebuilt from them (amortised O(1) per call).
+func (s *Store) expireAt(key string, t time.Time) {
+	heap.Push(&s.expiry, expiryItem{at: t, key: key})
+	if len(s.expiry) > 2*len(s.bindings)+minFullSweep {
+		s.expiry = s.expiry[:0]
+		for k, e := range s.bindings {
+			s.expiry = append(s.expiry, expiryItem{at: e.expires, key: k})
+		}
+		heap.Init(&s.expiry)
+	}
+}
+
+// expire drops every binding expired at now. Called with s.mu held.
+func (s *Store) expire(now time.Time) {
+	for len(s.expiry) > 0 && !now.Before(s.expiry[0].at) {
+		it := heap.Pop(&s.expiry).(expiryItem)
+		if e, ok := s.bindings[it.key]; ok && e.expires.Equal(it.at) {
+			s.drop(it.key)
+		}
+	}
+}
+
+type expiryItem struct {
+	at  time.Time
+	key string
+}
+
+// expiryHeap is a min-heap of expiry items by time (container/heap).
+type expiryHeap []expiryItem
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiryItem)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return it
 }
 
 // housekeep runs the amortised sweep of bindings and links. Called with

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -72,4 +73,57 @@ func TestSampleSweep(t *testing.T) {
 
 func BenchmarkGetOrBind(b *testing.B) {
 	storetest.Benchmark(b, New())
+}
+
+// TestSyncLoadCountsLive checks SyncLoad's session counts, which come from
+// the expiry heap and the index, against each key's binding as Show sees
+// it, over random binds, uses (with idle lifetimes that shorten as well as
+// lengthen the expiry), moves and syncs.
+func TestSyncLoadCountsLive(t *testing.T) {
+	s := New()
+	ctx := t.Context()
+	rng := rand.New(rand.NewPCG(1, 2))
+	instances := []string{"a", "b", "c"}
+	now := time.UnixMilli(1_750_000_000_000)
+	for step := range 20_000 {
+		now = now.Add(time.Duration(rng.IntN(50)) * time.Millisecond)
+		key := fmt.Sprint(rng.IntN(400))
+		lt := affinity.Lifetime{Idle: time.Duration(1+rng.IntN(3000)) * time.Millisecond}
+		in := instances[rng.IntN(len(instances))]
+		var err error
+		if rng.IntN(4) == 0 {
+			_, err = s.Replace(ctx, key, instances[rng.IntN(len(instances))], affinity.Binding{Instance: in, Since: now}, lt)
+		} else {
+			_, err = s.GetOrBind(ctx, affinity.Lookup{Key: key, Candidate: affinity.Binding{Instance: in, Since: now}, Lifetime: lt})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if step%97 != 0 {
+			continue
+		}
+		want := map[string]int{}
+		for k := range 400 {
+			if sess, ok, err := s.Show(ctx, fmt.Sprint(k), now); err != nil {
+				t.Fatal(err)
+			} else if ok {
+				want[sess.Binding.Instance]++
+			}
+		}
+		st, err := s.SyncLoad(ctx, affinity.LoadReport{Replica: "r"}, instances, time.Second, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, in := range instances {
+			if st.Active[in] != want[in] {
+				t.Fatalf("step %d: Active[%s] = %d, want %d", step, in, st.Active[in], want[in])
+			}
+		}
+	}
+	s.mu.Lock()
+	n, b := len(s.expiry), len(s.bindings)
+	s.mu.Unlock()
+	if n > 2*b+minFullSweep+1 {
+		t.Errorf("expiry heap holds %d items for %d bindings", n, b)
+	}
 }

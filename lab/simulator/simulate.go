@@ -315,7 +315,7 @@ func (r *runner) buildRouter() error {
 	case LeastRequest:
 		r.router = &leastRequestRouter{instances: r.instances, rng: rng}
 	case Oracle:
-		r.router = newOracleRouter(r.instances, func() int64 { return r.now }, rng)
+		r.router = newOracleRouter(r.instances, r.bound.system, func() int64 { return r.now }, rng)
 	default:
 		return fmt.Errorf("simulate: unknown policy %q", o.Policy)
 	}

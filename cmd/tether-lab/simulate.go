@@ -384,7 +384,7 @@ func writeSimulateTable(w io.Writer, results []*simulator.Result, configFile str
 		fmt.Fprintf(w, "%s: %d events in %s%s, %s simulated%s\n", r.Settings.Label, r.Events,
 			r.Wall.Round(time.Millisecond), rate, r.Simulated.Round(time.Millisecond), note)
 	}
-	fmt.Fprintln(w, "of oracle: the KV hit rate as a share of the oracle's (longest cached prefix, ties to the least loaded);")
+	fmt.Fprintln(w, "of oracle: the KV hit rate as a share of the oracle's (the longest cached prefix of its own, then the least loaded);")
 	fmt.Fprintln(w, "of bound: as a share of the infinite-cache bound on the policy's own requests (prompt tokens repeating a prefix sent before, one never-evicting cache)")
 	for _, r := range results {
 		if r.PrefillLoad >= 0.9 {

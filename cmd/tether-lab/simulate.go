@@ -70,10 +70,12 @@ func newSimulateCmd() *cobra.Command {
 		Long: `Simulate the field's traffic mix (the workload tether-lab loadgen replays) on emulated GPU instances
 in virtual time: a discrete-event simulation with no network and no sleeping, so an hour at
 10,000 requests/s runs in minutes. Requests are routed by tether's own decision code (sticky,
-random: affinity.Decider over the in-memory store) or by emulations of Envoy's ring hash and
-round robin, and priced by the emulator's cost model (prefix KV cache, prefill queue, decode
+random: affinity.Decider over the in-memory store), by emulations of Envoy's ring hash, round
+robin and least request, or by an oracle that reads every instance's cache (the longest cached
+prefix, ties to the least loaded; it always runs), and priced by the emulator's cost model (prefix KV cache, prefill queue, decode
 batch). The figures are loadgen's and the bench's: KV hit rate (cached / prompt tokens), TTFT and
-latency percentiles, session continuity, load imbalance, GPU busy, GPU-seconds per 1k output
+latency percentiles, the hit rate as a share of the oracle's and of the infinite-cache bound
+(prompt tokens repeating a prefix sent before, one never-evicting cache), session continuity, load imbalance, GPU busy, GPU-seconds per 1k output
 tokens. Several policies run in parallel, one per CPU. See lab/simulator/README.md.
 
 --like-bench full|smoke takes the rate, duration, think and time scales of 'tether-lab bench''s
@@ -84,7 +86,7 @@ versions, weights, kv_sessions; their addresses place them on the ring hash), an
 "tether" routes exactly as 'tether serve --config FILE' would: its rules, versions and canary,
 bounded load, adaptive saturation thresholds, lifetimes and fallback, through the same translation
 and the same decider. The file then decides --instances, --zones, --idle-timeout and
---max-sticky-duration (they are refused), --policy all means round-robin, ring-hash and tether,
+--max-sticky-duration (they are refused), --policy all means round-robin, least-request, ring-hash, tether and oracle,
 and sticky and random are refused. The emulated GPUs (--profile, --kv-*) stay the flags'.`,
 		Example: `  tether-lab simulate --policy all --instances 8 --rate 10000 --duration 1h
   tether-lab simulate --like-bench full --seed 1
@@ -104,7 +106,7 @@ and sticky and random are refused. The emulated GPUs (--profile, --kv-*) stay th
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&fl.policy, "policy", "all", "routing policy: sticky, random, ring-hash, round-robin, or all (comma-separated lists work too)")
+	f.StringVar(&fl.policy, "policy", "all", "routing policy: sticky, random, ring-hash, round-robin, least-request, oracle, or all (comma-separated lists work too; the oracle always runs)")
 	f.IntVar(&fl.instances, "instances", simulator.DefaultInstances, "emulated GPU instances")
 	f.IntVar(&fl.zones, "zones", simulator.DefaultZones, "zones the instances are spread over, in turn")
 	f.Float64Var(&fl.rate, "rate", 10000, "requests per second, follow-up turns included (as tether-lab loadgen's --rate)")
@@ -114,7 +116,7 @@ and sticky and random are refused. The emulated GPUs (--profile, --kv-*) stay th
 	f.Float64Var(&fl.timeScale, "time-scale", 1, "multiply every emulated GPU duration, as tether-lab emulate --time-scale (the bench's smoke scale uses 0.05)")
 	f.StringVar(&fl.profile, "profile", "a100", "emulated GPU: "+strings.Join(emulator.ProfileNames(), " or "))
 	f.Uint64Var(&fl.seed, "seed", 1, "seed of the workload, the arrival times and the routers' random draws")
-	f.IntVar(&fl.kvCapacityTokens, "kv-capacity-tokens", 0, "KV cache of each instance in tokens (0: the profile's)")
+	f.IntVar(&fl.kvCapacityTokens, "kv-capacity-tokens", 0, "KV cache of each instance in tokens (default: the profile's)")
 	f.IntVar(&fl.kvMaxConversations, "kv-max-conversations", emulator.DefaultMaxConversations,
 		"conversations each KV cache keeps, as tether-lab emulate's (0: no cap)")
 	f.IntVar(&fl.maxInFlight, "max-inflight", 0,
@@ -199,7 +201,12 @@ func simulateOptions(fl *simulateFlags) ([]simulator.Policy, simulator.Options, 
 		}
 		policies = append(policies, p)
 	}
+	policies = withOracle(policies)
 	switch {
+	case math.IsNaN(fl.rate) || fl.rate <= 0:
+		return nil, simulator.Options{}, fmt.Errorf("--rate %v: want requests per second above 0", fl.rate)
+	case fl.kvCapacityTokens == 0 && fl.changed != nil && fl.changed("kv-capacity-tokens"):
+		return nil, simulator.Options{}, fmt.Errorf("--kv-capacity-tokens 0: want at least one block (%d tokens); leave it out for the profile's", emulator.BlockSize)
 	case fl.instances < 1:
 		return nil, simulator.Options{}, fmt.Errorf("--instances %d: want at least 1", fl.instances)
 	case fl.zones < 1:
@@ -376,13 +383,18 @@ func writeSimulateTable(w io.Writer, results []*simulator.Result, configFile str
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "policy\trequests\tok\tdropped\tcancelled\tKV hit\t%s p50\t%s p99\tlatency p50\tlatency p99\tcontinuity\timbalance (req)\tGPU imbalance\tGPU busy\tGPU-s/1k out\t\n", first, first)
+	fmt.Fprintf(tw, "policy\trequests\tok\tdropped\tcancelled\tKV hit\tof oracle\tof bound\t%s p50\t%s p99\tlatency p50\tlatency p99\tcontinuity\timbalance (req)\tGPU imbalance\tGPU busy\tGPU-s/1k out\t\n", first, first)
+	oracle := oracleResult(results)
 	for _, r := range results {
 		s := r.Summary
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.1f%%\t%s\t%s\t%s\t%s\t%.1f%%\t%.2f\t%.2f\t%.0f%%\t%.2f\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.1f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.2f\t%.2f\t%.0f%%\t%.2f\t\n",
 			r.Settings.Label, s.Requests, s.OK, s.Dropped, s.Cancelled, 100*s.KVHitRate,
+			shareOf(s.KVHitRate, oracle), shareOf(s.KVHitRate, r.InfiniteCacheBound),
 			simMs(s.TTFB.P50), simMs(s.TTFB.P99), simMs(s.Latency.P50), simMs(s.Latency.P99),
 			100*s.Continuity, s.LoadImbalance, r.GPUImbalance, 100*r.GPUBusy, r.GPUSecondsPer1kOutput)
+	}
+	if b, ok := boundRange(results); ok {
+		fmt.Fprintf(tw, "infinite-cache bound\t\t\t\t\t%s\t\t100%%\t\t\t\t\t\t\t\t\t\t\n", b)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -400,6 +412,8 @@ func writeSimulateTable(w io.Writer, results []*simulator.Result, configFile str
 		fmt.Fprintf(w, "%s: %d events in %s%s, %s simulated%s\n", r.Settings.Label, r.Events,
 			r.Wall.Round(time.Millisecond), rate, r.Simulated.Round(time.Millisecond), note)
 	}
+	fmt.Fprintln(w, "of oracle: the KV hit rate as a share of the oracle's (the longest cached prefix of its own, then the least loaded);")
+	fmt.Fprintln(w, "of bound: as a share of the infinite-cache bound on the policy's own requests (prompt tokens repeating a prefix sent before, one never-evicting cache)")
 	for _, r := range results {
 		if r.PrefillLoad >= 0.9 {
 			fmt.Fprintf(w, "warning: %s: the instances spent %.0f%% of the run prefilling: the fleet is overloaded at this rate (requests queue, then are dropped or cancelled)\n",
@@ -407,6 +421,50 @@ func writeSimulateTable(w io.Writer, results []*simulator.Result, configFile str
 		}
 	}
 	return nil
+}
+
+// withOracle appends the oracle to policies unless they have it: every
+// table reports the hit rates as a share of the oracle's.
+func withOracle(policies []simulator.Policy) []simulator.Policy {
+	if slices.Contains(policies, simulator.Oracle) {
+		return policies
+	}
+	return append(policies, simulator.Oracle)
+}
+
+// oracleResult is the oracle's hit rate among results (0: not run).
+func oracleResult(results []*simulator.Result) float64 {
+	for _, r := range results {
+		if r.Settings.Policy == simulator.Oracle {
+			return r.Summary.KVHitRate
+		}
+	}
+	return 0
+}
+
+// shareOf is hit as a percentage of of, "–" when of is 0.
+func shareOf(hit, of float64) string {
+	if of <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f%%", 100*hit/of)
+}
+
+// boundRange is the infinite-cache bound of the runs: one figure, or the
+// lowest and highest when the runs sent different requests (a faster
+// policy sends a few more turns before the end).
+func boundRange(results []*simulator.Result) (string, bool) {
+	if len(results) == 0 {
+		return "", false
+	}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, r := range results {
+		lo, hi = min(lo, r.InfiniteCacheBound), max(hi, r.InfiniteCacheBound)
+	}
+	if hi-lo < 0.0005 {
+		return fmt.Sprintf("%.1f%%", 100*hi), true
+	}
+	return fmt.Sprintf("%.1f–%.1f%%", 100*lo, 100*hi), true
 }
 
 func convCap(n int) string {

@@ -52,3 +52,33 @@ func TestSimulateConfig(t *testing.T) {
 		t.Errorf("--policy tether without --config: %v, want it refused", err)
 	}
 }
+
+// TestSimulateBounds: every table has the oracle and the bound, and each
+// policy's hit rate as a share of both; bad options are refused naming the
+// flag.
+func TestSimulateBounds(t *testing.T) {
+	out, err := runLab(t, "simulate", "--policy", "sticky,least-request", "--rate", "6", "--duration", "20s", "--no-progress")
+	if err != nil {
+		t.Fatalf("simulate: %v\n%s", err, out)
+	}
+	for _, want := range []string{"of oracle", "of bound", "tether sticky", "Envoy least request", "oracle (longest cached prefix)", "infinite-cache bound"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rate", "-1"}, "--rate -1"},
+		{[]string{"--rate", "0"}, "--rate 0"},
+		{[]string{"--kv-capacity-tokens", "0"}, "--kv-capacity-tokens 0"},
+		{[]string{"--kv-capacity-tokens", "-16"}, "--kv-capacity-tokens -16"},
+		{[]string{"--policy", "least-loaded"}, "--policy"},
+	} {
+		args := append([]string{"simulate", "--duration", "1s", "--no-progress"}, tc.args...)
+		if _, err := runLab(t, args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.want)
+		}
+	}
+}

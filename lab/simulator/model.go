@@ -32,6 +32,9 @@ func virtualTime(ns int64) time.Time { return time.Unix(epochUnix, ns).UTC() }
 type textModel struct {
 	name string
 	gpu  *emulator.GPU
+	// prefillFree is when the GPU's prefills so far end (its own
+	// prefillFree), for cachedPrefix.
+	prefillFree int64
 }
 
 func (m *textModel) cost(c *conversation, arrived int64, inFlight int) emulator.Cost {
@@ -46,7 +49,7 @@ func (m *textModel) cost(c *conversation, arrived int64, inFlight int) emulator.
 	}
 	prompt := strings.Join(parts, "\n")
 	c.answer = answerText(m.name, c.shape.turns[k].maxTokens)
-	return m.gpu.Cost(emulator.Request{
+	cost := m.gpu.Cost(emulator.Request{
 		Instance:         m.name,
 		Endpoint:         "/v1/chat/completions",
 		Prompt:           prompt,
@@ -57,6 +60,8 @@ func (m *textModel) cost(c *conversation, arrived int64, inFlight int) emulator.
 		Arrived:          virtualTime(arrived),
 		InFlight:         inFlight,
 	})
+	m.prefillFree = arrived + int64(cost.Wait)
+	return cost
 }
 
 func (m *textModel) stats() emulator.ModelStats { return m.gpu.Stats() }

@@ -205,6 +205,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("simulate: time scale %v: want a finite number > 0 (0: 1)", o.TimeScale)
 	case o.RingSize < 0 || o.RingSize > MaxRingSize:
 		return fmt.Errorf("simulate: ring size %d: want 1 to %d (0: %d)", o.RingSize, MaxRingSize, DefaultRingSize)
+	case o.Cache.CapacityTokens < 0:
+		return fmt.Errorf("simulate: kv capacity %d tokens: want at least one block (%d tokens; 0: the profile's)", o.Cache.CapacityTokens, emulator.BlockSize)
 	case o.Lifetime != (affinity.Lifetime{}) && (o.Lifetime.Idle <= 0 || o.Lifetime.Max < 0):
 		return fmt.Errorf("simulate: lifetime idle %v, max %v: want idle above 0 and max 0 (no limit) or above", o.Lifetime.Idle, o.Lifetime.Max)
 	}

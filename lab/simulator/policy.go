@@ -36,12 +36,14 @@ const (
 )
 
 // Policies lists the policies of a run without a configuration, in the
-// order of the bench's quality table.
-func Policies() []Policy { return []Policy{RoundRobin, RingHash, Random, Sticky} }
+// order of the bench's quality table, then the oracle.
+func Policies() []Policy {
+	return []Policy{RoundRobin, LeastRequest, RingHash, Random, Sticky, Oracle}
+}
 
 // ConfigPolicies lists the policies of a run with a configuration: Envoy's
-// balancers over its instances, and tether's policy.
-func ConfigPolicies() []Policy { return []Policy{RoundRobin, RingHash, Tether} }
+// balancers over its instances, tether's policy, and the oracle.
+func ConfigPolicies() []Policy { return []Policy{RoundRobin, LeastRequest, RingHash, Tether, Oracle} }
 
 // ParsePolicy returns the policy called name (any case).
 func ParsePolicy(name string) (Policy, error) {
@@ -54,7 +56,7 @@ func ParsePolicy(name string) (Policy, error) {
 }
 
 func policyList() string {
-	names := make([]string, 0, 5)
+	names := make([]string, 0, 7)
 	for _, p := range append(Policies(), Tether) {
 		names = append(names, string(p))
 	}
@@ -74,6 +76,10 @@ func (p Policy) Label() string {
 		return "Envoy ring hash"
 	case RoundRobin:
 		return "Envoy round robin"
+	case LeastRequest:
+		return "Envoy least request"
+	case Oracle:
+		return "oracle (longest cached prefix)"
 	}
 	return string(p)
 }

@@ -62,6 +62,11 @@ type Result struct {
 	// above 1 the prefill queues grow without bound and the fleet is
 	// overloaded at this rate.
 	PrefillLoad float64 `json:"prefill_load"`
+	// InfiniteCacheBound is the share of the OK requests' prompt tokens
+	// that repeat a prefix an earlier request had sent, on any instance:
+	// the hit rate of one shared cache that never evicts (see boundTally).
+	// No policy's KVHitRate on the same requests exceeds it.
+	InfiniteCacheBound float64 `json:"infinite_cache_bound"`
 
 	Instances []InstanceResult `json:"instances"`
 
@@ -218,6 +223,7 @@ type runner struct {
 	errors        map[string]int
 	requests      int64
 	events        int64
+	bound         boundTally
 
 	// observe, when set (tests), sees the virtual time of every event.
 	observe func(at int64)
@@ -283,6 +289,7 @@ func (r *runner) buildFleet() error {
 		}
 		r.instances = append(r.instances, in)
 	}
+	r.bound = newBoundTally(system)
 	return nil
 }
 
@@ -307,6 +314,10 @@ func (r *runner) buildRouter() error {
 		r.router = &ringRouter{ring: newRing(keys, o.RingSize), rng: rng}
 	case RoundRobin:
 		r.router = &roundRobinRouter{n: len(r.instances), next: rng.IntN(len(r.instances))}
+	case LeastRequest:
+		r.router = &leastRequestRouter{instances: r.instances, rng: rng}
+	case Oracle:
+		r.router = newOracleRouter(r.instances, r.bound.system, func() int64 { return r.now }, rng)
 	default:
 		return fmt.Errorf("simulate: unknown policy %q", o.Policy)
 	}
@@ -438,6 +449,7 @@ func (r *runner) send(ctx context.Context, c *conversation) error {
 	}
 	in := r.instances[i]
 	t := c.shape.turns[k]
+	r.bound.price(c)
 	cost := in.model.cost(c, r.now, in.inFlight)
 	// The response headers: at the first token when streamed, else with
 	// the whole answer, each with the depth the emulator reports (the
@@ -483,6 +495,7 @@ func (r *runner) send(ctx context.Context, c *conversation) error {
 		}
 	}
 	in.served++
+	r.bound.ok()
 	if r.decisions != nil && kind != "" {
 		r.decisions[string(kind)]++
 	}
@@ -545,6 +558,7 @@ func (r *runner) result(started time.Time, err error) *Result {
 	fleetSeconds := n * o.Duration.Seconds() / o.TimeScale // emulated time the fleet had
 	res.GPUBusy = gpu / fleetSeconds
 	res.PrefillLoad = res.PrefillGPUSeconds / fleetSeconds
+	res.InfiniteCacheBound = ratio(float64(r.bound.tokens), float64(s.PromptTokens))
 	if o.Progress != nil {
 		o.Progress(r.progress())
 	}

@@ -280,7 +280,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		d.failOpenOverrides.Add(1)
 	}
 	if err != nil {
-		return d.storeFailed(ctx, key, cands, mode, err)
+		return d.storeFailed(ctx, req, key, cands, mode, err)
 	}
 	b := res.Binding
 	kind, prev := KindHit, b.Instance
@@ -409,15 +409,26 @@ func (d *Decider) relocate(p *Policy, c choice, key string, b Binding, mv Move, 
 	return d.place(key, avoidSpot(cands), p), kind, nil
 }
 
-// storeFailed places by rendezvous hashing when the store fails, unless the
-// request itself is gone (Envoy's message timeout, a client that left):
-// that is not the store's fault and nobody waits for the answer. Plain
-// rendezvous, without the load bound, is where most sessions already are.
-func (d *Decider) storeFailed(ctx context.Context, key string, cands []fleet.Instance, mode Mode, err error) (Decision, error) {
+// storeFailed places by the rule new sessions are placed by, without the
+// load bound (where most sessions already are: the fail-open pool's choice,
+// else rendezvous), when the store fails, unless the request itself is gone
+// (Envoy's message timeout, a client that left): that is not the store's
+// fault and nobody waits for the answer.
+func (d *Decider) storeFailed(ctx context.Context, req Request, key string, cands []fleet.Instance, mode Mode, err error) (Decision, error) {
 	if ctx.Err() != nil {
 		return Decision{}, ctx.Err()
 	}
-	return Decision{Instance: Rendezvous(key, cands), Mode: mode, Kind: KindDegraded, Err: err}, nil
+	in := Rendezvous(key, cands)
+	if d.failOpen != nil {
+		// Where new sessions are placed, and where Envoy's pool sends them
+		// when tether is down: most sessions are bound there already.
+		if name, ok := d.failOpen(req.Headers, d.fleet.All()); ok {
+			if c, found := find(cands, name); found {
+				in = c
+			}
+		}
+	}
+	return Decision{Instance: in, Mode: mode, Kind: KindDegraded, Err: err}, nil
 }
 
 // random picks an instance with probability proportional to its weight,

@@ -114,3 +114,24 @@ func TestFailOpenOverriddenWhenKVFull(t *testing.T) {
 		t.Errorf("with room: %s, want gpu-2", dec.Instance.Name)
 	}
 }
+
+// TestFailOpenWhenStoreFails: with the store down, a request goes where
+// the pool sends it, where new sessions were bound, not to the rendezvous
+// choice.
+func TestFailOpenWhenStoreFails(t *testing.T) {
+	fl := fleet.New(instances(4))
+	d := affinity.New(failingStore{}, fl, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, affinity.WithFailOpen(poolOf))
+	for i := range 20 {
+		r := pooled(fmt.Sprint("down", i), fmt.Sprintf("gpu-%d", i%4))
+		dec, err := d.Decide(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dec.Kind != affinity.KindDegraded || dec.Instance.Name != r.Headers.Get("x-pool") {
+			t.Fatalf("session %d with the store down: %s on %s, want degraded on the pool's %s", i, dec.Kind, dec.Instance.Name, r.Headers.Get("x-pool"))
+		}
+	}
+	if dec, _ := d.Decide(context.Background(), session("plain")); dec.Instance != affinity.Rendezvous("s:plain", fl.All()) {
+		t.Errorf("no pool choice, store down: %s, want the rendezvous choice", dec.Instance.Name)
+	}
+}

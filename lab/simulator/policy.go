@@ -12,6 +12,7 @@ import (
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/plan"
+	"github.com/tetherproxy/tether/ringhash"
 	"github.com/tetherproxy/tether/store/memory"
 )
 
@@ -235,9 +236,9 @@ type deciderCall struct {
 	answer   *affinity.Answer
 }
 
-// ringRouter emulates Envoy's RING_HASH (see ring and envoyHash).
+// ringRouter is Envoy's RING_HASH (package ringhash, and envoyHash).
 type ringRouter struct {
-	ring ring
+	ring *ringhash.Ring
 	rng  *rand.Rand
 }
 
@@ -250,7 +251,7 @@ func (r *ringRouter) route(_ context.Context, c *conversation) (int, affinity.Ki
 	if !c.hashed {
 		h = r.rng.Uint64()
 	}
-	return r.ring.pick(h), "", nil
+	return r.ring.Pick(h), "", nil
 }
 
 // roundRobinRouter emulates Envoy's ROUND_ROBIN with equal weights: the

@@ -24,6 +24,7 @@ import (
 	"github.com/tetherproxy/tether/lab/loadgen"
 	"github.com/tetherproxy/tether/lab/workload"
 	"github.com/tetherproxy/tether/plan"
+	"github.com/tetherproxy/tether/ringhash"
 )
 
 // Result is the outcome of a Run. It marshals to JSON.
@@ -311,7 +312,7 @@ func (r *runner) buildRouter() error {
 		for i, in := range r.instances {
 			keys[i] = in.Name
 		}
-		r.router = &ringRouter{ring: newRing(keys, o.RingSize), rng: rng}
+		r.router = &ringRouter{ring: ringhash.New(keys, o.RingSize), rng: rng}
 	case RoundRobin:
 		r.router = &roundRobinRouter{n: len(r.instances), next: rng.IntN(len(r.instances))}
 	case LeastRequest:

@@ -236,6 +236,10 @@ func (l *Load) engineLocked(instance string, stale time.Duration) (EngineReading
 func (l *Load) Engines(stale time.Duration) map[string]EngineReading {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.enginesLocked(stale)
+}
+
+func (l *Load) enginesLocked(stale time.Duration) map[string]EngineReading {
 	out := make(map[string]EngineReading, len(l.engine)+len(l.state.Engine))
 	for _, m := range []map[string]EngineReading{l.engine, l.state.Engine} {
 		for in := range m {
@@ -267,14 +271,7 @@ func (l *Load) Snapshot() LoadState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := LoadState{Active: maps.Clone(l.state.Active), InFlight: maps.Clone(l.state.InFlight),
-		Queue: maps.Clone(l.state.Queue), Drained: maps.Clone(l.state.Drained), Engine: map[string]EngineReading{}}
-	for _, m := range []map[string]EngineReading{l.engine, l.state.Engine} {
-		for in := range m {
-			if r, ok := l.engineLocked(in, 0); ok {
-				s.Engine[in] = r
-			}
-		}
-	}
+		Queue: maps.Clone(l.state.Queue), Drained: maps.Clone(l.state.Drained), Engine: l.enginesLocked(0)}
 	for _, m := range []map[string]int{l.pending, l.placed, l.syncing} {
 		for in, n := range m {
 			s.Active[in] += n

@@ -1,6 +1,8 @@
 package engine_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -209,3 +211,69 @@ func (r *recorder) Scraped(_ string, _ time.Duration, reason string) {
 }
 
 func (r *recorder) Shards(int) {}
+
+// downLeases is a store that cannot be reached.
+type downLeases struct{}
+
+func (downLeases) Lease(context.Context, string, string, time.Duration, time.Time) (bool, error) {
+	return false, errors.New("redis: connection refused")
+}
+func (downLeases) Release(context.Context, string, string) error { return nil }
+
+// TestPollerScrapesWhenLeasesFail: with the store unreachable no replica
+// can share readings, so each scrapes every instance for itself, and says
+// so in its round's log line.
+func TestPollerScrapesWhenLeasesFail(t *testing.T) {
+	f := newFakeEngines(t)
+	ins := f.fleet(4)
+	load := affinity.NewLoad(nil, "r0")
+	var logged []string
+	p := &engine.Poller{
+		Replica: "r0", Instances: func() []fleet.Instance { return ins }, Load: load, Leases: downLeases{},
+		Scraper: &engine.Scraper{Timeout: time.Second}, Tracker: engine.NewTracker(), Interval: time.Second,
+		Log: func(_ int, s string) { logged = append(logged, s) },
+	}
+	p.Round(t.Context())
+	for _, in := range ins[:4] {
+		if _, ok := load.Engine(in.Name, 0); !ok || f.count(in.Name) != 1 {
+			t.Errorf("%s: scraped %d times, reading kept %v; want one scrape and its reading", in.Name, f.count(in.Name), ok)
+		}
+	}
+	if len(logged) != 1 || !strings.Contains(logged[0], "leases") {
+		t.Errorf("logged %q, want the lease failure", logged)
+	}
+}
+
+// TestPollerReleasesOnStop: a replica that stops gives its leases back,
+// so another scrapes its instances at its next round, not a lease later.
+func TestPollerReleasesOnStop(t *testing.T) {
+	f := newFakeEngines(t)
+	ins := f.fleet(4)
+	st := memory.New()
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	mk := func(name string) *engine.Poller {
+		return &engine.Poller{
+			Replica: name, Instances: func() []fleet.Instance { return ins }, Load: affinity.NewLoad(nil, name), Leases: st,
+			Scraper: &engine.Scraper{Timeout: time.Second}, Tracker: engine.NewTracker(), Interval: time.Hour, Now: clk.now,
+		}
+	}
+	first, second := mk("r0"), mk("r1")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { first.Run(ctx); close(done) }()
+	for f.count(ins[0].Name) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	second.Round(t.Context())
+	if n := f.count(ins[0].Name); n != 1 {
+		t.Fatalf("%d scrapes while the first replica holds the leases, want its 1", n)
+	}
+	cancel()
+	<-done
+	second.Round(t.Context()) // the same instant: the leases have not run out
+	for _, in := range ins[:4] {
+		if n := f.count(in.Name); n != 2 {
+			t.Errorf("%s: %d scrapes after the first replica stopped, want a second by the other", in.Name, n)
+		}
+	}
+}

@@ -49,6 +49,8 @@ type simulateFlags struct {
 	jsonOut            string
 	noProgress         bool
 	config             string
+	regime             string
+	charts             string
 	// changed reports whether a flag was given (the file decides those it
 	// names).
 	changed func(name string) bool
@@ -102,6 +104,19 @@ and sticky and random are refused. The emulated GPUs (--profile, --kv-*) stay th
 			if err != nil {
 				return err
 			}
+			if fl.regime != "" {
+				if fl.changed("duration") {
+					return errors.New("--duration: each --regime sets its own (40 to 70 minutes, ten of them warmup)")
+				}
+				regimes, err := regimesOf(fl.regime)
+				if err != nil {
+					return err
+				}
+				return runRegimes(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), &fl, regimes, policies, base)
+			}
+			if fl.charts != "" {
+				return errors.New("--charts: draws the day regime's minutes: use it with --regime day or all")
+			}
 			return runSimulations(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), &fl, policies, base)
 		},
 	}
@@ -133,6 +148,8 @@ and sticky and random are refused. The emulated GPUs (--profile, --kv-*) stay th
 	f.StringVar(&fl.likeBench, "like-bench", "", "take rate, duration, think and time scales from tether-lab bench's scale: full or smoke")
 	f.StringVar(&fl.jsonOut, "json", "", `write the results as JSON to this file ("-" for standard output)`)
 	f.BoolVar(&fl.noProgress, "no-progress", false, "do not draw the progress bar on standard error")
+	f.StringVar(&fl.regime, "regime", "", "run the regimes instead: "+strings.Join(simulator.RegimeNames(), ", ")+", or all (comma-separated lists work too); each sets its duration and prints a Markdown table")
+	f.StringVar(&fl.charts, "charts", "", "with --regime day or all: write the day's minute-by-minute charts (PNG) into this directory")
 	f.StringVar(&fl.config, "config", "", "replay a tether configuration: its instances, and its policy as tether serve runs it (policy tether)")
 	return cmd
 }
@@ -284,6 +301,26 @@ func simulateOptions(fl *simulateFlags) ([]simulator.Policy, simulator.Options, 
 // runSimulations runs the policies, at most --parallel at once, and
 // reports them. An interrupted run (SIGINT) still reports what it measured.
 func runSimulations(ctx context.Context, stdout, stderr io.Writer, fl *simulateFlags, policies []simulator.Policy, base simulator.Options) error {
+	done, err := simulateAll(ctx, stderr, fl, policies, base)
+	if len(done) > 0 {
+		if err := writeSimulateTable(stdout, done, fl.config); err != nil {
+			return err
+		}
+		if fl.jsonOut != "" {
+			if err := writeJSONFile(fl.jsonOut, stdout, struct {
+				Results []*simulator.Result `json:"results"`
+			}{done}); err != nil {
+				return err
+			}
+		}
+	}
+	return err
+}
+
+// simulateAll runs the policies on base, at most --parallel at once, and
+// returns the results of those that ran (in the policies' order) with
+// their errors.
+func simulateAll(ctx context.Context, stderr io.Writer, fl *simulateFlags, policies []simulator.Policy, base simulator.Options) ([]*simulator.Result, error) {
 	parallel := fl.parallel
 	if parallel == 0 {
 		parallel = runtime.GOMAXPROCS(0)
@@ -329,19 +366,7 @@ func runSimulations(ctx context.Context, stdout, stderr io.Writer, fl *simulateF
 			done = append(done, r)
 		}
 	}
-	if len(done) > 0 {
-		if err := writeSimulateTable(stdout, done, fl.config); err != nil {
-			return err
-		}
-		if fl.jsonOut != "" {
-			if err := writeJSONFile(fl.jsonOut, stdout, struct {
-				Results []*simulator.Result `json:"results"`
-			}{done}); err != nil {
-				return err
-			}
-		}
-	}
-	return errors.Join(errs...)
+	return done, errors.Join(errs...)
 }
 
 // costliestFirst is the indexes of policies, those that run tether's
@@ -351,7 +376,7 @@ func runSimulations(ctx context.Context, stdout, stderr io.Writer, fl *simulateF
 func costliestFirst(policies []simulator.Policy) []int {
 	rank := func(p simulator.Policy) int {
 		switch p {
-		case simulator.Sticky, simulator.Tether:
+		case simulator.Sticky, simulator.Adaptive, simulator.Tether:
 			return 0
 		case simulator.Random:
 			return 1

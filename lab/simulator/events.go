@@ -18,7 +18,7 @@ const (
 type event struct {
 	at   int64  // virtual ns
 	seq  uint64 // scheduling order: breaks ties, so runs are deterministic
-	conv *conversation
+	call *call
 	kind eventKind
 }
 
@@ -49,7 +49,7 @@ func (q *eventQueue) pop() event {
 	top := h[0]
 	n := len(h) - 1
 	h[0] = h[n]
-	h[n] = event{} // let the conversation go
+	h[n] = event{} // let the request go
 	h = h[:n]
 	for i := 0; ; {
 		l, m := 2*i+1, i

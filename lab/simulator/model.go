@@ -14,6 +14,9 @@ type model interface {
 	// instance, and stores its blocks, as emulator.GPU.Cost does.
 	cost(c *conversation, arrived int64, inFlight int) emulator.Cost
 	stats() emulator.ModelStats
+	// reset empties the cache and the queue (the instance restarted); the
+	// GPU figures go on adding up.
+	reset()
 }
 
 // epochUnix is virtual time zero, in Unix seconds, for the parts of the
@@ -31,6 +34,7 @@ func virtualTime(ns int64) time.Time { return time.Unix(epochUnix, ns).UTC() }
 // reference the fast path is tested against.
 type textModel struct {
 	name string
+	cfg  emulator.GPUConfig
 	gpu  *emulator.GPU
 	// prefillFree is when the GPU's prefills so far end (its own
 	// prefillFree), for cachedPrefix.
@@ -66,6 +70,16 @@ func (m *textModel) cost(c *conversation, arrived int64, inFlight int) emulator.
 
 func (m *textModel) stats() emulator.ModelStats { return m.gpu.Stats() }
 
+// reset starts a new GPU (the exact path runs no scenario, so none of its
+// figures are lost in a run that counts them).
+func (m *textModel) reset() {
+	gpu, err := emulator.NewGPU(m.cfg)
+	if err != nil {
+		panic(err) // m.cfg made the first one
+	}
+	m.gpu, m.prefillFree = gpu, 0
+}
+
 // answerText is what an emulated instance answers with ignore_eos: the
 // words "served by <name>" repeated until the answer is maxTokens words
 // long (the emulator's answerWords; TestAnswerTextMatchesEmulator checks it against
@@ -93,6 +107,7 @@ func answerText(name string, maxTokens int) string {
 type blockModel struct {
 	profile     emulator.Profile
 	timeScale   float64
+	cacheConfig emulator.CacheConfig
 	cache       *runCache
 	system      []int // per application: its system prompt's full blocks
 	prefillFree int64
@@ -137,6 +152,13 @@ func (m *blockModel) cost(c *conversation, arrived int64, inFlight int) emulator
 		CachedTokens: cached,
 		Queued:       time.Duration(start - arrived),
 	}
+}
+
+func (m *blockModel) reset() {
+	st := m.cache.stats
+	m.cache = newRunCache(m.cacheConfig, m.system)
+	m.cache.stats.Evictions, m.cache.stats.ConversationEvictions, m.cache.stats.ReleasedBlocks = st.Evictions, st.ConversationEvictions, st.ReleasedBlocks
+	m.prefillFree = 0
 }
 
 func (m *blockModel) scale(d time.Duration) time.Duration {

@@ -118,6 +118,16 @@ type Options struct {
 	// check the fast one.
 	Exact bool
 
+	// Scenario changes the conditions over the run (the fleet scales,
+	// upgrades or fails, a tenant bursts, agents fan out, tether becomes
+	// unreachable); its zero value is a fixed fleet under a steady load.
+	// See Regimes for the named ones.
+	Scenario Scenario
+
+	// Series, when set, adds the figures of every minute to the result
+	// (Result.Series), for charts.
+	Series bool
+
 	// Progress, when set, is called from Run's goroutine about every
 	// ProgressEvery events and once at the end.
 	Progress func(Progress)
@@ -210,6 +220,9 @@ func (o Options) Validate() error {
 	case o.Lifetime != (affinity.Lifetime{}) && (o.Lifetime.Idle <= 0 || o.Lifetime.Max < 0):
 		return fmt.Errorf("simulate: lifetime idle %v, max %v: want idle above 0 and max 0 (no limit) or above", o.Lifetime.Idle, o.Lifetime.Max)
 	}
+	if err := o.Scenario.validate(d); err != nil {
+		return err
+	}
 	if err := (emulator.GPUConfig{Profile: d.Profile, TimeScale: d.TimeScale, Cache: d.Cache}).Validate(); err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
@@ -234,6 +247,8 @@ func (o Options) validateConfig() error {
 		return errors.New("simulate: instances and zones: with a configuration, the fleet is its [[instances]]")
 	case o.Lifetime != (affinity.Lifetime{}):
 		return errors.New("simulate: lifetime: with a configuration, its routing.idle_timeout and max_sticky_duration decide")
+	case o.Scenario.Scale != (Scale{}):
+		return errors.New("simulate: scale: with a configuration, the fleet is its [[instances]]: it does not scale")
 	case len(o.Config.Instances) > MaxInstances:
 		return fmt.Errorf("simulate: the configuration has %d instances: at most %d", len(o.Config.Instances), MaxInstances)
 	}
@@ -266,15 +281,23 @@ func (o Options) plan() (plan.Plan, error) {
 // routing with o.Lifetime; every other key tether's default.
 func (o Options) generatedConfig() config.Config {
 	c := config.Default()
-	if o.Policy == Random {
+	switch o.Policy {
+	case Random:
 		c.Routing.Mode = config.ModeRandom
+	case Adaptive:
+		c.Routing.AdaptiveSticky = 1
+	}
+	if o.Scenario.Upgrade != (Upgrade{}) {
+		// Sessions keep their model: a conversation does not change
+		// model mid-way (what the upgrade regime counts).
+		c.Routing.VersionAffinity = config.VersionStrict
 	}
 	c.Routing.IdleTimeout, c.Routing.MaxStickyDuration = config.Dur(o.Lifetime.Idle), config.Dur(o.Lifetime.Max)
 	kv := cmp.Or(o.Cache.MaxConversations, emulator.DefaultMaxConversations)
 	if kv < 0 {
 		kv = config.MaxKVSessions
 	}
-	for i := range o.Instances {
+	for i := range o.Scenario.peak(o.Instances) {
 		c.Instances = append(c.Instances, config.Instance{
 			Name:       fmt.Sprintf("%s-%d", o.Profile.Name, i),
 			Address:    fmt.Sprintf("127.0.0.1:%d", 20000+i),
@@ -282,9 +305,35 @@ func (o Options) generatedConfig() config.Config {
 			Version:    "v1",
 			Weight:     1,
 			KVSessions: kv,
+			// Adaptive reads the instances' engines (vLLM's /metrics), as
+			// tether does when instances name their engine.
+			Engine: engineOf(o.Policy),
 		})
 	}
 	return c
+}
+
+// engineOf is the engine the generated instances name: vLLM for the
+// adaptive policy, which reads it, none otherwise.
+func engineOf(p Policy) string {
+	if p == Adaptive {
+		return "vllm"
+	}
+	return ""
+}
+
+// versions are the model versions the fleet serves at the start.
+func (o Options) versions() []string {
+	if o.Config == nil {
+		return []string{"v1"}
+	}
+	var out []string
+	for _, in := range o.Config.Instances {
+		if !slices.Contains(out, in.Version) {
+			out = append(out, in.Version)
+		}
+	}
+	return out
 }
 
 func zoneName(i int) string {

@@ -36,17 +36,20 @@ const leastRequestChoices = 2
 // requests in flight on the instance (queued, prefilling or decoding).
 type leastRequestRouter struct {
 	instances []*instance
+	live      []int
 	rng       *rand.Rand
 }
 
 func (r *leastRequestRouter) prepare(*conversation) {}
 
-func (r *leastRequestRouter) answered(*conversation, int64, int) {}
+func (r *leastRequestRouter) answered(*call, int64, int) {}
 
-func (r *leastRequestRouter) route(context.Context, *conversation) (int, affinity.Kind, error) {
+func (r *leastRequestRouter) update(f *fleetState) { r.live = f.live }
+
+func (r *leastRequestRouter) route(context.Context, *call) (int, affinity.Kind, error) {
 	best := -1
 	for range leastRequestChoices {
-		i := r.rng.IntN(len(r.instances))
+		i := r.live[r.rng.IntN(len(r.live))]
 		if best < 0 || r.instances[i].inFlight < r.instances[best].inFlight {
 			best = i
 		}
@@ -76,6 +79,7 @@ type prefixer interface {
 // requests in flight, then by the cached system prompt, then at random.
 type oracleRouter struct {
 	instances []*instance
+	live      []int
 	models    []prefixer
 	system    []int // per application: its system prompt's full blocks
 	clock     func() int64
@@ -84,15 +88,18 @@ type oracleRouter struct {
 
 func (r *oracleRouter) prepare(*conversation) {}
 
-func (r *oracleRouter) answered(*conversation, int64, int) {}
+func (r *oracleRouter) answered(*call, int64, int) {}
 
-func (r *oracleRouter) route(_ context.Context, c *conversation) (int, affinity.Kind, error) {
+func (r *oracleRouter) update(f *fleetState) { r.live = f.live }
+
+func (r *oracleRouter) route(_ context.Context, k *call) (int, affinity.Kind, error) {
+	c := k.conv
 	now := r.clock()
 	sys := r.system[c.shape.app]
 	best, ties := -1, 0
 	var bestOwn, bestLoad, bestBlocks int
-	for i, m := range r.models {
-		blocks, load := m.cachedPrefix(c, now), r.instances[i].inFlight
+	for _, i := range r.live {
+		blocks, load := r.models[i].cachedPrefix(c, now), r.instances[i].inFlight
 		own := 0
 		if blocks > sys {
 			own = blocks
@@ -175,8 +182,9 @@ func newBoundTally(system []int) boundTally {
 
 // price notes c's current turn, priced now: its repeated tokens are those
 // of the blocks sent before, and its application's system prompt has been
-// sent.
-func (b *boundTally) price(c *conversation) {
+// sent. A fan-out request after the turn's first (again) repeats its
+// whole prompt.
+func (b *boundTally) price(c *conversation, again bool) {
 	a := c.shape.app
 	seen := 0
 	if b.seen[a] {
@@ -187,6 +195,9 @@ func (b *boundTally) price(c *conversation) {
 		seen = max(seen, c.history/emulator.BlockSize)
 	}
 	lookup := lookupBlocks(c.history + c.shape.turns[c.turn].userTokens)
+	if again {
+		seen = lookup
+	}
 	b.current = min(lookup, seen) * emulator.BlockSize
 	b.seen[a] = true
 }

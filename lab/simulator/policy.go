@@ -2,8 +2,10 @@ package simulator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,6 +27,11 @@ const (
 	Sticky Policy = "sticky"
 	// Random is tether's random mode, through the same Decider.
 	Random Policy = "random"
+	// Adaptive is tether's adaptive mode: sticky, but a session leaves an
+	// instance its engine reports saturated (requests waiting, KV cache
+	// use), with the instances' readings taken as tether's poller takes
+	// them from vLLM's /metrics (engines.scrape_interval, 1 s).
+	Adaptive Policy = "adaptive"
 	// Tether is the policy of Options.Config, as `tether serve` runs it:
 	// its rules, versions, bounded load, saturation thresholds,
 	// lifetimes and fallback.
@@ -39,7 +46,7 @@ const (
 // Policies lists the policies of a run without a configuration, in the
 // order of the bench's quality table, then the oracle.
 func Policies() []Policy {
-	return []Policy{RoundRobin, LeastRequest, RingHash, Random, Sticky, Oracle}
+	return []Policy{RoundRobin, LeastRequest, RingHash, Random, Sticky, Adaptive, Oracle}
 }
 
 // ConfigPolicies lists the policies of a run with a configuration: Envoy's
@@ -57,7 +64,7 @@ func ParsePolicy(name string) (Policy, error) {
 }
 
 func policyList() string {
-	names := make([]string, 0, 7)
+	names := make([]string, 0, 8)
 	for _, p := range append(Policies(), Tether) {
 		names = append(names, string(p))
 	}
@@ -71,6 +78,8 @@ func (p Policy) Label() string {
 		return "tether sticky"
 	case Random:
 		return "tether random"
+	case Adaptive:
+		return "tether adaptive"
 	case Tether:
 		return "tether (config)"
 	case RingHash:
@@ -90,14 +99,36 @@ type router interface {
 	// prepare computes what the router needs of a conversation's
 	// identity, once: the headers are the same on every turn.
 	prepare(c *conversation)
-	// route returns the index of the instance for c's next request, at
-	// the current virtual time, and the decision's kind for tether ("" for
-	// the Envoy policies).
-	route(ctx context.Context, c *conversation) (int, affinity.Kind, error)
-	// answered says when the request route last placed for c gets its
-	// response headers (at, virtual ns), and the queue depth its instance
-	// reports with them.
-	answered(c *conversation, at int64, queue int)
+	// route returns the index of the instance for request k (of its
+	// conversation's current turn), at the current virtual time, and the
+	// decision's kind for tether ("" for the Envoy policies). An error
+	// wrapping errRefused refuses the request; any other stops the run.
+	route(ctx context.Context, k *call) (int, affinity.Kind, error)
+	// answered says when request k gets its response headers (at,
+	// virtual ns), and the queue depth its instance reports with them.
+	answered(k *call, at int64, queue int)
+	// update tells the router the fleet changed: which instances take
+	// requests now (and which failed).
+	update(f *fleetState)
+}
+
+// errRefused is a request tether refuses (no instance of its version, no
+// instance at all): the request fails, the run goes on.
+var errRefused = errors.New("refused")
+
+// fleetState is the fleet as the routers see it.
+type fleetState struct {
+	instances []*instance
+	// live are the indices of the instances that take requests, in
+	// order; members those in the deployment (live, and failed ones that
+	// will return).
+	live, members []int
+	// died is the instance that just failed (-1: none), back at until
+	// (virtual ns).
+	died  int
+	until int64
+	// tetherDown: every tether replica is unreachable (Scenario.Outage).
+	tetherDown bool
 }
 
 // identitySecret keys the simulation's session keys; any 16 bytes do.
@@ -112,10 +143,16 @@ const requestPath = "/v1/chat/completions"
 // the store in memory, the clock virtual and the random source seeded. As
 // in tether, a decision counts as a request in flight until its response
 // headers arrive (answered), with the queue depth the instance reports in
-// them, and the load view syncs once a (virtual) second.
+// them, and the load view syncs once a (virtual) second. Instances with an
+// engine (adaptive) have their readings taken at each sync, as tether's
+// poller scrapes them. While tether is unreachable (fleetState.tetherDown)
+// Envoy's fail-open pool routes: its ring hash over the live instances of
+// the pool's version.
 type tetherRouter struct {
 	ids      *identity.Extractor
 	decider  *affinity.Decider
+	fleet    *fleet.Fleet
+	breaker  *fleet.Breaker
 	index    map[string]int
 	names    []string
 	clock    func() int64 // virtual ns
@@ -130,6 +167,12 @@ type tetherRouter struct {
 	// (eventAnswered), in the order they get them.
 	pending eventQueue
 	seq     uint64
+	// state is the fleet; pool and poolIndex Envoy's fail-open ring over
+	// it; rng draws the hash of a request without identity headers there.
+	state     *fleetState
+	pool      *ringhash.Ring
+	poolIndex []int
+	rng       *rand.Rand
 	// trace, when set (tests), sees every call on the decider; decided
 	// numbers the decisions for it.
 	trace   func(deciderCall)
@@ -137,8 +180,13 @@ type tetherRouter struct {
 }
 
 // syncEvery is how often, in virtual time, the router's load view reads
-// the store's session index, as tether's load sync does each second.
+// the store's session index, as tether's load sync does each second (and
+// tether's poller scrapes the engines, engines.scrape_interval).
 const syncEvery = time.Second
+
+// KindFailOpen counts the requests Envoy's fail-open route carried while
+// tether was unreachable (Scenario.Outage).
+const KindFailOpen affinity.Kind = "fail-open"
 
 func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRouter, error) {
 	ids, err := p.Extractor([]byte(identitySecret))
@@ -153,16 +201,18 @@ func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRo
 	}
 	store := memory.New()
 	now := func() time.Time { return virtualTime(clock()) }
-	d := plan.NewDecider(p, fleet.New(p.Instances), plan.Deps{
+	fl := fleet.New(p.Instances)
+	br := fleet.NewBreaker(p.Breaker, now, nil)
+	d := plan.NewDecider(p, fl, plan.Deps{
 		Store: store,
 		// The load view reads active sessions from the store as tether's
 		// does, so bounded-load placement sees sessions expire.
 		Load:    affinity.NewLoad(store, "simulate"),
-		Breaker: fleet.NewBreaker(p.Breaker, now, nil),
+		Breaker: br,
 		Now:     now,
 		Rand:    rng.Uint64,
 	})
-	return &tetherRouter{ids: ids, decider: d, index: index, names: names, clock: clock,
+	return &tetherRouter{ids: ids, decider: d, fleet: fl, breaker: br, index: index, names: names, clock: clock, rng: rng,
 		queueKnown: p.ExtProc.QueueHeader == emulator.QueueDepthHeader}, nil
 }
 
@@ -174,10 +224,65 @@ func (t *tetherRouter) prepare(c *conversation) {
 	c.request = affinity.Request{ID: t.ids.Extract(h), Path: requestPath, Headers: h}
 }
 
-func (t *tetherRouter) route(ctx context.Context, c *conversation) (int, affinity.Kind, error) {
+// update installs the deployment's instances in tether's fleet (with the
+// versions they serve now), opens the circuit of one that failed until it
+// returns, and rebuilds the fail-open ring.
+func (t *tetherRouter) update(f *fleetState) {
+	t.state = f
+	members := make([]fleet.Instance, 0, len(f.members))
+	for _, i := range f.members {
+		members = append(members, f.instances[i].Instance)
+	}
+	t.fleet.Replace(members)
+	if f.died >= 0 {
+		t.breaker.Opened(f.instances[f.died].Name, virtualTime(f.until))
+	}
+	version := mostServed(f)
+	var keys []string
+	t.poolIndex = t.poolIndex[:0]
+	for _, i := range f.live {
+		if in := f.instances[i]; in.Version == version {
+			keys = append(keys, in.Name)
+			t.poolIndex = append(t.poolIndex, i)
+		}
+	}
+	t.pool = ringhash.New(keys, DefaultRingSize)
+}
+
+// mostServed is the version most live instances serve (the first in
+// instance order on a tie): the default route's pool, as xds picks it.
+func mostServed(f *fleetState) string {
+	n := map[string]int{}
+	best := ""
+	for _, i := range f.live {
+		v := f.instances[i].Version
+		n[v]++
+		if best == "" || n[v] > n[best] {
+			best = v
+		}
+	}
+	return best
+}
+
+func (t *tetherRouter) route(ctx context.Context, k *call) (int, affinity.Kind, error) {
+	c := k.conv
+	if t.state.tetherDown {
+		// Envoy's fail-open route: the pool's ring on the raw headers.
+		if len(t.poolIndex) == 0 {
+			return 0, "", fmt.Errorf("%w: no instance in the fail-open pool", errRefused)
+		}
+		h, ok := envoyHash(c.headers)
+		if !ok {
+			h = t.rng.Uint64()
+		}
+		k.failOpen = true
+		return t.poolIndex[t.pool.Pick(h)], KindFailOpen, nil
+	}
+	k.failOpen = false
 	t.finish(t.clock())
 	now := virtualTime(t.clock())
 	if now.Sub(t.lastSync) >= syncEvery {
+		t.scrape(now)
 		if err := t.decider.Load().Sync(ctx, t.names, 3*syncEvery, now); err != nil {
 			return 0, "", fmt.Errorf("simulate: load sync: %w", err)
 		}
@@ -187,10 +292,13 @@ func (t *tetherRouter) route(ctx context.Context, c *conversation) (int, affinit
 		}
 	}
 	d, err := t.decider.Decide(ctx, c.request)
+	if errors.Is(err, affinity.ErrNoVersion) || errors.Is(err, affinity.ErrNoInstance) {
+		return 0, "", fmt.Errorf("%w: %w", errRefused, err)
+	}
 	if err != nil {
 		return 0, "", fmt.Errorf("simulate: decide: %w", err)
 	}
-	c.decision, c.decided = d, t.decided
+	k.decision, k.decided = d, t.decided
 	if t.trace != nil {
 		t.trace(deciderCall{at: now, n: t.decided, request: c.request, decision: d})
 	}
@@ -202,24 +310,38 @@ func (t *tetherRouter) route(ctx context.Context, c *conversation) (int, affinit
 	return i, d.Kind, nil
 }
 
-func (t *tetherRouter) answered(c *conversation, at int64, queue int) {
-	c.reply = affinity.Answer{Answered: true, Queue: queue, QueueKnown: t.queueKnown}
+// scrape records, for every live instance with an engine, the reading
+// its engine would publish now (instance.reading), as tether's poller
+// does once per scrape interval.
+func (t *tetherRouter) scrape(now time.Time) {
+	for _, i := range t.state.live {
+		if in := t.state.instances[i]; in.Engine != "" {
+			t.decider.Load().SetEngine(in.Name, in.reading(now))
+		}
+	}
+}
+
+func (t *tetherRouter) answered(k *call, at int64, queue int) {
+	if k.failOpen {
+		return // tether never decided it
+	}
+	k.reply = affinity.Answer{Answered: true, Queue: queue, QueueKnown: t.queueKnown}
 	t.seq++
-	t.pending.push(event{at: at, seq: t.seq, conv: c, kind: eventAnswered})
+	t.pending.push(event{at: at, seq: t.seq, call: k, kind: eventAnswered})
 }
 
 // finish hands the decider the answers that arrived by now (virtual ns),
 // in the order they arrived. A conversation's next request comes after
-// its answer (its turn ends, then its think time): its decision and answer
-// are still the ones of its request in flight.
+// its answer (its turn ends, then its think time): a call's decision and
+// answer are still the ones of its request in flight.
 func (t *tetherRouter) finish(now int64) {
 	for len(t.pending) > 0 && t.pending[0].at <= now {
 		ev := t.pending.pop()
-		c := ev.conv
-		t.decider.Finish(c.decision, c.reply)
+		k := ev.call
+		t.decider.Finish(k.decision, k.reply)
 		if t.trace != nil {
-			a := c.reply
-			t.trace(deciderCall{at: virtualTime(ev.at), n: c.decided, decision: c.decision, answer: &a})
+			a := k.reply
+			t.trace(deciderCall{at: virtualTime(ev.at), n: k.decided, decision: k.decision, answer: &a})
 		}
 	}
 }
@@ -236,38 +358,56 @@ type deciderCall struct {
 	answer   *affinity.Answer
 }
 
-// ringRouter is Envoy's RING_HASH (package ringhash, and envoyHash).
+// ringRouter is Envoy's RING_HASH (package ringhash, and envoyHash) over
+// the live instances: Envoy builds its ring over the healthy hosts, so an
+// instance leaving or returning moves the keys of its points.
 type ringRouter struct {
-	ring *ringhash.Ring
-	rng  *rand.Rand
+	size  int
+	ring  *ringhash.Ring
+	index []int // ring host → instance
+	rng   *rand.Rand
 }
 
 func (r *ringRouter) prepare(c *conversation) { c.ringHash, c.hashed = envoyHash(c.headers) }
 
-func (r *ringRouter) answered(*conversation, int64, int) {}
+func (r *ringRouter) answered(*call, int64, int) {}
 
-func (r *ringRouter) route(_ context.Context, c *conversation) (int, affinity.Kind, error) {
+func (r *ringRouter) update(f *fleetState) {
+	// Keyed by name: the hash_key tether's xDS server gives each pool
+	// endpoint.
+	keys := make([]string, len(f.live))
+	for j, i := range f.live {
+		keys[j] = f.instances[i].Name
+	}
+	r.ring, r.index = ringhash.New(keys, r.size), slices.Clone(f.live)
+}
+
+func (r *ringRouter) route(_ context.Context, k *call) (int, affinity.Kind, error) {
+	c := k.conv
 	h := c.ringHash
 	if !c.hashed {
 		h = r.rng.Uint64()
 	}
-	return r.ring.Pick(h), "", nil
+	return r.index[r.ring.Pick(h)], "", nil
 }
 
 // roundRobinRouter emulates Envoy's ROUND_ROBIN with equal weights: the
-// hosts in turn, from a random first one. (Each Envoy worker thread keeps its
-// own turn; with one thread or many, a conversation's next turn lands on
-// another host about (n-1)/n of the time.)
+// live hosts in turn, from a random first one. (Each Envoy worker thread
+// keeps its own turn; with one thread or many, a conversation's next turn
+// lands on another host about (n-1)/n of the time.)
 type roundRobinRouter struct {
-	n, next int
+	live []int
+	next int
 }
 
 func (r *roundRobinRouter) prepare(*conversation) {}
 
-func (r *roundRobinRouter) answered(*conversation, int64, int) {}
+func (r *roundRobinRouter) answered(*call, int64, int) {}
 
-func (r *roundRobinRouter) route(context.Context, *conversation) (int, affinity.Kind, error) {
-	i := r.next
-	r.next = (r.next + 1) % r.n
+func (r *roundRobinRouter) update(f *fleetState) { r.live = f.live }
+
+func (r *roundRobinRouter) route(context.Context, *call) (int, affinity.Kind, error) {
+	i := r.live[r.next%len(r.live)]
+	r.next = (r.next + 1) % len(r.live)
 	return i, "", nil
 }

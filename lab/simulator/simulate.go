@@ -12,10 +12,13 @@
 package simulator
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/tetherproxy/tether/affinity"
@@ -24,7 +27,6 @@ import (
 	"github.com/tetherproxy/tether/lab/loadgen"
 	"github.com/tetherproxy/tether/lab/workload"
 	"github.com/tetherproxy/tether/plan"
-	"github.com/tetherproxy/tether/ringhash"
 )
 
 // Result is the outcome of a Run. It marshals to JSON.
@@ -68,6 +70,13 @@ type Result struct {
 	// the hit rate of one shared cache that never evicts (see boundTally).
 	// No policy's KVHitRate on the same requests exceeds it.
 	InfiniteCacheBound float64 `json:"infinite_cache_bound"`
+
+	// Regime holds the figures of the run's Scenario: moves, failures,
+	// model switches, fan-out, load against capacity.
+	Regime RegimeFigures `json:"regime"`
+	// Series has the figures of every minute from the warmup's end
+	// (Options.Series).
+	Series []Minute `json:"series,omitempty"`
 
 	Instances []InstanceResult `json:"instances"`
 
@@ -119,6 +128,7 @@ type Settings struct {
 	RingSize                    int                  `json:"ring_size"`
 	Stream                      bool                 `json:"stream"`
 	Exact                       bool                 `json:"exact"`
+	Scenario                    Scenario             `json:"scenario,omitzero"`
 }
 
 // Error messages of the requests that do not end OK, as loadgen words them.
@@ -158,25 +168,63 @@ type conversation struct {
 	sessionKey uint64
 	// salt identifies the conversation's own KV blocks (blockModel).
 	salt uint64
-	// request and ringHash/hashed are the routers' view of the headers;
-	// decision and reply are tether's of the request in flight.
+	// request and ringHash/hashed are the routers' view of the headers.
 	request  affinity.Request
-	decision affinity.Decision
-	decided  int // the decision's number (tetherRouter.trace)
-	reply    affinity.Answer
 	ringHash uint64
 	hashed   bool
+	// identified: a header Envoy's hash policies use is present (the
+	// conversation has an identity that can keep it on one instance).
+	identified bool
+	burst      bool // sent by the burst's tenant (Scenario.Burst)
 
 	turn    int // the turn being sent or served
 	history int // prompt tokens before the user message of turn
-	last    int // instance that served the previous turn; -1 before
-	inst    int // instance serving the current turn
+	// calls are the requests of the turn in flight (Scenario.FanOut of
+	// them); pending counts those not ended; ended says one failed, so
+	// the conversation ends with the turn.
+	calls   []call
+	pending int
+	ended   bool
+	// The instance that served the previous turn (-1 before), its epoch
+	// and its model version then.
+	last        int
+	lastEpoch   int
+	lastVersion string
+	// Counted once each (RegimeFigures), for conversations with an
+	// identity: one without is routed request by request.
+	moved, displaced, switched bool
 
 	// Exact path only: the conversation's text, the answers so far and
 	// the answer of the turn in flight.
 	text    *workload.Conversation
 	answers []string
 	answer  string
+}
+
+// call is one request of a conversation's turn.
+type call struct {
+	conv *conversation
+	sub  int // which of the turn's fan-out
+	inst int // the instance serving it
+	// decision and reply are tether's (decided numbers the decision for
+	// tetherRouter.trace); failOpen says Envoy's fail-open route sent it.
+	decision affinity.Decision
+	decided  int
+	reply    affinity.Answer
+	failOpen bool
+	kind     affinity.Kind
+	// deaths is its instance's failures when it was sent: a change when it
+	// ends means it failed with the instance.
+	deaths  int
+	epoch   int
+	version string // the instance's model version when it was sent
+	// What it is counted as when it ends OK.
+	sent            int64
+	prompt, cached  int
+	latency, ttfb   time.Duration
+	bound           int
+	queued, follows bool
+	same, together  bool
 }
 
 // instance is one emulated GPU instance.
@@ -188,6 +236,52 @@ type instance struct {
 	priced   int
 	// completion adds up the output tokens of the requests it priced.
 	completion int64
+	// up: it takes requests. epoch changes whenever it starts, stops or
+	// restarts (its cache is then another); deaths counts its failures.
+	up     bool
+	epoch  int
+	deaths int
+	// flights are the requests it holds, for its engine's readings (kept
+	// only for instances with an engine).
+	flights []flight
+	// base is its model's figures when the warmup ended.
+	base emulator.ModelStats
+}
+
+// flight is a request an instance holds: its prefill starts at start, its
+// answer ends at end.
+type flight struct {
+	start, end       int64
+	prompt, complete int
+}
+
+// reading is what the instance's engine (vLLM's /metrics) would publish
+// at now: the requests waiting for their prefill and those running, and
+// the share of its KV cache the running requests hold (their prompt and
+// the tokens generated so far; blocks two requests share count twice, so
+// it reads a little high).
+func (in *instance) reading(now time.Time) affinity.EngineReading {
+	t := now.Sub(virtualTime(0)).Nanoseconds()
+	r := affinity.EngineReading{At: now, KVKnown: true}
+	live := in.flights[:0]
+	held := 0.0
+	for _, f := range in.flights {
+		switch {
+		case f.end <= t:
+			continue
+		case f.start > t:
+			r.Waiting++
+		default:
+			r.Running++
+			held += float64(f.prompt) + float64(f.complete)*float64(t-f.start)/float64(max(f.end-f.start, 1))
+		}
+		live = append(live, f)
+	}
+	in.flights = live
+	if capacity := in.model.stats().Cache.CapacityTokens; capacity > 0 {
+		r.KVUsage = min(held/float64(capacity), 1)
+	}
+	return r
 }
 
 type runner struct {
@@ -198,6 +292,7 @@ type runner struct {
 	apps      []workload.App
 	router    router
 	instances []*instance
+	fleet     fleetState
 	queue     eventQueue
 	seq       uint64
 
@@ -211,10 +306,20 @@ type runner struct {
 	nextArrival int64 // math.MaxInt64 once past Duration
 	nextIndex   uint64
 	salt        uint64
+	// The burst's arrivals (Scenario.Burst).
+	bursts      *rand.Rand
+	nextBurst   int64
+	burstIndex  uint64
+	changes     []change // the scenario's changes still to come, in time order
+	failures    int      // instances failed so far
+	measuring   bool     // past the warmup
+	measureFrom int64
 
 	all           tally
 	ttfb          latencies
 	kinds         map[workload.Kind]*tally
+	burstTTFB     latencies
+	othersTTFB    latencies
 	conversations int
 	completed     int
 	dropped       int
@@ -225,6 +330,11 @@ type runner struct {
 	requests      int64
 	events        int64
 	bound         boundTally
+	regime        RegimeFigures
+	liveConvs     int
+	convArea      float64 // live conversations × ns, while measuring
+	instArea      float64 // live instances × ns, while measuring
+	series        []minuteTally
 
 	// observe, when set (tests), sees the virtual time of every event.
 	observe func(at int64)
@@ -240,17 +350,19 @@ func newRunner(opts Options) (*runner, error) {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
 	r := &runner{
-		opts:     opts,
-		gen:      gen,
-		shapes:   newShapes(opts.Workload),
-		apps:     gen.Config().Apps,
-		end:      int64(opts.Duration),
-		deadline: int64(opts.Duration + opts.Drain),
-		arrivals: rand.New(rand.NewPCG(opts.Workload.Seed, 0x6172726976616c73)), // loadgen's: "arrivals"
-		convRate: opts.Rate / gen.MeanRequestsPerConversation(),
-		salt:     wlSplitmix(opts.Workload.Seed ^ 0x626c6f636b73), // "blocks"
-		kinds:    map[workload.Kind]*tally{},
-		errors:   map[string]int{},
+		opts:      opts,
+		gen:       gen,
+		shapes:    newShapes(opts.Workload),
+		apps:      gen.Config().Apps,
+		end:       int64(opts.Duration),
+		deadline:  int64(opts.Duration + opts.Drain),
+		arrivals:  rand.New(rand.NewPCG(opts.Workload.Seed, 0x6172726976616c73)), // loadgen's: "arrivals"
+		bursts:    rand.New(rand.NewPCG(opts.Workload.Seed, 0x627572737473)),     // "bursts"
+		convRate:  opts.Rate / gen.MeanRequestsPerConversation() / float64(opts.Scenario.fanOut()),
+		salt:      wlSplitmix(opts.Workload.Seed ^ 0x626c6f636b73), // "blocks"
+		kinds:     map[workload.Kind]*tally{},
+		errors:    map[string]int{},
+		measuring: opts.Scenario.Warmup == 0,
 	}
 	for _, k := range workload.Kinds() {
 		r.kinds[k] = &tally{}
@@ -264,10 +376,13 @@ func newRunner(opts Options) (*runner, error) {
 	if err := r.buildRouter(); err != nil {
 		return nil, err
 	}
+	r.changes = opts.Scenario.schedule(opts.Duration, opts.Instances, func(i int) string { return r.instances[i].Version })
+	r.router.update(&r.fleet)
 	return r, nil
 }
 
-// buildFleet makes the plan's instances and their cost models.
+// buildFleet makes the plan's instances and their cost models; the first
+// Options.Instances are up (the others join when the fleet scales out).
 func (r *runner) buildFleet() error {
 	o := r.opts
 	// The full blocks of each system prompt: as many as BlockHasher cuts
@@ -277,28 +392,54 @@ func (r *runner) buildFleet() error {
 		prompt, _ := r.gen.SystemPrompt(a.Name)
 		system[i] = emulator.CountTokens(prompt) / emulator.BlockSize
 	}
-	for _, fi := range r.plan.Instances {
-		in := &instance{Instance: fi}
+	for i, fi := range r.plan.Instances {
+		in := &instance{Instance: fi, up: i < o.Instances}
 		if o.Exact {
 			gpu, err := emulator.NewGPU(emulator.GPUConfig{Profile: o.Profile, TimeScale: o.TimeScale, Cache: o.Cache})
 			if err != nil {
 				return fmt.Errorf("simulate: %w", err)
 			}
-			in.model = &textModel{name: in.Name, gpu: gpu}
+			in.model = &textModel{name: in.Name, gpu: gpu, cfg: emulator.GPUConfig{Profile: o.Profile, TimeScale: o.TimeScale, Cache: o.Cache}}
 		} else {
-			in.model = &blockModel{profile: o.Profile, timeScale: o.TimeScale, cache: newRunCache(o.Cache, system), system: system}
+			in.model = &blockModel{profile: o.Profile, timeScale: o.TimeScale, cacheConfig: o.Cache, cache: newRunCache(o.Cache, system), system: system}
 		}
 		r.instances = append(r.instances, in)
 	}
+	r.fleet = fleetState{instances: r.instances, died: -1}
+	r.refleet()
 	r.bound = newBoundTally(system)
 	return nil
+}
+
+// refleet recomputes the live instances and the deployment's members.
+func (r *runner) refleet() {
+	f := &r.fleet
+	f.live, f.members = f.live[:0:0], f.members[:0:0]
+	for i, in := range r.instances {
+		if in.up {
+			f.live = append(f.live, i)
+		}
+		if in.up || in.deaths > 0 && r.returning(i) {
+			f.members = append(f.members, i)
+		}
+	}
+}
+
+// returning reports whether a return of instance i is scheduled.
+func (r *runner) returning(i int) bool {
+	for _, c := range r.changes {
+		if c.kind == changeUp && c.inst == i {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *runner) buildRouter() error {
 	o := r.opts
 	rng := rand.New(rand.NewPCG(o.Seed, 0x726f75746572)) // "router"
 	switch o.Policy {
-	case Sticky, Random, Tether:
+	case Sticky, Random, Adaptive, Tether:
 		r.decisions = map[string]int{}
 		t, err := newTetherRouter(r.plan, func() int64 { return r.now }, rng)
 		if err != nil {
@@ -306,15 +447,9 @@ func (r *runner) buildRouter() error {
 		}
 		r.router = t
 	case RingHash:
-		// Keyed by name: the hash_key tether's xDS server gives each
-		// pool endpoint.
-		keys := make([]string, len(r.instances))
-		for i, in := range r.instances {
-			keys[i] = in.Name
-		}
-		r.router = &ringRouter{ring: ringhash.New(keys, o.RingSize), rng: rng}
+		r.router = &ringRouter{size: o.RingSize, rng: rng}
 	case RoundRobin:
-		r.router = &roundRobinRouter{n: len(r.instances), next: rng.IntN(len(r.instances))}
+		r.router = &roundRobinRouter{next: rng.IntN(o.Instances)}
 	case LeastRequest:
 		r.router = &leastRequestRouter{instances: r.instances, rng: rng}
 	case Oracle:
@@ -325,10 +460,38 @@ func (r *runner) buildRouter() error {
 	return nil
 }
 
-// drawArrival returns the arrival after one at prev: loadgen's schedule.
+// drawArrival returns the arrival after one at prev: loadgen's schedule,
+// at the rate the scenario's load factor gives (a Poisson process whose
+// rate changes at the factor's steps: the exponential draw is spent
+// across them).
 func (r *runner) drawArrival(prev int64) int64 {
-	at := prev + int64(time.Duration(r.arrivals.ExpFloat64()/r.convRate*float64(time.Second)))
-	if at >= r.end {
+	e := r.arrivals.ExpFloat64()
+	for t := prev; ; {
+		f, next := r.opts.Scenario.loadFactor(t)
+		rate := r.convRate * f
+		at := t + int64(time.Duration(e/rate*float64(time.Second)))
+		if at < next {
+			if at >= r.end {
+				return math.MaxInt64
+			}
+			return at
+		}
+		e -= float64(next-t) / float64(time.Second) * rate
+		t = next
+	}
+}
+
+// drawBurst returns the burst's arrival after one at prev (math.MaxInt64:
+// none).
+func (r *runner) drawBurst(prev int64) int64 {
+	b := r.opts.Scenario.Burst
+	if b == (Burst{}) {
+		return math.MaxInt64
+	}
+	prev = max(prev, int64(b.At))
+	rate := r.opts.Rate * b.Share / r.gen.MeanRequestsPerConversation() / float64(r.opts.Scenario.fanOut())
+	at := prev + int64(time.Duration(r.bursts.ExpFloat64()/rate*float64(time.Second)))
+	if at >= int64(b.At+b.For) || at >= r.end {
 		return math.MaxInt64
 	}
 	return at
@@ -340,6 +503,7 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 	// its end (the decision code would otherwise fail it half done).
 	step := context.WithoutCancel(ctx)
 	r.nextArrival = r.drawArrival(0)
+	r.nextBurst = r.drawBurst(0)
 	var err error
 	for {
 		if r.events%4096 == 0 {
@@ -351,19 +515,29 @@ func (r *runner) run(ctx context.Context) (*Result, error) {
 			}
 		}
 		var stepErr error
+		arrival := min(r.nextArrival, r.nextBurst)
 		switch {
-		case len(r.queue) > 0 && r.queue[0].at <= r.nextArrival:
+		case len(r.changes) > 0 && r.changes[0].at <= arrival && (len(r.queue) == 0 || r.changes[0].at <= r.queue[0].at):
+			ch := r.changes[0]
+			r.changes = r.changes[1:]
+			r.advance(ch.at)
+			r.apply(ch)
+		case len(r.queue) > 0 && r.queue[0].at <= arrival:
 			ev := r.queue.pop()
 			r.advance(ev.at)
 			if ev.kind == eventDone {
-				r.done(ev.conv)
+				r.done(ev.call)
 			} else {
-				stepErr = r.send(step, ev.conv)
+				stepErr = r.send(step, ev.call.conv)
 			}
-		case r.nextArrival != math.MaxInt64:
+		case r.nextArrival != math.MaxInt64 && r.nextArrival <= r.nextBurst:
 			r.advance(r.nextArrival)
-			stepErr = r.arrive(step)
+			stepErr = r.arrive(step, false)
 			r.nextArrival = r.drawArrival(r.nextArrival)
+		case r.nextBurst != math.MaxInt64:
+			r.advance(r.nextBurst)
+			stepErr = r.arrive(step, true)
+			r.nextBurst = r.drawBurst(r.nextBurst)
 		default:
 			return r.result(started, nil), nil
 		}
@@ -383,25 +557,107 @@ func (r *runner) advance(at int64) {
 	if r.observe != nil {
 		r.observe(at)
 	}
+	if from, to := min(r.now, r.end), min(at, r.end); r.measuring && to > from {
+		dt := float64(to - from)
+		r.convArea += float64(r.liveConvs) * dt
+		r.instArea += float64(len(r.fleet.live)) * dt
+	}
 	r.now = at
 }
 
-func (r *runner) schedule(at int64, kind eventKind, c *conversation) {
+func (r *runner) schedule(at int64, kind eventKind, k *call) {
 	r.seq++
-	r.queue.push(event{at: at, seq: r.seq, kind: kind, conv: c})
+	r.queue.push(event{at: at, seq: r.seq, kind: kind, call: k})
 }
 
-// arrive starts the next conversation of the workload.
-func (r *runner) arrive(ctx context.Context) error {
+// apply makes one change of the scenario.
+func (r *runner) apply(ch change) {
+	r.fleet.died = -1
+	switch ch.kind {
+	case changeWarm:
+		r.startMeasuring()
+		return
+	case changeOutage, changeRestore:
+		r.fleet.tetherDown = ch.kind == changeOutage
+	case changeUp:
+		in := r.instances[ch.inst]
+		in.up = true
+		in.epoch++
+		in.model.reset()
+	case changeDown:
+		in := r.instances[ch.inst]
+		in.up = false
+		in.epoch++
+	case changeUpgrade:
+		in := r.instances[ch.inst]
+		in.Version = ch.to
+		in.epoch++
+		in.model.reset()
+	case changeDie:
+		if len(r.fleet.live) < 2 {
+			return // the last instance standing does not fail
+		}
+		i := r.fleet.live[(r.failures*7)%len(r.fleet.live)]
+		r.failures++
+		in := r.instances[i]
+		in.up = false
+		in.epoch++
+		in.deaths++
+		// What it held fails (each when it would have ended, see done).
+		r.inFlight -= in.inFlight
+		in.inFlight = 0
+		in.flights = in.flights[:0]
+		until := ch.at + int64(r.opts.Scenario.Failures.Down)
+		back := change{at: until, kind: changeUp, inst: i}
+		at, _ := slices.BinarySearchFunc(r.changes, until+1, func(c change, t int64) int { return cmp.Compare(c.at, t) })
+		r.changes = slices.Insert(r.changes, at, back)
+		r.fleet.died, r.fleet.until = i, until
+	}
+	r.refleet()
+	r.router.update(&r.fleet)
+}
+
+// startMeasuring ends the warmup: every figure starts from zero, the
+// caches and bindings stay as they are.
+func (r *runner) startMeasuring() {
+	r.measuring, r.measureFrom = true, r.now
+	r.all, r.ttfb, r.burstTTFB, r.othersTTFB = tally{}, latencies{}, latencies{}, latencies{}
+	for _, k := range workload.Kinds() {
+		r.kinds[k] = &tally{}
+	}
+	r.conversations, r.completed, r.dropped, r.cancelled, r.turnsNotSent = 0, 0, 0, 0, 0
+	r.requests, r.regime, r.series = 0, RegimeFigures{}, nil
+	r.bound.tokens = 0
+	if r.decisions != nil {
+		r.decisions = map[string]int{}
+	}
+	r.errors = map[string]int{}
+	for _, in := range r.instances {
+		in.served, in.priced, in.completion = 0, 0, 0
+		in.base = in.model.stats()
+	}
+}
+
+// arrive starts the next conversation of the workload, or of the burst's
+// tenant.
+func (r *runner) arrive(ctx context.Context, burst bool) error {
 	n := r.nextIndex
-	r.nextIndex++
-	c := &conversation{last: -1}
+	if burst {
+		n = burstIndexBase + r.burstIndex
+		r.burstIndex++
+	} else {
+		r.nextIndex++
+	}
+	c := &conversation{last: -1, burst: burst}
 	if r.opts.Exact {
 		conv := r.gen.At(n)
 		c.text = &conv
 		c.shape = shapeOf(conv, r.apps)
 	} else {
 		c.shape = r.shapes.at(n)
+	}
+	if burst {
+		c.shape.identity = workload.Identity{Headers: []workload.Header{{Name: workload.AuthHeader, Value: BurstKey}}}
 	}
 	c.headers = c.shape.identity.Headers
 	for _, h := range c.headers {
@@ -410,12 +666,22 @@ func (r *runner) arrive(ctx context.Context) error {
 			c.sessionKey = sessionKey(h.Value)
 		}
 	}
+	_, c.identified = envoyHash(c.headers)
 	c.salt = wlSplitmix(r.salt + n)
 	c.history = r.apps[c.shape.app].SystemTokens
+	c.calls = make([]call, r.opts.Scenario.fanOut())
+	for j := range c.calls {
+		c.calls[j] = call{conv: c, sub: j}
+	}
 	r.router.prepare(c)
 	r.conversations++
+	r.liveConvs++
 	return r.send(ctx, c)
 }
+
+// burstIndexBase numbers the burst's conversations apart from the
+// workload's (their own blocks are keyed by it).
+const burstIndexBase = 1 << 40
 
 // shapeOf is the shape of a generated conversation (exact path).
 func shapeOf(c workload.Conversation, apps []workload.App) shape {
@@ -431,9 +697,29 @@ func shapeOf(c workload.Conversation, apps []workload.App) shape {
 	return s
 }
 
-// send sends c's current turn.
+// send sends c's current turn: its requests, at once.
 func (r *runner) send(ctx context.Context, c *conversation) error {
-	k, turns := c.turn, len(c.shape.turns)
+	c.pending = len(c.calls)
+	for j := range c.calls {
+		ok, err := r.sendCall(ctx, &c.calls[j])
+		if err != nil {
+			return err
+		}
+		if !ok {
+			c.ended = true
+			c.pending--
+		}
+	}
+	if c.pending == 0 {
+		r.endConversation(c, false)
+	}
+	return nil
+}
+
+// sendCall sends request k of its conversation's turn; false: it ended at
+// once (dropped, refused or cancelled).
+func (r *runner) sendCall(ctx context.Context, k *call) (bool, error) {
+	c := k.conv
 	kt := r.kinds[c.shape.kind]
 	r.requests++
 	r.all.requests++
@@ -441,16 +727,22 @@ func (r *runner) send(ctx context.Context, c *conversation) error {
 	if r.opts.MaxInFlight > 0 && r.inFlight >= r.opts.MaxInFlight {
 		r.dropped++
 		r.errors[fmt.Sprintf("%d requests in flight", r.opts.MaxInFlight)]++
-		r.turnsNotSent += turns - (k + 1)
-		return nil
+		r.lost(r.now)
+		return false, nil
 	}
-	i, kind, err := r.router.route(ctx, c)
+	i, kind, err := r.router.route(ctx, k)
+	if errors.Is(err, errRefused) {
+		r.regime.Refused++
+		r.errors[err.Error()]++
+		r.lost(r.now)
+		return false, nil
+	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	in := r.instances[i]
-	t := c.shape.turns[k]
-	r.bound.price(c)
+	t := c.shape.turns[c.turn]
+	r.bound.price(c, k.sub > 0)
 	cost := in.model.cost(c, r.now, in.inFlight)
 	// The response headers: at the first token when streamed, else with
 	// the whole answer, each with the depth the emulator reports (the
@@ -459,7 +751,7 @@ func (r *runner) send(ctx context.Context, c *conversation) error {
 	if !r.opts.Stream {
 		headers += int64(cost.Decode)
 	}
-	r.router.answered(c, headers, in.inFlight)
+	r.router.answered(k, headers, in.inFlight)
 	in.priced++
 	in.completion += int64(t.maxTokens)
 	// The request holds its place on the instance until it ends;
@@ -467,83 +759,191 @@ func (r *runner) send(ctx context.Context, c *conversation) error {
 	in.inFlight++
 	r.inFlight++
 	finish := r.now + int64(cost.Wait+cost.Decode)
+	prompt := c.history + t.userTokens
+	if in.Engine != "" {
+		in.flights = append(in.flights, flight{start: r.now + int64(cost.Queued), end: finish, prompt: prompt, complete: t.maxTokens})
+	}
 	if finish > r.deadline {
 		r.cancelled++
 		r.errors[errCancelled]++
-		r.turnsNotSent += turns - (k + 1)
-		return nil
+		r.lost(r.now)
+		return false, nil
 	}
-
-	prompt := c.history + t.userTokens
-	cached := min(max(cost.CachedTokens, 0), prompt)
-	latency := cost.Wait + cost.Decode
-	if r.opts.Stream {
-		r.ttfb.add(cost.Wait)
-	} else {
-		r.ttfb.add(latency)
+	lead := &c.calls[0]
+	*k = call{
+		conv: c, sub: k.sub, inst: i, decision: k.decision, decided: k.decided, reply: k.reply, failOpen: k.failOpen, kind: kind,
+		deaths: in.deaths, epoch: in.epoch, version: in.Version, sent: r.now,
+		prompt: prompt, cached: min(max(cost.CachedTokens, 0), prompt),
+		latency: cost.Wait + cost.Decode, ttfb: cost.Wait, bound: r.bound.current,
+		queued: cost.Queued > 0, follows: c.turn > 0, same: c.last == i,
+		together: k.sub > 0 && lead.inst == i,
 	}
-	for _, ta := range []*tally{&r.all, kt} {
-		ta.ok++
-		ta.prompt += int64(prompt)
-		ta.cached += int64(cached)
-		ta.completion += int64(t.maxTokens)
-		ta.latency.add(latency)
-		if k > 0 {
-			ta.followUps++
-			if c.last == i {
-				ta.sameInstance++
-			}
-		}
+	if !r.opts.Stream {
+		k.ttfb = k.latency
 	}
-	in.served++
-	r.bound.ok()
-	if r.decisions != nil && kind != "" {
-		r.decisions[string(kind)]++
-	}
-	c.inst = i
-	r.schedule(finish, eventDone, c)
-	return nil
+	r.followed(c, k, in)
+	r.schedule(finish, eventDone, k)
+	return true, nil
 }
 
-// done ends c's current turn (OK) and schedules the next.
-func (r *runner) done(c *conversation) {
-	in := r.instances[c.inst]
-	in.inFlight--
-	r.inFlight--
+// followed counts what request k of c's turn, on in, does to the
+// conversation: moved off an instance still up, displaced from one gone
+// or restarted, or switched to another model version.
+func (r *runner) followed(c *conversation, k *call, in *instance) {
+	if c.last < 0 || !r.measuring {
+		return
+	}
+	if k.sub == 0 && k.inst != c.last && c.identified {
+		prev := r.instances[c.last]
+		switch {
+		case prev.up && prev.epoch == c.lastEpoch && !c.moved:
+			c.moved = true
+			r.regime.Moved++
+		case (!prev.up || prev.epoch != c.lastEpoch) && !c.displaced:
+			c.displaced = true
+			r.regime.Displaced++
+		}
+	}
+	if c.identified && in.Version != c.lastVersion && !c.switched {
+		c.switched = true
+		r.regime.ModelSwitches++
+	}
+}
+
+// done ends request k: OK, or failed with its instance.
+func (r *runner) done(k *call) {
+	c := k.conv
+	in := r.instances[k.inst]
+	if in.deaths != k.deaths {
+		// Its instance failed meanwhile (and let go of what it held).
+		if r.counts(k) {
+			r.regime.Failed++
+			r.errors["instance failed"]++
+			r.lost(k.sent)
+		}
+		c.ended = true
+	} else {
+		in.inFlight--
+		r.inFlight--
+		r.count(k, in)
+	}
+	if c.pending--; c.pending > 0 {
+		return
+	}
+	if c.ended {
+		r.endConversation(c, false)
+		return
+	}
 	t := c.shape.turns[c.turn]
 	if c.text != nil {
 		c.answers = append(c.answers, c.answer)
 	}
+	lead := &c.calls[0]
 	c.history += t.userTokens + t.maxTokens
-	c.last = c.inst
+	c.last, c.lastEpoch, c.lastVersion = lead.inst, lead.epoch, lead.version
 	c.turn++
 	if c.turn == len(c.shape.turns) {
-		r.completed++
+		r.endConversation(c, true)
 		return
 	}
 	at := r.now + int64(time.Duration(float64(c.shape.turns[c.turn].think)*r.opts.ThinkScale))
 	if at >= r.end {
 		r.turnsNotSent += len(c.shape.turns) - c.turn
+		r.liveConvs--
 		return
 	}
-	r.schedule(at, eventSend, c)
+	r.schedule(at, eventSend, lead)
+}
+
+// endConversation ends c: completed, or after its current turn (a
+// request of it did not end OK).
+func (r *runner) endConversation(c *conversation, completed bool) {
+	r.liveConvs--
+	if completed {
+		r.completed++
+		return
+	}
+	r.turnsNotSent += len(c.shape.turns) - (c.turn + 1)
+}
+
+// counts reports whether request k counts in the figures: it was sent
+// after the warmup.
+func (r *runner) counts(k *call) bool { return r.measuring && k.sent >= r.measureFrom }
+
+// count adds request k, ended OK on in, to the figures.
+func (r *runner) count(k *call, in *instance) {
+	if !r.counts(k) {
+		return
+	}
+	c := k.conv
+	kt := r.kinds[c.shape.kind]
+	r.ttfb.add(k.ttfb)
+	if r.opts.Scenario.Burst != (Burst{}) {
+		if c.burst {
+			r.burstTTFB.add(k.ttfb)
+		} else {
+			r.othersTTFB.add(k.ttfb)
+		}
+	}
+	for _, ta := range []*tally{&r.all, kt} {
+		ta.ok++
+		ta.prompt += int64(k.prompt)
+		ta.cached += int64(k.cached)
+		ta.completion += int64(c.shape.turns[c.turn].maxTokens)
+		ta.latency.add(k.latency)
+		if k.follows {
+			ta.followUps++
+			if k.same {
+				ta.sameInstance++
+			}
+		}
+	}
+	in.served++
+	r.bound.tokens += int64(k.bound)
+	if r.decisions != nil && k.kind != "" {
+		r.decisions[string(k.kind)]++
+	}
+	if k.failOpen {
+		r.regime.FailOpen++
+	}
+	if k.queued {
+		r.regime.Queued++
+	}
+	if k.sub > 0 {
+		r.regime.FanOut++
+		if k.together {
+			r.regime.FanOutTogether++
+		}
+	}
+	if m := r.minute(k.sent); m != nil {
+		m.add(k, len(r.fleet.live))
+	}
 }
 
 // result assembles the figures.
 func (r *runner) result(started time.Time, err error) *Result {
 	o := r.opts
+	if r.measuring && r.now < r.end { // the fleet's time up to the end
+		dt := float64(r.end - r.now)
+		r.convArea += float64(r.liveConvs) * dt
+		r.instArea += float64(len(r.fleet.live)) * dt
+	}
 	s := r.summary()
+	measured := time.Duration(r.end - r.measureFrom)
 	res := &Result{
 		Settings:    r.settings(),
 		Summary:     s,
-		OKPerSecond: float64(s.OK) / o.Duration.Seconds(),
+		OKPerSecond: float64(s.OK) / measured.Seconds(),
 		Events:      r.events,
 		Simulated:   time.Duration(r.now),
 		Interrupted: err != nil,
+		Regime:      r.regime,
 	}
 	busiest := 0.0
 	for _, in := range r.instances {
 		st := in.model.stats()
+		st.PrefillGPUSeconds -= in.base.PrefillGPUSeconds
+		st.DecodeGPUSeconds -= in.base.DecodeGPUSeconds
 		res.Instances = append(res.Instances, InstanceResult{Name: in.Name, Zone: in.Zone, Served: in.served, Priced: in.priced, Model: st})
 		res.PrefillGPUSeconds += st.PrefillGPUSeconds
 		res.DecodeGPUSeconds += st.DecodeGPUSeconds
@@ -551,15 +951,25 @@ func (r *runner) result(started time.Time, err error) *Result {
 		busiest = max(busiest, st.PrefillGPUSeconds+st.DecodeGPUSeconds)
 	}
 	gpu := res.PrefillGPUSeconds + res.DecodeGPUSeconds
+	// The instances the fleet had, on average, and the emulated time they
+	// had: a fixed fleet's, or the time each instance was up.
 	n := float64(len(r.instances))
+	fleetSeconds := n * o.Duration.Seconds() / o.TimeScale
+	if o.Scenario != (Scenario{}) {
+		n = r.instArea / float64(measured)
+		fleetSeconds = r.instArea / float64(time.Second) / o.TimeScale
+	}
 	if res.PricedCompletionTokens > 0 {
 		res.GPUSecondsPer1kOutput = gpu / float64(res.PricedCompletionTokens) * 1000
 	}
 	res.GPUImbalance = ratio(busiest, gpu/n)
-	fleetSeconds := n * o.Duration.Seconds() / o.TimeScale // emulated time the fleet had
 	res.GPUBusy = gpu / fleetSeconds
 	res.PrefillLoad = res.PrefillGPUSeconds / fleetSeconds
 	res.InfiniteCacheBound = ratio(float64(r.bound.tokens), float64(s.PromptTokens))
+	res.Regime.finish(r, s, n)
+	for i := range r.series {
+		res.Series = append(res.Series, r.series[i].minute(r.measureFrom, i))
+	}
 	if o.Progress != nil {
 		o.Progress(r.progress())
 	}
@@ -643,5 +1053,6 @@ func (r *runner) settings() Settings {
 		RingSize:                    o.RingSize,
 		Stream:                      o.Stream,
 		Exact:                       o.Exact,
+		Scenario:                    o.Scenario,
 	}
 }

@@ -581,16 +581,7 @@ func stickyCandidates(v string, healthy []fleet.Instance) []fleet.Instance {
 
 // unsaturated drops saturated instances unless all are.
 func (d *Decider) unsaturated(in []fleet.Instance, s Saturation) []fleet.Instance {
-	var out []fleet.Instance
-	for _, i := range in {
-		if !d.load.Saturated(i.Name, s) {
-			out = append(out, i)
-		}
-	}
-	if len(out) == 0 {
-		return in
-	}
-	return out
+	return d.load.unsaturated(in, s)
 }
 
 // avoidSpot drops spot instances unless nothing else is left.

@@ -185,15 +185,51 @@ func (l *Load) freshQueues() map[string]int {
 // reading older than s.Stale counts for nothing: an instance whose
 // /metrics fails is neither saturated nor unhealthy by it.
 func (l *Load) Saturated(instance string, s Saturation) bool {
-	if s.InFlight > 0 && l.InFlight(instance) >= s.InFlight ||
-		s.QueueDepth > 0 && l.Queue(instance) >= s.QueueDepth {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.saturatedLocked(instance, s)
+}
+
+func (l *Load) saturatedLocked(instance string, s Saturation) bool {
+	if s.InFlight > 0 && l.state.InFlight[instance]+l.flight[instance] >= s.InFlight {
 		return true
+	}
+	if s.QueueDepth > 0 {
+		if d, _ := l.freshQueue(instance); max(l.state.Queue[instance], d) >= s.QueueDepth {
+			return true
+		}
 	}
 	if s.Waiting <= 0 && s.KVUsage <= 0 {
 		return false
 	}
-	r, ok := l.Engine(instance, s.Stale)
+	r, ok := l.engineLocked(instance, s.Stale)
 	return ok && (s.Waiting > 0 && r.Waiting >= s.Waiting || s.KVUsage > 0 && r.KVKnown && r.KVUsage >= s.KVUsage)
+}
+
+// unsaturated is in without its saturated instances, or all of in when
+// every one is; one look at the view for all of them.
+func (l *Load) unsaturated(in []fleet.Instance, s Saturation) []fleet.Instance {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []fleet.Instance
+	for i, inst := range in {
+		if l.saturatedLocked(inst.Name, s) {
+			if out == nil {
+				out = append(make([]fleet.Instance, 0, len(in)), in[:i]...)
+			}
+			continue
+		}
+		if out != nil {
+			out = append(out, inst)
+		}
+	}
+	switch {
+	case out == nil:
+		return in // none saturated
+	case len(out) == 0:
+		return in // all saturated
+	}
+	return out
 }
 
 // SetEngine records a reading this replica took of instance's engine; the

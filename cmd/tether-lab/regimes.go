@@ -182,14 +182,15 @@ func dayCharts(dir string, results []*simulator.Result) ([]string, error) {
 		file, title, ylabel string
 		value               func(m simulator.Minute) float64
 		policies            bool // one line per policy (else the fleet's, once)
+		percent             bool // the axis runs 0 to 100
 	}
 	charts := []chart{
 		{"day-kv-hit-rate.png", "A day in the life: KV-cache hit rate per minute", "cached / prompt tokens (%)",
-			func(m simulator.Minute) float64 { return 100 * m.KVHitRate }, true},
+			func(m simulator.Minute) float64 { return 100 * m.KVHitRate }, true, true},
 		{"day-ttft-p99.png", "A day in the life: P99 time to first token per minute", "milliseconds",
-			func(m simulator.Minute) float64 { return float64(m.TTFTP99) / float64(time.Millisecond) }, true},
+			func(m simulator.Minute) float64 { return float64(m.TTFTP99) / float64(time.Millisecond) }, true, false},
 		{"day-instances.png", "A day in the life: instances up per minute", "instances",
-			func(m simulator.Minute) float64 { return float64(m.Instances) }, false},
+			func(m simulator.Minute) float64 { return float64(m.Instances) }, false, false},
 	}
 	var out []string
 	for _, c := range charts {
@@ -197,6 +198,10 @@ func dayCharts(dir string, results []*simulator.Result) ([]string, error) {
 		p.Title.Text = c.title
 		p.X.Label.Text = "minute"
 		p.Y.Label.Text = c.ylabel
+		p.Legend.Top, p.Legend.Left = true, true
+		if c.percent {
+			p.Y.Min, p.Y.Max = 0, 100
+		}
 		var lines []any
 		for _, r := range results {
 			pts := make(plotter.XYs, len(r.Series))

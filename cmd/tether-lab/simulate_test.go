@@ -82,3 +82,35 @@ func TestSimulateBounds(t *testing.T) {
 		}
 	}
 }
+
+func TestSimulateRegimes(t *testing.T) {
+	dir := t.TempDir()
+	out, err := runLab(t, "simulate", "--regime", "outage,day", "--instances", "8", "--rate", "2", "--think-scale", "0.2",
+		"--policy", "sticky,ring-hash", "--charts", dir, "--no-progress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"### outage", "### day", "| tether sticky |", "| Envoy ring hash |", "carried by fail-open",
+		"mid-conversation model switches", "day-kv-hit-rate.png", "2 regimes × 3 policies"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--regime", "weekend"}, `unknown regime "weekend"`},
+		{[]string{"--regime", "steady", "--duration", "1h"}, "--duration: each --regime sets its own"},
+		{[]string{"--regime", "autoscale", "--instances", "1", "--zones", "1"}, "scale step 0.25 of 1 instances"},
+		{[]string{"--regime", "autoscale", "--config", "../../deploy/local/tether.toml"}, "scale: with a configuration, the fleet is its [[instances]]"},
+		{[]string{"--charts", dir}, "--charts: draws the day regime's minutes"},
+		{[]string{"--regime", "steady", "--rate", "-3"}, "--rate -3"},
+		{[]string{"--regime", "steady", "--kv-capacity-tokens", "0"}, "--kv-capacity-tokens 0"},
+	} {
+		args := append([]string{"simulate", "--no-progress", "--rate", "2", "--policy", "ring-hash"}, tc.args...)
+		if _, err := runLab(t, args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -174,7 +174,14 @@ func Regimes() []Regime {
 		return o
 	}
 	scale := Scale{Every: 10 * time.Minute, Step: 0.25, Lag: time.Minute}
-	upgrade := Upgrade{From: "v1", To: "v2", At: 15 * time.Minute, Over: 20 * time.Minute}
+	upgrade := func(o Options, at time.Duration) Upgrade {
+		from := o.versions()[0]
+		to := "v2"
+		if from != "v1" {
+			to = from + "-next"
+		}
+		return Upgrade{From: from, To: to, At: at, Over: 20 * time.Minute}
+	}
 	failures := Failures{Every: 10 * time.Minute, Down: 2 * time.Minute}
 	return []Regime{
 		{"steady", "a fixed fleet at the given rate, caches warm: the load against capacity is in the table",
@@ -187,10 +194,10 @@ func Regimes() []Regime {
 				o.Duration, o.Scenario.Scale = 50*time.Minute, scale
 				return o, nil
 			}},
-		{"upgrade", "from minute 15 the instances restart on model v2 one by one over twenty minutes; tether runs strict version affinity",
+		{"upgrade", "from minute 15 the instances restart on a new model version (v2) one by one over twenty minutes; tether runs strict version affinity",
 			func(o Options) (Options, error) {
 				o = steady(o)
-				o.Scenario.Upgrade = upgrade
+				o.Scenario.Upgrade = upgrade(o, 15*time.Minute)
 				return o, nil
 			}},
 		{"failures", "an instance fails every ten minutes and returns two minutes later with an empty cache",
@@ -222,7 +229,7 @@ func Regimes() []Regime {
 				o.Duration = regimeWarmup + time.Hour
 				o.Scenario = Scenario{
 					Warmup: regimeWarmup, Scale: scale, Failures: failures,
-					Upgrade: Upgrade{From: "v1", To: "v2", At: 25 * time.Minute, Over: 20 * time.Minute},
+					Upgrade: upgrade(o, 25*time.Minute),
 					Burst:   Burst{At: 50 * time.Minute, For: 5 * time.Minute, Share: 0.15},
 				}
 				return o, nil

@@ -201,6 +201,3 @@ func (b *boundTally) price(c *conversation, again bool) {
 	b.current = min(lookup, seen) * emulator.BlockSize
 	b.seen[a] = true
 }
-
-// ok counts the request last priced as OK.
-func (b *boundTally) ok() { b.tokens += int64(b.current) }

@@ -1,11 +1,9 @@
 package simulator
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 	"time"
 
@@ -271,12 +269,4 @@ func kvPressure(o Options) (Options, error) {
 	// Rounded down: at least the target.
 	o.Cache.MaxConversations = max(int(math.Floor(active/KVPressureTarget/float64(o.withDefaults().Instances))), 1)
 	return o, nil
-}
-
-// SortRegimeResults orders results by the policies' order in Policies.
-func SortRegimeResults(rs []*Result) {
-	order := Policies()
-	slices.SortStableFunc(rs, func(a, b *Result) int {
-		return cmp.Compare(slices.Index(order, a.Settings.Policy), slices.Index(order, b.Settings.Policy))
-	})
 }

@@ -769,15 +769,14 @@ func (r *runner) sendCall(ctx context.Context, k *call) (bool, error) {
 		r.lost(r.now)
 		return false, nil
 	}
-	lead := &c.calls[0]
-	*k = call{
-		conv: c, sub: k.sub, inst: i, decision: k.decision, decided: k.decided, reply: k.reply, failOpen: k.failOpen, kind: kind,
-		deaths: in.deaths, epoch: in.epoch, version: in.Version, sent: r.now,
-		prompt: prompt, cached: min(max(cost.CachedTokens, 0), prompt),
-		latency: cost.Wait + cost.Decode, ttfb: cost.Wait, bound: r.bound.current,
-		queued: cost.Queued > 0, follows: c.turn > 0, same: c.last == i,
-		together: k.sub > 0 && lead.inst == i,
-	}
+	// What it counts as when it ends (route set its decision, answered
+	// its reply).
+	k.inst, k.kind = i, kind
+	k.deaths, k.epoch, k.version, k.sent = in.deaths, in.epoch, in.Version, r.now
+	k.prompt, k.cached = prompt, min(max(cost.CachedTokens, 0), prompt)
+	k.latency, k.ttfb, k.bound = cost.Wait+cost.Decode, cost.Wait, r.bound.current
+	k.queued, k.follows, k.same = cost.Queued > 0, c.turn > 0, c.last == i
+	k.together = k.sub > 0 && c.calls[0].inst == i
 	if !r.opts.Stream {
 		k.ttfb = k.latency
 	}

@@ -196,9 +196,10 @@ type change struct {
 type changeKind uint8
 
 const (
-	changeUp      changeKind = iota + 1 // an instance joins (scale-out) or returns (failure), its cache empty
+	changeUp      changeKind = iota + 1 // an instance joins (scale-out), its cache empty
 	changeDown                          // an instance leaves (scale-in), finishing what it holds
 	changeDie                           // an instance fails: what it holds fails
+	changeReturn                        // a failed instance returns, its cache empty, unless it was scaled in meanwhile
 	changeUpgrade                       // an instance restarts on another version
 	changeOutage                        // tether becomes unreachable
 	changeRestore                       // tether answers again

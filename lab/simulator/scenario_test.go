@@ -1,6 +1,7 @@
 package simulator
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -204,5 +205,31 @@ func TestScenarioRefusesBadOptions(t *testing.T) {
 	o.Cache.CapacityTokens = emulator.BlockSize - 1
 	if err := o.Validate(); err == nil {
 		t.Errorf("a KV cache below one block (%d tokens) was accepted", o.Cache.CapacityTokens)
+	}
+}
+
+func TestScaledInWhileDownStaysOut(t *testing.T) {
+	o := small(Sticky)
+	o.Duration = time.Hour
+	o.Scenario = Scenario{Scale: Scale{Every: 10 * time.Minute, Step: 0.25}, Failures: Failures{Every: 10 * time.Minute, Down: 2 * time.Minute}}
+	r, err := newRunner(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.changes = nil
+	r.apply(change{at: 0, kind: changeDie})
+	dead := r.fleet.died
+	if dead < 0 || len(r.changes) != 1 || r.changes[0].kind != changeReturn {
+		t.Fatalf("after a failure: died %d, changes %+v", dead, r.changes)
+	}
+	r.apply(change{at: 1, kind: changeDown, inst: dead})
+	r.apply(r.changes[0])
+	in := r.instances[dead]
+	if in.up || in.member || slices.Contains(r.fleet.live, dead) || slices.Contains(r.fleet.members, dead) {
+		t.Errorf("instance %d scaled in while down came back with its return: up %v, member %v", dead, in.up, in.member)
+	}
+	r.apply(change{at: 2, kind: changeUp, inst: dead})
+	if !in.up || !slices.Contains(r.fleet.live, dead) {
+		t.Errorf("instance %d scaled out again is not up", dead)
 	}
 }

@@ -236,11 +236,13 @@ type instance struct {
 	priced   int
 	// completion adds up the output tokens of the requests it priced.
 	completion int64
-	// up: it takes requests. epoch changes whenever it starts, stops or
-	// restarts (its cache is then another); deaths counts its failures.
-	up     bool
-	epoch  int
-	deaths int
+	// member: it is in the deployment (the autoscaler's count); up: it
+	// takes requests (a member that failed is not up until it returns).
+	// epoch changes whenever it starts, stops or restarts (its cache is
+	// then another); deaths counts its failures.
+	member, up bool
+	epoch      int
+	deaths     int
 	// flights are the requests it holds, for its engine's readings (kept
 	// only for instances with an engine).
 	flights []flight
@@ -393,7 +395,7 @@ func (r *runner) buildFleet() error {
 		system[i] = emulator.CountTokens(prompt) / emulator.BlockSize
 	}
 	for i, fi := range r.plan.Instances {
-		in := &instance{Instance: fi, up: i < o.Instances}
+		in := &instance{Instance: fi, member: i < o.Instances, up: i < o.Instances}
 		if o.Exact {
 			gpu, err := emulator.NewGPU(emulator.GPUConfig{Profile: o.Profile, TimeScale: o.TimeScale, Cache: o.Cache})
 			if err != nil {
@@ -419,20 +421,10 @@ func (r *runner) refleet() {
 		if in.up {
 			f.live = append(f.live, i)
 		}
-		if in.up || in.deaths > 0 && r.returning(i) {
+		if in.member {
 			f.members = append(f.members, i)
 		}
 	}
-}
-
-// returning reports whether a return of instance i is scheduled.
-func (r *runner) returning(i int) bool {
-	for _, c := range r.changes {
-		if c.kind == changeUp && c.inst == i {
-			return true
-		}
-	}
-	return false
 }
 
 func (r *runner) buildRouter() error {
@@ -581,12 +573,20 @@ func (r *runner) apply(ch change) {
 		r.fleet.tetherDown = ch.kind == changeOutage
 	case changeUp:
 		in := r.instances[ch.inst]
+		in.member, in.up = true, true
+		in.epoch++
+		in.model.reset()
+	case changeReturn:
+		in := r.instances[ch.inst]
+		if !in.member || in.up {
+			return // scaled in while it was down, or already back
+		}
 		in.up = true
 		in.epoch++
 		in.model.reset()
 	case changeDown:
 		in := r.instances[ch.inst]
-		in.up = false
+		in.member, in.up = false, false
 		in.epoch++
 	case changeUpgrade:
 		in := r.instances[ch.inst]
@@ -608,7 +608,7 @@ func (r *runner) apply(ch change) {
 		in.inFlight = 0
 		in.flights = in.flights[:0]
 		until := ch.at + int64(r.opts.Scenario.Failures.Down)
-		back := change{at: until, kind: changeUp, inst: i}
+		back := change{at: until, kind: changeReturn, inst: i}
 		at, _ := slices.BinarySearchFunc(r.changes, until+1, func(c change, t int64) int { return cmp.Compare(c.at, t) })
 		r.changes = slices.Insert(r.changes, at, back)
 		r.fleet.died, r.fleet.until = i, until

@@ -5,8 +5,7 @@
 // Two halves, each as Envoy computes it:
 //   - the ring (source/extensions/load_balancing_policies/ring_hash/
 //     ring_hash_lb.cc): every host gets points in proportion to its
-//     load_balancing_weight (NewWeighted; ceil(minimum_ring_size / hosts)
-//     each with equal weights), the xxHash64 of "<hash key>_<i>", where the
+//     load_balancing_weight (NewWeighted), the xxHash64 of "<hash key>_<i>", where the
 //     hash key is the endpoint's envoy.lb metadata hash_key (tether sets the
 //     instance name, xds) and the address without one; a request goes to
 //     the first point at or after its hash, wrapping around. xds gives each
@@ -66,7 +65,8 @@ func New(keys []string, minSize int) *Ring {
 //
 // The arithmetic is Envoy's, in float64 and in the same order, so the
 // counts agree where a fractional target rounds up or down. Equal weights
-// give every host ceil(minSize / hosts) points.
+// give every host ceil(minSize / hosts) points, except where the float sums
+// round up: 75 hosts get 15, 14, 14, ... (Envoy 1.40 does the same).
 func NewWeighted(keys []string, weights []uint32, minSize int) *Ring {
 	n := len(keys)
 	r := &Ring{hosts: n}

@@ -167,6 +167,9 @@ type tetherRouter struct {
 	// (eventAnswered), in the order they get them.
 	pending eventQueue
 	seq     uint64
+	// answerAt is the arrival time of the answer being handed to the
+	// decider (finish), -1 otherwise.
+	answerAt int64
 	// state is the fleet; pool and poolIndex Envoy's fail-open ring over
 	// it; rng draws the hash of a request without identity headers there.
 	state     *fleetState
@@ -200,7 +203,18 @@ func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRo
 		names[i] = in.Name
 	}
 	store := memory.New()
-	now := func() time.Time { return virtualTime(clock()) }
+	t := &tetherRouter{ids: ids, index: index, names: names, clock: clock, rng: rng,
+		queueKnown: p.ExtProc.QueueHeader == emulator.QueueDepthHeader}
+	// The decider's clock: the virtual time, or while it hears of an
+	// answer, the time the answer arrived (as serve's response phase
+	// would tell it then).
+	now := func() time.Time {
+		if t.answerAt >= 0 {
+			return virtualTime(t.answerAt)
+		}
+		return virtualTime(clock())
+	}
+	t.answerAt = -1
 	fl := fleet.New(p.Instances)
 	br := fleet.NewBreaker(p.Breaker, now, nil)
 	d := plan.NewDecider(p, fl, plan.Deps{
@@ -212,8 +226,8 @@ func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRo
 		Now:     now,
 		Rand:    rng.Uint64,
 	})
-	return &tetherRouter{ids: ids, decider: d, fleet: fl, breaker: br, index: index, names: names, clock: clock, rng: rng,
-		queueKnown: p.ExtProc.QueueHeader == emulator.QueueDepthHeader}, nil
+	t.decider, t.fleet, t.breaker = d, fl, br
+	return t, nil
 }
 
 func (t *tetherRouter) prepare(c *conversation) {
@@ -338,7 +352,9 @@ func (t *tetherRouter) finish(now int64) {
 	for len(t.pending) > 0 && t.pending[0].at <= now {
 		ev := t.pending.pop()
 		k := ev.call
+		t.answerAt = ev.at
 		t.decider.Finish(k.decision, k.reply)
+		t.answerAt = -1
 		if t.trace != nil {
 			a := k.reply
 			t.trace(deciderCall{at: virtualTime(ev.at), n: k.decided, decision: k.decision, answer: &a})

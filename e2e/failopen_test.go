@@ -16,11 +16,30 @@ import (
 // calls fail and the default route carries the next turn, Envoy's ring
 // picks the instance tether bound. Reports the share per identity kind;
 // the goal is 90% for session ids and bearer tokens on four instances
-// (30% before tether computed Envoy's choice; chance is 25%).
+// (30% before tether computed Envoy's choice; chance is 25%), with equal
+// weights and with weights 1, 1, 2, 4 (the pool's endpoints then carry
+// load_balancing_weights and both rings are Envoy's weighted ring).
 func TestFailOpenAgreesWithTether(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		weights []float64
+	}{
+		{"equal weights", nil},
+		{"weights 1,1,2,4", []float64{1, 1, 2, 4}},
+	} {
+		t.Run(tt.name, func(t *testing.T) { failOpenAgreement(t, tt.name, tt.weights) })
+	}
+}
+
+// failOpenAgreement is TestFailOpenAgreesWithTether on four instances
+// with the given weights (nil: the default, 1 each).
+func failOpenAgreement(t *testing.T, name string, weights []float64) {
 	const sessions = 200
 	rds := testenv.RedisServer(t)
 	inst := startFleet(t, 4)
+	for i, w := range weights {
+		inst[i].Weight = w
+	}
 	cfg := baseConfig(rds.URL(), inst)
 	a, b := startTether(t, cfg), startTether(t, cfg)
 	px := startEnvoy(t, cfg, a.extproc, b.extproc)
@@ -64,8 +83,8 @@ func TestFailOpenAgreesWithTether(t *testing.T) {
 			}
 		})
 		share := float64(same) / sessions
-		t.Logf("fail-open agreement, %s: %d/%d sessions (%.0f%%) reached their bound instance with every tether replica stopped (%d bypassed tether; spread %v)",
-			id.name, same, sessions, 100*share, bypassed, per)
+		t.Logf("fail-open agreement, %s, %s: %d/%d sessions (%.0f%%) reached their bound instance with every tether replica stopped (%d bypassed tether; spread %v)",
+			name, id.name, same, sessions, 100*share, bypassed, per)
 		if bypassed != sessions {
 			t.Errorf("%s: %d of %d next turns bypassed tether: the replicas are not down", id.name, bypassed, sessions)
 		}

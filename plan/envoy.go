@@ -44,7 +44,7 @@ func envoy(cfg config.Config, pin Pinned, extproc []string) (xds.Spec, error) {
 	for _, in := range cfg.Instances {
 		s.Instances = append(s.Instances, xds.Instance{
 			Name: in.Name, Address: in.Address, Zone: in.Zone, Version: in.Version,
-			Limits: limits(cfg, in.Name),
+			Weight: in.Weight, Limits: limits(cfg, in.Name),
 		})
 	}
 	return s, nil

@@ -14,9 +14,10 @@ import (
 // (affinity.WithFailOpen): the default route's pool (s.DefaultVersion, else
 // the version with the most instances, as xds picks it), a ring over its
 // instances keyed by their names (xds sets each pool endpoint's hash_key
-// to it), and the route's header hash policies. nil when the pools do not
-// hash (pool_lb round_robin or least_request). A pool whose instances'
-// weights differ gives no choice: Envoy's endpoints carry equal weights.
+// to it) and weighted as xds weights them (each endpoint's
+// load_balancing_weight is ringhash.LBWeights of the pool's instance
+// weights), and the route's header hash policies. nil when the pools do
+// not hash (pool_lb round_robin or least_request).
 func failOpen(s xds.Spec) affinity.FailOpen {
 	if s.PoolLB != xds.RingHash || len(s.HashPolicy) == 0 {
 		return nil
@@ -39,22 +40,15 @@ func failOpen(s xds.Spec) affinity.FailOpen {
 		if v == "" {
 			v = mostInstances(all)
 		}
-		var buf [16]string
-		keys := buf[:0]
-		weight := 0.0
+		var kbuf [16]string
+		var wbuf [16]float64
+		keys, weights := kbuf[:0], wbuf[:0]
 		for _, in := range all {
-			if in.Version != v {
-				continue
+			if in.Version == v {
+				keys, weights = append(keys, in.Name), append(weights, in.Weight)
 			}
-			if len(keys) > 0 && in.Weight != weight {
-				// xds gives the pool's endpoints equal weights: with
-				// unequal ones the pool's shares are not the fleet's,
-				// and tether keeps to its weighted placement.
-				return "", false
-			}
-			keys, weight = append(keys, in.Name), in.Weight
 		}
-		i := ring.Pick(keys, hash)
+		i := ring.PickWeighted(keys, weights, hash)
 		if i < 0 {
 			return "", false
 		}

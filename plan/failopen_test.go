@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
@@ -40,13 +41,29 @@ func TestFailOpenIsThePoolsRing(t *testing.T) {
 		t.Errorf("default_version v0: %q, want old", got)
 	}
 	weighted := append([]fleet.Instance(nil), all...)
-	weighted[1].Weight = 2
-	if _, ok := failOpen(spec)(identity.Map{"x-session-id": "s1"}, weighted); !ok {
-		t.Error("weights differ outside the pool (v1): want a choice")
+	for i, w := range []float64{1, 1, 7, 2, 4} { // a, b, old, c, d
+		weighted[i].Weight = w
+	}
+	if got, ok := failOpen(spec)(identity.Map{"x-session-id": "s1"}, weighted); !ok || got != "old" {
+		t.Errorf("weights differ outside the pool (v0): %q, %v; want old", got, ok)
 	}
 	spec.DefaultVersion = ""
-	if _, ok := failOpen(spec)(identity.Map{"x-session-id": "s1"}, weighted); ok {
-		t.Error("weights differ within the pool: want no choice (tether keeps its weighted placement)")
+	// Within the pool: Envoy's weighted ring over weights 1, 1, 2, 4.
+	wring := ringhash.NewWeighted(pool, []uint32{1, 1, 2, 4}, 0)
+	f = failOpen(spec)
+	moved := 0
+	for i := range 200 {
+		s := fmt.Sprintf("s%d", i)
+		got, ok := f(identity.Map{"x-session-id": s}, weighted)
+		if want := pool[wring.Pick(xxhash.Sum64String(s))]; !ok || got != want {
+			t.Fatalf("weighted pool, session %s: %q, %v; want %q", s, got, ok, want)
+		}
+		if got != pool[ring.Pick(xxhash.Sum64String(s))] {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Error("weights 1, 1, 2, 4 place every session as equal weights do: weights ignored")
 	}
 	spec.PoolLB = xds.LeastRequest
 	if failOpen(spec) != nil {

@@ -4,11 +4,13 @@
 //
 // Two halves, each as Envoy computes it:
 //   - the ring (source/extensions/load_balancing_policies/ring_hash/
-//     ring_hash_lb.cc): every host gets ceil(minimum_ring_size / hosts)
-//     points (equal weights), the xxHash64 of "<hash key>_<i>", where the
+//     ring_hash_lb.cc): every host gets points in proportion to its
+//     load_balancing_weight (NewWeighted), the xxHash64 of "<hash key>_<i>", where the
 //     hash key is the endpoint's envoy.lb metadata hash_key (tether sets the
 //     instance name, xds) and the address without one; a request goes to
-//     the first point at or after its hash, wrapping around;
+//     the first point at or after its hash, wrapping around. xds gives each
+//     pool endpoint the weight LBWeights maps its instance's weight to;
+//     tether builds its ring from the same integers;
 //   - the request's hash (source/common/http/hash_policy.cc): each header
 //     hash policy hashes the header's value with xxHash64 (seed 0); a
 //     policy's hash combines with the hash so far as rotl(hash, 1) xor new;
@@ -32,7 +34,7 @@ const DefaultMinSize = 1024
 // MaxSize is Envoy's default maximum_ring_size.
 const MaxSize = 8 << 20
 
-// Ring is the ring of a RING_HASH cluster over equally weighted hosts.
+// Ring is the ring of a RING_HASH cluster.
 type Ring struct {
 	points []point
 	hosts  int
@@ -43,10 +45,29 @@ type point struct {
 	host int32
 }
 
-// New builds the ring of hosts with the given hash keys, in the order of
-// the cluster's endpoints (the order ties on equal point hashes follow).
-// minSize <= 0 means DefaultMinSize.
+// New builds the ring of equally weighted hosts with the given hash keys,
+// in the order of the cluster's endpoints (the order ties on equal point
+// hashes follow). minSize <= 0 means DefaultMinSize.
 func New(keys []string, minSize int) *Ring {
+	return NewWeighted(keys, nil, minSize)
+}
+
+// NewWeighted builds the ring of hosts with the given hash keys and
+// load_balancing_weights (weights[i] is keys[i]'s; nil: all 1, a weight of
+// 0 counts as 1, Envoy's default), as Envoy's Ring constructor does:
+//   - each host's normalized weight is its weight over the sum of weights;
+//   - scale = ceil(min_normalized_weight × min_ring_size) /
+//     min_normalized_weight, capped at max_ring_size, so the lightest host
+//     gets a whole number of points;
+//   - walking the hosts in order, a running target grows by scale × the
+//     host's normalized weight and the host gets points until the running
+//     count of points reaches the target: "<key>_0", "<key>_1", ...
+//
+// The arithmetic is Envoy's, in float64 and in the same order, so the
+// counts agree where a fractional target rounds up or down. Equal weights
+// give every host ceil(minSize / hosts) points, except where the float sums
+// round up: 75 hosts get 15, 14, 14, ... (Envoy 1.40 does the same).
+func NewWeighted(keys []string, weights []uint32, minSize int) *Ring {
 	n := len(keys)
 	r := &Ring{hosts: n}
 	if n == 0 {
@@ -55,19 +76,35 @@ func New(keys []string, minSize int) *Ring {
 	if minSize <= 0 {
 		minSize = DefaultMinSize
 	}
-	// Envoy: scale = ceil(min_normalized_weight × min_ring_size) /
-	// min_normalized_weight, capped at max_ring_size; each host then gets
-	// scale × its normalized weight (1/n) points.
-	perHost := int(math.Ceil(float64(minSize) / float64(n)))
-	perHost = max(min(perHost, MaxSize/n), 1)
-	r.points = make([]point, 0, perHost*n)
+	weight := func(i int) float64 {
+		if weights == nil || weights[i] == 0 {
+			return 1
+		}
+		return float64(weights[i])
+	}
+	sum := 0.0
+	for i := range n {
+		sum += weight(i)
+	}
+	// normalizeHostWeights: min_normalized_weight starts at 1.
+	minNorm := 1.0
+	for i := range n {
+		minNorm = min(minNorm, weight(i)/sum)
+	}
+	// The explicit float64 conversions round each product as C++ does:
+	// Go may otherwise fuse a multiply and an add.
+	scale := min(math.Ceil(float64(minNorm*float64(minSize)))/minNorm, float64(MaxSize))
+	r.points = make([]point, 0, int(math.Ceil(scale))+n)
 	var buf []byte
+	current, target := 0.0, 0.0
 	for h, k := range keys {
 		buf = append(append(buf[:0], k...), '_')
 		base := len(buf)
-		for i := range perHost {
+		target += float64(scale * (weight(h) / sum))
+		for i := 0; current < target; i++ {
 			buf = strconv.AppendInt(buf[:base], int64(i), 10)
 			r.points = append(r.points, point{hash: xxhash.Sum64(buf), host: int32(h)})
+			current++
 		}
 	}
 	slices.SortStableFunc(r.points, func(a, b point) int { return cmp(a.hash, b.hash) })
@@ -124,22 +161,123 @@ func Hash(policies []Policy, get func(name string) string) (h uint64, ok bool) {
 	return h, ok
 }
 
+// LBWeights maps instance weights (floats, config: above 0 and at most 1e6)
+// to the load_balancing_weights of a pool's endpoints (integers of at
+// least 1 whose sum fits a uint32, Envoy's bounds), keeping the ratios
+// between them:
+//   - weights with at most six decimals are scaled by the smallest power of
+//     ten that makes them all whole, then divided by the integers' greatest
+//     common divisor: 1, 1, 2, 4 stay 1, 1, 2, 4; 0.5, 1.5 become 1, 3;
+//     equal weights become 1 each;
+//   - other weights, or a sum that overflows, are scaled so the largest
+//     becomes floor(MaxUint32 / hosts) and rounded (at least 1), then
+//     reduced the same way: each weight's share of the largest is off by at
+//     most 0.5 / floor(MaxUint32 / hosts) (1.2e-7 with 1,000 hosts).
+//
+// A weight of 0 or less (never valid config) counts as the smallest. The
+// result is appended to dst. xds gives Envoy these weights and Cache
+// builds tether's ring from them, so the two rings are the same.
+func LBWeights(dst []uint32, weights []float64) []uint32 {
+	base := len(dst)
+	n := len(weights)
+	if n == 0 {
+		return dst
+	}
+	lo, hi := math.Inf(1), 0.0
+	for _, w := range weights {
+		if w > 0 && !math.IsInf(w, 1) {
+			lo, hi = min(lo, w), max(hi, w)
+		}
+	}
+	if hi == 0 { // nothing usable: equal weights
+		for range weights {
+			dst = append(dst, 1)
+		}
+		return dst
+	}
+	w := func(x float64) float64 {
+		if !(x > 0) || math.IsInf(x, 1) {
+			return lo
+		}
+		return x
+	}
+	exact := false
+	for p, f := 0, 1.0; p <= 6 && !exact; p, f = p+1, f*10 {
+		exact = true
+		sum := 0.0
+		for _, x := range weights {
+			v := w(x) * f
+			r := math.Round(v)
+			if r < 1 || math.Abs(v-r) > 1e-9*v {
+				exact = false
+				break
+			}
+			sum += r
+		}
+		if exact && sum > math.MaxUint32 {
+			exact = false
+			break
+		}
+		if exact {
+			for _, x := range weights {
+				dst = append(dst, uint32(math.Round(w(x)*f)))
+			}
+		}
+	}
+	if !exact {
+		dst = dst[:base]
+		unit := float64(math.MaxUint32 / uint64(n))
+		for _, x := range weights {
+			dst = append(dst, uint32(max(math.Round(w(x)/hi*unit), 1)))
+		}
+	}
+	g := dst[base]
+	for _, v := range dst[base:] {
+		g = gcd(g, v)
+	}
+	for i := range dst[base:] {
+		dst[base+i] /= g
+	}
+	return dst
+}
+
+func gcd(a, b uint32) uint32 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
 // Cache keeps the ring of the last host set it was asked for: the pool's
-// membership changes rarely, its requests often. Safe for concurrent use.
+// membership changes rarely, its requests often. Safe for concurrent use;
+// a hit allocates nothing.
 type Cache struct {
 	MinSize int // 0: DefaultMinSize
 
-	mu   sync.Mutex
-	keys []string
-	ring *Ring
+	mu      sync.Mutex
+	keys    []string
+	weights []float64
+	ring    *Ring
 }
 
 // Pick is New(keys, c.MinSize).Pick(h), the ring built once per host set.
 func (c *Cache) Pick(keys []string, h uint64) int {
+	return c.PickWeighted(keys, nil, h)
+}
+
+// PickWeighted is NewWeighted(keys, LBWeights(nil, weights),
+// c.MinSize).Pick(h), the ring built once per host set and weights; nil
+// (or empty) weights are equal ones.
+func (c *Cache) PickWeighted(keys []string, weights []float64, h uint64) int {
 	c.mu.Lock()
-	if c.ring == nil || !slices.Equal(c.keys, keys) {
+	if c.ring == nil || !slices.Equal(c.keys, keys) || !slices.Equal(c.weights, weights) {
 		c.keys = slices.Clone(keys)
-		c.ring = New(c.keys, c.MinSize)
+		c.weights = slices.Clone(weights)
+		var lb []uint32
+		if len(weights) > 0 {
+			lb = LBWeights(make([]uint32, 0, len(weights)), weights)
+		}
+		c.ring = NewWeighted(c.keys, lb, c.MinSize)
 	}
 	r := c.ring
 	c.mu.Unlock()

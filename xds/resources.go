@@ -31,6 +31,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/ringhash"
 )
 
 // Resource names.
@@ -116,15 +117,18 @@ func Build(s Spec, mode Mode) (*Resources, error) {
 	}
 	for _, v := range sortedVersions(byVersion) {
 		var addrs, names []string
+		var weights []float64
 		for _, in := range byVersion[v] {
 			addrs = append(addrs, in.Address)
 			names = append(names, in.Name)
+			weights = append(weights, in.Weight)
 		}
 		cla, err := b.endpoints(PoolPrefix+v, [][]string{addrs})
 		if err != nil {
 			return nil, fmt.Errorf("xds build: pool %s: %w", v, err)
 		}
 		hashKeys(cla, names)
+		lbWeights(cla, weights)
 		r.Clusters = append(r.Clusters, b.modelCluster(PoolPrefix+v, false, s.Pool, cla))
 		r.Endpoints = append(r.Endpoints, cla)
 	}
@@ -182,6 +186,20 @@ func hashKeys(cla *endpointv3.ClusterLoadAssignment, names []string) {
 		ep.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
 			"envoy.lb": {Fields: map[string]*structpb.Value{"hash_key": structpb.NewStringValue(names[i])}},
 		}}
+	}
+}
+
+// lbWeights gives the endpoints of a pool's single priority their
+// instances' weights as load_balancing_weight. Envoy wants integers of at
+// least 1 summing to at most MaxUint32; ringhash.LBWeights maps the float
+// weights to integers in the same ratios (1, 1, 2, 4 stay so; equal weights
+// are 1 each) and is what tether builds its copy of the ring from, so the
+// pool's RING_HASH ring and tether's fail-open placement are the same ring
+// on a weighted fleet too.
+func lbWeights(cla *endpointv3.ClusterLoadAssignment, weights []float64) {
+	lb := ringhash.LBWeights(nil, weights)
+	for i, ep := range cla.Endpoints[0].LbEndpoints {
+		ep.LoadBalancingWeight = wrapperspb.UInt32(lb[i])
 	}
 }
 

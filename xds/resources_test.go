@@ -212,6 +212,34 @@ func TestBuildShapes(t *testing.T) {
 	}
 }
 
+// TestPoolWeights: a pool's endpoints carry its instances' weights as
+// integers in the same ratios (ringhash.LBWeights); instance clusters
+// carry none.
+func TestPoolWeights(t *testing.T) {
+	s := spec(t, loadConfig(t, "testdata/fleet.toml"))
+	for i, w := range []float64{0.5, 1.5, 1} {
+		s.Instances[i].Weight = w
+	}
+	r, err := xds.Build(s, xds.ADS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]uint32{}
+	for _, e := range r.Endpoints {
+		for _, loc := range e.Endpoints {
+			for _, ep := range loc.LbEndpoints {
+				if ep.LoadBalancingWeight != nil {
+					got[e.ClusterName] = append(got[e.ClusterName], ep.LoadBalancingWeight.GetValue())
+				}
+			}
+		}
+	}
+	want := map[string][]uint32{"pool-v1": {1, 3, 2}, "pool-v2": {1}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("load_balancing_weights (-want +got):\n%s", diff)
+	}
+}
+
 func validators(r *xds.Resources) []interface{ ValidateAll() error } {
 	var out []interface{ ValidateAll() error }
 	for _, c := range r.Clusters {

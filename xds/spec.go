@@ -57,7 +57,11 @@ type HashHeader struct {
 // Instance is one model server and the limits of its cluster.
 type Instance struct {
 	Name, Address, Zone, Version string
-	Limits                       Limits
+	// Weight is the instance's share of new sessions (config: above 0, at
+	// most 1e6). Its version pool's endpoint carries it as the
+	// load_balancing_weight ringhash.LBWeights maps the pool's weights to.
+	Weight float64
+	Limits Limits
 }
 
 // Limits are a cluster's outlier detection and circuit breakers.

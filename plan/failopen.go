@@ -2,6 +2,7 @@ package plan
 
 import (
 	"sort"
+	"sync/atomic"
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/fleet"
@@ -26,8 +27,8 @@ func failOpen(s xds.Spec) affinity.FailOpen {
 	for i, h := range s.HashPolicy {
 		policies[i] = ringhash.Policy{Header: h.Name, Terminal: h.Terminal}
 	}
-	var ring ringhash.Cache
 	version := s.DefaultVersion
+	var cur atomic.Pointer[pool]
 	return func(h identity.Headers, all []fleet.Instance) (string, bool) {
 		if h == nil {
 			return "", false
@@ -36,24 +37,53 @@ func failOpen(s xds.Spec) affinity.FailOpen {
 		if !ok {
 			return "", false
 		}
-		v := version
-		if v == "" {
-			v = mostInstances(all)
+		p := cur.Load()
+		if !p.of(all) {
+			p = newPool(all, version)
+			cur.Store(p)
 		}
-		var kbuf [16]string
-		var wbuf [16]float64
-		keys, weights := kbuf[:0], wbuf[:0]
-		for _, in := range all {
-			if in.Version == v {
-				keys, weights = append(keys, in.Name), append(weights, in.Weight)
-			}
-		}
-		i := ring.PickWeighted(keys, weights, hash)
-		if i < 0 {
+		if len(p.keys) == 0 {
 			return "", false
 		}
-		return keys[i], true
+		return p.keys[p.ring.Pick(hash)], true
 	}
+}
+
+// pool is the fail-open pool of one fleet snapshot: the instances of the
+// default route's version, and Envoy's ring over them. The fleet hands out
+// immutable snapshots, so a pool is built once per snapshot, not per
+// session.
+type pool struct {
+	first *fleet.Instance // the snapshot's first instance, and its length
+	n     int
+	keys  []string
+	ring  *ringhash.Ring
+}
+
+// of reports whether p is the pool of snapshot all.
+func (p *pool) of(all []fleet.Instance) bool {
+	return p != nil && p.n == len(all) && (len(all) == 0 || p.first == &all[0])
+}
+
+// newPool builds the pool of snapshot all: version's instances (the
+// version with the most instances when version is ""), weighted as xds
+// weights the pool's endpoints (ringhash.LBWeights).
+func newPool(all []fleet.Instance, version string) *pool {
+	p := &pool{n: len(all)}
+	if len(all) > 0 {
+		p.first = &all[0]
+	}
+	if version == "" {
+		version = mostInstances(all)
+	}
+	var weights []float64
+	for _, in := range all {
+		if in.Version == version {
+			p.keys, weights = append(p.keys, in.Name), append(weights, in.Weight)
+		}
+	}
+	p.ring = ringhash.NewWeighted(p.keys, ringhash.LBWeights(nil, weights), ringhash.DefaultMinSize)
+	return p
 }
 
 // mostInstances is the version with the most instances, ties to the first

@@ -65,6 +65,21 @@ func TestFailOpenIsThePoolsRing(t *testing.T) {
 	if moved == 0 {
 		t.Error("weights 1, 1, 2, 4 place every session as equal weights do: weights ignored")
 	}
+	// One pool per fleet snapshot: a session of a snapshot allocates
+	// nothing, and a new snapshot (the same instances, other weights)
+	// gets its own ring.
+	h := identity.Map{"x-session-id": "s1"}
+	f(h, weighted)
+	if n := testing.AllocsPerRun(100, func() { f(h, weighted) }); n != 0 {
+		t.Errorf("a session of a known snapshot allocates %v times, want 0", n)
+	}
+	for i := range 200 {
+		s := fmt.Sprintf("s%d", i)
+		got, _ := f(identity.Map{"x-session-id": s}, all)
+		if want := pool[ring.Pick(xxhash.Sum64String(s))]; got != want {
+			t.Fatalf("back to equal weights, session %s: %q; want %q", s, got, want)
+		}
+	}
 	spec.PoolLB = xds.LeastRequest
 	if failOpen(spec) != nil {
 		t.Error("a pool that does not hash: want no fail-open choice")

@@ -23,7 +23,6 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"sync"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -175,8 +174,8 @@ func Hash(policies []Policy, get func(name string) string) (h uint64, ok bool) {
 //     most 0.5 / floor(MaxUint32 / hosts) (1.2e-7 with 1,000 hosts).
 //
 // A weight of 0 or less (never valid config) counts as the smallest. The
-// result is appended to dst. xds gives Envoy these weights and Cache
-// builds tether's ring from them, so the two rings are the same.
+// result is appended to dst. xds gives Envoy these weights and plan
+// builds tether's fail-open ring from them, so the two rings are the same.
 func LBWeights(dst []uint32, weights []float64) []uint32 {
 	base := len(dst)
 	n := len(weights)
@@ -246,40 +245,4 @@ func gcd(a, b uint32) uint32 {
 		a, b = b, a%b
 	}
 	return a
-}
-
-// Cache keeps the ring of the last host set it was asked for: the pool's
-// membership changes rarely, its requests often. Safe for concurrent use;
-// a hit allocates nothing.
-type Cache struct {
-	MinSize int // 0: DefaultMinSize
-
-	mu      sync.Mutex
-	keys    []string
-	weights []float64
-	ring    *Ring
-}
-
-// Pick is New(keys, c.MinSize).Pick(h), the ring built once per host set.
-func (c *Cache) Pick(keys []string, h uint64) int {
-	return c.PickWeighted(keys, nil, h)
-}
-
-// PickWeighted is NewWeighted(keys, LBWeights(nil, weights),
-// c.MinSize).Pick(h), the ring built once per host set and weights; nil
-// (or empty) weights are equal ones.
-func (c *Cache) PickWeighted(keys []string, weights []float64, h uint64) int {
-	c.mu.Lock()
-	if c.ring == nil || !slices.Equal(c.keys, keys) || !slices.Equal(c.weights, weights) {
-		c.keys = slices.Clone(keys)
-		c.weights = slices.Clone(weights)
-		var lb []uint32
-		if len(weights) > 0 {
-			lb = LBWeights(make([]uint32, 0, len(weights)), weights)
-		}
-		c.ring = NewWeighted(c.keys, lb, c.MinSize)
-	}
-	r := c.ring
-	c.mu.Unlock()
-	return r.Pick(h)
 }

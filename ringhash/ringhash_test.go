@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
@@ -89,32 +88,6 @@ func TestHash(t *testing.T) {
 			t.Errorf("%s: Hash = %x, %v; want %x, %v", tt.name, got, ok, tt.want, tt.ok)
 		}
 	}
-}
-
-func TestCache(t *testing.T) {
-	var c Cache
-	a, b := []string{"a", "b", "c"}, []string{"a", "b", "c", "d"}
-	ra, rb := New(a, 0), New(b, 0)
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for i := range 2000 {
-				keys, r := a, ra
-				if i%3 == 0 {
-					keys, r = b, rb
-				}
-				h := rng.Uint64()
-				if got, want := c.Pick(keys, h), r.Pick(h); got != want {
-					t.Errorf("Cache.Pick = %d, want %d", got, want)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 // envoyCounts is each host's number of points as ring_hash_lb.cc counts
@@ -284,25 +257,3 @@ func TestLBWeights(t *testing.T) {
 	}
 }
 
-func TestCacheWeighted(t *testing.T) {
-	var c Cache
-	keys := []string{"a", "b", "c", "d"}
-	w := []float64{1, 1, 2, 4}
-	r := NewWeighted(keys, []uint32{1, 1, 2, 4}, 0)
-	eq := New(keys, 0)
-	rng := rand.New(rand.NewPCG(3, 4))
-	for i := range 400 { // alternating: a rebuild per call
-		h := rng.Uint64()
-		if i%2 == 0 {
-			if got, want := c.PickWeighted(keys, w, h), r.Pick(h); got != want {
-				t.Fatalf("PickWeighted = %d, want %d", got, want)
-			}
-		} else if got, want := c.Pick(keys, h), eq.Pick(h); got != want {
-			t.Fatalf("Pick after PickWeighted = %d, want %d", got, want)
-		}
-	}
-	c.PickWeighted(keys, w, 1)
-	if n := testing.AllocsPerRun(100, func() { c.PickWeighted(keys, w, rng.Uint64()) }); n != 0 {
-		t.Errorf("a hit allocates %v times, want 0", n)
-	}
-}

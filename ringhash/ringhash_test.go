@@ -256,4 +256,3 @@ func TestLBWeights(t *testing.T) {
 		t.Errorf("append: %v", got)
 	}
 }
-

@@ -54,6 +54,11 @@ func TestBenchSmoke(t *testing.T) {
 		if c.Phase == "instance killed" && (c.VictimServed != 0 || c.Requests == 0) {
 			t.Errorf("churn %+v", c)
 		}
+		// The simulator ran the same schedule beside it (at this scale
+		// the gaps are the noise of a few dozen requests: not checked).
+		if !c.Sim.Ran || c.Sim.Requests == 0 {
+			t.Errorf("churn %s, %s: no simulator figures: %+v", c.Policy, c.Phase, c.Sim)
+		}
 	}
 	byName := map[string]bench.QualityRow{}
 	for _, q := range rep.Quality {

@@ -21,6 +21,8 @@ type ChurnRow struct {
 	// VictimServed counts answers from the instance that is killed.
 	VictimServed int
 	HitRate      float64
+	// Sim is the simulator's figures for the phase (crossCheckChurn).
+	Sim Sim
 }
 
 // runChurn replays the workload while the fleet changes: at 1/4 of the run
@@ -36,6 +38,9 @@ func runChurn(ctx context.Context, opts Options, dir string) ([]ChurnRow, error)
 			return rows, fmt.Errorf("%s: %w", p.name, err)
 		}
 		rows = append(rows, r...)
+	}
+	if err := crossCheckChurn(ctx, opts, rows); err != nil {
+		return rows, err
 	}
 	return rows, nil
 }

@@ -35,6 +35,8 @@ type QualityRow struct {
 	Decisions int
 	Spilled   float64
 	Spread    Spread
+	// Sim is the simulator's figures for the policy (crossCheckQuality).
+	Sim Sim
 }
 
 // a100Fleet starts eight emulated A100 instances, four in each of two zones.
@@ -88,6 +90,9 @@ func runQuality(ctx context.Context, opts Options, dir string) ([]QualityRow, er
 		row.Spilled, row.Decisions = spilledShare(dec)
 		row.Spread = spreadOf(names(instances), answeredBy(res.Records), fleet.queueDepths())
 		rows = append(rows, row)
+	}
+	if err := crossCheckQuality(ctx, opts, rows); err != nil {
+		return rows, err
 	}
 	return rows, nil
 }

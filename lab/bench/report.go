@@ -63,14 +63,17 @@ func (r *Report) Markdown(m Meta, charts []string) string {
 	if len(r.Quality) > 0 {
 		w("### Routing quality: the field's mix on eight emulated A100s\n\n")
 		w("%s\n\n", qualityPreamble(r.Scale, r.Saturation))
-		w("| policy | KV hit rate | TTFT p50 | TTFT p99 | latency p50 | latency p99 | session continuity | GPU-time imbalance (max/mean) | GPU busy | GPU-s per 1k output tokens | requests | failed |\n")
-		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("| policy | KV hit rate | TTFT p50 | TTFT p99 | latency p50 | latency p99 | session continuity | GPU-time imbalance (max/mean) | GPU busy | GPU-s per 1k output tokens | requests | failed | simulator's hit rate | bench − simulator (points) |\n")
+		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, q := range r.Quality {
-			w("| %s | %.1f%% | %s | %s | %s | %s | %.1f%% | %.2f | %.0f%% | %.2f | %d | %d |\n", q.Policy, 100*q.HitRate,
+			w("| %s | %.1f%% | %s | %s | %s | %s | %.1f%% | %.2f | %.0f%% | %.2f | %d | %d | %s |\n", q.Policy, 100*q.HitRate,
 				ms(q.TTFTP50), ms(q.TTFTP99), ms(q.LatencyP50), ms(q.LatencyP99),
-				100*q.Continuity, q.Imbalance, 100*q.GPUBusy, q.GPUSecondsPer1kOutput, q.Requests, q.Failed)
+				100*q.Continuity, q.Imbalance, 100*q.GPUBusy, q.GPUSecondsPer1kOutput, q.Requests, q.Failed, simCells(q.HitRate, q.Sim))
 		}
 		w("\n")
+		if v := r.QualityCrossCheck().verdict("policy the simulator emulates"); v != "" {
+			w("%s\n\n", v)
+		}
 	}
 	if len(r.Hotspot) > 0 {
 		w("### Hot spot: one tenant's burst behind one API key\n\n")
@@ -112,12 +115,16 @@ func (r *Report) Markdown(m Meta, charts []string) string {
 	if len(r.Churn) > 0 {
 		w("### Churn: an instance killed and restored, one added\n\n")
 		w("%s\n\n", churnPreamble(r.Scale))
-		w("| policy | phase | requests | failed | identified follow-ups moved | answered by the killed instance | KV hit rate |\n")
-		w("|---|---|---:|---:|---:|---:|---:|\n")
+		w("| policy | phase | requests | failed | identified follow-ups moved | answered by the killed instance | KV hit rate | simulator's hit rate | bench − simulator (points) |\n")
+		w("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range r.Churn {
-			w("| %s | %s | %d | %d | %d of %d | %d | %.1f%% |\n", c.Policy, c.Phase, c.Requests, c.Failed, c.Moved, c.FollowUps, c.VictimServed, 100*c.HitRate)
+			w("| %s | %s | %d | %d | %d of %d | %d | %.1f%% | %s |\n", c.Policy, c.Phase, c.Requests, c.Failed, c.Moved, c.FollowUps, c.VictimServed, 100*c.HitRate,
+				simCells(c.HitRate, c.Sim))
 		}
 		w("\n")
+		if v := r.ChurnCrossCheck().verdict("phase"); v != "" {
+			w("%s\n\n", v)
+		}
 	}
 	for _, c := range charts {
 		w("![%s](%s)\n\n", strings.TrimSuffix(filepath.Base(c), ".png"), c)
@@ -157,7 +164,9 @@ func qualityPreamble(s Scale, sat Saturation) string {
 		"headers; every tether policy scrapes them (`engines.default = \"vllm\"`, every second). Tether\n"+
 		"adaptive is tether sticky with `routing.adaptive_sticky = 1`, `saturation_waiting = %d` and\n"+
 		"`saturation_kv_usage = %g` read from those metrics: thresholds above what this steady load reaches\n"+
-		"(the reading notes say why), so that only a real hot spot moves sessions.",
+		"(the reading notes say why), so that only a real hot spot moves sessions. The simulator's columns:\n"+
+		"the same workload and fleet in virtual time (lab/simulator, as `tether-lab simulate --like-bench`),\n"+
+		"for the policies it emulates.",
 		s.TimeScale, s.Rate, s.Duration, s.ThinkScale, sat.Waiting, sat.KVUsage)
 }
 
@@ -185,7 +194,9 @@ decoding ones included, when that request arrived), the signal adaptive routing 
 func churnPreamble(s Scale) string {
 	return fmt.Sprintf("The quality workload for %s; at 1/4 of the run one instance is killed (connections refused),\n"+
 		"at 1/2 it is restored with an empty cache, at 3/4 a ninth instance is added. A follow-up is\n"+
-		"\"moved\" when another instance than the previous turn's served it.", s.Duration)
+		"\"moved\" when another instance than the previous turn's served it. The simulator's columns: the same\n"+
+		"workload, fleet and schedule in virtual time (lab/simulator, its events fail, restore and add), each\n"+
+		"request counted in the phase it ended in, as here.", s.Duration)
 }
 
 func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

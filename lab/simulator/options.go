@@ -127,6 +127,13 @@ type Options struct {
 	// Series, when set, adds the figures of every minute to the result
 	// (Result.Series), for charts.
 	Series bool
+	// SeriesEvery is the span of each of the series' entries. Zero: a
+	// minute.
+	SeriesEvery time.Duration
+	// SeriesByEnd counts each request of the series in the entry it ended
+	// in (a failed one: when its instance's failure reached it), as the
+	// bench's churn phases count them, rather than the one it was sent in.
+	SeriesByEnd bool
 
 	// Progress, when set, is called from Run's goroutine about every
 	// ProgressEvery events and once at the end.
@@ -184,6 +191,9 @@ func (o Options) withDefaults() Options {
 	if o.RingSize == 0 {
 		o.RingSize = DefaultRingSize
 	}
+	if o.SeriesEvery == 0 {
+		o.SeriesEvery = time.Minute
+	}
 	o.Workload = o.Workload.WithDefaults()
 	return o
 }
@@ -217,6 +227,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("simulate: ring size %d: want 1 to %d (0: %d)", o.RingSize, MaxRingSize, DefaultRingSize)
 	case o.Cache.CapacityTokens < 0:
 		return fmt.Errorf("simulate: kv capacity %d tokens: want at least one block (%d tokens; 0: the profile's)", o.Cache.CapacityTokens, emulator.BlockSize)
+	case o.SeriesEvery < 0:
+		return fmt.Errorf("simulate: series every %v: want above 0 (0: a minute)", o.SeriesEvery)
 	case o.Lifetime != (affinity.Lifetime{}) && (o.Lifetime.Idle <= 0 || o.Lifetime.Max < 0):
 		return fmt.Errorf("simulate: lifetime idle %v, max %v: want idle above 0 and max 0 (no limit) or above", o.Lifetime.Idle, o.Lifetime.Max)
 	}

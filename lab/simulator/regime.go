@@ -88,15 +88,20 @@ func (r *runner) conversationCap() int {
 	return 0
 }
 
-// Minute is one minute of a run (Options.Series), from the warmup's end.
+// Minute is one minute of a run (Options.Series), from the warmup's end,
+// or one Options.SeriesEvery.
 type Minute struct {
 	Start     time.Duration `json:"start_ns"` // from the start of the run
 	Instances int           `json:"instances"`
 	OK        int           `json:"ok"`
 	Lost      int           `json:"lost"`
 	KVHitRate float64       `json:"kv_hit_rate"`
-	TTFTP50   time.Duration `json:"ttft_p50_ns"`
-	TTFTP99   time.Duration `json:"ttft_p99_ns"`
+	// The OK requests' prompt tokens and those the cache held (KVHitRate
+	// is their ratio), to add entries up.
+	PromptTokens int64         `json:"prompt_tokens"`
+	CachedTokens int64         `json:"cached_tokens"`
+	TTFTP50      time.Duration `json:"ttft_p50_ns"`
+	TTFTP99      time.Duration `json:"ttft_p99_ns"`
 }
 
 type minuteTally struct {
@@ -113,28 +118,34 @@ func (m *minuteTally) add(k *call, instances int) {
 	m.instances = max(m.instances, instances)
 }
 
-func (m *minuteTally) minute(from int64, i int) Minute {
+func (m *minuteTally) minute(from int64, i int, every time.Duration) Minute {
 	p := m.ttfb.percentiles()
 	return Minute{
-		Start: time.Duration(from) + time.Duration(i)*time.Minute, Instances: m.instances,
+		Start: time.Duration(from) + time.Duration(i)*every, Instances: m.instances,
 		OK: m.ok, Lost: m.lost, KVHitRate: ratio(float64(m.cached), float64(m.prompt)), TTFTP50: p.P50, TTFTP99: p.P99,
+		PromptTokens: m.prompt, CachedTokens: m.cached,
 	}
 }
 
-// minute is the tally of the minute holding virtual time t, or nil when
-// the run keeps no series or t is in the warmup.
-func (r *runner) minute(t int64) *minuteTally {
-	if !r.opts.Series || !r.measuring || t < r.measureFrom {
+// minute is the tally of the series entry (Options.SeriesEvery) holding
+// a request sent at sent and ending now, by Options.SeriesByEnd, or nil
+// when the run keeps no series or the request was sent in the warmup.
+func (r *runner) minute(sent int64) *minuteTally {
+	if !r.opts.Series || !r.measuring || sent < r.measureFrom {
 		return nil
 	}
-	i := int((t - r.measureFrom) / int64(time.Minute))
+	t := sent
+	if r.opts.SeriesByEnd {
+		t = r.now
+	}
+	i := int((t - r.measureFrom) / int64(r.opts.SeriesEvery))
 	for len(r.series) <= i {
 		r.series = append(r.series, minuteTally{})
 	}
 	return &r.series[i]
 }
 
-// lost counts a request sent at t that did not end OK in its minute.
+// lost counts a request sent at t that did not end OK in its entry.
 func (r *runner) lost(t int64) {
 	if m := r.minute(t); m != nil {
 		m.lost++

@@ -2,8 +2,10 @@ package simulator
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"time"
 )
@@ -35,7 +37,37 @@ type Scenario struct {
 	// fail-open route (the pool's ring hash) carries the tether policies'
 	// requests meanwhile.
 	Outage Outage `json:"outage,omitzero"`
+	// Events change the fleet at set times, each naming its instance: the
+	// bench's churn (an instance killed, restored, one added) as a
+	// schedule. They take neither Scale nor Failures beside them (those
+	// choose their own instances).
+	Events []FleetEvent `json:"events,omitempty"`
 }
+
+// FleetEvent is one change of the fleet at a set time.
+type FleetEvent struct {
+	At   time.Duration  `json:"at_ns"`
+	Kind FleetEventKind `json:"kind"`
+	// Instance is the index of the instance: one up for a fail, one a
+	// fail took down for a restore, and for an add one of the spares the
+	// fleet is built with (Options.Instances, Options.Instances+1, … in
+	// the order of the adds: the first add takes Options.Instances).
+	Instance int `json:"instance"`
+}
+
+// FleetEventKind is what a FleetEvent does.
+type FleetEventKind string
+
+const (
+	// EventFail kills the instance as Failures does: what it holds fails,
+	// every router stops sending to it at once, and it stays down until a
+	// restore (tether's breaker holds it open until then).
+	EventFail FleetEventKind = "fail"
+	// EventRestore brings a failed instance back, its cache empty.
+	EventRestore FleetEventKind = "restore"
+	// EventAdd adds a spare instance to the deployment, its cache empty.
+	EventAdd FleetEventKind = "add"
+)
 
 // Scale is a queue-based autoscaler's effect: every Every, the load
 // (the arrival rate of new conversations) steps through 1, 1+Step, 1,
@@ -130,6 +162,9 @@ func (s Scenario) validate(o Options) error {
 			return err
 		}
 	}
+	if err := s.validateEvents(o); err != nil {
+		return err
+	}
 	if u := s.Upgrade; u != (Upgrade{}) {
 		if err := in("upgrade", u.At, u.Over); err != nil {
 			return err
@@ -144,10 +179,94 @@ func (s Scenario) validate(o Options) error {
 	return nil
 }
 
+// validateEvents checks s.Events by playing them in time order on the
+// fleet o builds (defaults filled in).
+func (s Scenario) validateEvents(o Options) error {
+	if len(s.Events) == 0 {
+		return nil
+	}
+	switch {
+	case s.Scale != (Scale{}):
+		return errors.New("simulate: events with scale: the autoscaler picks the instances it adds and removes; use one or the other")
+	case s.Failures != (Failures{}):
+		return errors.New("simulate: events with failures: failures pick the instances they kill; use one or the other")
+	}
+	up := make([]bool, s.peak(o.Instances))
+	for i := range o.Instances {
+		up[i] = true
+	}
+	live, failed, added := o.Instances, map[int]bool{}, 0
+	for _, e := range s.sortedEvents() {
+		name := fmt.Sprintf("simulate: event %s of instance %d at %v", e.Kind, e.Instance, e.At)
+		if e.At <= 0 || e.At >= o.Duration {
+			return fmt.Errorf("%s: want a time after the start and before the run's duration, %v", name, o.Duration)
+		}
+		switch e.Kind {
+		case EventFail:
+			switch {
+			case e.Instance < 0 || e.Instance >= len(up):
+				return fmt.Errorf("%s: want an instance from 0 to %d", name, len(up)-1)
+			case !up[e.Instance]:
+				return fmt.Errorf("%s: the instance is not up then", name)
+			case live < 2:
+				return fmt.Errorf("%s: it is the last instance up, and a router needs somewhere to go", name)
+			}
+			up[e.Instance], failed[e.Instance] = false, true
+			live--
+		case EventRestore:
+			if !failed[e.Instance] {
+				return fmt.Errorf("%s: the instance is not down then (only a fail takes one down)", name)
+			}
+			up[e.Instance], failed[e.Instance] = true, false
+			live++
+		case EventAdd:
+			if o.Config != nil {
+				return fmt.Errorf("%s: with a configuration, the fleet is its [[instances]]: add one there", name)
+			}
+			if want := o.Instances + added; e.Instance != want {
+				return fmt.Errorf("%s: want instance %d, the next spare (adds take %d, %d, … in time order)", name, want, o.Instances, o.Instances+1)
+			}
+			up[e.Instance] = true
+			live++
+			added++
+		default:
+			return fmt.Errorf("%s: unknown kind %q: want %s, %s or %s", name, e.Kind, EventFail, EventRestore, EventAdd)
+		}
+	}
+	return nil
+}
+
+// sortedEvents are s.Events in time order (the given order at one time).
+func (s Scenario) sortedEvents() []FleetEvent {
+	out := slices.Clone(s.Events)
+	slices.SortStableFunc(out, func(a, b FleetEvent) int { return cmp.Compare(a.At, b.At) })
+	return out
+}
+
+// adds counts the add events.
+func (s Scenario) adds() int {
+	n := 0
+	for _, e := range s.Events {
+		if e.Kind == EventAdd {
+			n++
+		}
+	}
+	return n
+}
+
+// zero reports whether s is the zero Scenario.
+func (s Scenario) zero() bool {
+	if len(s.Events) > 0 {
+		return false
+	}
+	s.Events = nil
+	return reflect.ValueOf(s).IsZero()
+}
+
 // active reports whether s changes anything but the warmup.
 func (s Scenario) active() bool {
 	s.Warmup = 0
-	return s != (Scenario{})
+	return !s.zero()
 }
 
 // fanOut is s.FanOut with its default.
@@ -156,7 +275,7 @@ func (s Scenario) fanOut() int { return max(s.FanOut, 1) }
 // peak is the most instances the fleet has at once.
 func (s Scenario) peak(instances int) int {
 	if s.Scale == (Scale{}) {
-		return instances
+		return instances + s.adds()
 	}
 	return scaled(instances, 1+s.Scale.Step)
 }
@@ -189,8 +308,11 @@ func (sc Scale) factor(k int64) float64 {
 type change struct {
 	at   int64
 	kind changeKind
-	inst int    // the instance (up, down, die, upgrade)
+	inst int    // the instance (up, down, kill, upgrade)
 	to   string // upgrade: the new version
+	// until, for a kill, is when the instance returns (math.MaxInt64: not
+	// in the run).
+	until int64
 }
 
 type changeKind uint8
@@ -199,6 +321,7 @@ const (
 	changeUp      changeKind = iota + 1 // an instance joins (scale-out), its cache empty
 	changeDown                          // an instance leaves (scale-in), finishing what it holds
 	changeDie                           // an instance fails: what it holds fails
+	changeKill                          // a set instance fails (Scenario.Events), as changeDie
 	changeReturn                        // a failed instance returns, its cache empty, unless it was scaled in meanwhile
 	changeUpgrade                       // an instance restarts on another version
 	changeOutage                        // tether becomes unreachable
@@ -253,6 +376,24 @@ func (s Scenario) schedule(d time.Duration, instances int, versionOf func(i int)
 	if f := s.Failures; f != (Failures{}) {
 		for at := int64(f.Every); at < end; at += int64(f.Every) {
 			add(change{at: at, kind: changeDie, inst: -1})
+		}
+	}
+	events := s.sortedEvents()
+	for j, e := range events {
+		switch e.Kind {
+		case EventFail:
+			until := int64(math.MaxInt64)
+			for _, next := range events[j+1:] {
+				if next.Instance == e.Instance && next.Kind == EventRestore {
+					until = int64(next.At)
+					break
+				}
+			}
+			add(change{at: int64(e.At), kind: changeKill, inst: e.Instance, until: until})
+		case EventRestore:
+			add(change{at: int64(e.At), kind: changeReturn, inst: e.Instance})
+		case EventAdd:
+			add(change{at: int64(e.At), kind: changeUp, inst: e.Instance})
 		}
 	}
 	if o := s.Outage; o != (Outage{}) {

@@ -593,12 +593,19 @@ func (r *runner) apply(ch change) {
 		in.Version = ch.to
 		in.epoch++
 		in.model.reset()
-	case changeDie:
+	case changeDie, changeKill:
 		if len(r.fleet.live) < 2 {
 			return // the last instance standing does not fail
 		}
-		i := r.fleet.live[(r.failures*7)%len(r.fleet.live)]
-		r.failures++
+		i, until := ch.inst, ch.until
+		if ch.kind == changeDie { // Failures: the next in a fixed order among those up
+			i = r.fleet.live[(r.failures*7)%len(r.fleet.live)]
+			r.failures++
+			until = ch.at + int64(r.opts.Scenario.Failures.Down)
+			back := change{at: until, kind: changeReturn, inst: i}
+			at, _ := slices.BinarySearchFunc(r.changes, until+1, func(c change, t int64) int { return cmp.Compare(c.at, t) })
+			r.changes = slices.Insert(r.changes, at, back)
+		}
 		in := r.instances[i]
 		in.up = false
 		in.epoch++
@@ -607,10 +614,6 @@ func (r *runner) apply(ch change) {
 		r.inFlight -= in.inFlight
 		in.inFlight = 0
 		in.flights = in.flights[:0]
-		until := ch.at + int64(r.opts.Scenario.Failures.Down)
-		back := change{at: until, kind: changeReturn, inst: i}
-		at, _ := slices.BinarySearchFunc(r.changes, until+1, func(c change, t int64) int { return cmp.Compare(c.at, t) })
-		r.changes = slices.Insert(r.changes, at, back)
 		r.fleet.died, r.fleet.until = i, until
 	}
 	r.refleet()
@@ -954,7 +957,7 @@ func (r *runner) result(started time.Time, err error) *Result {
 	// had: a fixed fleet's, or the time each instance was up.
 	n := float64(len(r.instances))
 	fleetSeconds := n * o.Duration.Seconds() / o.TimeScale
-	if o.Scenario != (Scenario{}) {
+	if !o.Scenario.zero() {
 		n = r.instArea / float64(measured)
 		fleetSeconds = r.instArea / float64(time.Second) / o.TimeScale
 	}
@@ -967,7 +970,7 @@ func (r *runner) result(started time.Time, err error) *Result {
 	res.InfiniteCacheBound = ratio(float64(r.bound.tokens), float64(s.PromptTokens))
 	res.Regime.finish(r, s, n)
 	for i := range r.series {
-		res.Series = append(res.Series, r.series[i].minute(r.measureFrom, i))
+		res.Series = append(res.Series, r.series[i].minute(r.measureFrom, i, o.SeriesEvery))
 	}
 	if o.Progress != nil {
 		o.Progress(r.progress())

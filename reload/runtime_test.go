@@ -70,11 +70,13 @@ func TestApply(t *testing.T) {
 	if n := testutil.ToFloat64(rt.reloads.WithLabelValues("file", "unchanged")); n != 1 {
 		t.Fatalf("unchanged count %v", n)
 	}
-	// A weight change moves no Envoy resource but does change the fleet.
+	// A weight change changes the fleet, and the pool endpoints'
+	// load_balancing_weight (the fail-open ring): a new version.
 	w := fleetConfig("a", "b")
 	w.Instances[0].Weight = 3
-	if v, err := rt.Apply(ctx, w, "file"); err != nil || v != v1 {
-		t.Fatalf("weight change: %q, %v", v, err)
+	vw, err := rt.Apply(ctx, w, "file")
+	if err != nil || vw == v1 || ads.Version() != vw {
+		t.Fatalf("weight change: %q, %v (published %q; before %q)", vw, err, ads.Version(), v1)
 	}
 	if in, _ := rt.fleet.Lookup("a"); in.Weight != 3 {
 		t.Fatalf("weight not applied: %+v", in)
@@ -91,7 +93,7 @@ func TestApply(t *testing.T) {
 	if n := testutil.ToFloat64(rt.reloads.WithLabelValues("file", "invalid")) + testutil.ToFloat64(rt.reloads.WithLabelValues("admin", "invalid")); n != 2 {
 		t.Fatalf("invalid count %v", n)
 	}
-	if ads.Version() != v1 || len(rt.fleet.All()) != 2 {
+	if ads.Version() != vw || len(rt.fleet.All()) != 2 {
 		t.Fatal("a refused configuration changed the state")
 	}
 	// A new instance: new version, fleet follows.

@@ -148,8 +148,8 @@ func TestSessionStats(t *testing.T) {
 	for i := range n {
 		placed[e.turn(t, e.conversation(i)).Instance.Name]++
 	}
-	e.load.Begin("a")        // a request in flight
-	e.load.End("b", 7, true) // b's last queue depth
+	e.load.Begin("a", time.Now())        // a request in flight
+	e.load.End("b", time.Now(), 7, true) // b's last queue depth
 	e.sync(t)
 
 	var st SessionStats

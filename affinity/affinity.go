@@ -78,9 +78,12 @@ type Decision struct {
 	// Err is the store error behind a degraded decision, for logging.
 	Err error
 
-	// probe: the request is the probe of Instance's half-open circuit
-	// (fleet.Breaker.Begin), for Finish.
-	probe bool
+	// At is when the decision was made; Probe says the request is the
+	// probe of Instance's half-open circuit (fleet.Breaker.Begin). Finish
+	// needs both, so a decision that travels to another replica (in an
+	// outcome ticket) must carry them.
+	At    time.Time
+	Probe bool
 }
 
 // Decider makes decisions. It is safe for concurrent use.
@@ -195,9 +198,9 @@ func (d *Decider) Decide(ctx context.Context, req Request) (Decision, error) {
 			}
 			probe = d.breaker.Begin(dec.Instance.Name)
 		}
-		dec.probe = probe
+		dec.Probe = probe
 	}
-	d.load.Begin(dec.Instance.Name)
+	d.load.Begin(dec.Instance.Name, dec.At)
 	return dec, nil
 }
 
@@ -223,16 +226,16 @@ func (d *Decider) decide(ctx context.Context, req Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	dec.Rule = c.rule
+	dec.Rule, dec.At = c.rule, now
 	return dec, nil
 }
 
 // Finish ends the request dec routed with the answer a: the load view
 // and the breaker hear of it.
 func (d *Decider) Finish(dec Decision, a Answer) {
-	d.load.End(dec.Instance.Name, a.Queue, a.QueueKnown && a.Answered)
+	d.load.End(dec.Instance.Name, dec.At, a.Queue, a.QueueKnown && a.Answered)
 	if d.breaker != nil {
-		d.breaker.Done(dec.Instance.Name, fleet.Outcome{Probe: dec.probe, Answered: a.Answered, Failed: a.Failed})
+		d.breaker.Done(dec.Instance.Name, fleet.Outcome{Probe: dec.Probe, Answered: a.Answered, Failed: a.Failed})
 	}
 }
 

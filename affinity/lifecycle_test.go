@@ -324,7 +324,7 @@ func TestAdaptive(t *testing.T) {
 				high = append(high, r)
 			}
 		}
-		load.End("gpu-1", 6, true) // gpu-1 reports a queue of 6
+		load.End("gpu-1", time.Now(), 6, true) // gpu-1 reports a queue of 6
 		for _, r := range high {
 			if got := decide(t, d, r); got.Instance.Name != "gpu-1" || got.Kind != affinity.KindHit || got.Rule != "vip" {
 				t.Fatalf("high-priority %s: %+v, want to stay on gpu-1", r.ID.Key, got)
@@ -591,7 +591,7 @@ func TestQueueReadingsExpire(t *testing.T) {
 	ins := instances(2)
 	p := affinity.Policy{Mode: affinity.Sticky, Adaptive: true, Lifetime: affinity.Lifetime{Idle: time.Hour}, Saturation: affinity.Saturation{QueueDepth: 4}}
 	d := affinity.New(memory.New(), fleet.New(ins), p, affinity.WithClock(clk.now))
-	d.Load().End("gpu-0", 9, true)
+	d.Load().End("gpu-0", time.Now(), 9, true)
 	if !d.Load().Saturated("gpu-0", p.Saturation) {
 		t.Fatal("a fresh queue depth of 9 does not saturate at 4")
 	}
@@ -611,7 +611,7 @@ func TestAdaptiveAppliesToStickyRules(t *testing.T) {
 	if first.Mode != affinity.Adaptive {
 		t.Fatalf("a sticky rule under adaptive_sticky = 1: mode %s, want adaptive", first.Mode)
 	}
-	d.Load().End(first.Instance.Name, 9, true)
+	d.Load().End(first.Instance.Name, first.At, 9, true)
 	if got := decide(t, d, req); got.Kind != affinity.KindSpilled {
 		t.Fatalf("its instance saturated: %+v, want spilled", got)
 	}
@@ -682,7 +682,7 @@ func TestSaturatedFleetStillBinds(t *testing.T) {
 	p := affinity.Policy{Mode: affinity.Sticky, Adaptive: true, Lifetime: lifetime, Saturation: affinity.Saturation{QueueDepth: 4}}
 	d := affinity.New(memory.New(), fleet.New(ins), p)
 	for _, in := range ins {
-		d.Load().End(in.Name, 9, true)
+		d.Load().End(in.Name, time.Now(), 9, true)
 	}
 	got, err := d.Decide(context.Background(), session("new"))
 	if err != nil {

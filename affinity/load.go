@@ -21,7 +21,7 @@ type Load struct {
 	replica string
 
 	mu     sync.Mutex
-	flight map[string]int           // this replica's requests in flight
+	flight map[string]*flights      // requests in flight, as this replica counted them
 	queue  map[string]queueReading  // last queue depth an instance reported here
 	engine map[string]EngineReading // the engine readings this replica scraped
 	// Sessions this replica placed (+) or moved away (-) that the last
@@ -49,30 +49,112 @@ type queueReading struct {
 func NewLoad(syncer LoadSyncer, replica string) *Load {
 	return &Load{
 		syncer: syncer, replica: replica,
-		flight: map[string]int{}, queue: map[string]queueReading{}, engine: map[string]EngineReading{}, now: time.Now,
+		flight: map[string]*flights{}, queue: map[string]queueReading{}, engine: map[string]EngineReading{}, now: time.Now,
 		pending: map[string]int{}, placed: map[string]int{}, syncing: map[string]int{},
 		state: LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]EngineReading{}},
 	}
 }
 
-// Begin counts a request sent to instance.
-func (l *Load) Begin(instance string) {
+// Begin counts a request sent to instance, decided at at.
+func (l *Load) Begin(instance string, at time.Time) {
 	l.mu.Lock()
-	l.flight[instance]++
+	l.flightsOf(instance).add(at, 1)
 	l.mu.Unlock()
 }
 
-// End counts the end of a request Begin counted. queue is the queue depth
-// the instance reported in its response (known false when it did not).
-func (l *Load) End(instance string, queue int, known bool) {
+// End counts the end of a request decided at at, on whichever replica
+// hears of it: the request's outcome may reach another replica than the
+// one that decided (Envoy spreads its streams over them), so this
+// replica's own count can go below zero, and only the sum over the
+// replicas, which the load sync adds up, is the instance's. A request
+// decided more than FlightHorizon ago no longer counts anywhere, and its
+// end changes nothing. queue is the queue depth the instance reported
+// (known false when it did not).
+func (l *Load) End(instance string, at time.Time, queue int, known bool) {
 	l.mu.Lock()
-	if l.flight[instance]--; l.flight[instance] <= 0 {
-		delete(l.flight, instance)
-	}
+	l.flightsOf(instance).add(at, -1)
 	if known {
 		l.queue[instance] = queueReading{depth: queue, at: l.now()}
 	}
 	l.mu.Unlock()
+}
+
+func (l *Load) flightsOf(instance string) *flights {
+	f := l.flight[instance]
+	if f == nil {
+		f = &flights{now: l.now}
+		l.flight[instance] = f
+	}
+	return f
+}
+
+// localFlight is this replica's count for instance (may be negative).
+func (l *Load) localFlight(instance string) int {
+	if f := l.flight[instance]; f != nil {
+		return f.sum()
+	}
+	return 0
+}
+
+// localFlights is every instance's localFlight, for the load report; it
+// forgets instances whose counts have all expired.
+func (l *Load) localFlights() map[string]int {
+	out := make(map[string]int, len(l.flight))
+	for in, f := range l.flight {
+		if n, live := f.count(); !live {
+			delete(l.flight, in)
+		} else if n != 0 {
+			out[in] = n
+		}
+	}
+	return out
+}
+
+// FlightHorizon is how long a request counts as in flight at most: one
+// whose end tether never hears of (its outcome lost with an Envoy restart,
+// a dropped access-log batch, a replica killed) stops counting this long
+// after its decision. It is longer than any generation a route allows.
+const FlightHorizon = 15 * time.Minute
+
+// flightSlots divide the horizon: each counts the requests decided in one
+// minute, and drops them when that minute leaves the horizon.
+const flightSlots = int(FlightHorizon/time.Minute) + 1
+
+// flights is one instance's requests in flight, by the minute they were
+// decided in.
+type flights struct {
+	now    func() time.Time
+	minute [flightSlots]int64 // the minute (Unix) each slot counts
+	n      [flightSlots]int
+}
+
+func (f *flights) add(at time.Time, n int) {
+	m := at.Unix() / 60
+	if now := f.now().Unix() / 60; m <= now-int64(flightSlots)+1 || m > now+1 {
+		return // past the horizon (or from a clock far ahead): counts nowhere
+	}
+	i := int(m % int64(flightSlots))
+	if f.minute[i] != m {
+		f.minute[i], f.n[i] = m, 0
+	}
+	f.n[i] += n
+}
+
+func (f *flights) sum() int {
+	n, _ := f.count()
+	return n
+}
+
+// count is the requests within the horizon; live is false when no slot is.
+func (f *flights) count() (n int, live bool) {
+	now := f.now().Unix() / 60
+	for i, m := range f.minute {
+		if m > now-int64(flightSlots)+1 && m != 0 {
+			n += f.n[i]
+			live = true
+		}
+	}
+	return n, live
 }
 
 // reserve places key among cands by the bounded-load rule (choose) on
@@ -144,7 +226,7 @@ func (l *Load) activeLocked(instance string) int {
 func (l *Load) InFlight(instance string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.state.InFlight[instance] + l.flight[instance]
+	return max(l.state.InFlight[instance]+l.localFlight(instance), 0)
 }
 
 // Queue is the highest queue depth the instance reported to any replica
@@ -191,7 +273,7 @@ func (l *Load) Saturated(instance string, s Saturation) bool {
 }
 
 func (l *Load) saturatedLocked(instance string, s Saturation) bool {
-	if s.InFlight > 0 && l.state.InFlight[instance]+l.flight[instance] >= s.InFlight {
+	if s.InFlight > 0 && l.state.InFlight[instance]+l.localFlight(instance) >= s.InFlight {
 		return true
 	}
 	if s.QueueDepth > 0 {
@@ -316,8 +398,13 @@ func (l *Load) Snapshot() LoadState {
 	for in, n := range s.Active {
 		s.Active[in] = max(n, 0)
 	}
-	for in, n := range l.flight {
+	for in, n := range l.localFlights() {
 		s.InFlight[in] += n
+	}
+	for in, n := range s.InFlight {
+		if n <= 0 {
+			delete(s.InFlight, in)
+		}
 	}
 	for in, q := range l.freshQueues() {
 		s.Queue[in] = max(s.Queue[in], q)
@@ -335,7 +422,7 @@ func (l *Load) Sync(ctx context.Context, instances []string, ttl time.Duration, 
 		return nil
 	}
 	l.mu.Lock()
-	r := LoadReport{Replica: l.replica, InFlight: maps.Clone(l.flight), Queue: l.freshQueues(), Engine: maps.Clone(l.engine)}
+	r := LoadReport{Replica: l.replica, InFlight: l.localFlights(), Queue: l.freshQueues(), Engine: maps.Clone(l.engine)}
 	for in, n := range l.placed {
 		add(l.syncing, in, n)
 	}

@@ -43,6 +43,18 @@ type Envoy struct {
 	// session headers, so sessions stay together without tether),
 	// "round_robin" or "least_request".
 	PoolLB string `toml:"pool_lb"`
+	// Outcomes is how tether hears how each request ended (its status, the
+	// host that answered, what the instance reported), which feeds the
+	// instance breaker, the in-flight counts and the metrics:
+	// "access_log" (default: Envoy's gRPC access log, batched, off the
+	// request path), "observe" (a second ext_proc filter in observability
+	// mode, off the path) or "inline" (the routing exchange also waits for
+	// the response headers: a second blocking round trip per request).
+	Outcomes string `toml:"outcomes"`
+	// OutcomeFlush is how long Envoy's access log holds entries before
+	// sending them (outcomes = "access_log"); it delays the breaker by as
+	// much.
+	OutcomeFlush Duration `toml:"outcome_flush"`
 }
 
 // OutlierSettings are Envoy's outlier detection knobs. A nil field is a key
@@ -97,6 +109,8 @@ const (
 	DefaultRouteTimeout   = 300 * time.Second
 	DefaultRetries        = 1
 	DefaultPoolLB         = "ring_hash"
+	DefaultOutcomes       = "access_log"
+	DefaultOutcomeFlush   = 20 * time.Millisecond
 )
 
 // defaultXDS has the ADS server on, on loopback.
@@ -113,6 +127,8 @@ func defaultEnvoy() Envoy {
 		Retries:        DefaultRetries,
 		ExtProc:        true,
 		PoolLB:         DefaultPoolLB,
+		Outcomes:       DefaultOutcomes,
+		OutcomeFlush:   Dur(DefaultOutcomeFlush),
 	}
 }
 
@@ -228,6 +244,14 @@ func (c *Config) validateEnvoy(bad reporter) {
 	case "ring_hash", "round_robin", "least_request":
 	default:
 		bad("envoy.pool_lb", c.Envoy.PoolLB, `want "ring_hash", "round_robin" or "least_request"`)
+	}
+	switch c.Envoy.Outcomes {
+	case "access_log", "observe", "inline":
+	default:
+		bad("envoy.outcomes", c.Envoy.Outcomes, `want "access_log", "observe" or "inline"`)
+	}
+	if f := c.Envoy.OutcomeFlush.D; f < time.Millisecond || f > time.Second {
+		bad("envoy.outcome_flush", c.Envoy.OutcomeFlush, "want 1ms to 1s: the breaker hears of failures this late")
 	}
 	if r := c.Envoy.Retries; r > 5 {
 		bad("envoy.retries", r, "want 0 to 5")

@@ -305,9 +305,16 @@ func FuzzProcess(f *testing.F) {
 // checkStream checks one stream's replies and how Process ended.
 func checkStream(t *testing.T, i int, s *fakeStream, err error) {
 	t.Helper()
-	// Which way the stream should have ended.
-	n := len(s.received)
-	noPhase := n > 0 && s.received[n-1].GetRequest() == nil
+	// Which way the stream should have ended. Messages in observability
+	// mode get no reply.
+	var replied []*extprocv3.ProcessingRequest
+	for _, m := range s.received {
+		if !m.GetObservabilityMode() {
+			replied = append(replied, m)
+		}
+	}
+	n := len(replied)
+	noPhase := n > 0 && replied[n-1].GetRequest() == nil && replied[n-1] == s.received[len(s.received)-1]
 	var wantCode codes.Code
 	wantSent := n
 	switch {
@@ -331,8 +338,8 @@ func checkStream(t *testing.T, i int, s *fakeStream, err error) {
 		t.Fatalf("stream %d: %d replies to %d messages (Process returned %v)", i, len(s.sent), n, err)
 	}
 	for j, resp := range s.sent {
-		if msg := checkReply(s.received[j], resp); msg != "" {
-			t.Fatalf("stream %d, message %d (%T): %s\nreply: %v", i, j, s.received[j].GetRequest(), msg, resp)
+		if msg := checkReply(replied[j], resp); msg != "" {
+			t.Fatalf("stream %d, message %d (%T): %s\nreply: %v", i, j, replied[j].GetRequest(), msg, resp)
 		}
 	}
 }
@@ -406,8 +413,18 @@ func checkReply(req *extprocv3.ProcessingRequest, resp *extprocv3.ProcessingResp
 	if common.GetStatus() != extprocv3.CommonResponse_CONTINUE || common.GetBodyMutation() != nil || common.GetTrailers() != nil {
 		return "a reply that does more than continue and set headers"
 	}
-	if resp.GetModeOverride() != nil || resp.GetDynamicMetadata() != nil {
-		return "a reply that changes the processing mode or metadata"
+	if resp.GetModeOverride() != nil {
+		return "a reply that changes the processing mode"
+	}
+	if md := resp.GetDynamicMetadata(); md != nil {
+		if _, isHeaders := req.GetRequest().(*extprocv3.ProcessingRequest_RequestHeaders); !isHeaders {
+			return "dynamic metadata outside the request-headers reply"
+		}
+		for ns := range md.GetFields() {
+			if ns != extproc.MetadataNamespace {
+				return "dynamic metadata outside tether's namespace: " + ns
+			}
+		}
 	}
 	return checkMutation(common.GetHeaderMutation())
 }

@@ -4,6 +4,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // This file is the one place that builds ext_proc replies, so Envoy's rules
@@ -31,22 +32,25 @@ func setHeaders(hs ...header) *extprocv3.HeaderMutation {
 }
 
 // routeTo answers the request-headers phase: route to cluster via the header
-// Envoy's route matches on, and re-select the route.
-func routeTo(clusterHeader, cluster string) *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+// Envoy's route matches on, and re-select the route. md (nil: none) goes
+// in the request's dynamic metadata (Server.metadata).
+func routeTo(clusterHeader, cluster string, md *structpb.Struct) *extprocv3.ProcessingResponse {
+	resp := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
 			HeaderMutation:  setHeaders(header{clusterHeader, cluster}),
 			ClearRouteCache: true,
 		}},
 	}}
+	resp.DynamicMetadata = md
+	return resp
 }
 
 // passRequest answers the request-headers phase without a decision: Envoy
 // keeps the default route (the pool cluster, hashed on the session header).
-func passRequest() *extprocv3.ProcessingResponse {
+func passRequest(md *structpb.Struct) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 		RequestHeaders: &extprocv3.HeadersResponse{},
-	}}
+	}, DynamicMetadata: md}
 }
 
 // annotateResponse answers the response-headers phase, adding hs (the debug

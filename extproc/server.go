@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 )
 
@@ -42,6 +43,15 @@ type Recorder interface {
 	Decision(identity.Identity, affinity.Decision, time.Duration)
 	DecisionFailed(id identity.Identity, reason string)
 	Response(d affinity.Decision, r affinity.Reply)
+	// Outcome counts an outcome report that arrived apart from its
+	// exchange, by result (OutcomeApplied, OutcomeDuplicate, ...).
+	Outcome(result string)
+}
+
+// Instances looks up an instance by name, for outcomes that arrive with
+// a ticket (fleet.Fleet).
+type Instances interface {
+	Lookup(name string) (fleet.Instance, bool)
 }
 
 // Auditor hears every decision, for the routing audit. Audit must not
@@ -63,6 +73,13 @@ type Options struct {
 	GPUHeader     string  // response header in which instances report GPU utilisation in percent (0–100)
 	DebugHeaders  bool    // add x-tether-instance / x-tether-decision to responses
 	Logger        zerolog.Logger
+	// Tickets, when set, puts each decision's ticket in the routing
+	// reply's dynamic metadata, and outcomes are read from tickets: the
+	// access log's (AccessLog) or an observing filter's. Nil: outcomes
+	// arrive on the routing stream itself (its response phase).
+	Tickets *Tickets
+	// Instances resolves a ticket's instance; required with Tickets.
+	Instances Instances
 }
 
 // Debug response headers.
@@ -81,6 +98,7 @@ type Server struct {
 	// warn logs per-request trouble (a store outage fails every request)
 	// at most a few lines a second; the metrics count every one.
 	warn zerolog.Logger
+	seen seenTickets // outcomes applied lately, against duplicates
 }
 
 // New returns a Server.
@@ -96,6 +114,9 @@ type exchange struct {
 	finished bool // the decider heard how the request ended
 	decision affinity.Decision
 	failure  string
+	// An observing stream's: the ticket of the request it observes.
+	observed bool
+	ticket   string
 }
 
 // Process serves one HTTP request's stream.
@@ -103,8 +124,12 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	ctx := stream.Context()
 	var ex exchange
 	defer func() {
-		if ex.decided && !ex.finished { // the stream ended before the instance answered
+		switch {
+		case ex.finished:
+		case ex.decided: // the stream ended before the instance answered
 			s.decider.Finish(ex.decision, affinity.Answer{})
+		case ex.observed:
+			s.settle(ending{ticket: ex.ticket, none: true}) // the request ended before an answer
 		}
 	}()
 	for {
@@ -114,6 +139,14 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		}
 		if err != nil {
 			return err
+		}
+		if req.GetObservabilityMode() {
+			// An observing filter's stream: it reports how a request
+			// another stream decided ended, and reads no reply.
+			if s.observe(req, &ex); ex.finished {
+				return nil // nothing more to hear: close, not wait for Envoy's deferred close
+			}
+			continue
 		}
 		var resp *extprocv3.ProcessingResponse
 		switch r := req.Request.(type) {
@@ -161,7 +194,7 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 			return refuse(503, err.Error()+"; retry when it recovers\n")
 		}
 		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("no decision; Envoy uses its default route")
-		return passRequest()
+		return passRequest(s.metadata(nil, ex.failure))
 	}
 	s.rec.Decision(id, d, time.Since(start))
 	ex.decided, ex.decision = true, d
@@ -175,26 +208,75 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 		e.Str("request_id", requestID(h)).Str("session", id.Key).Str("source", string(id.Source)).
 			Str("instance", d.Instance.Name).Str("decision", string(d.Kind)).Msg("routed")
 	}
-	return routeTo(s.opts.ClusterHeader, d.Instance.Cluster())
+	return routeTo(s.opts.ClusterHeader, d.Instance.Cluster(), s.metadata(&d, ""))
+}
+
+// metadata is what the routing reply writes in the request's dynamic
+// metadata: the decision's ticket (Options.Tickets) and, with debug
+// headers, the decision for Envoy to copy into the response (d nil: none,
+// for failure). nil when there is nothing to write.
+func (s *Server) metadata(d *affinity.Decision, failure string) *structpb.Struct {
+	if s.opts.Tickets == nil && !s.opts.DebugHeaders {
+		return nil
+	}
+	f := make(map[string]*structpb.Value, 3)
+	if d != nil && s.opts.Tickets != nil {
+		f[ticketField] = structpb.NewStringValue(s.opts.Tickets.Issue(*d))
+	}
+	if s.opts.DebugHeaders {
+		if d != nil {
+			f[MetadataInstance] = structpb.NewStringValue(d.Instance.Name)
+			f[MetadataDecision] = structpb.NewStringValue(string(d.Kind))
+		} else {
+			f[MetadataDecision] = structpb.NewStringValue("none:" + failure)
+		}
+	}
+	if len(f) == 0 {
+		return nil
+	}
+	return &structpb.Struct{Fields: map[string]*structpb.Value{MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: f})}}
+}
+
+// observe reads one message of an observing filter's stream: the request
+// headers bring the ticket (in the forwarded dynamic metadata), the
+// response headers how the request ended, settled at once; a stream that
+// ends before them settles as unanswered (Process). Anything else is
+// ignored, and a stream settles once.
+func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) {
+	if ex.finished {
+		return
+	}
+	if !ex.observed {
+		ex.observed, ex.ticket = true, ticketOf(req.GetMetadataContext().GetFilterMetadata()[MetadataNamespace])
+	}
+	r, ok := req.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
+	if !ok {
+		return
+	}
+	ex.finished = true
+	h := headers(r.ResponseHeaders.GetHeaders().GetHeaders())
+	s.settle(ending{
+		ticket:     ex.ticket,
+		status:     statusOf(h.Get(":status")),
+		upstream:   upstreamOf(req.GetAttributes()),
+		overloaded: h.Get("x-envoy-overloaded") == "true",
+		headers:    h,
+	})
+}
+
+// ticketOf reads the ticket from the tether namespace of Envoy's dynamic
+// metadata ("" when there is none).
+func ticketOf(md *structpb.Struct) string {
+	return md.GetFields()[ticketField].GetStringValue()
 }
 
 // onResponseHeaders records the instance's status and adds debug headers.
 func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *exchange) *extprocv3.ProcessingResponse {
 	if ex.decided && !ex.finished {
 		h := headers(msg.GetHeaders().GetHeaders())
-		code, _ := strconv.Atoi(h.Get(":status"))
-		peer := up.elsewhere(ex.decision.Instance.Address)
-		// Envoy's own replies that never reached an instance say nothing
-		// about it: neither a failure nor, for a half-open circuit, the
-		// good answer that would close it.
-		neutral := !peer && (up.none() || h.Get("x-envoy-overloaded") == "true")
-		rep := s.reports(h, code)
-		rep.Elapsed, rep.Served, rep.Peer = time.Since(ex.start), !neutral, peer
-		s.rec.Response(ex.decision, rep.Reply)
-		s.decider.Finish(ex.decision, affinity.Answer{
-			Answered: !neutral, Failed: peer || (!neutral && failed(code)),
-			// A peer's queue depth is not the instance's.
-			Queue: rep.queue, QueueKnown: rep.queueKnown && !peer && !neutral,
+		s.finish(ex.decision, ending{
+			status: statusOf(h.Get(":status")), upstream: up,
+			overloaded: h.Get("x-envoy-overloaded") == "true", headers: h, elapsed: time.Since(ex.start),
 		})
 		ex.finished = true
 	}
@@ -222,7 +304,7 @@ type reply struct {
 // queue depth, running out of memory (or status 507), its GPU utilisation
 // in percent. A header that is present but unreadable is ignored and named
 // in BadReports.
-func (s *Server) reports(h headers, status int) reply {
+func (s *Server) reports(h getter, status int) reply {
 	r := reply{Reply: affinity.Reply{Status: status, OOM: status == http.StatusInsufficientStorage}}
 	if v := h.Get(s.opts.QueueHeader); v != "" && s.opts.QueueHeader != "" {
 		q, err := strconv.Atoi(v)

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/extproc"
@@ -36,6 +37,16 @@ type recorded struct {
 	rejected  []identity.Reason
 	responses []string
 	replies   []affinity.Reply
+	outcomes  map[string]int
+}
+
+func (r *recorded) Outcome(result string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.outcomes == nil {
+		r.outcomes = map[string]int{}
+	}
+	r.outcomes[result]++
 }
 
 func (r *recorded) Decision(id identity.Identity, d affinity.Decision, _ time.Duration) {
@@ -143,6 +154,15 @@ func exchange(t *testing.T, c extprocv3.ExternalProcessorClient, msgs ...*extpro
 	return out
 }
 
+// debugMetadata is what the routing reply writes for the debug headers.
+func debugMetadata(instance, decision string) *structpb.Struct {
+	st, err := structpb.NewStruct(map[string]any{"tether": map[string]any{"instance": instance, "decision": decision}})
+	if err != nil {
+		panic(err)
+	}
+	return st
+}
+
 var two = []fleet.Instance{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
 
 func TestRequestAndResponsePhases(t *testing.T) {
@@ -162,7 +182,7 @@ func TestRequestAndResponsePhases(t *testing.T) {
 			HeaderMutation:  set("x-tether-cluster", want.Cluster()),
 			ClearRouteCache: true,
 		}},
-	}}
+	}, DynamicMetadata: debugMetadata(name, "bind")}
 	if diff := cmp.Diff(wantReq, got[0], protocmp.Transform()); diff != "" {
 		t.Errorf("request-headers reply (-want +got):\n%s", diff)
 	}
@@ -176,8 +196,11 @@ func TestRequestAndResponsePhases(t *testing.T) {
 	}
 	// The same session again: a hit on the same instance.
 	again := exchange(t, c, reqHeaders("x-session-id", "conv-1"), respHeaders(":status", "503"))
-	if diff := cmp.Diff(got[0], again[0], protocmp.Transform()); diff != "" {
+	if diff := cmp.Diff(got[0].GetRequestHeaders(), again[0].GetRequestHeaders(), protocmp.Transform()); diff != "" {
 		t.Errorf("second request routed elsewhere:\n%s", diff)
+	}
+	if diff := cmp.Diff(debugMetadata(name, "hit"), again[0].GetDynamicMetadata(), protocmp.Transform()); diff != "" {
+		t.Errorf("second request's metadata:\n%s", diff)
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()

@@ -74,6 +74,7 @@ type circuit struct {
 	failures []time.Time // local failures within the window (closed only)
 	until    time.Time   // end of the cooldown (open)
 	probes   int         // probes in flight (half-open)
+	probeAt  time.Time   // when the last probe began
 	shared   bool        // the store holds this open circuit
 	// recovered is the cooldown end of the opening this replica's own
 	// probe closed: the store may still hold that opening until the
@@ -171,6 +172,7 @@ func (b *Breaker) begin(instance string, force bool) (probe, ok bool) {
 		return false, false
 	}
 	c.probes++
+	c.probeAt = b.now()
 	return true, true
 }
 
@@ -320,11 +322,17 @@ func (b *Breaker) Snapshot() map[string]State {
 }
 
 // stateLocked is c's state now: an open circuit whose cooldown is over is
-// half-open.
+// half-open. A probe not heard of within a cooldown frees its place: its
+// outcome may have gone to another replica, whose report then reaches
+// this one through the store, or been lost.
 func (b *Breaker) stateLocked(instance string, c *circuit) State {
-	if c.state == Open && !b.now().Before(c.until) {
+	now := b.now()
+	if c.state == Open && !now.Before(c.until) {
 		c.state, c.probes = HalfOpen, 0
 		b.changed(instance, HalfOpen)
+	}
+	if c.state == HalfOpen && c.probes > 0 && now.Sub(c.probeAt) >= b.cfg.Cooldown {
+		c.probes = 0
 	}
 	return c.state
 }

@@ -33,6 +33,7 @@ type Metrics struct {
 	oom               *prometheus.CounterVec
 	gpu               *prometheus.GaugeVec
 	reportErrors      *prometheus.CounterVec
+	outcomes          *prometheus.CounterVec
 	sessions          *SessionLengths // nil: not tracked (TrackSessions)
 }
 
@@ -110,8 +111,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		Name: "tether_instance_report_errors_total",
 		Help: "Instance report headers (queue depth, GPU utilisation, out of memory) that were present but unreadable; the value was ignored.",
 	}, []string{"header"})
+	m.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_outcomes_total",
+		Help: "Outcome reports that reached tether apart from the routing exchange (Envoy's access log, an observing filter), by result: " +
+			"applied; undecided (no ticket: tether did not route the request); malformed; forged (not signed by this deployment); " +
+			"late (decided more than 15 min before); duplicate (applied already). Only applied ones reach the breaker and the load view.",
+	}, []string{"result"})
 	reg.MustRegister(m.requests, m.failovers, m.identityRejected, m.decisionErrors, m.storeErrors, m.decisionSeconds, m.upstreamResponses,
-		m.loadSyncFailures, m.indexErrors, m.redisUp, m.redisOpens, m.inference, m.followups, m.migrations, m.oom, m.gpu, m.reportErrors)
+		m.loadSyncFailures, m.indexErrors, m.redisUp, m.redisOpens, m.inference, m.followups, m.migrations, m.oom, m.gpu, m.reportErrors, m.outcomes)
 	return m
 }
 
@@ -151,6 +158,9 @@ func (m *Metrics) DecisionFailed(id identity.Identity, reason string) {
 	}
 	m.decisionErrors.WithLabelValues(reason).Inc()
 }
+
+// Outcome counts one outcome report by its result.
+func (m *Metrics) Outcome(result string) { m.outcomes.WithLabelValues(result).Inc() }
 
 // Response records how a decided request was answered.
 func (m *Metrics) Response(d affinity.Decision, r affinity.Reply) {

@@ -10,15 +10,15 @@ import (
 )
 
 // envoy is the spec of Envoy's resources for cfg, with pin's routing
-// header, identity headers and [tls]. extproc lists the tether replicas
+// header, identity headers and [tls]. replicas lists the tether replicas
 // Envoy calls when envoy.extproc_endpoints names none.
-func envoy(cfg config.Config, pin Pinned, extproc []string) (xds.Spec, error) {
+func envoy(cfg config.Config, pin Pinned, replicas []string) (xds.Spec, error) {
 	e := cfg.Envoy
 	ext := e.ExtProcEndpoints
 	switch {
 	case len(ext) > 0:
-	case len(extproc) > 0:
-		ext = extproc
+	case len(replicas) > 0:
+		ext = replicas
 	default:
 		ext = []string{cfg.Server.ExtProcAddr}
 	}
@@ -32,6 +32,11 @@ func envoy(cfg config.Config, pin Pinned, extproc []string) (xds.Spec, error) {
 		ExtProcFilter:      e.ExtProc,
 		MessageTimeout:     e.MessageTimeout.D,
 		ResponseAttributes: responseAttributes(),
+		Outcomes:           e.Outcomes,
+		OutcomeFlush:       e.OutcomeFlush.D,
+		ReportHeaders:      reportHeaders(cfg),
+		MetadataNamespace:  extproc.MetadataNamespace,
+		DebugHeaders:       debugHeaders(cfg),
 		ClusterHeader:      pin.ClusterHeader,
 		HashPolicy:         hashPolicy(pin.Identity),
 		RouteTimeout:       e.RouteTimeout.D,
@@ -57,6 +62,30 @@ func envoy(cfg config.Config, pin Pinned, extproc []string) (xds.Spec, error) {
 // answer), and the status, which shows the attributes arrive at all.
 func responseAttributes() []string {
 	return []string{extproc.AttrUpstreamAddress, extproc.AttrResponseCode}
+}
+
+// debugHeaders: with server.debug_headers, Envoy copies the decision
+// into the response from the routing reply's metadata.
+func debugHeaders(cfg config.Config) []xds.DebugHeader {
+	if !cfg.Server.DebugHeaders {
+		return nil
+	}
+	return []xds.DebugHeader{
+		{Header: extproc.HeaderInstance, Field: extproc.MetadataInstance},
+		{Header: extproc.HeaderDecision, Field: extproc.MetadataDecision},
+	}
+}
+
+// reportHeaders are the response headers instances report their state in
+// (the ext_proc handler reads them; the access log must keep them).
+func reportHeaders(cfg config.Config) []string {
+	var out []string
+	for _, h := range []string{cfg.Routing.QueueDepthHeader, cfg.Routing.OOMHeader, cfg.Routing.GPUUtilizationHeader} {
+		if h != "" {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // hashPolicy: the identity headers, strongest first, each terminal when

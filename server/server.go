@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -146,10 +147,14 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}, func() float64 { return float64(decider.FailOpenOverrides()) }))
 	eo := start.ExtProc
 	eo.Auditor, eo.Logger = auditor, log
+	// Tickets always: envoy.outcomes may change live, and Envoy keeps the
+	// ticket only where the filters it is sent need it.
+	eo.Tickets, eo.Instances = extproc.NewTickets(secret), rt.Fleet()
 	processor := extproc.New(ids, decider, rec, eo)
 
 	gs := grpc.NewServer(creds...)
 	extprocv3.RegisterExternalProcessorServer(gs, processor)
+	accesslogv3.RegisterAccessLogServiceServer(gs, processor.AccessLog())
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	var xs *grpc.Server

@@ -11,12 +11,14 @@ import (
 	"strconv"
 	"time"
 
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	mutationv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	grpcalsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/grpc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -24,6 +26,7 @@ import (
 	prevhostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	prevprioritiesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/priority/previous_priorities/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -336,8 +339,9 @@ func (b *builder) routes(defaultVersion string) *routev3.RouteConfiguration {
 	return &routev3.RouteConfiguration{
 		Name: RouteName,
 		VirtualHosts: []*routev3.VirtualHost{{
-			Name:    "llm",
-			Domains: []string{"*"},
+			Name:                 "llm",
+			Domains:              []string{"*"},
+			ResponseHeadersToAdd: b.debugHeaders(),
 			Routes: []*routev3.Route{
 				{
 					Name: "tether",
@@ -415,6 +419,14 @@ func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.List
 		m.HttpFilters = append(m.HttpFilters, &hcmv3.HttpFilter{
 			Name: "envoy.filters.http.ext_proc", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.any(b.extProcFilter())},
 		})
+		switch b.spec.Outcomes {
+		case OutcomesObserve:
+			m.HttpFilters = append(m.HttpFilters, &hcmv3.HttpFilter{
+				Name: ObserveFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.any(b.observeFilter())},
+			})
+		case OutcomesAccessLog:
+			m.AccessLog = append(m.AccessLog, b.outcomeLog())
+		}
 	}
 	m.HttpFilters = append(m.HttpFilters, &hcmv3.HttpFilter{
 		Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: b.any(&routerv3.Router{})},
@@ -434,20 +446,76 @@ func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.List
 	}, nil
 }
 
-// extProcFilter: request and response headers only, and Envoy goes on
-// without tether when it is down or slower than the message timeout. The
-// response phase carries the attributes the ext_proc handler asks for
-// (Spec.ResponseAttributes: the host that answered, which is not the
-// instance tether chose when Envoy retried on a peer or sent the request
-// past an instance it had ejected).
+// extProcFilter is the routing filter: Envoy goes on without tether when
+// it is down or slower than the message timeout. With outcomes inline it
+// sends the response headers too, with the attributes the ext_proc
+// handler asks for (Spec.ResponseAttributes: the host that answered, which
+// is not the instance tether chose when Envoy retried on a peer or sent
+// the request past an instance it had ejected). Otherwise only the request
+// headers block, no attribute is asked for, and the reply's ticket is
+// accepted into the request's dynamic metadata.
 func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
-	return &extprocv3.ExternalProcessor{
-		ResponseAttributes: b.spec.ResponseAttributes,
-		GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
-			EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcCluster},
-		}},
+	f := &extprocv3.ExternalProcessor{
+		GrpcService:      b.tetherService(),
 		FailureModeAllow: true,
 		MessageTimeout:   durationpb.New(b.spec.MessageTimeout),
+		ProcessingMode: &extprocv3.ProcessingMode{
+			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
+			ResponseHeaderMode:  extprocv3.ProcessingMode_SKIP,
+			RequestBodyMode:     extprocv3.ProcessingMode_NONE,
+			ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
+			RequestTrailerMode:  extprocv3.ProcessingMode_SKIP,
+			ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
+		},
+	}
+	if b.spec.Outcomes == OutcomesInline || b.spec.Outcomes == "" {
+		f.ProcessingMode.ResponseHeaderMode = extprocv3.ProcessingMode_SEND
+		f.ResponseAttributes = b.spec.ResponseAttributes
+		return f
+	}
+	f.MetadataOptions = &extprocv3.MetadataOptions{
+		ReceivingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{b.spec.MetadataNamespace}},
+	}
+	return f
+}
+
+// debugHeaders copy the decision the routing reply wrote in the dynamic
+// metadata (Spec.DebugHeaders) into the response, so they need no
+// response phase. A value the metadata lacks adds no header; inline, the
+// response phase sets them and these overwrite nothing.
+func (b *builder) debugHeaders() []*corev3.HeaderValueOption {
+	if len(b.spec.DebugHeaders) == 0 || b.spec.Outcomes == OutcomesInline || b.spec.Outcomes == "" {
+		return nil
+	}
+	out := make([]*corev3.HeaderValueOption, 0, len(b.spec.DebugHeaders))
+	for _, h := range b.spec.DebugHeaders {
+		out = append(out, &corev3.HeaderValueOption{
+			Header:       &corev3.HeaderValue{Key: h.Header, Value: "%DYNAMIC_METADATA(" + b.spec.MetadataNamespace + ":" + h.Field + ")%"},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		})
+	}
+	return out
+}
+
+// ObserveFilterName names the observing filter (OutcomesObserve).
+const ObserveFilterName = "tether.observe"
+
+// observeFilter streams the request and response headers to tether in
+// observability mode: Envoy sends them and goes on, reading no reply. The
+// request headers bring the routing filter's ticket (forwarded dynamic
+// metadata), the response headers the status and the host that answered.
+func (b *builder) observeFilter() *extprocv3.ExternalProcessor {
+	return &extprocv3.ExternalProcessor{
+		GrpcService:        b.tetherService(),
+		FailureModeAllow:   true,
+		ObservabilityMode:  true,
+		ResponseAttributes: b.spec.ResponseAttributes,
+		// tether closes the stream once it has the response headers; this
+		// bounds it when a request ends otherwise.
+		DeferredCloseTimeout: durationpb.New(time.Second),
+		MetadataOptions: &extprocv3.MetadataOptions{
+			ForwardingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{b.spec.MetadataNamespace}},
+		},
 		ProcessingMode: &extprocv3.ProcessingMode{
 			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
 			ResponseHeaderMode:  extprocv3.ProcessingMode_SEND,
@@ -457,6 +525,41 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 			ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
 		},
 	}
+}
+
+// OutcomeLogName is the gRPC access log's log_name (OutcomesAccessLog).
+const OutcomeLogName = "tether.outcomes"
+
+// outcomeLog is Envoy's gRPC access log to tether, for the requests tether
+// routed (their dynamic metadata holds a ticket): batched per worker for
+// Spec.OutcomeFlush, with the instances' report headers.
+func (b *builder) outcomeLog() *accesslogv3.AccessLog {
+	return &accesslogv3.AccessLog{
+		Name: "envoy.access_loggers.http_grpc",
+		Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_MetadataFilter{
+			MetadataFilter: &accesslogv3.MetadataFilter{Matcher: &matcherv3.MetadataMatcher{
+				Filter: b.spec.MetadataNamespace,
+				Path:   []*matcherv3.MetadataMatcher_PathSegment{{Segment: &matcherv3.MetadataMatcher_PathSegment_Key{Key: "t"}}},
+				Value:  &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_PresentMatch{PresentMatch: true}},
+			}},
+		}},
+		ConfigType: &accesslogv3.AccessLog_TypedConfig{TypedConfig: b.any(&grpcalsv3.HttpGrpcAccessLogConfig{
+			CommonConfig: &grpcalsv3.CommonGrpcAccessLogConfig{
+				LogName:             OutcomeLogName,
+				GrpcService:         b.tetherService(),
+				TransportApiVersion: corev3.ApiVersion_V3,
+				BufferFlushInterval: durationpb.New(b.spec.OutcomeFlush),
+			},
+			AdditionalResponseHeadersToLog: b.spec.ReportHeaders,
+		})},
+	}
+}
+
+// tetherService is the gRPC service of tether's replicas.
+func (b *builder) tetherService() *corev3.GrpcService {
+	return &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+		EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: ExtProcCluster},
+	}}
 }
 
 func adsSource() *corev3.ConfigSource {

@@ -22,6 +22,21 @@ type Spec struct {
 	// ResponseAttributes are the attributes Envoy sends tether with the
 	// response headers (the ext_proc handler's names).
 	ResponseAttributes []string
+	// Outcomes is how tether hears how each request ended (Outcomes*).
+	Outcomes string
+	// OutcomeFlush is how long Envoy's access log holds entries before it
+	// sends them (OutcomesAccessLog).
+	OutcomeFlush time.Duration
+	// ReportHeaders are the response headers in which instances report
+	// their state; the access log keeps them (OutcomesAccessLog).
+	ReportHeaders []string
+	// MetadataNamespace is the dynamic metadata namespace the routing
+	// reply writes the decision's ticket in, which the access log or the
+	// observing filter brings back.
+	MetadataNamespace string
+	// DebugHeaders are response headers copied from fields of that
+	// namespace (server.debug_headers; outcomes not inline).
+	DebugHeaders []DebugHeader
 	// ClusterHeader is the request header tether names a cluster in. The
 	// listener strips it from every client request.
 	ClusterHeader string
@@ -46,6 +61,25 @@ type Spec struct {
 	// with the ADS server off, a transport socket configured elsewhere).
 	TLS *UpstreamTLS
 }
+
+// DebugHeader is a response header Envoy fills from a dynamic metadata
+// field.
+type DebugHeader struct{ Header, Field string }
+
+// How tether hears how a request ended.
+const (
+	// OutcomesInline: the routing filter's own stream waits for the
+	// response headers too (a second blocking exchange per request).
+	OutcomesInline = "inline"
+	// OutcomesAccessLog: the routing filter sends the request headers
+	// only; Envoy's gRPC access log brings each request's end to tether,
+	// in batches, after the request.
+	OutcomesAccessLog = "access_log"
+	// OutcomesObserve: the routing filter sends the request headers only;
+	// a second ext_proc filter in observability mode streams the request
+	// and response headers to tether without waiting for replies.
+	OutcomesObserve = "observe"
+)
 
 // HashHeader is one hash policy on a request header: Terminal stops at it
 // when the request has the header.

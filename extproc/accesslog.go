@@ -1,0 +1,87 @@
+package extproc
+
+import (
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// AccessLog receives Envoy's gRPC access log (envoy.access_loggers.http_grpc)
+// and settles every entry that carries a ticket: how a request ended
+// reaches tether batched, after the request, off its path. Each Envoy
+// worker keeps one stream open and sends entries in batches (the logger's
+// buffer_flush_interval); entries are handled on the stream's goroutine,
+// so a flood slows Envoy's log stream (which Envoy buffers and then drops,
+// counting it) and never grows a queue here.
+type AccessLog struct {
+	accesslogv3.UnimplementedAccessLogServiceServer
+	s *Server
+}
+
+// AccessLog returns the access-log receiver, which settles outcomes with
+// s's decider and recorder. s must have Options.Tickets.
+func (s *Server) AccessLog() *AccessLog { return &AccessLog{s: s} }
+
+// StreamAccessLogs serves one Envoy worker's log stream.
+func (a *AccessLog) StreamAccessLogs(stream accesslogv3.AccessLogService_StreamAccessLogsServer) error {
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		for _, e := range msg.GetHttpLogs().GetLogEntry() {
+			a.s.settle(endingOf(e))
+		}
+	}
+}
+
+// endingOf reads an access-log entry. Envoy writes one for every request,
+// at its end: the response code (0 when none was sent), the response
+// flags saying why Envoy answered itself, the host of the last attempt,
+// and the response headers the logger was told to keep (the instances'
+// report headers).
+func endingOf(e *accesslogdatav3.HTTPAccessLogEntry) ending {
+	c := e.GetCommonProperties()
+	code := int(e.GetResponse().GetResponseCode().GetValue())
+	f := c.GetResponseFlags()
+	// Envoy picked no host: no such cluster or route, no healthy host,
+	// or its circuit breaker turned the request away.
+	noHost := f.GetNoHealthyUpstream() || f.GetNoClusterFound() || f.GetNoRouteFound()
+	addr := socketAddr(c.GetUpstreamRemoteAddress())
+	e2 := ending{
+		ticket:     ticketOf(c.GetMetadata().GetFilterMetadata()[MetadataNamespace]),
+		status:     code,
+		none:       code == 0,
+		upstream:   upstream{attrs: addr != "" || noHost, address: addr},
+		overloaded: f.GetUpstreamOverflow(),
+		headers:    mapHeaders(e.GetResponse().GetResponseHeaders()),
+	}
+	if d := c.GetTimeToFirstUpstreamRxByte(); d != nil {
+		e2.elapsed = max(d.AsDuration(), time.Nanosecond)
+	}
+	return e2
+}
+
+func socketAddr(a *corev3.Address) string {
+	sa := a.GetSocketAddress()
+	if sa == nil || sa.GetAddress() == "" {
+		return ""
+	}
+	return net.JoinHostPort(sa.GetAddress(), strconv.FormatUint(uint64(sa.GetPortValue()), 10))
+}
+
+// mapHeaders are the access log's response headers (lower-case names).
+type mapHeaders map[string]string
+
+func (m mapHeaders) Get(name string) string { return m[name] }

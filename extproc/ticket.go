@@ -1,0 +1,179 @@
+package extproc
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/fleet"
+)
+
+// A ticket is a decision as it travels to its outcome. When how a request
+// ended reaches tether apart from the blocking exchange (Envoy's access
+// log, or a second ext_proc filter that only observes), it may reach
+// another replica than the one that decided, later, or not at all. So the
+// decision goes along with the request, in Envoy's dynamic metadata, as a
+// short signed string holding what Finish needs: the instance, when, the
+// breaker's probe flag, and the metrics' route and previous instance.
+//
+//	1|<decided, Unix ms>|<issuer>-<seq>|<flags>|<instance>|<previous>|<mac>
+//
+// flags: "r" random mode, "p" the half-open circuit's probe, "-" neither.
+// The MAC is HMAC-SHA256 under a key derived from the identity secret,
+// which every replica sharing a store has, cut to 9 bytes: an outcome that
+// does not carry one of tether's tickets is counted and ignored, so
+// nothing else that can reach tether's port can feed the breaker.
+const ticketVersion = "1"
+
+// The dynamic metadata namespace the routing reply writes in (the
+// filters' metadata_options), its ticket field, and the fields of the
+// debug headers (Options.DebugHeaders), which Envoy copies into the
+// response (MetadataDecision holds "none:<reason>" when tether did not
+// decide).
+const (
+	MetadataNamespace = "tether"
+	ticketField       = "t"
+	MetadataInstance  = "instance"
+	MetadataDecision  = "decision"
+)
+
+// Tickets issues and reads tickets. It is safe for concurrent use.
+type Tickets struct {
+	issuer string // this process, in the tickets' ids
+	seq    atomic.Uint64
+	macs   sync.Pool // hash.Hash under the ticket key
+}
+
+// NewTickets derives the ticket key from secret (the identity secret).
+func NewTickets(secret []byte) *Tickets {
+	key := hmac.New(sha256.New, secret)
+	key.Write([]byte("tether outcome ticket v1"))
+	k := key.Sum(nil)
+	var tag [4]byte
+	_, _ = rand.Read(tag[:])
+	t := &Tickets{issuer: hex.EncodeToString(tag[:])}
+	t.macs.New = func() any { return hmac.New(sha256.New, k) }
+	return t
+}
+
+// ticket is a decoded ticket.
+type ticket struct {
+	id       string
+	at       time.Time
+	instance string
+	previous string
+	random   bool
+	probe    bool
+}
+
+// decision is what Finish and the recorder need of t's decision.
+func (t ticket) decision(in fleet.Instance) affinity.Decision {
+	mode := affinity.Sticky
+	if t.random {
+		mode = affinity.Random
+	}
+	return affinity.Decision{Instance: in, Mode: mode, Previous: t.previous, At: t.at, Probe: t.probe}
+}
+
+const macLen = 9 // bytes; 12 characters
+
+// Issue writes d's ticket.
+func (k *Tickets) Issue(d affinity.Decision) string {
+	flags := "-"
+	switch {
+	case d.Mode == affinity.Random && d.Probe:
+		flags = "rp"
+	case d.Mode == affinity.Random:
+		flags = "r"
+	case d.Probe:
+		flags = "p"
+	}
+	var b strings.Builder
+	b.Grow(64 + len(d.Instance.Name) + len(d.Previous))
+	b.WriteString(ticketVersion)
+	b.WriteByte('|')
+	b.WriteString(strconv.FormatInt(d.At.UnixMilli(), 10))
+	b.WriteByte('|')
+	b.WriteString(k.issuer)
+	b.WriteByte('-')
+	b.WriteString(strconv.FormatUint(k.seq.Add(1), 36))
+	b.WriteByte('|')
+	b.WriteString(flags)
+	b.WriteByte('|')
+	b.WriteString(d.Instance.Name)
+	b.WriteByte('|')
+	b.WriteString(d.Previous)
+	b.WriteByte('|')
+	body := b.String()
+	return body + k.mac(body)
+}
+
+func (k *Tickets) mac(body string) string {
+	h := k.macs.Get().(hash.Hash)
+	h.Reset()
+	h.Write([]byte(body))
+	var sum [sha256.Size]byte
+	out := base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])[:macLen])
+	k.macs.Put(h)
+	return out
+}
+
+// Why a ticket is refused.
+var (
+	errNoTicket  = errors.New("no ticket")
+	errMalformed = errors.New("malformed ticket")
+	errForged    = errors.New("ticket not signed by this deployment")
+)
+
+// maxTicket bounds what is parsed: two instance names of 63 and the rest.
+const maxTicket = 256
+
+// read checks and decodes s.
+func (k *Tickets) read(s string) (ticket, error) {
+	if s == "" {
+		return ticket{}, errNoTicket
+	}
+	if len(s) > maxTicket {
+		return ticket{}, errMalformed
+	}
+	cut := strings.LastIndexByte(s, '|')
+	if cut < 0 {
+		return ticket{}, errMalformed
+	}
+	body, mac := s[:cut+1], s[cut+1:]
+	if !hmac.Equal([]byte(mac), []byte(k.mac(body))) {
+		return ticket{}, errForged
+	}
+	f := strings.Split(body[:cut], "|")
+	if len(f) != 6 || f[0] != ticketVersion || f[2] == "" || f[4] == "" {
+		return ticket{}, errMalformed
+	}
+	ms, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil || ms <= 0 {
+		return ticket{}, errMalformed
+	}
+	t := ticket{id: f[2], at: time.UnixMilli(ms), instance: f[4], previous: f[5]}
+	switch f[3] {
+	case "-":
+	case "r":
+		t.random = true
+	case "p":
+		t.probe = true
+	case "rp":
+		t.random, t.probe = true, true
+	default:
+		return ticket{}, fmt.Errorf("%w: flags %q", errMalformed, f[3])
+	}
+	return t, nil
+}

@@ -468,7 +468,7 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 			ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
 		},
 	}
-	if b.spec.Outcomes == OutcomesInline || b.spec.Outcomes == "" {
+	if b.inline() {
 		f.ProcessingMode.ResponseHeaderMode = extprocv3.ProcessingMode_SEND
 		f.ResponseAttributes = b.spec.ResponseAttributes
 		return f
@@ -484,7 +484,7 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 // response phase. A value the metadata lacks adds no header; inline, the
 // response phase sets them and these overwrite nothing.
 func (b *builder) debugHeaders() []*corev3.HeaderValueOption {
-	if len(b.spec.DebugHeaders) == 0 || b.spec.Outcomes == OutcomesInline || b.spec.Outcomes == "" {
+	if len(b.spec.DebugHeaders) == 0 || b.inline() {
 		return nil
 	}
 	out := make([]*corev3.HeaderValueOption, 0, len(b.spec.DebugHeaders))
@@ -495,6 +495,11 @@ func (b *builder) debugHeaders() []*corev3.HeaderValueOption {
 		})
 	}
 	return out
+}
+
+// inline: outcomes come on the routing stream (the default when unset).
+func (b *builder) inline() bool {
+	return b.spec.Outcomes == OutcomesInline || b.spec.Outcomes == ""
 }
 
 // ObserveFilterName names the observing filter (OutcomesObserve).

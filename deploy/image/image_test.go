@@ -727,7 +727,9 @@ func startLogged(t *testing.T, cmd *exec.Cmd, name, ready, key string) (*process
 	}
 	p := &process{name: name, cmd: cmd, exited: make(chan error, 1), logs: make(chan []string, 1)}
 	found := make(chan string, 1)
+	read := make(chan struct{})
 	go func() {
+		defer close(read)
 		var lines []string
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
@@ -743,7 +745,9 @@ func startLogged(t *testing.T, cmd *exec.Cmd, name, ready, key string) (*process
 		}
 		p.logs <- lines
 	}()
-	go func() { p.exited <- cmd.Wait() }()
+	// Wait closes the pipe once the process exits, so it runs only after
+	// the reader has seen EOF: otherwise the last lines may be lost.
+	go func() { <-read; p.exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		if !p.stopped {
 			_ = cmd.Process.Kill()

@@ -46,13 +46,12 @@ type Envoy struct {
 	// Outcomes is how tether hears how each request ended (its status, the
 	// host that answered, what the instance reported), which feeds the
 	// instance breaker, the in-flight counts and the metrics:
-	// "inline" (default: the routing exchange also waits for the response
-	// headers, a second blocking round trip per request), "access_log"
-	// (Envoy's gRPC access log, batched, off the request path) or
-	// "observe" (a second ext_proc filter in observability mode, off the
-	// path). The two off-path modes are not the default yet: reports
-	// arrive after the request (access_log), which the adaptive spill and
-	// the lone-instance e2e tests do not yet pass with.
+	// "observe" (default: a second ext_proc filter in observability mode
+	// streams the response headers as they arrive, off the request path),
+	// "access_log" (Envoy's gRPC access log, batched, at the end of each
+	// request, off the path) or "inline" (the routing exchange also waits
+	// for the response headers: a second blocking round trip per
+	// request). docs/envoy.md measures the three.
 	Outcomes string `toml:"outcomes"`
 	// OutcomeFlush is how long Envoy's access log holds entries before
 	// sending them (outcomes = "access_log"); it delays the breaker by as
@@ -112,7 +111,7 @@ const (
 	DefaultRouteTimeout   = 300 * time.Second
 	DefaultRetries        = 1
 	DefaultPoolLB         = "ring_hash"
-	DefaultOutcomes       = "inline"
+	DefaultOutcomes       = "observe"
 	DefaultOutcomeFlush   = 20 * time.Millisecond
 )
 

@@ -373,19 +373,26 @@ func countBindings(t *testing.T, ctx context.Context, addr string) int {
 // Every other session stays where it was. Restored, the instance takes new
 // sessions again once a probe after the cooldown succeeds.
 //
-// It runs twice: with Envoy's default retry on a peer (the client sees
-// the peer's answer) and with retries off (the client sees the failures
-// the breaker needs before it opens).
+// It runs with Envoy's default retry on a peer (the client sees the
+// peer's answer) and with retries off (the client sees the failures the
+// breaker needs before it opens); and with each way outcomes reach tether
+// (envoy.outcomes): the breaker, the in-flight counts and the failover
+// work the same whether the response comes on the routing stream, an
+// observing filter's or the access log.
 func TestChaosInstanceKilled(t *testing.T) {
-	for _, retries := range []uint32{1, 0} {
-		t.Run(fmt.Sprintf("retries=%d", retries), func(t *testing.T) { instanceKilled(t, retries) })
+	for _, c := range []struct {
+		retries  uint32
+		outcomes string
+	}{{1, "observe"}, {0, "observe"}, {1, "access_log"}, {1, "inline"}} {
+		t.Run(fmt.Sprintf("retries=%d/outcomes=%s", c.retries, c.outcomes), func(t *testing.T) { instanceKilled(t, c.retries, c.outcomes) })
 	}
 }
 
-func instanceKilled(t *testing.T, retries uint32) {
+func instanceKilled(t *testing.T, retries uint32, outcomes string) {
 	const cooldown = 3 * time.Second
 	s := startChaosStack(t, chaosOptions{Configure: func(c *config.Config) {
 		c.Envoy.Retries = retries
+		c.Envoy.Outcomes = outcomes
 		c.Routing.FailureCooldown = config.Duration{D: cooldown}
 		// Envoy ejects the dead host too (consecutive gateway failures) and
 		// then sends its cluster's requests to a peer: through Envoy the
@@ -466,7 +473,7 @@ func instanceKilled(t *testing.T, retries uint32) {
 			peerAnswers++
 		}
 	}
-	res.report(t, fmt.Sprintf("instance-killed(retries=%d)", retries),
+	res.report(t, fmt.Sprintf("instance-killed(retries=%d,outcomes=%s)", retries, outcomes),
 		fmt.Sprintf("breaker_open_after=%v", opened.Round(time.Millisecond)),
 		fmt.Sprintf("restored_after=%v", restoredAt.Round(time.Millisecond)),
 		fmt.Sprintf("sessions_on_victim=%d", onVictim+stayed),
@@ -512,4 +519,15 @@ func instanceKilled(t *testing.T, retries uint32) {
 		t.Errorf("after restore: %d of 200 new sessions on %s, breaker state %v; want some, and closed (0)", landed, victim, state())
 	}
 	t.Logf("after restore: %d of 200 new sessions placed on %s", landed, victim)
+
+	// Every request's end was heard, once: nothing is left in flight, and
+	// reported apart, every report carried a ticket this deployment
+	// signed, applied once (a decision tether did not make has none).
+	waitFor(t, 10*time.Second, "no request left in flight", func() bool { return tt.metric(t, "tether_instance_in_flight") == 0 })
+	applied := tt.metric(t, "tether_outcomes_total", `result="applied"`)
+	refused := tt.metric(t, "tether_outcomes_total") - applied - tt.metric(t, "tether_outcomes_total", `result="undecided"`)
+	t.Logf("outcomes: %v applied, %v refused", applied, refused)
+	if apart := outcomes != "inline"; apart && (applied < float64(len(res.Records)) || refused != 0) || !apart && applied != 0 {
+		t.Errorf("outcomes %s: %v applied for %d requests, %v refused (malformed, forged, late or duplicate)", outcomes, applied, len(res.Records), refused)
+	}
 }

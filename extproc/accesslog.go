@@ -34,7 +34,10 @@ func (s *Server) AccessLog() *AccessLog { return &AccessLog{s: s} }
 func (a *AccessLog) StreamAccessLogs(stream accesslogv3.AccessLogService_StreamAccessLogsServer) error {
 	for {
 		msg, err := stream.Recv()
-		if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+		if errors.Is(err, io.EOF) {
+			return stream.SendAndClose(&accesslogv3.StreamAccessLogsResponse{})
+		}
+		if status.Code(err) == codes.Canceled {
 			return nil
 		}
 		if err != nil {

@@ -107,9 +107,11 @@ func outcomeOf(err error) string {
 	return OutcomeMalformed
 }
 
-// seenTickets remembers the tickets applied in the last one to two
-// minutes, at most 2 × seenMax of them: a duplicate within that window is
-// refused; memory stays bounded whatever arrives.
+// seenTickets remembers the tickets applied within one to two flight
+// horizons, at most 2 × seenMax of them (some 40 bytes each): a duplicate of
+// one of them is refused, so below seenMax / FlightHorizon (about 145) reports a
+// second per replica every duplicate of a ticket still in flight is;
+// memory stays bounded whatever arrives.
 type seenTickets struct {
 	mu        sync.Mutex
 	cur, prev map[string]struct{}
@@ -117,7 +119,7 @@ type seenTickets struct {
 }
 
 const (
-	seenWindow = time.Minute
+	seenWindow = affinity.FlightHorizon
 	seenMax    = 1 << 17
 )
 

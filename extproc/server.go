@@ -18,6 +18,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -73,10 +74,12 @@ type Options struct {
 	GPUHeader     string  // response header in which instances report GPU utilisation in percent (0–100)
 	DebugHeaders  bool    // add x-tether-instance / x-tether-decision to responses
 	Logger        zerolog.Logger
-	// Tickets, when set, puts each decision's ticket in the routing
-	// reply's dynamic metadata, and outcomes are read from tickets: the
-	// access log's (AccessLog) or an observing filter's. Nil: outcomes
-	// arrive on the routing stream itself (its response phase).
+	// Tickets, when set, serves routing streams whose request's end is
+	// reported apart (they carry ApartMarker): each decision's ticket
+	// goes in the routing reply's dynamic metadata, and the report that
+	// brings it back (AccessLog, an observing filter) finishes the
+	// decision. Other streams, and all with nil, hear the outcome on the
+	// routing stream itself (its response phase).
 	Tickets *Tickets
 	// Instances resolves a ticket's instance; required with Tickets.
 	Instances Instances
@@ -112,6 +115,9 @@ type exchange struct {
 	start    time.Time // request headers arrived
 	decided  bool
 	finished bool // the decider heard how the request ended
+	// apart: the request's end is reported apart (ApartMarker), not on
+	// this stream.
+	apart    bool
 	decision affinity.Decision
 	failure  string
 	// An observing stream's: the ticket of the request it observes.
@@ -122,10 +128,10 @@ type exchange struct {
 // Process serves one HTTP request's stream.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
-	var ex exchange
+	ex := exchange{apart: s.opts.Tickets != nil && marked(ctx)}
 	defer func() {
 		switch {
-		case ex.finished:
+		case ex.finished, ex.apart && ex.decided: // apart: its report finishes it (settle)
 		case ex.decided: // the stream ended before the instance answered
 			s.decider.Finish(ex.decision, affinity.Answer{})
 		case ex.observed:
@@ -168,13 +174,13 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 
 // onRequestHeaders: headers → identity → decision → routing header.
 func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeaders, ex *exchange) *extprocv3.ProcessingResponse {
-	if ex.decided && !ex.finished {
+	if ex.decided && !ex.finished && !ex.apart {
 		// A second request-headers message on one stream (Envoy sends one):
 		// the first decision ends unanswered, so its in-flight count does too.
 		s.decider.Finish(ex.decision, affinity.Answer{})
 	}
 	start := time.Now()
-	*ex = exchange{start: start}
+	*ex = exchange{start: start, apart: ex.apart}
 	h := headers(msg.GetHeaders().GetHeaders())
 	id := s.ids.Extract(h)
 	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(":path"), Headers: h})
@@ -194,7 +200,7 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 			return refuse(503, err.Error()+"; retry when it recovers\n")
 		}
 		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("no decision; Envoy uses its default route")
-		return passRequest(s.metadata(nil, ex.failure))
+		return passRequest(s.metadata(ex, nil))
 	}
 	s.rec.Decision(id, d, time.Since(start))
 	ex.decided, ex.decision = true, d
@@ -208,19 +214,19 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 		e.Str("request_id", requestID(h)).Str("session", id.Key).Str("source", string(id.Source)).
 			Str("instance", d.Instance.Name).Str("decision", string(d.Kind)).Msg("routed")
 	}
-	return routeTo(s.opts.ClusterHeader, d.Instance.Cluster(), s.metadata(&d, ""))
+	return routeTo(s.opts.ClusterHeader, d.Instance.Cluster(), s.metadata(ex, &d))
 }
 
 // metadata is what the routing reply writes in the request's dynamic
-// metadata: the decision's ticket (Options.Tickets) and, with debug
+// metadata: on a stream reported apart, the decision's ticket and, with debug
 // headers, the decision for Envoy to copy into the response (d nil: none,
 // for failure). nil when there is nothing to write.
-func (s *Server) metadata(d *affinity.Decision, failure string) *structpb.Struct {
-	if s.opts.Tickets == nil && !s.opts.DebugHeaders {
+func (s *Server) metadata(ex *exchange, d *affinity.Decision) *structpb.Struct {
+	if !ex.apart && !s.opts.DebugHeaders {
 		return nil
 	}
 	f := make(map[string]*structpb.Value, 3)
-	if d != nil && s.opts.Tickets != nil {
+	if d != nil && ex.apart {
 		f[ticketField] = structpb.NewStringValue(s.opts.Tickets.Issue(*d))
 	}
 	if s.opts.DebugHeaders {
@@ -228,7 +234,7 @@ func (s *Server) metadata(d *affinity.Decision, failure string) *structpb.Struct
 			f[MetadataInstance] = structpb.NewStringValue(d.Instance.Name)
 			f[MetadataDecision] = structpb.NewStringValue(string(d.Kind))
 		} else {
-			f[MetadataDecision] = structpb.NewStringValue("none:" + failure)
+			f[MetadataDecision] = structpb.NewStringValue("none:" + ex.failure)
 		}
 	}
 	if len(f) == 0 {
@@ -264,6 +270,12 @@ func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) {
 	})
 }
 
+// marked reports whether a stream carries ApartMarker.
+func marked(ctx context.Context) bool {
+	v := metadata.ValueFromIncomingContext(ctx, ApartMarker)
+	return len(v) == 1 && v[0] == "1"
+}
+
 // ticketOf reads the ticket from the tether namespace of Envoy's dynamic
 // metadata ("" when there is none).
 func ticketOf(md *structpb.Struct) string {
@@ -272,7 +284,7 @@ func ticketOf(md *structpb.Struct) string {
 
 // onResponseHeaders records the instance's status and adds debug headers.
 func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *exchange) *extprocv3.ProcessingResponse {
-	if ex.decided && !ex.finished {
+	if ex.decided && !ex.finished && !ex.apart {
 		h := headers(msg.GetHeaders().GetHeaders())
 		s.finish(ex.decision, ending{
 			status: statusOf(h.Get(":status")), upstream: up,

@@ -48,6 +48,13 @@ const (
 	MetadataDecision  = "decision"
 )
 
+// ApartMarker is the gRPC metadata key (value "1") of a routing stream
+// whose request's end is reported apart (the access log, an observing
+// filter): the decision is finished by its ticket's report, never by the
+// end of the routing stream, which Envoy may close as soon as the
+// request headers are answered.
+const ApartMarker = "x-tether-outcomes-apart"
+
 // Tickets issues and reads tickets. It is safe for concurrent use.
 type Tickets struct {
 	issuer string // this process, in the tickets' ids

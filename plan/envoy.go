@@ -36,6 +36,7 @@ func envoy(cfg config.Config, pin Pinned, replicas []string) (xds.Spec, error) {
 		OutcomeFlush:       e.OutcomeFlush.D,
 		ReportHeaders:      reportHeaders(cfg),
 		MetadataNamespace:  extproc.MetadataNamespace,
+		ApartMarker:        extproc.ApartMarker,
 		DebugHeaders:       debugHeaders(cfg),
 		ClusterHeader:      pin.ClusterHeader,
 		HashPolicy:         hashPolicy(pin.Identity),

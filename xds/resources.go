@@ -476,6 +476,9 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	f.MetadataOptions = &extprocv3.MetadataOptions{
 		ReceivingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{b.spec.MetadataNamespace}},
 	}
+	if b.spec.ApartMarker != "" {
+		f.GrpcService.InitialMetadata = []*corev3.HeaderValue{{Key: b.spec.ApartMarker, Value: "1"}}
+	}
 	return f
 }
 

@@ -34,6 +34,11 @@ type Spec struct {
 	// reply writes the decision's ticket in, which the access log or the
 	// observing filter brings back.
 	MetadataNamespace string
+	// ApartMarker is the gRPC metadata key the routing filter's streams
+	// carry (value "1") when outcomes are not inline, so that tether
+	// leaves a decision to its outcome report rather than to the end of
+	// the routing stream.
+	ApartMarker string
 	// DebugHeaders are response headers copied from fields of that
 	// namespace (server.debug_headers; outcomes not inline).
 	DebugHeaders []DebugHeader

@@ -32,14 +32,20 @@ import (
 //     themselves and tether's ADS server is off. This case also runs the
 //     smallest filter, request headers only.
 //
+// A third case takes the clusters over CDS and the response phase off the
+// request path: the routing filter marked x-tether-outcomes-apart and an
+// observing filter, as docs/attach.md writes them; every request's end
+// then reaches tether once, by its ticket.
+//
 // Each checks sticky routing (every turn of a session on one instance,
 // sessions spread over the fleet), that a client cannot pick its own
 // cluster, and fail-open: with tether stopped, every request is still
 // answered and at least 90% of sessions reach the instance tether bound
 // them to (TestFailOpenAgreesWithTether's goal for session ids).
 func TestAttach(t *testing.T) {
-	t.Run("clusters over CDS", func(t *testing.T) { attach(t, true) })
-	t.Run("static clusters", func(t *testing.T) { attach(t, false) })
+	t.Run("clusters over CDS", func(t *testing.T) { attach(t, true, "inline") })
+	t.Run("static clusters", func(t *testing.T) { attach(t, false, "smallest") })
+	t.Run("clusters over CDS, outcomes observed", func(t *testing.T) { attach(t, true, "observe") })
 }
 
 // attachConfig fills userEnvoy: the hand-written bootstrap of a user's
@@ -48,6 +54,7 @@ type attachConfig struct {
 	ExtProc   string // tether's ext_proc server, host and port
 	ADS       string // tether's ADS server; "" for static clusters
 	Responses bool   // the filter sends response headers too
+	Observe   bool   // an observing filter hears the responses (Responses false)
 	Instances []attachInstance
 }
 
@@ -105,6 +112,9 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
               grpc_service:
                 envoy_grpc: {cluster_name: tether}
+{{- if .Observe}}
+                initial_metadata: [{key: x-tether-outcomes-apart, value: "1"}]
+{{- end}}
               failure_mode_allow: true
               message_timeout: 1s
               processing_mode:
@@ -118,6 +128,22 @@ static_resources:
                 response_trailer_mode: SKIP
 {{- if .Responses}}
               response_attributes: [upstream.address, response.code]
+{{- end}}
+{{- if .Observe}}
+              metadata_options:
+                receiving_namespaces: {untyped: [tether]}
+          - name: tether.observe
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service:
+                envoy_grpc: {cluster_name: tether}
+              failure_mode_allow: true
+              observability_mode: true
+              deferred_close_timeout: 1s
+              processing_mode: {request_header_mode: SEND, response_header_mode: SEND, request_trailer_mode: SKIP, response_trailer_mode: SKIP}
+              response_attributes: [upstream.address, response.code]
+              metadata_options:
+                forwarding_namespaces: {untyped: [tether]}
 {{- end}}
           - name: envoy.filters.http.router
             typed_config:
@@ -217,7 +243,9 @@ static_resources:
 
 // attach runs TestAttach's checks with clusters over CDS (cds) or static
 // clusters.
-func attach(t *testing.T, cds bool) {
+// attach runs one case; filter is "inline" (the response phase on the
+// routing stream), "smallest" (request headers only) or "observe".
+func attach(t *testing.T, cds bool, filter string) {
 	const sessions, turns = 200, 3
 	rds := testenv.RedisServer(t)
 	inst := startFleet(t, 4)
@@ -227,7 +255,7 @@ func attach(t *testing.T, cds bool) {
 	}
 	tt := startTether(t, cfg)
 
-	ac := attachConfig{ExtProc: tt.extproc, ADS: tt.xds, Responses: cds}
+	ac := attachConfig{ExtProc: tt.extproc, ADS: tt.xds, Responses: filter == "inline", Observe: filter == "observe"}
 	for _, in := range inst {
 		host, port, err := net.SplitHostPort(in.Address)
 		if err != nil {
@@ -254,7 +282,7 @@ func attach(t *testing.T, cds bool) {
 				t.Errorf("session %d turn %d: %+v", i, turn, a)
 				return
 			}
-			if cds { // the response phase carries tether's debug headers
+			if ac.Responses { // the response phase carries tether's debug headers
 				want := map[bool]string{true: "bind", false: "hit"}[turn == 0]
 				if a.decision != want || a.tethered != a.instance {
 					t.Errorf("session %d turn %d: %+v, want %s on the instance tether chose", i, turn, a, want)
@@ -282,6 +310,17 @@ func attach(t *testing.T, cds bool) {
 	binds, all := tt.metric(t, "tether_requests_total", `decision="bind"`), tt.metric(t, "tether_requests_total")
 	if binds != sessions || all != sessions*turns {
 		t.Errorf("tether decided %.0f requests (%.0f binds), want %d (%d)", all, binds, sessions*turns, sessions)
+	}
+	if ac.Observe {
+		// Each request's end came back by its ticket, once, and none is
+		// left in flight.
+		waitFor(t, 10*time.Second, "every outcome applied", func() bool {
+			return tt.metric(t, "tether_outcomes_total", `result="applied"`) == sessions*turns
+		})
+		if n := tt.metric(t, "tether_outcomes_total"); n != sessions*turns {
+			t.Errorf("%.0f outcome reports for %d requests", n, sessions*turns)
+		}
+		waitFor(t, 10*time.Second, "no request left in flight", func() bool { return tt.metric(t, "tether_instance_in_flight") == 0 })
 	}
 
 	// A client naming a cluster is ignored: tether's answer wins while it

@@ -40,9 +40,11 @@ type OverheadRow struct {
 	// all and by command.
 	RedisCommandsPerRequest float64
 	RedisCommands           map[string]float64
-	// Tether's decisions in the hit loop (on-path rows): the share that
-	// were hits, the degraded ones (the store did not answer in time) and
-	// the store calls that failed (tether_store_errors_total).
+	// Tether's decisions in the hit loop (on-path rows): how many, the
+	// share that were hits, the degraded ones (the store did not answer
+	// within redis.timeout, and the request was placed by rendezvous
+	// hashing) and the store calls that failed (tether_store_errors_total).
+	Decisions             int
 	HitShare              float64
 	Degraded, StoreErrors int
 }
@@ -200,6 +202,7 @@ func hitLoop(ctx context.Context, st *stack, client *http.Client, sc Scale, row 
 		for _, v := range d {
 			sum += v
 		}
+		row.Decisions = int(sum)
 		if sum > 0 {
 			row.HitShare = d["hit"] / sum
 		}

@@ -10,6 +10,8 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/tetherproxy/tether/config"
 )
 
 // Markers delimit the part of BENCHMARKS.md a run rewrites; the rest of
@@ -200,8 +202,9 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 	w("session bound before the loop, so every sticky decision is a hit; the rate at that concurrency, not a\n")
 	w("proven maximum. CPU per request: utime+stime from /proc/<pid>/stat over the loop, divided by the\n")
 	w("requests answered (10 ms ticks). Redis commands per hit: INFO commandstats over the loop less an idle\n")
-	w("baseline of %s with no load (INFO itself left out). Hits, degraded (the store did not answer in time) and\n", sc.OverheadDuration)
-	w("store errors: tether's /metrics over the loop.\n\n")
+	w("baseline of %s with no load (INFO itself left out); the commands of a hit in brackets. Hits, degraded\n", sc.OverheadDuration)
+	w("decisions (redis-server did not answer within `redis.timeout`, %s, and rendezvous hashing placed the\n", config.DefaultRedisTimeout)
+	w("request) and store errors: tether's /metrics over the loop.\n\n")
 	w("| configuration | requests | throughput | vs Envoy alone | Envoy CPU per request | tether CPU per request | redis-server CPU per request | Redis commands per hit | hits | degraded | store errors |\n")
 	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, o := range r.Overhead {
@@ -212,7 +215,7 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 		tether, redis, cmds, hits, degraded, storeErr := "–", "–", "–", "–", "–", "–"
 		if o.OnPath {
 			tether = us(o.TetherCPUPerRequest)
-			degraded, storeErr = fmt.Sprint(o.Degraded), fmt.Sprint(o.StoreErrors)
+			degraded, storeErr = fmt.Sprintf("%d of %d", o.Degraded, o.Decisions), fmt.Sprint(o.StoreErrors)
 		}
 		if o.Store {
 			redis = us(o.RedisCPUPerRequest)

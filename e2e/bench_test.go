@@ -40,14 +40,7 @@ func TestBenchSmoke(t *testing.T) {
 	if len(rep.Overhead) != 3 || len(rep.Quality) != 5 || len(rep.Hotspot) != 2+len(bench.Smoke.HotScrapeIntervals) || len(rep.Churn) != 8 {
 		t.Fatalf("tables: %d overhead, %d quality, %d hot spot, %d churn rows", len(rep.Overhead), len(rep.Quality), len(rep.Hotspot), len(rep.Churn))
 	}
-	for _, o := range rep.Overhead {
-		if o.Throughput <= 0 || o.Failed != 0 || o.Dropped != 0 || o.P50 <= 0 {
-			t.Errorf("overhead %+v", o)
-		}
-		if (o.Name == "Envoy alone") != (o.TetherCPUPerRequest == 0) {
-			t.Errorf("overhead %s: tether CPU per request %v", o.Name, o.TetherCPUPerRequest)
-		}
-	}
+	checkOverhead(t, rep)
 	for _, c := range rep.Churn {
 		// The killed instance answers nothing while it is down, and the
 		// rest of the fleet takes its traffic.
@@ -95,6 +88,11 @@ func TestBenchSmoke(t *testing.T) {
 		}
 	}
 	md := rep.Markdown(bench.Meta{Command: "test", Commit: "test", Machine: "test"}, charts)
+	for _, want := range []string{"### Overhead", "| configuration | one connection p50 |", "Redis commands per hit", "#### Overhead goals"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
 	out := filepath.Join(dir, "BENCHMARKS.md")
 	if err := os.WriteFile(out, []byte("# Benchmarks\n\nkept\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -110,6 +108,59 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("BENCHMARKS.md after two writes:\n%s", b)
 	}
 	t.Logf("smoke report:\n%s", md)
+}
+
+// checkOverhead checks the overhead tables are filled and sane: every
+// figure there, positive where it must be, and a goals block with each
+// goal for each configuration on the path. Whether the goals are reached
+// is the machine's business, not checked.
+func checkOverhead(t *testing.T, rep *bench.Report) {
+	t.Helper()
+	sc := bench.Smoke
+	for _, o := range rep.Overhead {
+		if o.Failed != 0 || o.Dropped != 0 || o.Serial != sc.OverheadSerial || o.SerialP50 <= 0 || o.SerialP99 < o.SerialP50 ||
+			o.P50 <= 0 || o.P99 < o.P50 || o.Throughput <= 0 || o.HitRequests <= 0 {
+			t.Errorf("overhead %+v", o)
+		}
+		// CPU: Envoy's on every row, tether's where it is on the path.
+		// redis-server's may round to 0 when a hit sends it nothing.
+		if o.EnvoyCPUPerRequest <= 0 || o.OnPath != (o.TetherCPUPerRequest > 0) || o.RedisCPUPerRequest < 0 || (!o.Store && o.RedisCPUPerRequest != 0) {
+			t.Errorf("overhead %s: CPU per request: Envoy %v, tether %v, redis-server %v", o.Name, o.EnvoyCPUPerRequest, o.TetherCPUPerRequest, o.RedisCPUPerRequest)
+		}
+		// Every request of the hit loop had a decision, and every sticky
+		// decision was a hit or, when redis-server did not answer within
+		// redis.timeout (a loaded machine), degraded: counted, not failed.
+		if o.OnPath && (o.Decisions < int(o.HitRequests) || o.Degraded < 0 || o.StoreErrors < 0) {
+			t.Errorf("overhead %s: %d decisions for %d requests, degraded %d, store errors %d", o.Name, o.Decisions, o.HitRequests, o.Degraded, o.StoreErrors)
+		}
+		if o.Store {
+			if hits := int(o.HitShare*float64(o.Decisions) + 0.5); hits == 0 || hits+o.Degraded < o.Decisions*99/100 || o.RedisCommandsPerRequest < 0 {
+				t.Errorf("overhead %s: %d decisions, hits %.3f, degraded %d, Redis commands per hit %.3f",
+					o.Name, o.Decisions, o.HitShare, o.Degraded, o.RedisCommandsPerRequest)
+			}
+		}
+	}
+	names := []string{}
+	for _, o := range rep.Overhead {
+		names = append(names, o.Name)
+	}
+	if strings.Join(names, ",") != "Envoy alone,tether random,tether sticky" {
+		t.Errorf("overhead rows %v", names)
+	}
+	goals := rep.OverheadGoals()
+	per := map[string]int{}
+	for _, g := range goals {
+		per[g.Path]++
+		if g.Figure() == "" || g.Target() == "" || math.IsNaN(g.Value) {
+			t.Errorf("goal %+v", g)
+		}
+	}
+	if per["tether random"] != 5 || per["tether sticky"] != 7 || len(per) != 2 {
+		t.Errorf("goals by configuration %v", per)
+	}
+	for _, g := range goals {
+		t.Logf("goal %s, %s: %s %s (reached %v)", g.Path, g.What, g.Target(), g.Figure(), g.Reached)
+	}
 }
 
 // checkHotspot checks the hot-spot scenario: sticky routing keeps the hot

@@ -83,8 +83,12 @@ marked section of --out and the charts go to --charts.`,
 					rel[i] = p
 				}
 			}
+			command := "make bench   # tether-lab bench --scale " + scale
+			if len(only) > 0 {
+				command = "tether-lab bench --scale " + scale + " --only " + strings.Join(only, ",")
+			}
 			meta := bench.Meta{
-				Command: "make bench   # tether-lab bench --scale " + scale,
+				Command: command,
 				Commit:  gitCommit(),
 				Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
 			}

@@ -29,8 +29,10 @@ import (
 // Scale sets how long and how hard each scenario runs.
 type Scale struct {
 	Name string
-	// Overhead: open-loop rate and duration for latency; closed-loop
-	// workers and duration for throughput.
+	// Overhead: serial requests on one connection, then open-loop rate
+	// and duration for latency; closed-loop connections (workers) and
+	// duration for throughput.
+	OverheadSerial   int
 	OverheadRate     float64
 	OverheadDuration time.Duration
 	OverheadWorkers  int
@@ -60,7 +62,7 @@ type Scale struct {
 // they alone keep one instance's prefill busy, and the instance's own
 // sessions push it over; the fleet as a whole has room.
 var Full = Scale{
-	Name: "full", OverheadRate: 300, OverheadDuration: 10 * time.Second, OverheadWorkers: 32,
+	Name: "full", OverheadSerial: 4000, OverheadRate: 300, OverheadDuration: 10 * time.Second, OverheadWorkers: 32,
 	Rate: 6, Duration: 90 * time.Second, ThinkScale: 0.2, TimeScale: 1,
 	HotDuration: 60 * time.Second, HotRate: 5, HotDocTokens: 2000, HotTimeScale: 1,
 	ScrapeInterval: config.DefaultScrapeInterval,
@@ -78,7 +80,7 @@ var Full = Scale{
 // ×0.25 each of its requests takes about 0.05 s of prefill, and 35 a
 // second overload one instance by 1.75×.
 var Smoke = Scale{
-	Name: "smoke", OverheadRate: 100, OverheadDuration: 2 * time.Second, OverheadWorkers: 8,
+	Name: "smoke", OverheadSerial: 200, OverheadRate: 100, OverheadDuration: 2 * time.Second, OverheadWorkers: 32,
 	Rate: 8, Duration: 8 * time.Second, ThinkScale: 0.02, TimeScale: 0.05,
 	HotDuration: 2 * time.Second, HotRate: 35, HotDocTokens: 2000, HotTimeScale: 0.25,
 	// The hot phase lasts a second: tether must see it well within.

@@ -94,7 +94,9 @@ func TestWriteInto(t *testing.T) {
 
 func TestMarkdownHasEveryTable(t *testing.T) {
 	r := &Report{Started: time.Unix(0, 0), Scale: Smoke,
-		Overhead: []OverheadRow{{Name: "Envoy alone", P50: time.Millisecond, Throughput: 100}, {Name: "tether sticky", P50: 2 * time.Millisecond, Throughput: 50, TetherCPUPerRequest: 300 * time.Microsecond}},
+		Overhead: []OverheadRow{{Name: "Envoy alone", P50: time.Millisecond, Throughput: 100},
+			{Name: "tether sticky", OnPath: true, Store: true, P50: 2 * time.Millisecond, Throughput: 50, TetherCPUPerRequest: 300 * time.Microsecond,
+				RedisCommands: map[string]float64{"get": 1}, RedisCommandsPerRequest: 1}},
 		Quality: []QualityRow{{Policy: "tether sticky", HitRate: 0.5}, {Policy: "Envoy ring hash"},
 			{Policy: "tether adaptive", Decisions: 10, Spilled: 0.25, Spread: Spread{MinRequests: 3, MaxRequests: 9, Imbalance: 1.5, QueueP50: 2, QueueP99: 7, BusiestQueueP99: 8}}},
 		Hotspot:    []HotspotRow{{Policy: "tether adaptive", Tenant: Traffic{Requests: 80, TTFTP99: 250 * time.Millisecond, Spilled: 0.075, Instances: 2}, Decisions: 100, Spilled: 0.05}},
@@ -102,7 +104,8 @@ func TestMarkdownHasEveryTable(t *testing.T) {
 		Saturation: Saturation{Waiting: 5, KVUsage: 0.8, InFlight: 6, QueueDepth: 12},
 	}
 	md := r.Markdown(Meta{Command: "cmd", Commit: "abc", Machine: "m"}, []string{"docs/bench/x.png"})
-	for _, want := range []string{MarkerStart, MarkerEnd, "### Overhead", "| tether sticky | 2.0 ms", "0.50 | 300 µs", "### Routing quality", "50.0%",
+	for _, want := range []string{MarkerStart, MarkerEnd, "### Overhead", "| tether sticky | 0.00 ms", "| 2.00 ms |", "| 0.50 | 0 µs | 300 µs | 0 µs | 1.00 (GET 1.00) | 0.0% | 0 of 0 | 0 |",
+		"#### Overhead goals", "| tether sticky | Redis commands per sticky hit | = 0.00 | 1.00 | no |", "### Routing quality", "50.0%",
 		"`saturation_waiting = 5` and\n`saturation_kv_usage = 0.8`", "### Hot spot",
 		"| tether adaptive | hot tenant | 80 | 0 | 0.0% | 0.0 ms | 250.0 ms | 7.5% | 2 |", "### Load spread",
 		"| quality | Envoy ring hash | – |", "| quality | tether adaptive | 25.0% | 3–9 | 1.50 | 2 | 7 | 8 |", "| hot spot | tether adaptive | 5.0% |",

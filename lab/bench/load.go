@@ -62,18 +62,19 @@ func fixedRate(ctx context.Context, client *http.Client, url string, rate float6
 }
 
 // closedLoop runs workers that each send as fast as answers come back,
-// for d, and returns the requests completed and failed.
-func closedLoop(ctx context.Context, client *http.Client, url string, workers int, d time.Duration) (ok, failed int64) {
+// the i-th request of worker w for session(w, i), for d or until limit
+// requests were sent, and returns the requests completed and failed.
+func closedLoop(ctx context.Context, client *http.Client, url string, workers int, d time.Duration, limit int64, session func(w, i int) string) (ok, failed int64) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	var okN, failN atomic.Int64
+	var okN, failN, sent atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			for i := 0; ctx.Err() == nil; i++ {
-				if err := send(ctx, client, url, sessionFor(1000+w, i)); err != nil {
+			for i := 0; ctx.Err() == nil && sent.Add(1) <= limit; i++ {
+				if err := send(ctx, client, url, session(w, i)); err != nil {
 					if ctx.Err() == nil {
 						failN.Add(1)
 					}
@@ -85,6 +86,26 @@ func closedLoop(ctx context.Context, client *http.Client, url string, workers in
 	}
 	wg.Wait()
 	return okN.Load(), failN.Load()
+}
+
+// serial sends n requests one after another (on client, which should hold
+// one connection), for at most d, and returns the latencies of the
+// successful ones. Sessions change every ten requests, as in fixedRate.
+func serial(ctx context.Context, client *http.Client, url string, n int, d time.Duration) (lat []time.Duration, failed int) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	lat = make([]time.Duration, 0, n)
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		t0 := time.Now()
+		if err := send(ctx, client, url, sessionFor(2000, i)); err != nil {
+			if ctx.Err() == nil {
+				failed++
+			}
+			continue
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	return lat, failed
 }
 
 // percentile of sorted durations, q in (0,1], by nearest rank

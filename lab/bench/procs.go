@@ -62,14 +62,31 @@ func startStack(ctx context.Context, opts Options, dir string, p policy, instanc
 	return s, nil
 }
 
-// cpuSeconds is the CPU tether and redis-server (when there is one) have used.
-func (s *stack) cpuSeconds() (float64, error) {
-	t, err := cpuSeconds(s.tether.Pid())
-	if err != nil || s.redis == nil {
-		return t, err
+// procCPU is the CPU time, in seconds, each process of a stack has used;
+// Redis is 0 without redis-server.
+type procCPU struct{ Envoy, Tether, Redis float64 }
+
+func (c procCPU) sub(d procCPU) procCPU {
+	return procCPU{Envoy: c.Envoy - d.Envoy, Tether: c.Tether - d.Tether, Redis: c.Redis - d.Redis}
+}
+
+// cpu reads the CPU time Envoy, tether and redis-server (when there is
+// one) have used.
+func (s *stack) cpu() (procCPU, error) {
+	var c procCPU
+	var err error
+	if c.Envoy, err = cpuSeconds(s.envoy.Pid()); err != nil {
+		return c, fmt.Errorf("envoy cpu: %w", err)
 	}
-	r, err := cpuSeconds(s.redis.Pid())
-	return t + r, err
+	if c.Tether, err = cpuSeconds(s.tether.Pid()); err != nil {
+		return c, fmt.Errorf("tether cpu: %w", err)
+	}
+	if s.redis != nil {
+		if c.Redis, err = cpuSeconds(s.redis.Pid()); err != nil {
+			return c, fmt.Errorf("redis-server cpu: %w", err)
+		}
+	}
+	return c, nil
 }
 
 func (s *stack) close() {
@@ -132,15 +149,36 @@ func cpuSeconds(pid int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	// Fields after the command name, which is in parentheses and may hold spaces.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return 0, errors.New("short /proc stat")
+	return parseStatCPU(string(b))
+}
+
+// userHZ is the unit of the times in /proc/<pid>/stat: USER_HZ, 100 on
+// every Linux architecture Go builds for.
+const userHZ = 100
+
+// parseStatCPU is utime+stime, in seconds, from the text of a
+// /proc/<pid>/stat (proc(5): fields 14 and 15, counted from the pid).
+func parseStatCPU(stat string) (float64, error) {
+	// The command name is in parentheses and may hold spaces and
+	// parentheses of its own: the fields resume after the last ')'.
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, errors.New("/proc stat: no command name")
 	}
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100, nil // USER_HZ is 100 on Linux
+	f := strings.Fields(stat[i+1:])
+	// f[0] is field 3 (state): utime is field 14, stime 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc stat: %d fields after the command name, want at least 13", len(f))
+	}
+	var ticks float64
+	for _, v := range f[11:13] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc stat: cpu time %q: %w", v, err)
+		}
+		ticks += float64(n)
+	}
+	return ticks / userHZ, nil
 }
 
 // adminClient talks to admin endpoints (Envoy's, tether's, the

@@ -10,6 +10,8 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/tetherproxy/tether/config"
 )
 
 // Markers delimit the part of BENCHMARKS.md a run rewrites; the rest of
@@ -36,29 +38,7 @@ func (r *Report) Markdown(m Meta, charts []string) string {
 	w("rows of one table, not absolute figures.\n\n")
 
 	if len(r.Overhead) > 0 {
-		base := r.Overhead[0]
-		w("### Overhead on a zero-latency backend\n\n")
-		w("Four instances that answer at once. Latency at %.0f requests/s (open loop, %s, timed from each\n",
-			r.Scale.OverheadRate, r.Scale.OverheadDuration)
-		w("request's scheduled send); throughput with %d closed-loop clients (%s), which is the rate at that\n",
-			r.Scale.OverheadWorkers, r.Scale.OverheadDuration)
-		w("concurrency, not a proven maximum. Envoy runs one worker thread. \"Envoy alone\" has the same clusters\n")
-		w("with tether off the request path.\n\n")
-		w("| configuration | p50 | p99 | added p50 | added p99 | throughput at %d clients | vs Envoy alone | tether (+redis) CPU per request | failed | dropped |\n", r.Scale.OverheadWorkers)
-		w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-		for _, o := range r.Overhead {
-			cpu := "–"
-			if o.TetherCPUPerRequest > 0 {
-				cpu = fmt.Sprintf("%d µs", o.TetherCPUPerRequest.Microseconds())
-			}
-			ratio := 0.0
-			if base.Throughput > 0 {
-				ratio = o.Throughput / base.Throughput
-			}
-			w("| %s | %s | %s | %s | %s | %.0f/s | %.2f | %s | %d | %d |\n", o.Name, ms(o.P50), ms(o.P99),
-				ms(o.P50-base.P50), ms(o.P99-base.P99), o.Throughput, ratio, cpu, o.Failed, o.Dropped)
-		}
-		w("\n")
+		r.overheadMarkdown(w)
 	}
 	if len(r.Quality) > 0 {
 		w("### Routing quality: the field's mix on eight emulated A100s\n\n")
@@ -197,6 +177,79 @@ func churnPreamble(s Scale) string {
 		"\"moved\" when another instance than the previous turn's served it. The simulator's columns: the same\n"+
 		"workload, fleet and schedule in virtual time (lab/simulator, its events fail, restore and add), each\n"+
 		"request counted in the phase it ended in, as here.", s.Duration)
+}
+
+// overheadMarkdown writes the overhead tables and the goals block.
+func (r *Report) overheadMarkdown(w func(string, ...any)) {
+	base := r.Overhead[0]
+	sc := r.Scale
+	w("### Overhead on a zero-latency backend\n\n")
+	w("Four instances that answer at once; Envoy runs one worker thread. \"Envoy alone\" has the same clusters\n")
+	w("with tether off the request path; \"added\" is over Envoy alone. Latency on one connection: %d requests\n", sc.OverheadSerial)
+	w("one after another. Latency at %.0f requests/s: open loop for %s, timed from each request's scheduled send.\n",
+		sc.OverheadRate, sc.OverheadDuration)
+	w("Both change session every ten requests (nine sticky hits per binding).\n\n")
+	w("| configuration | one connection p50 | p99 | added p50 | added p99 | at %.0f/s p50 | p99 | added p50 | added p99 | failed | dropped |\n", sc.OverheadRate)
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, o := range r.Overhead {
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d |\n", o.Name,
+			ms2(o.SerialP50), ms2(o.SerialP99), ms2(o.SerialP50-base.SerialP50), ms2(o.SerialP99-base.SerialP99),
+			ms2(o.P50), ms2(o.P99), ms2(o.P50-base.P50), ms2(o.P99-base.P99), o.Failed, o.Dropped)
+	}
+	w("\n")
+	w("Throughput and cost: %d connections in a closed loop for %s (at most %d requests), each sending for one\n",
+		sc.OverheadWorkers, sc.OverheadDuration, hitLoopMax)
+	w("session bound before the loop, so every sticky decision is a hit; the rate at that concurrency, not a\n")
+	w("proven maximum. CPU per request: utime+stime from /proc/<pid>/stat over the loop, divided by the\n")
+	w("requests answered (10 ms ticks). Redis commands per hit: INFO commandstats over the loop less an idle\n")
+	w("baseline of %s with no load (INFO itself left out); the commands of a hit in brackets. Hits, degraded\n", sc.OverheadDuration)
+	w("decisions (redis-server did not answer within `redis.timeout`, %s, and rendezvous hashing placed the\n", config.DefaultRedisTimeout)
+	w("request) and store errors: tether's /metrics over the loop.\n\n")
+	w("| configuration | requests | throughput | vs Envoy alone | Envoy CPU per request | tether CPU per request | redis-server CPU per request | Redis commands per hit | hits | degraded | store errors |\n")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, o := range r.Overhead {
+		ratio := 0.0
+		if base.Throughput > 0 {
+			ratio = o.Throughput / base.Throughput
+		}
+		tether, redis, cmds, hits, degraded, storeErr := "–", "–", "–", "–", "–", "–"
+		if o.OnPath {
+			tether = us(o.TetherCPUPerRequest)
+			degraded, storeErr = fmt.Sprintf("%d of %d", o.Degraded, o.Decisions), fmt.Sprint(o.StoreErrors)
+		}
+		if o.Store {
+			redis = us(o.RedisCPUPerRequest)
+			cmds = fmt.Sprintf("%.2f", o.RedisCommandsPerRequest)
+			if t := topCommands(o.RedisCommands, 5); t != "" {
+				cmds += " (" + t + ")"
+			}
+			hits = fmt.Sprintf("%.1f%%", 100*o.HitShare)
+		}
+		w("| %s | %d | %.0f/s | %.2f | %s | %s | %s | %s | %s | %s | %s |\n", o.Name, o.HitRequests, o.Throughput, ratio,
+			us(o.EnvoyCPUPerRequest), tether, redis, cmds, hits, degraded, storeErr)
+	}
+	w("\n")
+	if goals := r.OverheadGoals(); len(goals) > 0 {
+		w("#### Overhead goals\n\n")
+		w("Each goal for each configuration with tether on the path, judged at the precision shown. One run on\n")
+		w("a shared machine: a goal missed here may be the machine's noise; compare runs before concluding.\n\n")
+		w("| configuration | goal | target | measured | reached |\n")
+		w("|---|---|---:|---:|---|\n")
+		for _, g := range goals {
+			reached := "no"
+			if g.Reached {
+				reached = "yes"
+			}
+			w("| %s | %s | %s | %s | %s |\n", g.Path, g.What, g.Target(), g.Figure(), reached)
+		}
+		w("\n")
+	}
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds()) }
+
+func ms2(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
 }
 
 func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

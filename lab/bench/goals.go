@@ -1,0 +1,117 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// The overhead goals: what tether on the path of every request may cost
+// beside Envoy alone.
+const (
+	GoalAddedP50        = 300 * time.Microsecond
+	GoalAddedP99        = time.Millisecond
+	GoalThroughputRatio = 0.75
+	GoalCPUPerHit       = 50 * time.Microsecond // tether + redis-server
+	GoalRedisPerHit     = 0.0                   // commands per sticky hit
+)
+
+// Goal is one overhead goal for one configuration, with the figure the run
+// measured.
+type Goal struct {
+	Path string // the configuration (an OverheadRow's Name)
+	What string
+	// Value against Limit: reached when Value ≤ Limit (AtMost) or ≥ it,
+	// compared as Figure shows them (at the precision of Unit).
+	Value, Limit float64
+	AtMost       bool
+	Unit         string // "ms", "µs", "×" or "" (a count)
+	Reached      bool
+}
+
+// Figure is the goal's measured value as the report shows it.
+func (g Goal) Figure() string { return formatGoal(g.Value, g.Unit) }
+
+// Target is the goal itself, "≤ 0.30 ms".
+func (g Goal) Target() string {
+	op := "≥"
+	if g.AtMost {
+		op = "≤"
+	}
+	if g.AtMost && g.Limit == 0 {
+		op = "="
+	}
+	return op + " " + formatGoal(g.Limit, g.Unit)
+}
+
+// goalDigits is the precision a unit is shown and judged at.
+func goalDigits(unit string) int {
+	if unit == "µs" {
+		return 0
+	}
+	return 2
+}
+
+func formatGoal(v float64, unit string) string {
+	s := fmt.Sprintf("%.*f", goalDigits(unit), v)
+	switch unit {
+	case "":
+		return s
+	case "×":
+		return s + "×"
+	}
+	return s + " " + unit
+}
+
+func newGoal(path, what string, value, limit float64, atMost bool, unit string) Goal {
+	p := math.Pow(10, float64(goalDigits(unit)))
+	v, l := math.Round(value*p), math.Round(limit*p)
+	reached := v >= l
+	if atMost {
+		reached = v <= l
+	}
+	return Goal{Path: path, What: what, Value: value, Limit: limit, AtMost: atMost, Unit: unit, Reached: reached}
+}
+
+// OverheadGoals evaluates the overhead goals for every configuration with
+// tether on the request path, against the first configuration without it
+// (Envoy alone); nil when the run has no such pair.
+func (r *Report) OverheadGoals() []Goal {
+	var base *OverheadRow
+	for i := range r.Overhead {
+		if !r.Overhead[i].OnPath {
+			base = &r.Overhead[i]
+			break
+		}
+	}
+	if base == nil {
+		return nil
+	}
+	msOf := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	usOf := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	var goals []Goal
+	for _, o := range r.Overhead {
+		if !o.OnPath {
+			continue
+		}
+		rate := fmt.Sprintf("at %.0f requests/s", r.Scale.OverheadRate)
+		goals = append(goals,
+			newGoal(o.Name, "added p50, one connection", msOf(o.SerialP50-base.SerialP50), msOf(GoalAddedP50), true, "ms"),
+			newGoal(o.Name, "added p99, one connection", msOf(o.SerialP99-base.SerialP99), msOf(GoalAddedP99), true, "ms"),
+			newGoal(o.Name, "added p50, "+rate, msOf(o.P50-base.P50), msOf(GoalAddedP50), true, "ms"),
+			newGoal(o.Name, "added p99, "+rate, msOf(o.P99-base.P99), msOf(GoalAddedP99), true, "ms"),
+		)
+		ratio := 0.0
+		if base.Throughput > 0 {
+			ratio = o.Throughput / base.Throughput
+		}
+		goals = append(goals, newGoal(o.Name, fmt.Sprintf("throughput at %d connections vs Envoy alone", r.Scale.OverheadWorkers),
+			ratio, GoalThroughputRatio, false, "×"))
+		if o.Store {
+			goals = append(goals,
+				newGoal(o.Name, "tether + redis-server CPU per sticky hit", usOf(o.TetherCPUPerRequest+o.RedisCPUPerRequest), usOf(GoalCPUPerHit), true, "µs"),
+				newGoal(o.Name, "Redis commands per sticky hit", o.RedisCommandsPerRequest, GoalRedisPerHit, true, ""))
+		}
+	}
+	return goals
+}

@@ -1,0 +1,126 @@
+package bench
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseStatCPU(t *testing.T) {
+	for _, tc := range []struct {
+		name, stat string
+		want       float64
+		err        bool
+	}{
+		{name: "plain", stat: "1234 (envoy) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 125 0 0 20 0 12 0 5000 0 0\n", want: 3.75},
+		{name: "spaces and parentheses in the name", stat: "7 (tether (x) y) R 1 7 7 0 -1 0 0 0 0 0 7 3 0 0 20 0 1 0 1 0 0", want: 0.1},
+		{name: "zero", stat: "7 (redis-server) S 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0", want: 0},
+		{name: "no name", stat: "7 redis-server S 1", err: true},
+		{name: "short", stat: "7 (redis-server) S 1 7 7 0 -1 0 0 0 0 0 7", err: true},
+		{name: "not a number", stat: "7 (x) S 1 7 7 0 -1 0 0 0 0 0 7 -3 0 0 20 0 1 0 1 0 0", err: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseStatCPU(tc.stat)
+			if (err != nil) != tc.err || got != tc.want {
+				t.Errorf("parseStatCPU = %v, %v; want %v, error %v", got, err, tc.want, tc.err)
+			}
+		})
+	}
+}
+
+func TestCPUSecondsOfThisProcess(t *testing.T) {
+	// The test binary has used some CPU by now, and /proc says so.
+	if _, err := cpuSeconds(os.Getpid()); err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	var n int
+	for end := time.Now().Add(30 * time.Millisecond); time.Now().Before(end); {
+		n++ // burn CPU for /proc to count
+	}
+	got, err := cpuSeconds(os.Getpid())
+	if err != nil || got <= 0 || n == 0 {
+		t.Errorf("cpuSeconds(self) = %v, %v", got, err)
+	}
+}
+
+func TestParseCommandStats(t *testing.T) {
+	info := "# Commandstats\r\n" +
+		"cmdstat_get:calls=12,usec=40,usec_per_call=3.33,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_client|setinfo:calls=2,usec=1,usec_per_call=0.50,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_info:calls=5,usec=100,usec_per_call=20.00,rejected_calls=0,failed_calls=0\r\n"
+	got, err := parseCommandStats(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(map[string]float64{"get": 12, "client|setinfo": 2}, got); d != "" {
+		t.Errorf("commandstats (-want +got):\n%s", d)
+	}
+	if _, err := parseCommandStats("cmdstat_get:usec=1\r\n"); err == nil {
+		t.Error("a line without calls parsed")
+	}
+}
+
+func TestCommandsPerRequest(t *testing.T) {
+	// 10 s loaded, 1000 requests; an idle 5 s saw 4 pings, so 8 are
+	// background in the loaded window.
+	loaded := map[string]float64{"ping": 8, "evalsha": 1000}
+	idle := map[string]float64{"ping": 4}
+	by, total := commandsPerRequest(loaded, 10*time.Second, idle, 5*time.Second, 1000)
+	if d := cmp.Diff(map[string]float64{"evalsha": 1}, by); d != "" || total != 1 {
+		t.Errorf("by command (-want +got):\n%s\ntotal %v", d, total)
+	}
+	// Nothing but background: zero, never below.
+	if _, total := commandsPerRequest(map[string]float64{"ping": 3}, time.Second, map[string]float64{"ping": 5}, time.Second, 10); total != 0 {
+		t.Errorf("total %v, want 0", total)
+	}
+}
+
+func TestOverheadGoals(t *testing.T) {
+	ms, us := time.Millisecond, time.Microsecond
+	base := OverheadRow{Name: "Envoy alone", SerialP50: ms, SerialP99: 2 * ms, P50: ms, P99: 3 * ms, Throughput: 1000, EnvoyCPUPerRequest: 40 * us}
+	random := OverheadRow{Name: "tether random", OnPath: true, SerialP50: ms + 300*us, SerialP99: 3*ms + 1*us, P50: ms + 301*us, P99: 4 * ms,
+		Throughput: 750, TetherCPUPerRequest: 20 * us}
+	sticky := OverheadRow{Name: "tether sticky", OnPath: true, Store: true, SerialP50: ms + 200*us, SerialP99: 2*ms + 500*us, P50: ms + 2*ms, P99: 10 * ms,
+		Throughput: 749, TetherCPUPerRequest: 40 * us, RedisCPUPerRequest: 10*us + 400, RedisCommandsPerRequest: 0.004}
+	r := &Report{Scale: Full, Overhead: []OverheadRow{base, random, sticky}}
+	type row struct {
+		Path, What, Target, Figure string
+		Reached                    bool
+	}
+	var got []row
+	for _, g := range r.OverheadGoals() {
+		got = append(got, row{g.Path, g.What, g.Target(), g.Figure(), g.Reached})
+	}
+	want := []row{
+		{"tether random", "added p50, one connection", "≤ 0.30 ms", "0.30 ms", true},
+		{"tether random", "added p99, one connection", "≤ 1.00 ms", "1.00 ms", true}, // 1.001 ms shows, and is judged, as 1.00
+		{"tether random", "added p50, at 300 requests/s", "≤ 0.30 ms", "0.30 ms", true},
+		{"tether random", "added p99, at 300 requests/s", "≤ 1.00 ms", "1.00 ms", true},
+		{"tether random", "throughput at 32 connections vs Envoy alone", "≥ 0.75×", "0.75×", true},
+		{"tether sticky", "added p50, one connection", "≤ 0.30 ms", "0.20 ms", true},
+		{"tether sticky", "added p99, one connection", "≤ 1.00 ms", "0.50 ms", true},
+		{"tether sticky", "added p50, at 300 requests/s", "≤ 0.30 ms", "2.00 ms", false},
+		{"tether sticky", "added p99, at 300 requests/s", "≤ 1.00 ms", "7.00 ms", false},
+		{"tether sticky", "throughput at 32 connections vs Envoy alone", "≥ 0.75×", "0.75×", true}, // 0.749
+		{"tether sticky", "tether + redis-server CPU per sticky hit", "≤ 50 µs", "50 µs", true},
+		{"tether sticky", "Redis commands per sticky hit", "= 0.00", "0.00", true},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("goals (-want +got):\n%s", d)
+	}
+
+	// Missed by a figure past the shown precision.
+	sticky.TetherCPUPerRequest, sticky.RedisCommandsPerRequest, sticky.Throughput = 41*us, 1, 740
+	r.Overhead[2] = sticky
+	for _, g := range r.OverheadGoals()[9:] {
+		if g.Reached {
+			t.Errorf("%s %s: reached at %s", g.Path, g.What, g.Figure())
+		}
+	}
+	// Without Envoy alone there is nothing to compare with.
+	if g := (&Report{Overhead: []OverheadRow{sticky}}).OverheadGoals(); g != nil {
+		t.Errorf("goals without a baseline: %v", g)
+	}
+}

@@ -182,6 +182,7 @@ static_resources:
   - name: tether
     type: STATIC
     connect_timeout: 0.25s
+    lb_policy: LEAST_REQUEST
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions

@@ -226,6 +226,11 @@ func (b *builder) extProcCluster(cla *endpointv3.ClusterLoadAssignment) *cluster
 	c := &clusterv3.Cluster{
 		Name:           ExtProcCluster,
 		ConnectTimeout: durationpb.New(250 * time.Millisecond),
+		// Observed, each request opens two streams (the routing filter's,
+		// the observing filter's): round robin over two replicas would
+		// send every routing stream to one of them. Least request picks
+		// the less busy of two random replicas.
+		LbPolicy: clusterv3.Cluster_LEAST_REQUEST,
 		HealthChecks: []*corev3.HealthCheck{{
 			Timeout:            durationpb.New(250 * time.Millisecond),
 			Interval:           durationpb.New(500 * time.Millisecond),

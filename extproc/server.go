@@ -99,12 +99,17 @@ type Server struct {
 	// at most a few lines a second; the metrics count every one.
 	warn zerolog.Logger
 	seen seenTickets // outcomes applied lately, against duplicates
+	// What the replies share: the routing header's mutation per instance,
+	// and the response phase's reply without debug headers.
+	routes *routes
+	plain  *extprocv3.ProcessingResponse
 }
 
 // New returns a Server.
 func New(ids Identifier, decider Decider, rec Recorder, opts Options) *Server {
 	warn := opts.Logger.Sample(&zerolog.BurstSampler{Burst: 5, Period: time.Second})
-	return &Server{ids: ids, decider: decider, rec: rec, opts: opts, warn: warn}
+	return &Server{ids: ids, decider: decider, rec: rec, opts: opts, warn: warn,
+		routes: newRoutes(opts.ClusterHeader), plain: annotateResponse()}
 }
 
 // exchange is what one stream (one HTTP request) remembers between phases.
@@ -176,8 +181,9 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	start := time.Now()
 	*ex = exchange{start: start}
 	h := headers(msg.GetHeaders().GetHeaders())
-	id := s.ids.Extract(h)
-	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(":path"), Headers: h})
+	var hi identity.Headers = h // boxed once for both
+	id := s.ids.Extract(hi)
+	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(":path"), Headers: hi})
 	if err != nil {
 		ex.failure = failureReason(err)
 		s.rec.DecisionFailed(id, ex.failure)
@@ -208,7 +214,7 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 		e.Str("request_id", requestID(h)).Str("session", id.Key).Str("source", string(id.Source)).
 			Str("instance", d.Instance.Name).Str("decision", string(d.Kind)).Msg("routed")
 	}
-	return routeTo(s.opts.ClusterHeader, d.Instance.Cluster(), s.metadata(&d, ""))
+	return routeTo(s.routes.mutation(d.Instance), s.metadata(&d, ""))
 }
 
 // metadata is what the routing reply writes in the request's dynamic
@@ -216,25 +222,17 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 // headers, the decision for Envoy to copy into the response (d nil: none,
 // for failure). nil when there is nothing to write.
 func (s *Server) metadata(d *affinity.Decision, failure string) *structpb.Struct {
-	if s.opts.Tickets == nil && !s.opts.DebugHeaders {
-		return nil
-	}
-	f := make(map[string]*structpb.Value, 3)
+	var ticket string
 	if d != nil && s.opts.Tickets != nil {
-		f[ticketField] = structpb.NewStringValue(s.opts.Tickets.Issue(*d))
+		ticket = s.opts.Tickets.Issue(*d)
 	}
-	if s.opts.DebugHeaders {
-		if d != nil {
-			f[MetadataInstance] = structpb.NewStringValue(d.Instance.Name)
-			f[MetadataDecision] = structpb.NewStringValue(string(d.Kind))
-		} else {
-			f[MetadataDecision] = structpb.NewStringValue("none:" + failure)
-		}
+	switch {
+	case !s.opts.DebugHeaders:
+		return metadata(ticket)
+	case d != nil:
+		return metadata(ticket, header{MetadataInstance, d.Instance.Name}, header{MetadataDecision, string(d.Kind)})
 	}
-	if len(f) == 0 {
-		return nil
-	}
-	return &structpb.Struct{Fields: map[string]*structpb.Value{MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: f})}}
+	return metadata(ticket, header{MetadataDecision, "none:" + failure})
 }
 
 // observe reads one message of an observing filter's stream: the request
@@ -281,7 +279,7 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *
 		ex.finished = true
 	}
 	if !s.opts.DebugHeaders {
-		return annotateResponse()
+		return s.plain
 	}
 	if !ex.decided {
 		return annotateResponse(header{HeaderDecision, "none:" + ex.failure})

@@ -1,10 +1,16 @@
 package extproc
 
 import (
+	"maps"
+	"sync"
+	"sync/atomic"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tetherproxy/tether/fleet"
 )
 
 // This file is the one place that builds ext_proc replies, so Envoy's rules
@@ -15,7 +21,7 @@ import (
 //   - clear_route_cache only takes effect when the same reply carries a
 //     header mutation, so the routing header and the bit travel together.
 
-// header is one header to set.
+// header is one header to set (or one metadata field).
 type header struct{ key, value string }
 
 func setHeaders(hs ...header) *extprocv3.HeaderMutation {
@@ -31,18 +37,94 @@ func setHeaders(hs ...header) *extprocv3.HeaderMutation {
 	return m
 }
 
-// routeTo answers the request-headers phase: route to cluster via the header
-// Envoy's route matches on, and re-select the route. md (nil: none) goes
-// in the request's dynamic metadata (Server.metadata).
-func routeTo(clusterHeader, cluster string, md *structpb.Struct) *extprocv3.ProcessingResponse {
-	resp := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
-		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
-			HeaderMutation:  setHeaders(header{clusterHeader, cluster}),
-			ClearRouteCache: true,
-		}},
-	}}
-	resp.DynamicMetadata = md
-	return resp
+// routeTo answers the request-headers phase: route with m (a routing
+// header's mutation, routes.mutation) and re-select the route. md (nil:
+// none) goes in the request's dynamic metadata (Server.metadata).
+func routeTo(m *extprocv3.HeaderMutation, md *structpb.Struct) *extprocv3.ProcessingResponse {
+	// The reply's four messages in one allocation.
+	r := &struct {
+		resp   extprocv3.ProcessingResponse
+		phase  extprocv3.ProcessingResponse_RequestHeaders
+		hr     extprocv3.HeadersResponse
+		common extprocv3.CommonResponse
+	}{}
+	r.common.HeaderMutation, r.common.ClearRouteCache = m, true
+	r.hr.Response = &r.common
+	r.phase.RequestHeaders = &r.hr
+	r.resp.Response, r.resp.DynamicMetadata = &r.phase, md
+	return &r.resp
+}
+
+// routes holds the routing header's mutation per instance. It is the same
+// for every request routed to the instance, so it is built once and
+// shared by their replies: gRPC only reads a reply (marshalling one
+// message from several goroutines is safe), and nothing else touches it.
+// Only the immutable mutation is shared; each reply's own messages and
+// metadata (its ticket) are built per request.
+type routes struct {
+	header string // the routing header
+	mu     sync.Mutex
+	// Copied on write: instances are added seldom, read on every request.
+	byName atomic.Pointer[map[string]*extprocv3.HeaderMutation]
+}
+
+// maxRoutes bounds routes: a fleet that renames its instances all the
+// time builds mutations per request past it rather than growing.
+const maxRoutes = 4096
+
+func newRoutes(header string) *routes {
+	r := &routes{header: header}
+	r.byName.Store(&map[string]*extprocv3.HeaderMutation{})
+	return r
+}
+
+// mutation returns the routing header's mutation for in.
+func (r *routes) mutation(in fleet.Instance) *extprocv3.HeaderMutation {
+	if m, ok := (*r.byName.Load())[in.Name]; ok {
+		return m
+	}
+	m := setHeaders(header{r.header, in.Cluster()})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cur := *r.byName.Load()
+	if old, ok := cur[in.Name]; ok {
+		return old
+	}
+	if len(cur) < maxRoutes {
+		next := make(map[string]*extprocv3.HeaderMutation, len(cur)+1)
+		maps.Copy(next, cur)
+		next[in.Name] = m
+		r.byName.Store(&next)
+	}
+	return m
+}
+
+// metadata is the request's dynamic metadata: ticket ("" none) and fields
+// in tether's namespace; nil when there is nothing to write.
+func metadata(ticket string, fields ...header) *structpb.Struct {
+	if ticket == "" && len(fields) == 0 {
+		return nil
+	}
+	// The messages in one allocation, the maps apart.
+	m := &struct {
+		outer, inner structpb.Struct
+		ns, tv       structpb.Value
+		nsKind       structpb.Value_StructValue
+		tvKind       structpb.Value_StringValue
+	}{}
+	m.inner.Fields = make(map[string]*structpb.Value, 1+len(fields))
+	if ticket != "" {
+		m.tvKind.StringValue = ticket
+		m.tv.Kind = &m.tvKind
+		m.inner.Fields[ticketField] = &m.tv
+	}
+	for _, f := range fields {
+		m.inner.Fields[f.key] = structpb.NewStringValue(f.value)
+	}
+	m.nsKind.StructValue = &m.inner
+	m.ns.Kind = &m.nsKind
+	m.outer.Fields = map[string]*structpb.Value{MetadataNamespace: &m.ns}
+	return &m.outer
 }
 
 // passRequest answers the request-headers phase without a decision: Envoy
@@ -54,7 +136,8 @@ func passRequest(md *structpb.Struct) *extprocv3.ProcessingResponse {
 }
 
 // annotateResponse answers the response-headers phase, adding hs (the debug
-// headers) to what the client sees.
+// headers) to what the client sees. Without headers the reply is always
+// the same, and a Server sends one value for all (Server.plain).
 func annotateResponse(hs ...header) *extprocv3.ProcessingResponse {
 	var common *extprocv3.CommonResponse
 	if m := setHeaders(hs...); m != nil {

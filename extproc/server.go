@@ -18,7 +18,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
+	grpcmd "google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -102,12 +102,17 @@ type Server struct {
 	// at most a few lines a second; the metrics count every one.
 	warn zerolog.Logger
 	seen seenTickets // outcomes applied lately, against duplicates
+	// What the replies share: the routing header's mutation per instance,
+	// and the response phase's reply without debug headers.
+	routes *routes
+	plain  *extprocv3.ProcessingResponse
 }
 
 // New returns a Server.
 func New(ids Identifier, decider Decider, rec Recorder, opts Options) *Server {
 	warn := opts.Logger.Sample(&zerolog.BurstSampler{Burst: 5, Period: time.Second})
-	return &Server{ids: ids, decider: decider, rec: rec, opts: opts, warn: warn}
+	return &Server{ids: ids, decider: decider, rec: rec, opts: opts, warn: warn,
+		routes: newRoutes(opts.ClusterHeader), plain: annotateResponse()}
 }
 
 // exchange is what one stream (one HTTP request) remembers between phases.
@@ -182,8 +187,9 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	start := time.Now()
 	*ex = exchange{start: start, apart: ex.apart}
 	h := headers(msg.GetHeaders().GetHeaders())
-	id := s.ids.Extract(h)
-	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(":path"), Headers: h})
+	var hi identity.Headers = h // boxed once for both
+	id := s.ids.Extract(hi)
+	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(":path"), Headers: hi})
 	if err != nil {
 		ex.failure = failureReason(err)
 		s.rec.DecisionFailed(id, ex.failure)
@@ -214,7 +220,7 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 		e.Str("request_id", requestID(h)).Str("session", id.Key).Str("source", string(id.Source)).
 			Str("instance", d.Instance.Name).Str("decision", string(d.Kind)).Msg("routed")
 	}
-	return routeTo(s.opts.ClusterHeader, d.Instance.Cluster(), s.metadata(ex, &d))
+	return routeTo(s.routes.mutation(d.Instance), s.metadata(ex, &d))
 }
 
 // metadata is what the routing reply writes in the request's dynamic
@@ -222,25 +228,17 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 // headers, the decision for Envoy to copy into the response (d nil: none,
 // for failure). nil when there is nothing to write.
 func (s *Server) metadata(ex *exchange, d *affinity.Decision) *structpb.Struct {
-	if !ex.apart && !s.opts.DebugHeaders {
-		return nil
-	}
-	f := make(map[string]*structpb.Value, 3)
+	var ticket string
 	if d != nil && ex.apart {
-		f[ticketField] = structpb.NewStringValue(s.opts.Tickets.Issue(*d))
+		ticket = s.opts.Tickets.Issue(*d)
 	}
-	if s.opts.DebugHeaders {
-		if d != nil {
-			f[MetadataInstance] = structpb.NewStringValue(d.Instance.Name)
-			f[MetadataDecision] = structpb.NewStringValue(string(d.Kind))
-		} else {
-			f[MetadataDecision] = structpb.NewStringValue("none:" + ex.failure)
-		}
+	switch {
+	case !s.opts.DebugHeaders:
+		return metadata(ticket)
+	case d != nil:
+		return metadata(ticket, header{MetadataInstance, d.Instance.Name}, header{MetadataDecision, string(d.Kind)})
 	}
-	if len(f) == 0 {
-		return nil
-	}
-	return &structpb.Struct{Fields: map[string]*structpb.Value{MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: f})}}
+	return metadata(ticket, header{MetadataDecision, "none:" + ex.failure})
 }
 
 // observe reads one message of an observing filter's stream: the request
@@ -272,7 +270,7 @@ func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) {
 
 // marked reports whether a stream carries ApartMarker.
 func marked(ctx context.Context) bool {
-	v := metadata.ValueFromIncomingContext(ctx, ApartMarker)
+	v := grpcmd.ValueFromIncomingContext(ctx, ApartMarker)
 	return len(v) == 1 && v[0] == "1"
 }
 
@@ -293,7 +291,7 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *
 		ex.finished = true
 	}
 	if !s.opts.DebugHeaders {
-		return annotateResponse()
+		return s.plain
 	}
 	if !ex.decided {
 		return annotateResponse(header{HeaderDecision, "none:" + ex.failure})

@@ -57,9 +57,9 @@ const ApartMarker = "x-tether-outcomes-apart"
 
 // Tickets issues and reads tickets. It is safe for concurrent use.
 type Tickets struct {
-	issuer string // this process, in the tickets' ids
-	seq    atomic.Uint64
-	macs   sync.Pool // hash.Hash under the ticket key
+	issuer  string // this process, in the tickets' ids
+	seq     atomic.Uint64
+	scratch sync.Pool // of *macScratch
 }
 
 // NewTickets derives the ticket key from secret (the identity secret).
@@ -70,7 +70,9 @@ func NewTickets(secret []byte) *Tickets {
 	var tag [4]byte
 	_, _ = rand.Read(tag[:])
 	t := &Tickets{issuer: hex.EncodeToString(tag[:])}
-	t.macs.New = func() any { return hmac.New(sha256.New, k) }
+	t.scratch.New = func() any {
+		return &macScratch{mac: hmac.New(sha256.New, k), buf: make([]byte, 0, 128)}
+	}
 	return t
 }
 
@@ -106,34 +108,57 @@ func (k *Tickets) Issue(d affinity.Decision) string {
 	case d.Probe:
 		flags = "p"
 	}
-	var b strings.Builder
-	b.Grow(64 + len(d.Instance.Name) + len(d.Previous))
-	b.WriteString(ticketVersion)
-	b.WriteByte('|')
-	b.WriteString(strconv.FormatInt(d.At.UnixMilli(), 10))
-	b.WriteByte('|')
-	b.WriteString(k.issuer)
-	b.WriteByte('-')
-	b.WriteString(strconv.FormatUint(k.seq.Add(1), 36))
-	b.WriteByte('|')
-	b.WriteString(flags)
-	b.WriteByte('|')
-	b.WriteString(d.Instance.Name)
-	b.WriteByte('|')
-	b.WriteString(d.Previous)
-	b.WriteByte('|')
-	body := b.String()
-	return body + k.mac(body)
+	sc := k.scratch.Get().(*macScratch)
+	b := append(sc.buf[:0], ticketVersion...)
+	b = append(b, '|')
+	b = strconv.AppendInt(b, d.At.UnixMilli(), 10)
+	b = append(b, '|')
+	b = append(b, k.issuer...)
+	b = append(b, '-')
+	b = strconv.AppendUint(b, k.seq.Add(1), 36)
+	b = append(b, '|')
+	b = append(b, flags...)
+	b = append(b, '|')
+	b = append(b, d.Instance.Name...)
+	b = append(b, '|')
+	b = append(b, d.Previous...)
+	b = append(b, '|')
+	b = sc.appendMAC(b, b)
+	t := string(b)
+	k.put(sc, b)
+	return t
 }
 
-func (k *Tickets) mac(body string) string {
-	h := k.macs.Get().(hash.Hash)
-	h.Reset()
-	h.Write([]byte(body))
-	var sum [sha256.Size]byte
-	out := base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0])[:macLen])
-	k.macs.Put(h)
-	return out
+// macScratch is one MAC under the ticket key and a buffer, reused
+// through a pool: a ticket is issued on every routing reply.
+type macScratch struct {
+	mac hash.Hash
+	buf []byte
+	sum [sha256.Size]byte
+}
+
+// appendMAC appends body's MAC, in base64url, to dst.
+func (sc *macScratch) appendMAC(dst, body []byte) []byte {
+	sc.mac.Reset()
+	sc.mac.Write(body)
+	return base64.RawURLEncoding.AppendEncode(dst, sc.mac.Sum(sc.sum[:0])[:macLen])
+}
+
+func (k *Tickets) put(sc *macScratch, b []byte) {
+	if cap(b) <= 2*maxTicket {
+		sc.buf = b[:0]
+	}
+	k.scratch.Put(sc)
+}
+
+// validMAC reports whether mac is body's.
+func (k *Tickets) validMAC(body, mac string) bool {
+	sc := k.scratch.Get().(*macScratch)
+	b := append(sc.buf[:0], body...)
+	want := sc.appendMAC(b[len(b):], b)
+	ok := hmac.Equal([]byte(mac), want)
+	k.put(sc, b)
+	return ok
 }
 
 // Why a ticket is refused.
@@ -159,7 +184,7 @@ func (k *Tickets) read(s string) (ticket, error) {
 		return ticket{}, errMalformed
 	}
 	body, mac := s[:cut+1], s[cut+1:]
-	if !hmac.Equal([]byte(mac), []byte(k.mac(body))) {
+	if !k.validMAC(body, mac) {
 		return ticket{}, errForged
 	}
 	f := strings.Split(body[:cut], "|")

@@ -116,8 +116,8 @@ func (c *Config) setDefaults() {
 
 // Extractor turns headers into an Identity.
 type Extractor struct {
-	cfg  Config
-	macs sync.Pool // of hash.Hash keyed with cfg.Secret
+	cfg     Config
+	scratch sync.Pool // of *scratch
 }
 
 // New returns an Extractor. Unset header names take their defaults.
@@ -129,7 +129,9 @@ func New(cfg Config) (*Extractor, error) {
 	secret := append([]byte(nil), cfg.Secret...)
 	cfg.Secret = nil
 	e := &Extractor{cfg: cfg}
-	e.macs.New = func() any { return hmac.New(sha256.New, secret) }
+	e.scratch.New = func() any {
+		return &scratch{mac: hmac.New(sha256.New, secret), buf: make([]byte, 0, 256)}
+	}
 	return e, nil
 }
 
@@ -285,22 +287,35 @@ func isB64Token(s string) bool {
 // key returns kind ":" base64url(HMAC(secret, kind, parts…)[:16]). Parts are
 // length-prefixed so ("ab","c") and ("a","bc") cannot collide.
 func (e *Extractor) key(kind byte, parts ...string) string {
-	m := e.macs.Get().(hash.Hash)
-	m.Reset()
-	var buf [8]byte
-	buf[0] = kind
-	m.Write(buf[:1])
+	sc := e.scratch.Get().(*scratch)
+	// The message in one buffer, hashed in one Write: a []byte(part) per
+	// Write would be an allocation each, as would a digest array passed to
+	// Sum through the interface.
+	b := append(sc.buf[:0], kind)
 	for _, p := range parts {
 		n := len(p)
-		buf[0], buf[1], buf[2], buf[3] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
-		m.Write(buf[:4])
-		m.Write([]byte(p))
+		b = append(b, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+		b = append(b, p...)
 	}
-	var sum [sha256.Size]byte
-	digest := m.Sum(sum[:0])
-	e.macs.Put(m)
-	out := make([]byte, 2+base64.RawURLEncoding.EncodedLen(16))
-	out[0], out[1] = kind, ':'
-	base64.RawURLEncoding.Encode(out[2:], digest[:16])
-	return string(out)
+	sc.mac.Reset()
+	sc.mac.Write(b)
+	sum := sc.mac.Sum(b[len(b):])
+	out := append(sum[len(sum):], kind, ':')
+	out = base64.RawURLEncoding.AppendEncode(out, sum[:16])
+	key := string(out)
+	if cap(b) <= maxScratch {
+		sc.buf = b[:0]
+		e.scratch.Put(sc)
+	}
+	return key
 }
+
+// scratch is one key derivation's MAC and buffer, reused through a pool.
+type scratch struct {
+	mac hash.Hash // keyed with the secret
+	buf []byte
+}
+
+// maxScratch bounds the buffer a pool keeps: a fingerprint of four values
+// at MaxValueBytes each is rare, and is not worth holding on to.
+const maxScratch = 4 << 10

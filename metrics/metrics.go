@@ -35,6 +35,19 @@ type Metrics struct {
 	reportErrors      *prometheus.CounterVec
 	outcomes          *prometheus.CounterVec
 	sessions          *SessionLengths // nil: not tracked (TrackSessions)
+
+	// The children the request path counts into, cached (children).
+	requestsBy  *children[requestLabels, prometheus.Counter]
+	responsesBy *children[responseLabels, prometheus.Counter]
+	inferenceBy [2]prometheus.Observer // sticky, random
+	followupsBy [2]prometheus.Counter  // broken, kept
+}
+
+type requestLabels struct{ mode, kind, source string }
+
+type responseLabels struct {
+	upstream string
+	class    int // status / 100; 0 for an invalid status
 }
 
 // New creates the collectors and registers them with reg.
@@ -117,6 +130,14 @@ func New(reg prometheus.Registerer) *Metrics {
 			"applied; undecided (no ticket: tether did not route the request); malformed; forged (not signed by this deployment); " +
 			"late (decided more than 15 min before); duplicate (applied already). Only applied ones reach the breaker and the load view.",
 	}, []string{"result"})
+	m.requestsBy = newChildren(func(l requestLabels) prometheus.Counter {
+		return m.requests.WithLabelValues(l.mode, l.kind, l.source)
+	})
+	m.responsesBy = newChildren(func(l responseLabels) prometheus.Counter {
+		return m.upstreamResponses.WithLabelValues(l.upstream, classLabel(l.class))
+	})
+	m.inferenceBy = [2]prometheus.Observer{m.inference.WithLabelValues("sticky"), m.inference.WithLabelValues("random")}
+	m.followupsBy = [2]prometheus.Counter{m.followups.WithLabelValues("broken"), m.followups.WithLabelValues("kept")}
 	reg.MustRegister(m.requests, m.failovers, m.identityRejected, m.decisionErrors, m.storeErrors, m.decisionSeconds, m.upstreamResponses,
 		m.loadSyncFailures, m.indexErrors, m.redisUp, m.redisOpens, m.inference, m.followups, m.migrations, m.oom, m.gpu, m.reportErrors, m.outcomes)
 	return m
@@ -130,7 +151,7 @@ func (m *Metrics) Decision(id identity.Identity, d affinity.Decision, took time.
 	if d.Err != nil {
 		m.storeErrors.Inc()
 	}
-	m.requests.WithLabelValues(string(d.Mode), string(d.Kind), string(id.Source)).Inc()
+	m.requestsBy.of(requestLabels{string(d.Mode), string(d.Kind), string(id.Source)}).Inc()
 	if d.Stage != affinity.StageNone {
 		m.failovers.WithLabelValues(d.Stage.String()).Inc()
 	}
@@ -165,21 +186,21 @@ func (m *Metrics) Outcome(result string) { m.outcomes.WithLabelValues(result).In
 // Response records how a decided request was answered.
 func (m *Metrics) Response(d affinity.Decision, r affinity.Reply) {
 	instance := d.Instance.Name
-	m.upstreamResponses.WithLabelValues(instance, statusClass(r.Status)).Inc()
+	m.responsesBy.of(responseLabels{instance, statusClass(r.Status)}).Inc()
 	for _, h := range r.BadReports {
 		m.reportErrors.WithLabelValues(h).Inc()
 	}
 	if !r.Served {
 		return
 	}
-	route := "sticky"
+	route := 0 // sticky
 	if d.Mode == affinity.Random {
-		route = "random"
+		route = 1
 	}
-	m.inference.WithLabelValues(route).Observe(r.Elapsed.Seconds())
+	m.inferenceBy[route].Observe(r.Elapsed.Seconds())
 	if d.Previous != "" {
 		kept := d.Instance.Name == d.Previous && !r.Peer && r.Status < 500
-		m.followups.WithLabelValues(continuity(kept)).Inc()
+		m.followupsBy[continuity(kept)].Inc()
 	}
 	if r.Peer {
 		return // the reports are a peer's, not the instance's
@@ -192,18 +213,27 @@ func (m *Metrics) Response(d affinity.Decision, r affinity.Reply) {
 	}
 }
 
-func continuity(kept bool) string {
+// continuity indexes followupsBy.
+func continuity(kept bool) int {
 	if kept {
-		return "kept"
+		return 1
 	}
-	return "broken"
+	return 0
 }
 
-func statusClass(s int) string {
+// statusClass is s's class: 1 to 5, 0 for an invalid status.
+func statusClass(s int) int {
 	if s < 100 || s > 599 {
+		return 0
+	}
+	return s / 100
+}
+
+func classLabel(class int) string {
+	if class == 0 {
 		return "invalid"
 	}
-	return strconv.Itoa(s/100) + "xx"
+	return strconv.Itoa(class) + "xx"
 }
 
 // LoadSyncFailures counts failed load exchanges with the other replicas.

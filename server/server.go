@@ -152,7 +152,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	eo.Tickets, eo.Instances = extproc.NewTickets(secret), rt.Fleet()
 	processor := extproc.New(ids, decider, rec, eo)
 
-	gs := grpc.NewServer(creds...)
+	gs := grpc.NewServer(append(extprocServerOptions(), creds...)...)
 	extprocv3.RegisterExternalProcessorServer(gs, processor)
 	accesslogv3.RegisterAccessLogServiceServer(gs, processor.AccessLog())
 	hs := health.NewServer()

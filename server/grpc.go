@@ -1,0 +1,48 @@
+package server
+
+import (
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+)
+
+// The ext_proc server's transport, for what Envoy does to it: one
+// HTTP/2 connection per Envoy worker (and one for its health checks),
+// each carrying a new stream of a few small messages per HTTP request,
+// for as long as Envoy runs.
+const (
+	// Flow control windows, fixed. A message is under a kilobyte, so a
+	// stream never comes near 64 KB, and 1 MB per connection is room for
+	// the streams of a burst. Fixed windows also turn off gRPC's
+	// bandwidth-delay estimation, which pings the peer while data keeps
+	// arriving: on a connection that is never quiet, a ping and its
+	// acknowledgement for nothing to gain (BENCHMARKS.md).
+	streamWindow = 64 << 10
+	connWindow   = 1 << 20
+
+	// Envoy may be set to ping its upstreams (the ext_proc cluster's
+	// connection_keepalive); gRPC's default policy closes a connection
+	// that pings more often than every 5 minutes, or at all without a
+	// stream, with GOAWAY "too_many_pings". Envoy would reconnect and
+	// its requests in flight would fail: tether accepts a ping every 5 s,
+	// idle or not.
+	pingMinTime = 5 * time.Second
+
+	// tether's own pings find a dead peer (an Envoy gone without a FIN)
+	// after a minute of silence, and give it 20 s to answer.
+	idlePing    = time.Minute
+	pingTimeout = 20 * time.Second
+)
+
+// extprocServerOptions are the ext_proc gRPC server's options, apart from
+// its credentials. Write buffers are shared and read buffers pooled by
+// default in gRPC since 1.66, so there is nothing to ask for there.
+func extprocServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.StaticStreamWindowSize(streamWindow),
+		grpc.StaticConnWindowSize(connWindow),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: pingMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: idlePing, Timeout: pingTimeout}),
+	}
+}

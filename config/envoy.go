@@ -46,16 +46,17 @@ type Envoy struct {
 	// Outcomes is how tether hears how each request ended (its status, the
 	// host that answered, what the instance reported), which feeds the
 	// instance breaker, the in-flight counts and the metrics:
-	// "observe" (default: a second ext_proc filter in observability mode
-	// streams the response headers as they arrive, off the request path),
-	// "access_log" (Envoy's gRPC access log, batched, at the end of each
-	// request, off the path) or "inline" (the routing exchange also waits
-	// for the response headers: a second blocking round trip per
-	// request). docs/envoy.md measures the three.
+	// "access_log" (default: Envoy's gRPC access log, on one stream per
+	// Envoy worker, at the end of each request, off the request path),
+	// "observe" (a second ext_proc filter in observability mode streams
+	// the response headers as they pass, off the path, one more stream per
+	// request) or "inline" (the routing exchange also waits for the
+	// response headers: a second blocking round trip per request).
+	// docs/envoy.md measures the three.
 	Outcomes string `toml:"outcomes"`
-	// OutcomeFlush is how long Envoy's access log holds entries before
-	// sending them (outcomes = "access_log"); it delays the breaker by as
-	// much.
+	// OutcomeFlush is how long Envoy's access log may hold entries to send
+	// them in batches (outcomes = "access_log"); it delays the breaker by
+	// as much. 0 (default): each entry is sent as it is written.
 	OutcomeFlush Duration `toml:"outcome_flush"`
 }
 
@@ -111,8 +112,8 @@ const (
 	DefaultRouteTimeout   = 300 * time.Second
 	DefaultRetries        = 1
 	DefaultPoolLB         = "ring_hash"
-	DefaultOutcomes       = "observe"
-	DefaultOutcomeFlush   = 20 * time.Millisecond
+	DefaultOutcomes       = "access_log"
+	DefaultOutcomeFlush   = 0
 )
 
 // defaultXDS has the ADS server on, on loopback.
@@ -252,8 +253,8 @@ func (c *Config) validateEnvoy(bad reporter) {
 	default:
 		bad("envoy.outcomes", c.Envoy.Outcomes, `want "access_log", "observe" or "inline"`)
 	}
-	if f := c.Envoy.OutcomeFlush.D; f < time.Millisecond || f > time.Second {
-		bad("envoy.outcome_flush", c.Envoy.OutcomeFlush, "want 1ms to 1s: the breaker hears of failures this late")
+	if f := c.Envoy.OutcomeFlush.D; f != 0 && (f < time.Millisecond || f > time.Second) {
+		bad("envoy.outcome_flush", c.Envoy.OutcomeFlush, "want 0 (each entry at once) or 1ms to 1s: the breaker hears of failures this late")
 	}
 	if r := c.Envoy.Retries; r > 5 {
 		bad("envoy.retries", r, "want 0 to 5")

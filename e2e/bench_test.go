@@ -37,7 +37,7 @@ func TestBenchSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
-	if len(rep.Overhead) != 3 || len(rep.Quality) != 5 || len(rep.Hotspot) != 2+len(bench.Smoke.HotScrapeIntervals) || len(rep.Churn) != 8 {
+	if len(rep.Overhead) != 5 || len(rep.Quality) != 5 || len(rep.Hotspot) != 2+len(bench.Smoke.HotScrapeIntervals) || len(rep.Churn) != 8 {
 		t.Fatalf("tables: %d overhead, %d quality, %d hot spot, %d churn rows", len(rep.Overhead), len(rep.Quality), len(rep.Hotspot), len(rep.Churn))
 	}
 	checkOverhead(t, rep)
@@ -144,7 +144,7 @@ func checkOverhead(t *testing.T, rep *bench.Report) {
 	for _, o := range rep.Overhead {
 		names = append(names, o.Name)
 	}
-	if strings.Join(names, ",") != "Envoy alone,tether random,tether sticky" {
+	if strings.Join(names, ",") != "Envoy alone,tether random,tether sticky,tether sticky, outcomes observe,tether sticky, outcomes inline" {
 		t.Errorf("overhead rows %v", names)
 	}
 	goals := rep.OverheadGoals()
@@ -155,7 +155,7 @@ func checkOverhead(t *testing.T, rep *bench.Report) {
 			t.Errorf("goal %+v", g)
 		}
 	}
-	if per["tether random"] != 5 || per["tether sticky"] != 7 || len(per) != 2 {
+	if per["tether random"] != 5 || per["tether sticky"] != 7 || per["tether sticky, outcomes observe"] != 7 || per["tether sticky, outcomes inline"] != 7 || len(per) != 4 {
 		t.Errorf("goals by configuration %v", per)
 	}
 	for _, g := range goals {

@@ -383,7 +383,7 @@ func TestChaosInstanceKilled(t *testing.T) {
 	for _, c := range []struct {
 		retries  uint32
 		outcomes string
-	}{{1, "observe"}, {0, "observe"}, {1, "access_log"}, {1, "inline"}} {
+	}{{1, "access_log"}, {0, "access_log"}, {1, "observe"}, {1, "inline"}} {
 		t.Run(fmt.Sprintf("retries=%d/outcomes=%s", c.retries, c.outcomes), func(t *testing.T) { instanceKilled(t, c.retries, c.outcomes) })
 	}
 }

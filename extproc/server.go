@@ -172,6 +172,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			return status.Error(codes.InvalidArgument, "processing request carries no known phase")
 		}
 		if err := stream.Send(resp); err != nil {
+			ex.apart = false // Envoy never had the ticket: no report will bring it back
 			return err
 		}
 	}

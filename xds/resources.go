@@ -544,9 +544,21 @@ func (b *builder) observeFilter() *extprocv3.ExternalProcessor {
 const OutcomeLogName = "tether.outcomes"
 
 // outcomeLog is Envoy's gRPC access log to tether, for the requests tether
-// routed (their dynamic metadata holds a ticket): batched per worker for
-// Spec.OutcomeFlush, with the instances' report headers.
+// routed (their dynamic metadata holds a ticket), with the instances'
+// report headers: each entry sent as it is written, or batched per worker
+// for Spec.OutcomeFlush.
 func (b *builder) outcomeLog() *accesslogv3.AccessLog {
+	common := &grpcalsv3.CommonGrpcAccessLogConfig{
+		LogName:             OutcomeLogName,
+		GrpcService:         b.tetherService(),
+		TransportApiVersion: corev3.ApiVersion_V3,
+	}
+	if b.spec.OutcomeFlush > 0 {
+		common.BufferFlushInterval = durationpb.New(b.spec.OutcomeFlush)
+	} else {
+		// Envoy sends its buffer once it holds more than this: every entry.
+		common.BufferSizeBytes = wrapperspb.UInt32(1)
+	}
 	return &accesslogv3.AccessLog{
 		Name: "envoy.access_loggers.http_grpc",
 		Filter: &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_MetadataFilter{
@@ -557,12 +569,7 @@ func (b *builder) outcomeLog() *accesslogv3.AccessLog {
 			}},
 		}},
 		ConfigType: &accesslogv3.AccessLog_TypedConfig{TypedConfig: b.any(&grpcalsv3.HttpGrpcAccessLogConfig{
-			CommonConfig: &grpcalsv3.CommonGrpcAccessLogConfig{
-				LogName:             OutcomeLogName,
-				GrpcService:         b.tetherService(),
-				TransportApiVersion: corev3.ApiVersion_V3,
-				BufferFlushInterval: durationpb.New(b.spec.OutcomeFlush),
-			},
+			CommonConfig:                   common,
 			AdditionalResponseHeadersToLog: b.spec.ReportHeaders,
 		})},
 	}

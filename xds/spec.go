@@ -24,8 +24,8 @@ type Spec struct {
 	ResponseAttributes []string
 	// Outcomes is how tether hears how each request ended (Outcomes*).
 	Outcomes string
-	// OutcomeFlush is how long Envoy's access log holds entries before it
-	// sends them (OutcomesAccessLog).
+	// OutcomeFlush is how long Envoy's access log may hold entries to send
+	// them in batches (OutcomesAccessLog); 0: each entry as it is written.
 	OutcomeFlush time.Duration
 	// ReportHeaders are the response headers in which instances report
 	// their state; the access log keeps them (OutcomesAccessLog).

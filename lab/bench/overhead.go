@@ -58,7 +58,8 @@ const serialTimeout = 2 * time.Minute
 
 // runOverhead: four zero-latency instances; Envoy alone (tether serves its
 // configuration but is not on the request path), Envoy + tether random,
-// Envoy + tether sticky with redis-server.
+// Envoy + tether sticky with redis-server, and sticky again with each other
+// way outcomes reach tether (envoy.outcomes; the default is access_log).
 func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, error) {
 	fleet := newSimFleet(func(string) (emulator.LatencyModel, error) { return emulator.Fixed(0), nil })
 	defer fleet.close()
@@ -72,7 +73,8 @@ func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, 
 	}
 	sc := opts.Scale
 	var rows []OverheadRow
-	for _, p := range []policy{{name: "Envoy alone", edit: envoyOnly("round_robin"), offPath: true}, policyRandom, policySticky} {
+	for _, p := range []policy{{name: "Envoy alone", edit: envoyOnly("round_robin"), offPath: true}, policyRandom, policySticky,
+		stickyOutcomes("observe"), stickyOutcomes("inline")} {
 		fmt.Fprintf(opts.Log, "overhead: %s\n", p.name)
 		row, err := overheadOnce(ctx, opts, dir, p, instances, sc)
 		if err != nil {
@@ -315,4 +317,9 @@ func topCommands(by map[string]float64, n int) string {
 		parts = append(parts, fmt.Sprintf("%s %.2f", strings.ToUpper(all[i].k), all[i].v))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// stickyOutcomes is sticky routing with envoy.outcomes set to mode.
+func stickyOutcomes(mode string) policy {
+	return policy{name: "tether sticky, outcomes " + mode, store: true, edit: func(c *config.Config) { c.Envoy.Outcomes = mode }}
 }

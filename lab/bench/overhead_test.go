@@ -119,6 +119,12 @@ func TestOverheadGoals(t *testing.T) {
 			t.Errorf("%s %s: reached at %s", g.Path, g.What, g.Figure())
 		}
 	}
+	// Envoy alone slower than tether: no verdict, not reached.
+	sticky.SerialP99 = base.SerialP99 - 100*us
+	r.Overhead[2] = sticky
+	if g := r.OverheadGoals()[6]; g.What != "added p99, one connection" || g.Reached || !g.NoVerdict {
+		t.Errorf("added p99 below zero: %+v", g)
+	}
 	// Without Envoy alone there is nothing to compare with.
 	if g := (&Report{Overhead: []OverheadRow{sticky}}).OverheadGoals(); g != nil {
 		t.Errorf("goals without a baseline: %v", g)

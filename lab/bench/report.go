@@ -237,8 +237,11 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 		w("|---|---|---:|---:|---|\n")
 		for _, g := range goals {
 			reached := "no"
-			if g.Reached {
+			switch {
+			case g.Reached:
 				reached = "yes"
+			case g.NoVerdict:
+				reached = "no verdict (Envoy alone was slower: noise)"
 			}
 			w("| %s | %s | %s | %s | %s |\n", g.Path, g.What, g.Target(), g.Figure(), reached)
 		}

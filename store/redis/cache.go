@@ -33,6 +33,8 @@ package redis
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -507,12 +509,29 @@ func nilIf(ok bool, err error) error {
 // invalidate drops the session a message names: a binding key of this
 // store's layout. Anything else is counted and ignored.
 func (c *hitCache) invalidate(payload string) {
-	key, ok := c.s.sessionOf(payload)
+	origin, name, ok := strings.Cut(payload, " ")
+	if !ok || origin == "" {
+		c.malformed.Add(1)
+		return
+	}
+	key, ok := c.s.sessionOf(name)
 	if !ok {
 		c.malformed.Add(1)
 		return
 	}
+	if origin == c.s.origin {
+		// This store's own change: it dropped (or stored, after a bind)
+		// the entry when the script returned.
+		return
+	}
 	c.drop(key)
+}
+
+// newOrigin names a store in its invalidation messages.
+func newOrigin() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
 }
 
 var tagUnreplacer = strings.NewReplacer("%7B", "{", "%7D", "}", "%25", "%")

@@ -342,14 +342,14 @@ func TestCacheMalformedMessages(t *testing.T) {
 	ctx := t.Context()
 	l := affinity.Lookup{Key: "weird{key}%", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Hour}}
 	warm(t, s, l)
-	bad := []string{"", "garbage", "tether:{", "tether:{}:b", "other:{k}:b", "tether:{a{b}:b", "tether:{k}:a", "\x00\xff"}
+	bad := []string{"", "garbage", " tether:{k}:b", "o tether:{", "o tether:{}:b", "o other:{k}:b", "o tether:{a{b}:b", "o tether:{k}:a", "\x00\xff"}
 	for _, m := range bad {
 		if err := r.Client().Publish(ctx, s.channel, m).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A good one last: once it has dropped the entry, the bad ones were read.
-	if err := r.Client().Publish(ctx, s.channel, s.bindingKey(l.Key)).Err(); err != nil {
+	if err := r.Client().Publish(ctx, s.channel, "other "+s.bindingKey(l.Key)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)

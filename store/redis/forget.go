@@ -13,7 +13,8 @@ import (
 // the binding's instance or an empty string, the key the link led to or
 // an empty string}. A key of another type than the layout's is deleted
 // without being read. ARGV[1] is the invalidation channel ('' when the
-// deployment does not cache hits): a deleted binding is published on it.
+// deployment does not cache hits): a deleted binding is published on it;
+// ARGV[2] is the calling store's origin.
 const forgetSrc = `
 local inst, to = '', ''
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then
@@ -24,7 +25,7 @@ if redis.call('TYPE', KEYS[2]).ok == 'string' then
 end
 local b = redis.call('DEL', KEYS[1])
 if b == 1 and ARGV[1] ~= '' then
-  redis.call('PUBLISH', ARGV[1], KEYS[1])
+  redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' ' .. KEYS[1])
 end
 return {b, redis.call('DEL', KEYS[2]), inst, to}
 `
@@ -120,7 +121,7 @@ func (s *Store) forgetChunk(ctx context.Context, keys []string) ([]forgotten, er
 	}
 	calls := make([]*scriptCall, len(keys))
 	for i, k := range keys {
-		calls[i] = &scriptCall{sc: forgetScript, keys: []string{s.bindingKey(k), s.linkKey(k)}, args: []any{s.channel}}
+		calls[i] = &scriptCall{sc: forgetScript, keys: []string{s.bindingKey(k), s.linkKey(k)}, args: []any{s.channel, s.origin}}
 	}
 	s.exec(ctx, calls, nil)
 	if s.cache != nil {

@@ -223,6 +223,7 @@ type Store struct {
 	// nil when this store does not cache them; hits and hitsWhy say so
 	// (Hits).
 	channel       string
+	origin        string // this store's name in its messages, random
 	cache         *hitCache
 	hits, hitsWhy string
 
@@ -281,6 +282,7 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options,
 		s.prefix = DefaultPrefix
 	}
 	s.fleet = s.prefix + "{fleet}:"
+	s.origin = newOrigin()
 	s.hits, s.hitsWhy = HitsOneRoundTrip, "cache off ([redis] cache = false)"
 	if standalone {
 		// Published whether or not this replica caches: another replica
@@ -472,7 +474,7 @@ func (s *Store) getOrBindOnce(ctx context.Context, l affinity.Lookup, key string
 		sc:   s.getOrBind,
 		keys: []string{s.bindingKey(key), s.linkKey(key)},
 		args: []any{l.Candidate.Instance, l.Candidate.Version, now, millis(idle), millis(l.Lifetime.Max),
-			boolArg(follow), now + entryLifetime(idle), refreshPeriod(idle), refreshMargin(idle), boolArg(hasLinks), s.channel},
+			boolArg(follow), now + entryLifetime(idle), refreshPeriod(idle), refreshMargin(idle), boolArg(hasLinks), s.channel, s.origin},
 	}
 	calls := []*scriptCall{c}
 	if pending != nil {
@@ -500,7 +502,7 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 	now := next.Since.UnixMilli()
 	c := &scriptCall{sc: s.replace, keys: []string{s.bindingKey(key)},
 		args: []any{old, next.Instance, next.Version, now, millis(lt.Idle), now + entryLifetime(lt.Idle),
-			refreshPeriod(lt.Idle), refreshMargin(lt.Idle), next.Failovers, s.channel}}
+			refreshPeriod(lt.Idle), refreshMargin(lt.Idle), next.Failovers, s.channel, s.origin}}
 	calls := []*scriptCall{c}
 	if s.cache != nil {
 		// The binding changes (or another replica's is kept): forget it
@@ -557,13 +559,18 @@ func (s *Store) refresh(ctx context.Context, key, instance, prev string, now, in
 			if s.channel != "" {
 				// A request for a now leads to key: a replica that cached a's
 				// own binding must ask Redis again.
-				p.Publish(ctx, s.channel, s.bindingKey(a))
+				p.Publish(ctx, s.channel, s.origin+" "+s.bindingKey(a))
 			}
 		}
 	})
 	if len(calls) > 0 {
 		if err := calls[0].cmd.Err(); err != nil {
 			s.indexError(fmt.Errorf("redis index %q on %q: %w", key, instance, err))
+		}
+	}
+	if s.cache != nil {
+		for _, a := range aliases {
+			s.cache.drop(a) // its own message is skipped here
 		}
 	}
 	for i, c := range sets {
@@ -650,7 +657,7 @@ func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move
 		calls := make([]*scriptCall, len(batch))
 		for i, z := range batch {
 			calls[i] = &scriptCall{sc: s.mark, keys: []string{s.bindingKey(z.Member.(string))},
-				args: []any{f.Instance, f.Version, boolArg(doMark), m.Version, m.Off, s.channel}}
+				args: []any{f.Instance, f.Version, boolArg(doMark), m.Version, m.Off, s.channel, s.origin}}
 		}
 		bctx, cancel := s.opContext(ctx)
 		s.exec(bctx, calls, nil)

@@ -36,7 +36,9 @@ package redis
 // [5] max ms (0: none), [6] '1' to follow an alias link, [7] now +
 // idle*5/4 (a new entry or link expiry), [8] refresh period ms, [9] margin
 // ms, [10] '1' when the request has alias links to write, [11] the
-// invalidation channel ('' when the deployment does not cache hits).
+// invalidation channel ('' when the deployment does not cache hits), [12]
+// the calling store's origin. A message is "<origin> <binding key>": a
+// replica skips its own (it has already dropped or stored the entry).
 //
 // A bind (created or renewed) publishes KEYS[1] on the channel, in the
 // script, so every replica drops what it cached of the session before any
@@ -113,7 +115,7 @@ if ARGV[10] == '1' then
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 if ARGV[11] ~= '' then
-  redis.call('PUBLISH', ARGV[11], KEYS[1])
+  redis.call('PUBLISH', ARGV[11], ARGV[12] .. ' ' .. KEYS[1])
 end
 local prev = {cur[1] or '', '', '', ''}
 if outcome == 3 then
@@ -126,7 +128,8 @@ return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], A
 // [3] next version, [4] now (next.Since), [5] idle ms, [6] now +
 // idle*5/4, [7] refresh period ms, [8] margin ms, [9] next failovers,
 // [10] the invalidation channel ('' when the deployment does not cache
-// hits): a stored next (a failover, a rebind) is published on it.
+// hits): a stored next (a failover, a rebind) is published on it, [11]
+// the calling store's origin.
 //
 // Replies {replaced, instance, since, version, index expiry, previous
 // instance, failovers}: replaced is 1 when next was stored (the binding was absent,
@@ -167,7 +170,7 @@ if int(cur[8]) then
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 if ARGV[10] ~= '' then
-  redis.call('PUBLISH', ARGV[10], KEYS[1])
+  redis.call('PUBLISH', ARGV[10], ARGV[11] .. ' ' .. KEYS[1])
 end
 return {1, ARGV[2], ARGV[4], ARGV[3], ARGV[6], cur[1] or '', ARGV[9]}
 `
@@ -229,7 +232,8 @@ const (
 // markSrc: KEYS[1] binding. ARGV[1] instance, [2] version (empty: any),
 // [3] '1' to mark, '0' to check only, [4] move-to-version, [5] move-off,
 // [6] the invalidation channel ('' when the deployment does not cache
-// hits): a mark (a migration, a drain, an evacuation) is published on it.
+// hits): a mark (a migration, a drain, an evacuation) is published on it,
+// [7] the calling store's origin.
 // Replies one of the mark* values. HSET keeps the binding's TTL, so the mark
 // expires with the session.
 const markSrc = `
@@ -246,7 +250,7 @@ end
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'mv', ARGV[4], 'mo', ARGV[5])
   if ARGV[6] ~= '' then
-    redis.call('PUBLISH', ARGV[6], KEYS[1])
+    redis.call('PUBLISH', ARGV[6], ARGV[7] .. ' ' .. KEYS[1])
   end
   return 3
 end

@@ -167,22 +167,22 @@ type touch struct {
 }
 
 type hitCache struct {
-	s       *Store
-	opts    CacheOptions
-	seed    maphash.Seed
-	shards  [cacheShards]cacheShard
-	perCap  int
-	ready   atomic.Bool
-	qmu     sync.Mutex
-	queue   map[string]*touch
+	s      *Store
+	opts   CacheOptions
+	seed   maphash.Seed
+	shards [cacheShards]cacheShard
+	perCap int
+	ready  atomic.Bool
+	qmu    sync.Mutex
+	queue  map[string]*touch
 	// inflight is the batch a flush is writing back, done closed when it
 	// has: a miss on one of its sessions waits for it, so that the count
 	// Redis returns includes the cached hits.
 	inflight map[string]*touch
 	done     chan struct{}
-	stop    context.CancelFunc
-	wg      sync.WaitGroup
-	flushMu sync.Mutex // one write back at a time
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
+	flushMu  sync.Mutex // one write back at a time
 
 	hits, misses, invalidations, flushes, malformed atomic.Uint64
 	writeBacks, dropped, writeBackErrors            atomic.Uint64

@@ -12,7 +12,7 @@ import (
 // slot). Deletes both. Replies {binding deleted (0/1), link deleted (0/1),
 // the binding's instance or an empty string, the key the link led to or
 // an empty string}. A key of another type than the layout's is deleted
-// without being read. ARGV[1] is the invalidation channel ('' when the
+// without being read. ARGV[1] is the invalidation channel (” when the
 // deployment does not cache hits): a deleted binding is published on it;
 // ARGV[2] is the calling store's origin.
 const forgetSrc = `

@@ -36,7 +36,7 @@ package redis
 // [5] max ms (0: none), [6] '1' to follow an alias link, [7] now +
 // idle*5/4 (a new entry or link expiry), [8] refresh period ms, [9] margin
 // ms, [10] '1' when the request has alias links to write, [11] the
-// invalidation channel ('' when the deployment does not cache hits), [12]
+// invalidation channel (” when the deployment does not cache hits), [12]
 // the calling store's origin. A message is "<origin> <binding key>": a
 // replica skips its own (it has already dropped or stored the entry).
 //
@@ -127,7 +127,7 @@ return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], A
 // replaceSrc: KEYS[1] binding. ARGV[1] old instance, [2] next instance,
 // [3] next version, [4] now (next.Since), [5] idle ms, [6] now +
 // idle*5/4, [7] refresh period ms, [8] margin ms, [9] next failovers,
-// [10] the invalidation channel ('' when the deployment does not cache
+// [10] the invalidation channel (” when the deployment does not cache
 // hits): a stored next (a failover, a rebind) is published on it, [11]
 // the calling store's origin.
 //
@@ -231,7 +231,7 @@ const (
 
 // markSrc: KEYS[1] binding. ARGV[1] instance, [2] version (empty: any),
 // [3] '1' to mark, '0' to check only, [4] move-to-version, [5] move-off,
-// [6] the invalidation channel ('' when the deployment does not cache
+// [6] the invalidation channel (” when the deployment does not cache
 // hits): a mark (a migration, a drain, an evacuation) is published on it,
 // [7] the calling store's origin.
 // Replies one of the mark* values. HSET keeps the binding's TTL, so the mark

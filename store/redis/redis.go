@@ -385,6 +385,19 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 	if err := affinity.CheckBinding(l.Candidate, l.Lifetime); err != nil {
 		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
+
+	// Nothing is linked until the key is resolved: l.Key may itself be an
+	// alias, and the links must lead to the key the binding lives under.
+	key, aliases := l.Key, aliasesOf(l.Aliases, l.Key)
+	var epoch uint64
+	if s.cache != nil {
+		// A cached hit: no round trip, no context, nothing sent.
+		res, ok, e := s.cache.lookup(l, aliases)
+		if ok {
+			return res, nil
+		}
+		epoch = e
+	}
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
@@ -392,18 +405,8 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
 	now := l.Candidate.Since.UnixMilli()
-
-	// Nothing is linked until the key is resolved: l.Key may itself be an
-	// alias, and the links must lead to the key the binding lives under.
-	key, aliases := l.Key, aliasesOf(l.Aliases, l.Key)
-	var epoch uint64
 	var pending *touch
 	if s.cache != nil {
-		res, ok, e := s.cache.lookup(l, aliases)
-		if ok {
-			return res, nil
-		}
-		epoch = e
 		// Hits cached earlier and not yet written back go first, in the
 		// same round trip, so the count this call returns includes them.
 		pending, _ = s.cache.take(ctx, key)

@@ -41,6 +41,10 @@
 // SCRIPT FLUSH, a call refused with NOSCRIPT is sent again with EVAL once,
 // which caches the script again.
 //
+//   - With the hit cache (Options.Cache, standalone Redis only; see
+//     cache.go), a hit whose refresh is not due and that the replica has
+//     cached is NO round trip: its refresh and count are written back
+//     later, in a batch. Every other case below is unchanged.
 //   - A hit whose refresh is not due is ONE round trip: the get-or-bind
 //     script alone, and nothing else is sent.
 //   - A bind, or a hit whose refresh is due, is two: the script, then one

@@ -108,6 +108,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		} else {
 			log.Info().Str("hits", mode).Msg("sticky hits: served from the replica's cache, invalidated by Redis messages")
 		}
+		registerHitCache(reg, redisStore)
 	}
 	// Deferred after store.Close, so it runs before it, and after the
 	// ext_proc server has stopped below: in-flight decisions are recorded.

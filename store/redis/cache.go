@@ -547,7 +547,11 @@ func (s *Store) sessionOf(name string) (string, bool) {
 	if !ok || esc == "" || strings.ContainsAny(esc, "{}") {
 		return "", false
 	}
-	return tagUnreplacer.Replace(esc), true
+	key := tagUnreplacer.Replace(esc)
+	if s.bindingKey(key) != name {
+		return "", false // not escaped as bindingKey escapes
+	}
+	return key, true
 }
 
 func (c *hitCache) stats() CacheStats {

@@ -464,3 +464,25 @@ func BenchmarkCachedHit(b *testing.B) {
 		})
 	}
 }
+
+// FuzzInvalidate: any message is either a binding key of this store's
+// layout, whose session round-trips, or counted as malformed; none panics.
+func FuzzInvalidate(f *testing.F) {
+	for _, seed := range []string{"", "o tether:{k}:b", "o tether:{%7Bx%7D%25}:b", "tether:{k}:b", "o tether:{a{b}:b", "o  "} {
+		f.Add(seed)
+	}
+	s := &Store{prefix: DefaultPrefix, origin: "self"}
+	c := newHitCache(s, CacheOptions{}.withDefaults())
+	f.Fuzz(func(t *testing.T, msg string) {
+		before := c.malformed.Load()
+		c.invalidate(msg)
+		origin, name, ok := strings.Cut(msg, " ")
+		key, valid := s.sessionOf(name)
+		if valid && s.bindingKey(key) != name {
+			t.Errorf("sessionOf(%q) = %q, whose binding key is %q", name, key, s.bindingKey(key))
+		}
+		if malformed := c.malformed.Load() != before; malformed == (ok && origin != "" && valid) {
+			t.Errorf("%q: counted as malformed %v", msg, malformed)
+		}
+	})
+}

@@ -28,7 +28,9 @@ func (r *Readiness) Drain() { r.mu.Lock(); r.draining = true; r.mu.Unlock() }
 // answer never waits on a dead Redis: the store's guard refuses the ping
 // at once while open, and otherwise the store's per-call timeout bounds it.
 // The body says the guard's state in its "breaker" field (closed, open,
-// half-open; the name dashboards and probes already read).
+// half-open; the name dashboards and probes already read), and how a
+// sticky hit is served in its "hits" field ("cached": without a round
+// trip; "one round trip"), for a store with a backend.
 func (r *Readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	draining := r.draining
@@ -49,6 +51,9 @@ func (r *Readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 	body["breaker"] = h.State.String()
+	if h.Hits != "" {
+		body["hits"] = h.Hits // "cached", or "one round trip" per sticky hit
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(body)

@@ -31,6 +31,9 @@ func TestReadinessFollowsTheBreaker(t *testing.T) {
 		{"half-open", fakeStore{state: affinity.GuardHalfOpen, pingErr: redisstore.ErrGuardOpen}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "half-open"}},
 		{"probe succeeded", fakeStore{state: affinity.GuardOpen, closeOnPing: true}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
 		{"draining, open", fakeStore{state: affinity.GuardOpen, pingErr: redisstore.ErrGuardOpen}, true, 503, map[string]string{"status": "draining", "store": "unreachable", "breaker": "open"}},
+		// How a sticky hit is served, for a store with a backend.
+		{"cached hits", fakeStore{state: affinity.GuardClosed, hits: redisstore.HitsCached}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed", "hits": "cached"}},
+		{"one round trip", fakeStore{state: affinity.GuardClosed, hits: redisstore.HitsOneRoundTrip}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed", "hits": "one round trip"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -57,6 +60,7 @@ type fakeStore struct {
 	pingErr error
 	// closeOnPing: the ping is the breaker's probe, and succeeds.
 	closeOnPing bool
+	hits        string
 }
 
 func (f *fakeStore) Ping(context.Context) error {
@@ -66,4 +70,6 @@ func (f *fakeStore) Ping(context.Context) error {
 	return f.pingErr
 }
 
-func (f *fakeStore) Health() affinity.StoreHealth { return affinity.StoreHealth{State: f.state} }
+func (f *fakeStore) Health() affinity.StoreHealth {
+	return affinity.StoreHealth{State: f.state, Hits: f.hits}
+}

@@ -398,6 +398,9 @@ type StoreHealth struct {
 	// Opens counts the guard's openings from closed, a start without the
 	// backend included; reopenings after a failed probe are not counted.
 	Opens uint64
+	// Hits says how a sticky hit is served: "cached" (no round trip),
+	// "one round trip", or empty for a store without a backend.
+	Hits string
 }
 
 // Up reports whether the backend is taken as reachable.

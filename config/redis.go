@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"time"
 )
@@ -16,16 +17,41 @@ type Redis struct {
 	// it the request is placed without Redis, and after 5 such failures in
 	// a row the store stops calling Redis for a cooldown (see store/redis).
 	Timeout Duration `toml:"timeout"`
+	// Cache serves a sticky hit from what the replica already knows,
+	// without a round trip, kept true across replicas by an invalidation
+	// channel (see store/redis cache.go). A standalone Redis only: on a
+	// Cluster or Sentinel tether keeps one round trip per hit and says so
+	// at start and in /readyz.
+	Cache bool `toml:"cache"`
+	// CacheSize is the most sessions a replica caches.
+	CacheSize int `toml:"cache_size"`
+	// CacheTTL is the longest a cached binding is served after Redis last
+	// answered for it (a backstop: changes arrive by message).
+	CacheTTL Duration `toml:"cache_ttl"`
+	// CacheFlushInterval is how often cached hits' idle refreshes and
+	// request counts are written back, in one pipeline.
+	CacheFlushInterval Duration `toml:"cache_flush_interval"`
 }
 
 // Defaults of [redis].
 const (
 	DefaultRedisURL     = "embedded"
 	DefaultRedisTimeout = 10 * time.Millisecond
+	// The hit cache's defaults (store/redis DefaultCache*).
+	DefaultRedisCacheSize          = 100_000
+	DefaultRedisCacheTTL           = 10 * time.Second
+	DefaultRedisCacheFlushInterval = 200 * time.Millisecond
+	// Bounds of the hit cache's settings.
+	maxRedisCacheSize          = 10_000_000
+	minRedisCacheTTL           = 100 * time.Millisecond
+	maxRedisCacheTTL           = 5 * time.Minute
+	minRedisCacheFlushInterval = 10 * time.Millisecond
+	maxRedisCacheFlushInterval = time.Second
 )
 
 func defaultRedis() Redis {
-	return Redis{URL: DefaultRedisURL, Timeout: Dur(DefaultRedisTimeout)}
+	return Redis{URL: DefaultRedisURL, Timeout: Dur(DefaultRedisTimeout), Cache: true,
+		CacheSize: DefaultRedisCacheSize, CacheTTL: Dur(DefaultRedisCacheTTL), CacheFlushInterval: Dur(DefaultRedisCacheFlushInterval)}
 }
 
 func (c *Config) validateRedis(bad reporter) {
@@ -42,6 +68,20 @@ func (c *Config) validateRedis(bad reporter) {
 	// past that Envoy routes on without tether, and the answer is wasted.
 	if c.Redis.Timeout.D < time.Millisecond || c.Redis.Timeout.D >= c.Envoy.MessageTimeout.D {
 		bad("redis.timeout", c.Redis.Timeout, "want at least 1ms and below envoy.message_timeout "+c.Envoy.MessageTimeout.String())
+	}
+	// Checked whether or not the cache is on, so turning it on later
+	// cannot surprise.
+	r := c.Redis
+	if r.CacheSize < 1 || r.CacheSize > maxRedisCacheSize {
+		bad("redis.cache_size", r.CacheSize, fmt.Sprintf("want 1 to %d sessions", maxRedisCacheSize))
+	}
+	if r.CacheTTL.D < minRedisCacheTTL || r.CacheTTL.D > maxRedisCacheTTL {
+		bad("redis.cache_ttl", r.CacheTTL, fmt.Sprintf("want %v to %v", minRedisCacheTTL, maxRedisCacheTTL))
+	}
+	if r.CacheFlushInterval.D < minRedisCacheFlushInterval || r.CacheFlushInterval.D > maxRedisCacheFlushInterval {
+		bad("redis.cache_flush_interval", r.CacheFlushInterval, fmt.Sprintf("want %v to %v", minRedisCacheFlushInterval, maxRedisCacheFlushInterval))
+	} else if r.CacheFlushInterval.D >= r.CacheTTL.D {
+		bad("redis.cache_flush_interval", r.CacheFlushInterval, "want below redis.cache_ttl "+r.CacheTTL.String())
 	}
 }
 

@@ -84,6 +84,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	// and uses it once it answers.
 	st, err := store.Open(ctx, cfg.Redis.URL, store.Options{
 		Timeout: cfg.Redis.Timeout.D, OnIndexError: rec.IndexError, OnGuard: rec.RedisGuard,
+		Cache: redisstore.CacheOptions{Enabled: cfg.Redis.Cache, Size: cfg.Redis.CacheSize,
+			TTL: cfg.Redis.CacheTTL.D, FlushInterval: cfg.Redis.CacheFlushInterval.D},
 	})
 	if err != nil {
 		return fmt.Errorf("binding store: %w", err)
@@ -98,6 +100,16 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	// The Redis sink writes to the bindings' Redis; the memory store has
 	// none (config validation refuses that sink with it).
 	redisStore, _ := st.(*redisstore.Store)
+	if redisStore != nil {
+		// Said once at start, and in /readyz ("hits"): where a hit cannot
+		// be cached, every sticky request costs a Redis round trip.
+		if mode, why := redisStore.Hits(); why != "" {
+			log.Info().Str("hits", mode).Str("why", why).Msg("sticky hits: one Redis round trip each")
+		} else {
+			log.Info().Str("hits", mode).Msg("sticky hits: served from the replica's cache, invalidated by Redis messages")
+		}
+		registerHitCache(reg, redisStore)
+	}
 	// Deferred after store.Close, so it runs before it, and after the
 	// ext_proc server has stopped below: in-flight decisions are recorded.
 	auditor, stopAudit, err := startAudit(ctx, cfg, redisStore, reg, log)

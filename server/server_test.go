@@ -319,7 +319,7 @@ func TestStartsWithoutRedis(t *testing.T) {
 
 	code, body, took := readyz(t, admin)
 	t.Logf("/readyz without Redis: %d %v in %v", code, body, took)
-	want := map[string]string{"status": "degraded", "store": "unreachable", "breaker": "open"}
+	want := map[string]string{"status": "degraded", "store": "unreachable", "breaker": "open", "hits": "cached"}
 	if code != http.StatusOK || !cmp.Equal(body, want) {
 		t.Errorf("/readyz without Redis: %d %v, want 200 %v", code, body, want)
 	}
@@ -375,7 +375,7 @@ func TestStartsWithoutRedis(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		code, body, _ := readyz(t, admin)
-		if code == http.StatusOK && cmp.Equal(body, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}) {
+		if code == http.StatusOK && cmp.Equal(body, map[string]string{"status": "ready", "store": "ok", "breaker": "closed", "hits": "cached"}) {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -53,6 +53,9 @@ type Options struct {
 	// when the store is built (true: open, the backend unreachable), then
 	// each time it opens or closes (redis.Options.OnGuard).
 	OnGuard func(open bool)
+	// Cache tunes the Redis store's hit cache (redis.Options.Cache); the
+	// memory store has no round trip to save and ignores it.
+	Cache redis.CacheOptions
 }
 
 // Open returns the store rawURL names: Embedded gives a new memory store,
@@ -68,7 +71,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (Store, error) {
 		}
 		return s, nil
 	}
-	s, err := redis.Open(ctx, rawURL, redis.Options{Timeout: opts.Timeout, OnIndexError: opts.OnIndexError, OnGuard: opts.OnGuard})
+	s, err := redis.Open(ctx, rawURL, redis.Options{Timeout: opts.Timeout, OnIndexError: opts.OnIndexError, OnGuard: opts.OnGuard, Cache: opts.Cache})
 	if err != nil {
 		return nil, err
 	}

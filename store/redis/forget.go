@@ -12,7 +12,9 @@ import (
 // slot). Deletes both. Replies {binding deleted (0/1), link deleted (0/1),
 // the binding's instance or an empty string, the key the link led to or
 // an empty string}. A key of another type than the layout's is deleted
-// without being read.
+// without being read. ARGV[1] is the invalidation channel (” when the
+// deployment does not cache hits): a deleted binding is published on it;
+// ARGV[2] is the calling store's origin.
 const forgetSrc = `
 local inst, to = '', ''
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then
@@ -21,7 +23,11 @@ end
 if redis.call('TYPE', KEYS[2]).ok == 'string' then
   to = redis.call('GET', KEYS[2]) or ''
 end
-return {redis.call('DEL', KEYS[1]), redis.call('DEL', KEYS[2]), inst, to}
+local b = redis.call('DEL', KEYS[1])
+if b == 1 and ARGV[1] ~= '' then
+  redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' ' .. KEYS[1])
+end
+return {b, redis.call('DEL', KEYS[2]), inst, to}
 `
 
 // forgetScript is immutable (its source and hash); exec loads it into a
@@ -115,9 +121,14 @@ func (s *Store) forgetChunk(ctx context.Context, keys []string) ([]forgotten, er
 	}
 	calls := make([]*scriptCall, len(keys))
 	for i, k := range keys {
-		calls[i] = &scriptCall{sc: forgetScript, keys: []string{s.bindingKey(k), s.linkKey(k)}}
+		calls[i] = &scriptCall{sc: forgetScript, keys: []string{s.bindingKey(k), s.linkKey(k)}, args: []any{s.channel, s.origin}}
 	}
 	s.exec(ctx, calls, nil)
+	if s.cache != nil {
+		for _, k := range keys {
+			s.cache.drop(k)
+		}
+	}
 	out := make([]forgotten, 0, len(keys))
 	for i, c := range calls {
 		res, err := c.cmd.Slice()

@@ -40,7 +40,11 @@ var ErrGuardOpen = errors.New("redis unavailable")
 
 // Health returns the state of the store's guard on Redis. It does not
 // touch the network.
-func (s *Store) Health() affinity.StoreHealth { return s.guard.health() }
+func (s *Store) Health() affinity.StoreHealth {
+	h := s.guard.health()
+	h.Hits = s.hits
+	return h
+}
 
 // guardConfig tunes a guard; the zero values of threshold, cooldown,
 // maxCooldown and now take the defaults.

@@ -41,6 +41,10 @@
 // SCRIPT FLUSH, a call refused with NOSCRIPT is sent again with EVAL once,
 // which caches the script again.
 //
+//   - With the hit cache (Options.Cache, standalone Redis only; see
+//     cache.go), a hit whose refresh is not due and that the replica has
+//     cached is NO round trip: its refresh and count are written back
+//     later, in a batch. Every other case below is unchanged.
 //   - A hit whose refresh is not due is ONE round trip: the get-or-bind
 //     script alone, and nothing else is sent.
 //   - A bind, or a hit whose refresh is due, is two: the script, then one
@@ -181,11 +185,16 @@ type Options struct {
 	// held, from the goroutine whose call changed the state: keep it short
 	// (set a gauge) and do not call the Store from it.
 	OnGuard func(open bool)
+	// Cache serves sticky hits without a round trip (cache.go). On by
+	// default for a standalone Redis; a Cluster or Sentinel keeps one
+	// round trip per hit (Store.Hits says which, and why). A store with
+	// the cache on must be closed: it runs two goroutines.
+	Cache CacheOptions
 }
 
 // DefaultOptions returns the options tether runs with.
 func DefaultOptions() Options {
-	return Options{Timeout: DefaultTimeout, Prefix: DefaultPrefix}
+	return Options{Timeout: DefaultTimeout, Prefix: DefaultPrefix, Cache: CacheOptions{Enabled: true}}
 }
 
 // Validate reports the first invalid option.
@@ -195,6 +204,9 @@ func (o Options) Validate() error {
 	}
 	if strings.ContainsAny(o.Prefix, "{}") {
 		return fmt.Errorf("redis options: prefix %q must not contain '{' or '}'", o.Prefix)
+	}
+	if err := o.Cache.Validate(); err != nil {
+		return err
 	}
 	return nil
 }
@@ -209,6 +221,15 @@ type Store struct {
 	guard        *guard // the guard on Redis, a hook on client
 
 	getOrBind, replace, index, show, mark, prune, syncLoad *goredis.Script
+
+	// channel is where the scripts publish a changed binding's key ("" when
+	// the deployment cannot cache hits: a Cluster or Sentinel); cache is
+	// nil when this store does not cache them; hits and hitsWhy say so
+	// (Hits).
+	channel       string
+	origin        string // this store's name in its messages, random
+	cache         *hitCache
+	hits, hitsWhy string
 
 	// ownClient: Open built the client, so Close closes it.
 	ownClient bool
@@ -225,13 +246,20 @@ type Store struct {
 // per-call timeout the client must have ContextTimeoutEnabled; otherwise
 // go-redis ignores context deadlines and a slow Redis would hold requests
 // for its read timeout.
+//
+// The hit cache (Options.Cache) works on a *goredis.Client of a standalone
+// Redis only: a Sentinel's failover client is one too, so do not enable
+// it on one (Open tells them apart).
 func New(client goredis.UniversalClient, opts Options) (*Store, error) {
-	return newStore(context.Background(), client, opts, nil)
+	_, standalone := client.(*goredis.Client)
+	return newStore(context.Background(), client, opts, nil, standalone)
 }
 
 // newStore builds the store and checks Redis (see New). redact removes
 // secrets from the error texts Health reports (nil: none).
-func newStore(ctx context.Context, client goredis.UniversalClient, opts Options, redact func(string) string) (*Store, error) {
+// standalone says the client talks to one standalone server, where the
+// hit cache's invalidation channel works.
+func newStore(ctx context.Context, client goredis.UniversalClient, opts Options, redact func(string) string, standalone bool) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redis store: nil client")
 	}
@@ -258,6 +286,19 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options,
 		s.prefix = DefaultPrefix
 	}
 	s.fleet = s.prefix + "{fleet}:"
+	s.origin = newOrigin()
+	s.hits, s.hitsWhy = HitsOneRoundTrip, "cache off ([redis] cache = false)"
+	if standalone {
+		// Published whether or not this replica caches: another replica
+		// on the same Redis may.
+		s.channel = s.prefix + "invalidate"
+		if opts.Cache.Enabled {
+			s.cache = newHitCache(s, opts.Cache.withDefaults())
+			s.hits, s.hitsWhy = HitsCached, ""
+		}
+	} else if opts.Cache.Enabled {
+		s.hitsWhy = "a Redis Cluster or Sentinel: no invalidation channel for a hit cache"
+	}
 	bc := guardConfig{redact: redact}
 	if cc, ok := client.(*goredis.ClusterClient); ok {
 		// Lazy and coalesced by go-redis: one reload at a time.
@@ -267,10 +308,17 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options,
 	client.AddHook(s.guard)
 	// SCRIPT LOAD now (a cluster client loads on every shard), so calls can
 	// go straight to EVALSHA.
-	if err := s.start(ctx, []*goredis.Script{s.getOrBind, s.replace, s.index, s.show, s.mark, s.prune, s.syncLoad}); err != nil {
+	scripts := []*goredis.Script{s.getOrBind, s.replace, s.index, s.show, s.mark, s.prune, s.syncLoad}
+	if s.cache != nil {
+		scripts = append(scripts, touchScript)
+	}
+	if err := s.start(ctx, scripts); err != nil {
 		return nil, err
 	}
 	s.guard.watch(opts.OnGuard)
+	if s.cache != nil {
+		s.cache.start()
+	}
 	return s, nil
 }
 
@@ -292,6 +340,9 @@ func contextTimeoutEnabled(c goredis.UniversalClient) bool {
 // caller's client open. Close is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		if s.cache != nil {
+			s.cache.close()
+		}
 		s.guard.off.Store(true)
 		if s.ownClient {
 			s.closeErr = s.client.Close()
@@ -338,6 +389,19 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 	if err := affinity.CheckBinding(l.Candidate, l.Lifetime); err != nil {
 		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
+
+	// Nothing is linked until the key is resolved: l.Key may itself be an
+	// alias, and the links must lead to the key the binding lives under.
+	key, aliases := l.Key, aliasesOf(l.Aliases, l.Key)
+	var epoch uint64
+	if s.cache != nil {
+		// A cached hit: no round trip, no context, nothing sent.
+		res, ok, e := s.cache.lookup(l, aliases)
+		if ok {
+			return res, nil
+		}
+		epoch = e
+	}
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
@@ -345,11 +409,13 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
 	now := l.Candidate.Since.UnixMilli()
-
-	// Nothing is linked until the key is resolved: l.Key may itself be an
-	// alias, and the links must lead to the key the binding lives under.
-	key, aliases := l.Key, aliasesOf(l.Aliases, l.Key)
-	r, err := s.getOrBindOnce(ctx, l, key, true, len(aliases) > 0)
+	var pending *touch
+	if s.cache != nil {
+		// Hits cached earlier and not yet written back go first, in the
+		// same round trip, so the count this call returns includes them.
+		pending, _ = s.cache.take(ctx, key)
+	}
+	r, err := s.getOrBindOnce(ctx, l, key, true, len(aliases) > 0, pending)
 	if err != nil {
 		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
@@ -357,7 +423,11 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 		// l.Key is an alias: it is linked again, with the other aliases,
 		// whenever the session's links are due, so following it keeps it.
 		key, aliases = r.link, aliasesOf(append([]string{l.Key}, l.Aliases...), r.link)
-		r, err = s.getOrBindOnce(ctx, l, key, false, len(aliases) > 0)
+		var pending *touch
+		if s.cache != nil {
+			pending, _ = s.cache.take(ctx, key)
+		}
+		r, err = s.getOrBindOnce(ctx, l, key, false, len(aliases) > 0, pending)
 		if err != nil {
 			return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 		}
@@ -378,6 +448,13 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 	case affinity.Renewed:
 		res.Previous = r.prev
 	}
+	if s.cache != nil {
+		if key == l.Key {
+			s.cache.store(key, epoch, res, l.Candidate.Since, r)
+		} else {
+			s.cache.drop(key) // its cached count is behind now
+		}
+	}
 	return res, nil
 }
 
@@ -396,15 +473,21 @@ func aliasesOf(aliases []string, key string) []string {
 // getOrBindOnce runs the get-or-bind script on key, alone: a hit whose
 // refresh is not due is this one EVALSHA. hasLinks tells the script that
 // the request has alias links to write when they are due.
-func (s *Store) getOrBindOnce(ctx context.Context, l affinity.Lookup, key string, follow, hasLinks bool) (bindReply, error) {
+// A pending write back of key's cached hits is sent before it, in one
+// pipeline.
+func (s *Store) getOrBindOnce(ctx context.Context, l affinity.Lookup, key string, follow, hasLinks bool, pending *touch) (bindReply, error) {
 	now, idle := l.Candidate.Since.UnixMilli(), l.Lifetime.Idle
 	c := &scriptCall{
 		sc:   s.getOrBind,
 		keys: []string{s.bindingKey(key), s.linkKey(key)},
 		args: []any{l.Candidate.Instance, l.Candidate.Version, now, millis(idle), millis(l.Lifetime.Max),
-			boolArg(follow), now + entryLifetime(idle), refreshPeriod(idle), refreshMargin(idle), boolArg(hasLinks)},
+			boolArg(follow), now + entryLifetime(idle), refreshPeriod(idle), refreshMargin(idle), boolArg(hasLinks), s.channel, s.origin},
 	}
-	s.exec(ctx, []*scriptCall{c}, nil)
+	calls := []*scriptCall{c}
+	if pending != nil {
+		calls = []*scriptCall{s.touchCall(key, pending), c}
+	}
+	s.exec(ctx, calls, nil)
 	res, err := c.cmd.Slice()
 	if err != nil {
 		return bindReply{}, err
@@ -426,8 +509,21 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 	now := next.Since.UnixMilli()
 	c := &scriptCall{sc: s.replace, keys: []string{s.bindingKey(key)},
 		args: []any{old, next.Instance, next.Version, now, millis(lt.Idle), now + entryLifetime(lt.Idle),
-			refreshPeriod(lt.Idle), refreshMargin(lt.Idle), next.Failovers}}
-	s.exec(ctx, []*scriptCall{c}, nil)
+			refreshPeriod(lt.Idle), refreshMargin(lt.Idle), next.Failovers, s.channel, s.origin}}
+	calls := []*scriptCall{c}
+	if s.cache != nil {
+		// The binding changes (or another replica's is kept): forget it
+		// here at once, the message comes back later. Cached hits not
+		// yet written back go first, so the count moves with the binding.
+		s.cache.drop(key)
+		if t, ok := s.cache.take(ctx, key); ok {
+			calls = []*scriptCall{s.touchCall(key, t), c}
+		}
+	}
+	s.exec(ctx, calls, nil)
+	if s.cache != nil {
+		s.cache.drop(key) // a lookup that read the old binding meanwhile
+	}
 	res, err := c.cmd.Slice()
 	if err != nil {
 		return affinity.Binding{}, fmt.Errorf("redis replace: %w", err)
@@ -467,11 +563,21 @@ func (s *Store) refresh(ctx context.Context, key, instance, prev string, now, in
 	s.exec(ctx, calls, func(p goredis.Pipeliner) {
 		for _, a := range aliases {
 			sets = append(sets, p.Set(ctx, s.linkKey(a), key, ttl))
+			if s.channel != "" {
+				// A request for a now leads to key: a replica that cached a's
+				// own binding must ask Redis again.
+				p.Publish(ctx, s.channel, s.origin+" "+s.bindingKey(a))
+			}
 		}
 	})
 	if len(calls) > 0 {
 		if err := calls[0].cmd.Err(); err != nil {
 			s.indexError(fmt.Errorf("redis index %q on %q: %w", key, instance, err))
+		}
+	}
+	if s.cache != nil {
+		for _, a := range aliases {
+			s.cache.drop(a) // its own message is skipped here
 		}
 	}
 	for i, c := range sets {
@@ -495,6 +601,7 @@ func (s *Store) Show(ctx context.Context, key string, _ time.Time) (affinity.Ses
 	if err := ctx.Err(); err != nil {
 		return affinity.Session{}, false, fmt.Errorf("redis show: %w", err)
 	}
+	s.flushCache(ctx)
 	sess, link, ok, err := s.showOnce(ctx, key, true)
 	if err == nil && link != "" {
 		key = link // one hop: the linked key's own link is not followed
@@ -535,6 +642,7 @@ func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move
 	if err := ctx.Err(); err != nil {
 		return 0, 0, fmt.Errorf("redis mark: %w", err)
 	}
+	s.flushCache(ctx)
 	idx := s.indexKey(f.Instance)
 	members, err := s.liveMembers(ctx, idx, now.UnixMilli())
 	if err != nil {
@@ -556,7 +664,7 @@ func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move
 		calls := make([]*scriptCall, len(batch))
 		for i, z := range batch {
 			calls[i] = &scriptCall{sc: s.mark, keys: []string{s.bindingKey(z.Member.(string))},
-				args: []any{f.Instance, f.Version, boolArg(doMark), m.Version, m.Off}}
+				args: []any{f.Instance, f.Version, boolArg(doMark), m.Version, m.Off, s.channel, s.origin}}
 		}
 		bctx, cancel := s.opContext(ctx)
 		s.exec(bctx, calls, nil)
@@ -571,6 +679,9 @@ func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move
 				gone = append(gone, batch[i])
 			case markDone:
 				marked++
+				if s.cache != nil {
+					s.cache.drop(batch[i].Member.(string))
+				}
 			case markUnmarked:
 				remaining++
 			case markOther, markPending:
@@ -612,6 +723,7 @@ func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.
 	if err := affinity.CheckBound(instance, limit); err != nil {
 		return nil, fmt.Errorf("redis bound: %w", err)
 	}
+	s.flushCache(ctx)
 	zs, err := s.liveMembers(ctx, s.indexKey(instance), now.UnixMilli())
 	if err != nil {
 		return nil, fmt.Errorf("redis bound: %w", err)
@@ -778,6 +890,28 @@ func (s *Store) exec(ctx context.Context, calls []*scriptCall, extra func(goredi
 		c.cmd = c.sc.Eval(ctx, pipe, c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx)
+}
+
+// flushCache writes back the cached hits queued, for a call that reads
+// what they change (counts, TTLs, the index).
+func (s *Store) flushCache(ctx context.Context) {
+	if s.cache != nil {
+		ctx, cancel := s.opContext(ctx)
+		defer cancel()
+		s.cache.flush(ctx)
+	}
+}
+
+// Hits says how this store serves a sticky hit: HitsCached, or
+// HitsOneRoundTrip with the reason.
+func (s *Store) Hits() (mode, why string) { return s.hits, s.hitsWhy }
+
+// CacheStats returns the hit cache's counters (zero when it is off).
+func (s *Store) CacheStats() CacheStats {
+	if s.cache == nil {
+		return CacheStats{}
+	}
+	return s.cache.stats()
 }
 
 func (s *Store) callContext(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -309,10 +309,10 @@ func TestSyncLoadSkipsBadValues(t *testing.T) {
 
 func TestParseReplies(t *testing.T) {
 	ok := func(out int64) []any {
-		return []any{out, "a", "1000", "v1", "", "", "", "", "", "", "", "", "", int64(2)}
+		return []any{out, "a", "1000", "v1", "", "", "", "", "", "", "", "", "", int64(2), "900", "2000", ""}
 	}
 	bound := func(out int64) []any {
-		return []any{out, "a", "1000", "v1", "", "", "b", "900", "v0", "2000", "2000", "", "1", int64(1)}
+		return []any{out, "a", "1000", "v1", "", "", "b", "900", "v0", "2000", "2000", "", "1", int64(1), "1000", "2000", "2000"}
 	}
 	with := func(res []any, i int, v any) []any { res = slices.Clone(res); res[i] = v; return res }
 	bind := []struct {
@@ -340,6 +340,8 @@ func TestParseReplies(t *testing.T) {
 		{"requests zero", with(ok(1), 13, int64(0)), true},
 		{"requests not an integer", with(ok(1), 13, "2"), true},
 		{"long", append(ok(1), "x"), true},
+		{"damaged refresh fields count as due", with(ok(1), 14, "soon"), false},
+		{"refresh field not a string", with(ok(1), 15, int64(1)), true},
 		{"instance not a string", with(ok(1), 1, int64(1)), true},
 		{"empty instance", with(ok(1), 1, ""), true},
 		{"since not a number", with(ok(1), 2, "soon"), true},
@@ -701,6 +703,9 @@ func TestOneRoundTripPerCall(t *testing.T) {
 		"evalsha": 2, "get": 1, "hmget": 1, "hset": 2, "pexpire": 2, "hincrby": 1, // get-or-bind
 		"zscore": 1, "zadd": 1, "pttl": 1, // index; the key's TTL is extended
 		"set": 3, // links
+		// Each link written is published on the invalidation channel: a
+		// replica that cached the alias's own binding must ask again.
+		"publish": 3,
 	}, func() {
 		call(look("0", lt.Idle/4, "t0", "u0", "new0"), affinity.Found, 2)
 	})

@@ -26,6 +26,9 @@ type bindReply struct {
 	index        int64 // write the index entry with this score (0: not due)
 	links        int64 // write the request's alias links to expire then (0: not due)
 	requests     int   // the session's request count with this request
+	// x, e, l are the binding's refresh bookkeeping after the call (0:
+	// absent or damaged), for the hit cache.
+	x, e, l int64
 }
 
 func parseBindReply(res []any) (bindReply, error) {
@@ -38,7 +41,7 @@ func parseBindReply(res []any) (bindReply, error) {
 		}
 		return bad()
 	}
-	if len(res) != 14 {
+	if len(res) != 17 {
 		return bad()
 	}
 	out, ok := res[0].(int64)
@@ -77,6 +80,15 @@ func parseBindReply(res []any) (bindReply, error) {
 		return bad() // every request is counted
 	}
 	r.requests = int(n)
+	var fields [3]int64
+	for i := range fields {
+		v, ok := res[14+i].(string)
+		if !ok {
+			return bad()
+		}
+		fields[i], _ = strconv.ParseInt(v, 10, 64) // damaged: 0, due
+	}
+	r.x, r.e, r.l = fields[0], fields[1], fields[2]
 	return r, nil
 }
 

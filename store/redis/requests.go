@@ -22,6 +22,7 @@ func (s *Store) Requests(ctx context.Context, keys []string, _ time.Time) ([]int
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("redis requests: %w", err)
 	}
+	s.flushCache(ctx)
 	out := make([]int, 0, len(keys))
 	for chunk := range slices.Chunk(keys, markBatch) {
 		counts, err := s.requests(ctx, chunk)

@@ -35,19 +35,28 @@ package redis
 // ARGV[1] candidate instance, [2] candidate version, [3] now, [4] idle ms,
 // [5] max ms (0: none), [6] '1' to follow an alias link, [7] now +
 // idle*5/4 (a new entry or link expiry), [8] refresh period ms, [9] margin
-// ms, [10] '1' when the request has alias links to write.
+// ms, [10] '1' when the request has alias links to write, [11] the
+// invalidation channel (” when the deployment does not cache hits), [12]
+// the calling store's origin. A message is "<origin> <binding key>": a
+// replica skips its own (it has already dropped or stored the entry).
+//
+// A bind (created or renewed) publishes KEYS[1] on the channel, in the
+// script, so every replica drops what it cached of the session before any
+// other command sees the new binding. A hit publishes nothing.
 //
 // Replies {0, linked key} when KEYS[2] links the key to another session
 // (nothing is written), otherwise {outcome, instance, since, version,
 // move-to-version, move-off, previous instance, previous since, previous
 // version, index expiry, link expiry, failovers, previous failovers,
-// requests}: outcome is affinity.Outcome (1 found, 2 created, 3 renewed);
+// requests, index written, index expiry now, links expiry now}: outcome is affinity.Outcome (1 found, 2 created, 3 renewed);
 // requests is the count n with this request (an integer, the other
 // fields are strings); the previous fields are the binding a bind
 // replaced (empty if none; a created binding may replace a damaged record's
 // instance, whose index the entry leaves); index expiry is empty unless
 // the caller must write the index entry with that score, link expiry empty
-// unless it must write the request's alias links to expire then.
+// unless it must write the request's alias links to expire then. The
+// last three are the binding's x, e and l after the call (empty when
+// absent): the hit cache serves a hit only while none would be due.
 const getOrBindSrc = `
 if ARGV[6] == '1' then
   local to = redis.call('GET', KEYS[2])
@@ -88,7 +97,10 @@ if cur[1] and cur[1] ~= '' and s then
       if l and l > tonumber(ARGV[7]) then le = cur[6] end
       redis.call('HSET', KEYS[1], 'l', le)
     end
-    return {1, cur[1], cur[2], cur[3] or '', cur[7] or '', cur[8] or '', '', '', '', ie, le, cur[9] or '', '', n}
+    local nx, ne, nl = cur[4] or '', cur[5] or '', cur[6] or ''
+    if ie ~= '' then nx, ne = ARGV[3], ie end
+    if le ~= '' then nl = le end
+    return {1, cur[1], cur[2], cur[3] or '', cur[7] or '', cur[8] or '', '', '', '', ie, le, cur[9] or '', '', n, nx, ne, nl}
   end
   outcome = 3
 end
@@ -102,16 +114,22 @@ if ARGV[10] == '1' then
   redis.call('HSET', KEYS[1], 'l', le)
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
+if ARGV[11] ~= '' then
+  redis.call('PUBLISH', ARGV[11], ARGV[12] .. ' ' .. KEYS[1])
+end
 local prev = {cur[1] or '', '', '', ''}
 if outcome == 3 then
   prev = {cur[1], cur[2], cur[3] or '', cur[9] or ''}
 end
-return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], ARGV[7], le, '', prev[4], n}
+return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], ARGV[7], le, '', prev[4], n, ARGV[3], ARGV[7], le}
 `
 
 // replaceSrc: KEYS[1] binding. ARGV[1] old instance, [2] next instance,
 // [3] next version, [4] now (next.Since), [5] idle ms, [6] now +
-// idle*5/4, [7] refresh period ms, [8] margin ms, [9] next failovers.
+// idle*5/4, [7] refresh period ms, [8] margin ms, [9] next failovers,
+// [10] the invalidation channel (” when the deployment does not cache
+// hits): a stored next (a failover, a rebind) is published on it, [11]
+// the calling store's origin.
 //
 // Replies {replaced, instance, since, version, index expiry, previous
 // instance, failovers}: replaced is 1 when next was stored (the binding was absent,
@@ -151,6 +169,9 @@ if int(cur[8]) then
   redis.call('HSET', KEYS[1], 'n', cur[8])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
+if ARGV[10] ~= '' then
+  redis.call('PUBLISH', ARGV[10], ARGV[11] .. ' ' .. KEYS[1])
+end
 return {1, ARGV[2], ARGV[4], ARGV[3], ARGV[6], cur[1] or '', ARGV[9]}
 `
 
@@ -209,7 +230,10 @@ const (
 )
 
 // markSrc: KEYS[1] binding. ARGV[1] instance, [2] version (empty: any),
-// [3] '1' to mark, '0' to check only, [4] move-to-version, [5] move-off.
+// [3] '1' to mark, '0' to check only, [4] move-to-version, [5] move-off,
+// [6] the invalidation channel (” when the deployment does not cache
+// hits): a mark (a migration, a drain, an evacuation) is published on it,
+// [7] the calling store's origin.
 // Replies one of the mark* values. HSET keeps the binding's TTL, so the mark
 // expires with the session.
 const markSrc = `
@@ -225,6 +249,9 @@ if (cur[4] and cur[4] ~= '') or (cur[5] and cur[5] ~= '') then
 end
 if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], 'mv', ARGV[4], 'mo', ARGV[5])
+  if ARGV[6] ~= '' then
+    redis.call('PUBLISH', ARGV[6], ARGV[7] .. ' ' .. KEYS[1])
+  end
   return 3
 end
 return 4

@@ -74,12 +74,18 @@ func TestOpenSentinelURL(t *testing.T) {
 	if !strings.Contains(url, "password=") {
 		t.Fatalf("sentinel URL %q has no password", url)
 	}
-	s, err := Open(t.Context(), url, urlOptions)
+	opts := urlOptions
+	opts.Cache.Enabled = true
+	s, err := Open(t.Context(), url, opts)
 	if err != nil {
 		t.Fatalf("Open(%q): %v", redact(url), err)
 	}
 	defer s.Close()
 	getOrBindTwice(t, s, 10)
+	// A Sentinel has no hit cache: one round trip per hit, said so.
+	if mode, why := s.Hits(); mode != HitsOneRoundTrip || why == "" || s.cache != nil || s.Health().Hits != HitsOneRoundTrip {
+		t.Errorf("sentinel: hits %q (%q), cache %v; want %q", mode, why, s.cache != nil, HitsOneRoundTrip)
+	}
 
 	// The bindings are on the master the sentinel named.
 	m := goredis.NewClient(&goredis.Options{Addr: sen.MasterAddr(), Password: password})

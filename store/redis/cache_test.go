@@ -1,0 +1,488 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/internal/testenv"
+	"github.com/tetherproxy/tether/store/storetest"
+)
+
+// cachedOptions are testOptions with the hit cache on.
+func cachedOptions() Options {
+	o := testOptions
+	o.Cache = CacheOptions{Enabled: true}
+	return o
+}
+
+// openCached opens a store of its own (its own client: a replica) on r.
+func openCached(t testing.TB, url string, opts Options) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), url, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if opts.Cache.Enabled {
+		waitSubscribed(t, s)
+	}
+	return s
+}
+
+// waitSubscribed polls until s serves from its cache.
+func waitSubscribed(t testing.TB, s *Store) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !s.CacheStats().Subscribed {
+		if time.Now().After(deadline) {
+			t.Fatal("cache not subscribed after 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// warm looks l up until s serves it from its cache (a bind's own
+// invalidation message may drop the entry the bind stored).
+func warm(t testing.TB, s *Store, l affinity.Lookup) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		before := s.CacheStats().Hits
+		if _, err := s.GetOrBind(context.Background(), l); err != nil {
+			t.Fatal(err)
+		}
+		if s.CacheStats().Hits > before {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%q not served from the cache after 5s: %+v", l.Key, s.CacheStats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestConformanceRedisServerCached(t *testing.T) {
+	r := testenv.RedisServer(t)
+	var n atomic.Int64
+	h := sharedHarness(r.Client())
+	h.New = func(t *testing.T) storetest.Store {
+		opts := cachedOptions()
+		opts.Prefix = fmt.Sprintf("cached%d:", n.Add(1))
+		return openCached(t, r.URL(), opts)
+	}
+	storetest.Run(t, h)
+}
+
+func TestCacheOptionsValidate(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		o    CacheOptions
+		want string // "" valid, else a substring of the error
+	}{
+		{"zero", CacheOptions{}, ""},
+		{"defaults", CacheOptions{Enabled: true, Size: 10, TTL: time.Second, FlushInterval: time.Millisecond}, ""},
+		{"size", CacheOptions{Size: -1}, "cache size must not be negative, got -1"},
+		{"ttl", CacheOptions{TTL: -time.Second}, "cache ttl must not be negative, got -1s"},
+		{"flush", CacheOptions{FlushInterval: -1}, "cache flush interval must not be negative"},
+		{"queue", CacheOptions{QueueSize: -2}, "cache queue size must not be negative, got -2"},
+		{"ping", CacheOptions{PingInterval: -1}, "cache ping interval must not be negative"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := Options{Cache: c.o}.Validate()
+			if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+				t.Errorf("Validate(%+v) = %v; want %q", c.o, err, c.want)
+			}
+		})
+	}
+}
+
+// TestCacheOnlyStandalone: a client that is no *goredis.Client (a
+// Cluster) keeps one round trip per hit and says so.
+func TestCacheOnlyStandalone(t *testing.T) {
+	_, mc := miniClient(t)
+	s := newStoreT(t, mc, cachedOptions())
+	t.Cleanup(func() { _ = s.Close() })
+	if mode, _ := s.Hits(); mode != HitsCached || s.Health().Hits != HitsCached {
+		t.Errorf("standalone: hits %q, health %q; want %q", mode, s.Health().Hits, HitsCached)
+	}
+	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = cc.Close() })
+	s2, err := New(cc, cachedOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s2.Close() })
+	if mode, why := s2.Hits(); mode != HitsOneRoundTrip || !strings.Contains(why, "Cluster") || s2.cache != nil || s2.channel != "" {
+		t.Errorf("cluster: hits %q (%q), cache %v, channel %q; want %q", mode, why, s2.cache != nil, s2.channel, HitsOneRoundTrip)
+	}
+}
+
+// TestCachedHitSendsNothing: a cached hit issues no command; its write
+// back is one pipeline later.
+func TestCachedHitSendsNothing(t *testing.T) {
+	r := testenv.RedisServer(t)
+	opts := cachedOptions()
+	opts.Cache.FlushInterval = 10 * time.Minute // flushed by hand below
+	s := openCached(t, r.URL(), opts)
+	hook := &roundTrips{}
+	s.client.AddHook(hook)
+	ctx := t.Context()
+	lt := affinity.Lifetime{Idle: time.Hour}
+	l := affinity.Lookup{Key: "k", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: lt}
+	warm(t, s, l)
+	s.flushCache(ctx)
+	base, err := s.Requests(ctx, []string{"k"}, since)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook.take()
+	hits := s.CacheStats().Hits
+	before := commandCalls(t, r.Client())
+	const n = 100
+	for i := range n {
+		l.Candidate.Since = since.Add(time.Duration(i) * time.Millisecond)
+		res, err := s.GetOrBind(ctx, l)
+		if err != nil || res.Outcome != affinity.Found || res.Requests != base[0]+i+1 {
+			t.Fatalf("hit %d: %+v, %v", i, res, err)
+		}
+	}
+	if cmds, pipes := hook.take(); cmds+pipes != 0 {
+		t.Errorf("%d cached hits: %d commands, %d pipelines; want none", n, cmds, pipes)
+	}
+	if d := commandDiff(before, commandCalls(t, r.Client())); len(d) != 0 {
+		t.Errorf("%d cached hits: the server ran %v; want nothing", n, d)
+	}
+	s.flushCache(ctx)
+	if cmds, pipes := hook.take(); cmds+pipes != 1 {
+		t.Errorf("write back: %d commands, %d pipelines; want one round trip", cmds, pipes)
+	}
+	counts, err := s.Requests(ctx, []string{"k"}, since)
+	if err != nil || counts[0] != base[0]+n {
+		t.Errorf("Requests after write back = %v, %v; want %d", counts, err, base[0]+n)
+	}
+	ttl, err := r.Client().PTTL(ctx, s.bindingKey("k")).Result()
+	if err != nil || ttl < lt.Idle-5*time.Second {
+		t.Errorf("binding PTTL after write back = %v, %v; want about %v", ttl, err, lt.Idle)
+	}
+	if st := s.CacheStats(); st.Hits-hits != n || st.Dropped != 0 {
+		t.Errorf("stats %+v; want %d more hits, none dropped", st, n)
+	}
+}
+
+// TestCacheFollowsMoves: replica A moves 500 sessions one by one (a
+// failover or migration of each); replica B, serving them from its cache,
+// must follow each move within a bound. The lag of each is the time from
+// A's Replace returning to B's first decision on the new instance.
+func TestCacheFollowsMoves(t *testing.T) {
+	r := testenv.RedisServer(t)
+	a := openCached(t, r.URL(), cachedOptions())
+	b := openCached(t, r.URL(), cachedOptions())
+	ctx := t.Context()
+	lt := affinity.Lifetime{Idle: time.Hour}
+	const n = 500
+	look := func(i int) affinity.Lookup {
+		return affinity.Lookup{Key: fmt.Sprint("move/", i), Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: lt}
+	}
+	for i := range n {
+		if _, err := a.GetOrBind(ctx, look(i)); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := b.GetOrBind(ctx, look(i)); err != nil || res.Binding.Instance != "a" {
+			t.Fatalf("B warm-up %d: %+v, %v", i, res, err)
+		}
+	}
+	var moved [n]atomic.Int64 // unix ns when A's move returned, 0 before
+	seen := make([]time.Duration, n)
+	done := make(chan error, 1)
+	go func() {
+		for i := range n {
+			next := affinity.Binding{Instance: "b", Since: since.Add(time.Second)}
+			if _, err := a.Replace(ctx, look(i).Key, "a", next, lt); err != nil {
+				done <- err
+				return
+			}
+			moved[i].Store(time.Now().UnixNano())
+			time.Sleep(200 * time.Microsecond) // a stream of moves, not one burst
+		}
+		done <- nil
+	}()
+	left := n
+	deadline := time.Now().Add(30 * time.Second)
+	for left > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions still on the old instance at B after 30s", left)
+		}
+		for i := range n {
+			if seen[i] != 0 {
+				continue
+			}
+			res, err := b.GetOrBind(ctx, look(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := moved[i].Load()
+			if res.Binding.Instance == "b" {
+				lag := time.Duration(max(time.Now().UnixNano()-at, 1))
+				if at == 0 {
+					lag = time.Nanosecond // seen before A's call returned
+				}
+				seen[i] = lag
+				left--
+			}
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(seen)
+	p50, p99, worst := seen[n/2], seen[n*99/100], seen[n-1]
+	st := b.CacheStats()
+	t.Logf("B followed %d moves by A: lag p50 %v, p99 %v, max %v (B: %d cached hits, %d misses, %d invalidations)",
+		n, p50, p99, worst, st.Hits, st.Misses, st.Invalidations)
+	if p99 > 50*time.Millisecond && !testing.Short() {
+		t.Errorf("p99 lag %v; want at most 50ms", p99)
+	}
+	// A mark (migration, drain, evacuation) reaches B too.
+	if _, _, err := a.Mark(ctx, affinity.MarkFilter{Instance: "b"}, affinity.Move{Version: "v2"}, since); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		for end := time.Now().Add(5 * time.Second); ; {
+			res, err := b.GetOrBind(ctx, look(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Move.Version == "v2" {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("B does not see the mark on session %d after 5s: %+v", i, res)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// TestCacheFlushedWhenSubscriptionDrops: killing the subscription flushes
+// the cache; a change made while it was down is seen after it returns.
+func TestCacheFlushedWhenSubscriptionDrops(t *testing.T) {
+	r := testenv.RedisServer(t)
+	s := openCached(t, r.URL(), cachedOptions())
+	ctx := t.Context()
+	lt := affinity.Lifetime{Idle: time.Hour}
+	l := affinity.Lookup{Key: "drop", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: lt}
+	warm(t, s, l)
+	if st := s.CacheStats(); st.Entries != 1 {
+		t.Fatalf("before: %+v; want one entry", st)
+	}
+	if err := r.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.CacheStats().Flushes == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("cache not flushed 5s after its subscription was killed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// A change nobody publishes (a write behind tether's back) while the
+	// subscription is down: the next lookup must ask Redis.
+	if err := r.Client().HSet(ctx, s.bindingKey("drop"), "i", "z").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitSubscribed(t, s)
+	res, err := s.GetOrBind(ctx, l)
+	if err != nil || res.Binding.Instance != "z" {
+		t.Errorf("after the subscription returned: %+v, %v; want instance z from Redis", res, err)
+	}
+	if st := s.CacheStats(); st.Flushes != 1 {
+		t.Errorf("stats %+v; want 1 flush", st)
+	}
+}
+
+// TestCacheFlushedOnMissedPing: a server that stops answering (CLIENT
+// PAUSE) leaves a PING unanswered: the cache is flushed.
+func TestCacheFlushedOnMissedPing(t *testing.T) {
+	r := testenv.RedisServer(t)
+	opts := cachedOptions()
+	opts.Cache.PingInterval = 50 * time.Millisecond
+	s := openCached(t, r.URL(), opts)
+	ctx := t.Context()
+	l := affinity.Lookup{Key: "ping", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Hour}}
+	if _, err := s.GetOrBind(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Client().Do(ctx, "CLIENT", "PAUSE", "600", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.CacheStats().Flushes == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("cache not flushed 5s after the server paused")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	waitSubscribed(t, s)
+}
+
+// TestCacheMalformedMessages: a message that names no binding of this
+// store is counted and ignored.
+func TestCacheMalformedMessages(t *testing.T) {
+	r := testenv.RedisServer(t)
+	s := openCached(t, r.URL(), cachedOptions())
+	ctx := t.Context()
+	l := affinity.Lookup{Key: "weird{key}%", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Hour}}
+	warm(t, s, l)
+	bad := []string{"", "garbage", " tether:{k}:b", "o tether:{", "o tether:{}:b", "o other:{k}:b", "o tether:{a{b}:b", "o tether:{k}:a", "\x00\xff"}
+	for _, m := range bad {
+		if err := r.Client().Publish(ctx, s.channel, m).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A good one last: once it has dropped the entry, the bad ones were read.
+	if err := r.Client().Publish(ctx, s.channel, "other "+s.bindingKey(l.Key)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.CacheStats().Entries != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("entry not dropped: %+v", s.CacheStats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if st := s.CacheStats(); st.Malformed != uint64(len(bad)) {
+		t.Errorf("malformed %d; want %d", st.Malformed, len(bad))
+	}
+	if k, ok := s.sessionOf(s.bindingKey(l.Key)); !ok || k != l.Key {
+		t.Errorf("sessionOf(bindingKey(%q)) = %q, %v", l.Key, k, ok)
+	}
+}
+
+// TestCacheRace: two replicas with the cache on, 150 new sessions, six
+// turns of each at once (three on each replica, each with its own
+// candidate): every session ends on one instance, the one Redis holds.
+func TestCacheRace(t *testing.T) {
+	r := testenv.RedisServer(t)
+	reps := []*Store{openCached(t, r.URL(), cachedOptions()), openCached(t, r.URL(), cachedOptions())}
+	ctx := t.Context()
+	const sessions, turns = 150, 6
+	lt := affinity.Lifetime{Idle: time.Hour}
+	got := make([][turns]string, sessions)
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	errs := make(chan error, sessions*turns)
+	for i := range sessions {
+		for j := range turns {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-gate
+				l := affinity.Lookup{Key: fmt.Sprint("race/", i), Candidate: affinity.Binding{Instance: fmt.Sprint("i", j), Since: since}, Lifetime: lt}
+				res, err := reps[j%2].GetOrBind(ctx, l)
+				if err != nil {
+					errs <- err
+					return
+				}
+				got[i][j] = res.Binding.Instance
+			}()
+		}
+	}
+	close(gate)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for i := range sessions {
+		sess, ok, err := reps[0].Show(ctx, fmt.Sprint("race/", i), since)
+		if err != nil || !ok {
+			t.Fatalf("Show %d: %v, %v", i, ok, err)
+		}
+		for j := range turns {
+			if got[i][j] != sess.Binding.Instance {
+				t.Errorf("session %d: turns went to %v; Redis holds %s", i, got[i], sess.Binding.Instance)
+				break
+			}
+		}
+		// And again from each replica's cache.
+		for _, s := range reps {
+			l := affinity.Lookup{Key: fmt.Sprint("race/", i), Candidate: affinity.Binding{Instance: "late", Since: since}, Lifetime: lt}
+			if res, err := s.GetOrBind(ctx, l); err != nil || res.Binding.Instance != sess.Binding.Instance {
+				t.Errorf("session %d later: %+v, %v; want %s", i, res, err, sess.Binding.Instance)
+			}
+		}
+	}
+}
+
+// TestCacheQueueFull: past QueueSize sessions waiting, a hit's write back
+// is dropped and counted; the hit is still served.
+func TestCacheQueueFull(t *testing.T) {
+	r := testenv.RedisServer(t)
+	opts := cachedOptions()
+	opts.Cache.FlushInterval, opts.Cache.QueueSize = 10*time.Minute, 2
+	s := openCached(t, r.URL(), opts)
+	ctx := t.Context()
+	for i := range 4 {
+		l := affinity.Lookup{Key: fmt.Sprint("q", i), Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Hour}}
+		warm(t, s, l)
+		if _, err := s.GetOrBind(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := s.CacheStats(); st.Pending != 2 || st.Dropped < 4 {
+		t.Errorf("stats %+v; want 2 pending, at least 4 dropped", st)
+	}
+}
+
+func BenchmarkCachedHit(b *testing.B) {
+	r := testenv.RedisServer(b)
+	for _, cached := range []bool{false, true} {
+		b.Run(map[bool]string{false: "one-round-trip", true: "cached"}[cached], func(b *testing.B) {
+			opts := Options{Timeout: 5 * time.Second, Prefix: fmt.Sprintf("bench%v:", cached)}
+			opts.Cache.Enabled = cached
+			s := openCached(b, r.URL(), opts)
+			ctx := context.Background()
+			l := affinity.Lookup{Key: "hot", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Hour}}
+			if _, err := s.GetOrBind(ctx, l); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if res, err := s.GetOrBind(ctx, l); err != nil || res.Outcome != affinity.Found {
+					b.Fatalf("%+v, %v", res, err)
+				}
+			}
+		})
+	}
+}
+
+// FuzzInvalidate: any message is either a binding key of this store's
+// layout, whose session round-trips, or counted as malformed; none panics.
+func FuzzInvalidate(f *testing.F) {
+	for _, seed := range []string{"", "o tether:{k}:b", "o tether:{%7Bx%7D%25}:b", "tether:{k}:b", "o tether:{a{b}:b", "o  "} {
+		f.Add(seed)
+	}
+	s := &Store{prefix: DefaultPrefix, origin: "self"}
+	c := newHitCache(s, CacheOptions{}.withDefaults())
+	f.Fuzz(func(t *testing.T, msg string) {
+		before := c.malformed.Load()
+		c.invalidate(msg)
+		origin, name, ok := strings.Cut(msg, " ")
+		key, valid := s.sessionOf(name)
+		if valid && s.bindingKey(key) != name {
+			t.Errorf("sessionOf(%q) = %q, whose binding key is %q", name, key, s.bindingKey(key))
+		}
+		if malformed := c.malformed.Load() != before; malformed == (ok && origin != "" && valid) {
+			t.Errorf("%q: counted as malformed %v", msg, malformed)
+		}
+	})
+}

@@ -66,6 +66,7 @@ func newStoreT(t testing.TB, c goredis.UniversalClient, opts Options) *Store {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	t.Cleanup(func() { _ = s.Close() }) // its cache's goroutines; the client is the test's
 	return s
 }
 

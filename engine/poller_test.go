@@ -261,12 +261,18 @@ func TestPollerReleasesOnStop(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { first.Run(ctx); close(done) }()
-	for f.count(ins[0].Name) == 0 {
-		time.Sleep(time.Millisecond)
+	// The first replica's round scrapes its instances concurrently: wait
+	// for all four, or a scrape still under way is cut short by the stop.
+	for _, in := range ins[:4] {
+		for f.count(in.Name) == 0 {
+			time.Sleep(time.Millisecond)
+		}
 	}
 	second.Round(t.Context())
-	if n := f.count(ins[0].Name); n != 1 {
-		t.Fatalf("%d scrapes while the first replica holds the leases, want its 1", n)
+	for _, in := range ins[:4] {
+		if n := f.count(in.Name); n != 1 {
+			t.Fatalf("%s: %d scrapes while the first replica holds the leases, want its 1", in.Name, n)
+		}
 	}
 	cancel()
 	<-done

@@ -378,7 +378,7 @@ func TestLoneInstanceHasNoFallback(t *testing.T) {
 			cfg := baseConfig("embedded", inst)
 			pct := tc.maxEjectionPct
 			cfg.OutlierDetection.Instances = map[string]config.OutlierSettings{lone: {MaxEjectionPercent: &pct}}
-			_, px := startXDS(t, cfg)
+			tt, px := startXDS(t, cfg)
 			var session string
 			for i := 0; session == "" && i < 500; i++ {
 				s := fmt.Sprintf("lone-%d", i)
@@ -391,8 +391,15 @@ func TestLoneInstanceHasNoFallback(t *testing.T) {
 			}
 			broken[lone].Store(true)
 			failed, failover := 0, ""
+			reported := func() float64 { return tt.metric(t, "tether_outcomes_total") }
 			for i := 0; i < 10; i++ {
+				// Outcomes come back over the access log, after the
+				// client has its answer: wait for each one to be counted,
+				// so that the next request is decided knowing of it (a
+				// client that retries at once may see one more failure).
+				before := reported()
 				a := chat(t, px, map[string]string{"x-session-id": session})
+				waitFor(t, 5*time.Second, "the outcome reported", func() bool { return reported() > before })
 				switch {
 				case a.status != 200:
 					failed++

@@ -101,7 +101,7 @@ func BenchmarkExchangeServerSide(b *testing.B) {
 }
 
 // BenchmarkExchangeObservedServerSide is one request with outcomes
-// observed (envoy.outcomes = "observe", the default): the routing stream
+// observed (envoy.outcomes = "observe"): the routing stream
 // (marked, request headers only) and the observing stream that brings
 // its ticket back with the response headers. Handing the ticket over
 // costs the benchmark one allocation of its own.

@@ -37,7 +37,7 @@ func TestBenchSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
-	if len(rep.Overhead) != 5 || len(rep.Quality) != 5 || len(rep.Hotspot) != 2+len(bench.Smoke.HotScrapeIntervals) || len(rep.Churn) != 8 {
+	if len(rep.Overhead) != 6 || len(rep.Quality) != 5 || len(rep.Hotspot) != 2+len(bench.Smoke.HotScrapeIntervals) || len(rep.Churn) != 8 {
 		t.Fatalf("tables: %d overhead, %d quality, %d hot spot, %d churn rows", len(rep.Overhead), len(rep.Quality), len(rep.Hotspot), len(rep.Churn))
 	}
 	checkOverhead(t, rep)
@@ -122,6 +122,11 @@ func checkOverhead(t *testing.T, rep *bench.Report) {
 			o.P50 <= 0 || o.P99 < o.P50 || o.Throughput <= 0 || o.HitRequests <= 0 {
 			t.Errorf("overhead %+v", o)
 		}
+		// The floor is off tether's path, on Envoy's ext_proc filter.
+		// Envoy called it for every request rather than failing open.
+		if o.Floor && (o.OnPath || o.Store || o.Decisions < int(o.HitRequests)) {
+			t.Errorf("overhead %s: on tether's path %v, %d requests answered by the floor of %d", o.Name, o.OnPath, o.Decisions, o.HitRequests)
+		}
 		// CPU: Envoy's on every row, tether's where it is on the path.
 		// redis-server's may round to 0 when a hit sends it nothing.
 		if o.EnvoyCPUPerRequest <= 0 || o.OnPath != (o.TetherCPUPerRequest > 0) || o.RedisCPUPerRequest < 0 || (!o.Store && o.RedisCPUPerRequest != 0) {
@@ -144,7 +149,7 @@ func checkOverhead(t *testing.T, rep *bench.Report) {
 	for _, o := range rep.Overhead {
 		names = append(names, o.Name)
 	}
-	if strings.Join(names, ",") != "Envoy alone,tether random,tether sticky,tether sticky, outcomes observe,tether sticky, outcomes inline" {
+	if strings.Join(names, ",") != "Envoy alone,ext_proc floor (empty replies),tether random,tether sticky,tether sticky, outcomes observe,tether sticky, outcomes inline" {
 		t.Errorf("overhead rows %v", names)
 	}
 	goals := rep.OverheadGoals()

@@ -17,6 +17,7 @@ import (
 func newBenchCmd() *cobra.Command {
 	var (
 		tetherBin, envoyBin, redisBin, out, charts, scale string
+		profiles                                          string
 		seed                                              uint64
 		only                                              []string
 		sat                                               = bench.DefaultSaturation
@@ -66,9 +67,15 @@ marked section of --out and the charts go to --charts.`,
 			if sat.InFlight < 0 || sat.QueueDepth < 0 || sat.InFlight == 0 && sat.QueueDepth == 0 {
 				return fmt.Errorf("--adaptive-inflight %d, --adaptive-queue-depth %d: want neither negative and at least one above 0", sat.InFlight, sat.QueueDepth)
 			}
+			if profiles != "" {
+				if err := os.MkdirAll(profiles, 0o755); err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+			}
 			rep, err := bench.Run(cmd.Context(), bench.Options{
 				TetherBin: tetherBin, EnvoyBin: envoyBin, RedisBin: redisBin,
 				Scale: sc, Seed: seed, Log: cmd.ErrOrStderr(), Only: sel, Saturation: sat,
+				CPUProfiles: profiles,
 			})
 			if err != nil {
 				return err
@@ -107,6 +114,7 @@ marked section of --out and the charts go to --charts.`,
 	f.StringVar(&charts, "charts", "docs/bench", "directory for PNG charts")
 	f.StringVar(&scale, "scale", "full", "full (about 16 minutes) or smoke (about a minute and a half)")
 	f.Uint64Var(&seed, "seed", 1, "workload seed")
+	f.StringVar(&profiles, "cpuprofile", "", "directory for a CPU profile of each tether the run starts (tether serve --cpuprofile), named after its configuration")
 	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, hotspot, churn")
 	f.IntVar(&sat.Waiting, "adaptive-waiting", sat.Waiting, "routing.saturation_waiting of the tether adaptive policy (0: off)")
 	f.Float64Var(&sat.KVUsage, "adaptive-kv-usage", sat.KVUsage, "routing.saturation_kv_usage of the tether adaptive policy (0: off)")

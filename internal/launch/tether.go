@@ -17,6 +17,7 @@ type TetherOptions struct {
 	Bin    string   // the tether binary
 	Config string   // the config file it serves (and watches)
 	Env    []string // added to the environment, "KEY=value" (TETHER_IDENTITY_SECRET, say)
+	Args   []string // added after serve --config (--cpuprofile FILE, say)
 	Log    *syncbuf.Buffer
 }
 
@@ -46,7 +47,7 @@ func StartTether(ctx context.Context, o TetherOptions) (*Tether, error) {
 	t := &Tether{}
 	var mu sync.Mutex
 	ready := false
-	cmd := exec.Command(o.Bin, "serve", "--config", o.Config)
+	cmd := exec.Command(o.Bin, append([]string{"serve", "--config", o.Config}, o.Args...)...)
 	cmd.Env = append(os.Environ(), o.Env...)
 	cmd.Stderr = &lineWriter{to: o.Log, line: func(line []byte) {
 		var ev struct{ Message, Extproc, Admin, XDS string }

@@ -134,6 +134,9 @@ type Options struct {
 	Only map[string]bool
 	// Saturation for the adaptive policy; zero: DefaultSaturation.
 	Saturation Saturation
+	// CPUProfiles, when set, is a directory where each tether the run
+	// starts writes its CPU profile, named after its configuration.
+	CPUProfiles string
 }
 
 // Report is one run's results.
@@ -214,6 +217,7 @@ type policy struct {
 	name    string
 	store   bool // needs redis-server
 	offPath bool // tether only serves Envoy's configuration
+	floor   bool // Envoy's ext_proc filter calls the ext_proc floor (floor.go), not tether
 	headers bool // the instances send the emulator-only load headers
 	edit    func(*config.Config)
 }

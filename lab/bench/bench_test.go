@@ -95,6 +95,7 @@ func TestWriteInto(t *testing.T) {
 func TestMarkdownHasEveryTable(t *testing.T) {
 	r := &Report{Started: time.Unix(0, 0), Scale: Smoke,
 		Overhead: []OverheadRow{{Name: "Envoy alone", P50: time.Millisecond, Throughput: 100},
+			{Name: "ext_proc floor", Floor: true, P50: 1500 * time.Microsecond, Throughput: 40},
 			{Name: "tether sticky", OnPath: true, Store: true, P50: 2 * time.Millisecond, Throughput: 50, TetherCPUPerRequest: 300 * time.Microsecond,
 				RedisCommands: map[string]float64{"get": 1}, RedisCommandsPerRequest: 1}},
 		Quality: []QualityRow{{Policy: "tether sticky", HitRate: 0.5}, {Policy: "Envoy ring hash"},
@@ -105,7 +106,8 @@ func TestMarkdownHasEveryTable(t *testing.T) {
 	}
 	md := r.Markdown(Meta{Command: "cmd", Commit: "abc", Machine: "m"}, []string{"docs/bench/x.png"})
 	for _, want := range []string{MarkerStart, MarkerEnd, "### Overhead", "| tether sticky | 0.00 ms", "| 2.00 ms |", "| 0.50 | 0 µs | 300 µs | 0 µs | 1.00 (GET 1.00) | 0.0% | 0 of 0 | 0 |",
-		"#### Overhead goals", "| tether sticky | Redis commands per sticky hit | = 0.00 | 1.00 | no |", "### Routing quality", "50.0%",
+		"#### Overhead goals", "| tether sticky | Redis commands per sticky hit | = 0.00 | – | 1.00 | no |",
+		"| tether sticky | added p50, at 100 requests/s | ≤ 0.30 ms | 0.50 ms | 1.00 ms | no |", "vs Envoy alone | ≥ 0.75× | 0.40× | 0.50× | no |", "### Routing quality", "50.0%",
 		"`saturation_waiting = 5` and\n`saturation_kv_usage = 0.8`", "### Hot spot",
 		"| tether adaptive | hot tenant | 80 | 0 | 0.0% | 0.0 ms | 250.0 ms | 7.5% | 2 |", "### Load spread",
 		"| quality | Envoy ring hash | – |", "| quality | tether adaptive | 25.0% | 3–9 | 1.50 | 2 | 7 | 8 |", "| hot spot | tether adaptive | 5.0% |",

@@ -30,6 +30,18 @@ type Goal struct {
 	// NoVerdict: an added latency below zero, where Envoy alone's figure
 	// was the noisier one; neither reached nor missed.
 	NoVerdict bool
+	// Bound is the same figure on the ext_proc floor's row (HasBound):
+	// what any Go ext_proc server behind this Envoy costs.
+	Bound    float64
+	HasBound bool
+}
+
+// BoundFigure is the floor's figure as the report shows it; "–" without.
+func (g Goal) BoundFigure() string {
+	if !g.HasBound {
+		return "–"
+	}
+	return formatGoal(g.Bound, g.Unit)
 }
 
 // Figure is the goal's measured value as the report shows it.
@@ -88,43 +100,64 @@ func addedGoal(path, what string, value, limit float64) Goal {
 
 // OverheadGoals evaluates the overhead goals for every configuration with
 // tether on the request path, against the first configuration without it
-// (Envoy alone); nil when the run has no such pair.
+// (Envoy alone); nil when the run has no such pair. Where the run has the
+// ext_proc floor, each latency and throughput goal carries the floor's
+// figure as its bound.
 func (r *Report) OverheadGoals() []Goal {
-	var base *OverheadRow
+	var base, floor *OverheadRow
 	for i := range r.Overhead {
-		if !r.Overhead[i].OnPath {
-			base = &r.Overhead[i]
-			break
+		o := &r.Overhead[i]
+		switch {
+		case o.Floor && floor == nil:
+			floor = o
+		case !o.OnPath && !o.Floor && base == nil:
+			base = o
 		}
 	}
 	if base == nil {
 		return nil
 	}
-	msOf := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	usOf := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	bounds := map[string]float64{}
+	if floor != nil {
+		for _, g := range r.goalsOf(*floor, *base) {
+			bounds[g.What] = g.Value
+		}
+	}
 	var goals []Goal
 	for _, o := range r.Overhead {
 		if !o.OnPath {
 			continue
 		}
-		rate := fmt.Sprintf("at %.0f requests/s", r.Scale.OverheadRate)
+		for _, g := range r.goalsOf(o, *base) {
+			g.Bound, g.HasBound = bounds[g.What]
+			goals = append(goals, g)
+		}
+	}
+	return goals
+}
+
+// goalsOf is o's goals over base: latency and throughput, and for a row
+// with a store its CPU and Redis commands per hit.
+func (r *Report) goalsOf(o, base OverheadRow) []Goal {
+	msOf := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	usOf := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	rate := fmt.Sprintf("at %.0f requests/s", r.Scale.OverheadRate)
+	goals := []Goal{
+		addedGoal(o.Name, "added p50, one connection", msOf(o.SerialP50-base.SerialP50), msOf(GoalAddedP50)),
+		addedGoal(o.Name, "added p99, one connection", msOf(o.SerialP99-base.SerialP99), msOf(GoalAddedP99)),
+		addedGoal(o.Name, "added p50, "+rate, msOf(o.P50-base.P50), msOf(GoalAddedP50)),
+		addedGoal(o.Name, "added p99, "+rate, msOf(o.P99-base.P99), msOf(GoalAddedP99)),
+	}
+	ratio := 0.0
+	if base.Throughput > 0 {
+		ratio = o.Throughput / base.Throughput
+	}
+	goals = append(goals, newGoal(o.Name, fmt.Sprintf("throughput at %d connections vs Envoy alone", r.Scale.OverheadWorkers),
+		ratio, GoalThroughputRatio, false, "×"))
+	if o.Store {
 		goals = append(goals,
-			addedGoal(o.Name, "added p50, one connection", msOf(o.SerialP50-base.SerialP50), msOf(GoalAddedP50)),
-			addedGoal(o.Name, "added p99, one connection", msOf(o.SerialP99-base.SerialP99), msOf(GoalAddedP99)),
-			addedGoal(o.Name, "added p50, "+rate, msOf(o.P50-base.P50), msOf(GoalAddedP50)),
-			addedGoal(o.Name, "added p99, "+rate, msOf(o.P99-base.P99), msOf(GoalAddedP99)),
-		)
-		ratio := 0.0
-		if base.Throughput > 0 {
-			ratio = o.Throughput / base.Throughput
-		}
-		goals = append(goals, newGoal(o.Name, fmt.Sprintf("throughput at %d connections vs Envoy alone", r.Scale.OverheadWorkers),
-			ratio, GoalThroughputRatio, false, "×"))
-		if o.Store {
-			goals = append(goals,
-				newGoal(o.Name, "tether + redis-server CPU per sticky hit", usOf(o.TetherCPUPerRequest+o.RedisCPUPerRequest), usOf(GoalCPUPerHit), true, "µs"),
-				newGoal(o.Name, "Redis commands per sticky hit", o.RedisCommandsPerRequest, GoalRedisPerHit, true, ""))
-		}
+			newGoal(o.Name, "tether + redis-server CPU per sticky hit", usOf(o.TetherCPUPerRequest+o.RedisCPUPerRequest), usOf(GoalCPUPerHit), true, "µs"),
+			newGoal(o.Name, "Redis commands per sticky hit", o.RedisCommandsPerRequest, GoalRedisPerHit, true, ""))
 	}
 	return goals
 }

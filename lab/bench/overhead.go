@@ -17,8 +17,9 @@ import (
 type OverheadRow struct {
 	Name string
 	// OnPath: tether is on the request path (ext_proc); Store: it keeps
-	// sessions in redis-server (sticky).
-	OnPath, Store bool
+	// sessions in redis-server (sticky); Floor: the ext_proc floor is
+	// (floor.go), in the bench's own process.
+	OnPath, Store, Floor bool
 	// One connection, Serial requests one after another.
 	Serial               int
 	SerialP50, SerialP99 time.Duration
@@ -40,7 +41,8 @@ type OverheadRow struct {
 	// all and by command.
 	RedisCommandsPerRequest float64
 	RedisCommands           map[string]float64
-	// Tether's decisions in the hit loop (on-path rows): how many, the
+	// Tether's decisions in the hit loop (on-path rows; on the floor's row,
+	// the requests it answered): how many, the
 	// share that were hits, the degraded ones (the store did not answer
 	// within redis.timeout, and the request was placed by rendezvous
 	// hashing) and the store calls that failed (tether_store_errors_total).
@@ -57,7 +59,8 @@ const hitLoopMax = 500_000
 const serialTimeout = 2 * time.Minute
 
 // runOverhead: four zero-latency instances; Envoy alone (tether serves its
-// configuration but is not on the request path), Envoy + tether random,
+// configuration but is not on the request path), Envoy's ext_proc filter
+// calling the ext_proc floor (the bound), Envoy + tether random,
 // Envoy + tether sticky with redis-server, and sticky again with each other
 // way outcomes reach tether (envoy.outcomes; the default is access_log).
 func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, error) {
@@ -73,7 +76,7 @@ func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, 
 	}
 	sc := opts.Scale
 	var rows []OverheadRow
-	for _, p := range []policy{{name: "Envoy alone", edit: envoyOnly("round_robin"), offPath: true}, policyRandom, policySticky,
+	for _, p := range []policy{{name: "Envoy alone", edit: envoyOnly("round_robin"), offPath: true}, policyFloor, policyRandom, policySticky,
 		stickyOutcomes("observe"), stickyOutcomes("inline")} {
 		fmt.Fprintf(opts.Log, "overhead: %s\n", p.name)
 		row, err := overheadOnce(ctx, opts, dir, p, instances, sc)
@@ -91,7 +94,7 @@ func overheadOnce(ctx context.Context, opts Options, dir string, p policy, insta
 		return OverheadRow{}, err
 	}
 	defer st.close()
-	row := OverheadRow{Name: p.name, OnPath: !p.offPath, Store: p.store}
+	row := OverheadRow{Name: p.name, OnPath: !p.offPath && !p.floor, Store: p.store, Floor: p.floor}
 	url := st.envoy.URL()
 	client := newLoadClient()
 	defer client.CloseIdleConnections()
@@ -163,6 +166,10 @@ func hitLoop(ctx context.Context, st *stack, client *http.Client, sc Scale, row 
 			return err
 		}
 	}
+	var floor0 int64
+	if st.floor != nil {
+		floor0 = st.floor.p.requests.Load()
+	}
 	cpu0, err := st.cpu()
 	if err != nil {
 		return err
@@ -193,6 +200,9 @@ func hitLoop(ctx context.Context, st *stack, client *http.Client, sc Scale, row 
 			return err
 		}
 		row.RedisCommands, row.RedisCommandsPerRequest = commandsPerRequest(subCounts(r1, r0), took, idle, idleFor, ok)
+	}
+	if st.floor != nil {
+		row.Decisions = int(st.floor.p.requests.Load() - floor0)
 	}
 	if row.OnPath {
 		d1, e1, err := decisionsAndStoreErrors(ctx, st.tether.Admin)
@@ -318,6 +328,11 @@ func topCommands(by map[string]float64, n int) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// policyFloor is Envoy's ext_proc filter, as tether generates it, calling
+// the ext_proc floor; requests go to the pool, round robin, as with Envoy
+// alone.
+var policyFloor = policy{name: "ext_proc floor (empty replies)", floor: true, edit: func(c *config.Config) { c.Envoy.PoolLB = "round_robin" }}
 
 // stickyOutcomes is sticky routing with envoy.outcomes set to mode.
 func stickyOutcomes(mode string) policy {

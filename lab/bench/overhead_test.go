@@ -2,6 +2,7 @@ package bench
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -128,5 +129,21 @@ func TestOverheadGoals(t *testing.T) {
 	// Without Envoy alone there is nothing to compare with.
 	if g := (&Report{Overhead: []OverheadRow{sticky}}).OverheadGoals(); g != nil {
 		t.Errorf("goals without a baseline: %v", g)
+	}
+}
+
+// TestProfilePath: a profile is named after its configuration and never
+// overwrites an earlier one of the same name.
+func TestProfilePath(t *testing.T) {
+	dir := t.TempDir()
+	first := profilePath(dir, "tether sticky, outcomes observe")
+	if want := filepath.Join(dir, "tether-sticky-outcomes-observe.pprof"); first != want {
+		t.Fatalf("profilePath = %s, want %s", first, want)
+	}
+	if err := os.WriteFile(first, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if second := profilePath(dir, "tether sticky, outcomes observe"); second == first || filepath.Dir(second) != dir {
+		t.Fatalf("second profile %s, first %s", second, first)
 	}
 }

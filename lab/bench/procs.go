@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/BurntSushi/toml"
 	goredis "github.com/redis/go-redis/v9"
@@ -34,6 +36,7 @@ type stack struct {
 	rdb    *goredis.Client // a client of redis; nil without it
 	tether *launch.Tether
 	envoy  *launch.Envoy
+	floor  *floorServer // nil unless the policy calls the ext_proc floor
 }
 
 func startStack(ctx context.Context, opts Options, dir string, p policy, instances []config.Instance) (*stack, error) {
@@ -41,17 +44,28 @@ func startStack(ctx context.Context, opts Options, dir string, p policy, instanc
 	p.edit(&cfg)
 	s := &stack{}
 	var err error
+	if p.floor {
+		if s.floor, err = startFloor(); err != nil {
+			return nil, err
+		}
+		cfg.Envoy.ExtProcEndpoints = []string{s.floor.addr}
+	}
 	if p.store {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		s.redis, err = launch.StartRedis(rctx, launch.RedisOptions{Bin: opts.RedisBin, Dir: dir})
 		cancel()
 		if err != nil {
+			s.close()
 			return nil, err
 		}
 		s.rdb = goredis.NewClient(&goredis.Options{Network: "unix", Addr: s.redis.Socket})
 		cfg.Redis.URL = s.redis.URL()
 	}
-	if s.tether, err = startTether(ctx, opts.TetherBin, dir, secret, cfg); err != nil {
+	var args []string
+	if opts.CPUProfiles != "" {
+		args = []string{"--cpuprofile", profilePath(opts.CPUProfiles, p.name)}
+	}
+	if s.tether, err = startTether(ctx, opts.TetherBin, dir, secret, cfg, args); err != nil {
 		s.close()
 		return nil, err
 	}
@@ -102,10 +116,28 @@ func (s *stack) close() {
 	if s.redis != nil {
 		s.redis.Stop(stopTimeout)
 	}
+	if s.floor != nil {
+		s.floor.stop()
+	}
 }
 
-// startTether writes cfg to dir and runs `tether serve` on it.
-func startTether(ctx context.Context, bin, dir, secret string, cfg config.Config) (*launch.Tether, error) {
+// profilePath is a file in dir for the CPU profile of configuration name
+// ("tether sticky" → tether-sticky.pprof), one not taken yet.
+func profilePath(dir, name string) string {
+	slug := strings.ToLower(strings.Join(strings.FieldsFunc(name, func(r rune) bool {
+		return !unicode.IsLetter(r) && !unicode.IsDigit(r)
+	}), "-"))
+	path := filepath.Join(dir, slug+".pprof")
+	for n := 2; ; n++ {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return path
+		}
+		path = filepath.Join(dir, fmt.Sprintf("%s-%d.pprof", slug, n))
+	}
+}
+
+// startTether writes cfg to dir and runs `tether serve` on it with args.
+func startTether(ctx context.Context, bin, dir, secret string, cfg config.Config, args []string) (*launch.Tether, error) {
 	path := filepath.Join(dir, "tether.toml")
 	var b bytes.Buffer
 	if err := toml.NewEncoder(&b).Encode(cfg); err != nil {
@@ -116,7 +148,7 @@ func startTether(ctx context.Context, bin, dir, secret string, cfg config.Config
 	}
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	return launch.StartTether(ctx, launch.TetherOptions{Bin: bin, Config: path, Env: []string{"TETHER_IDENTITY_SECRET=" + secret}})
+	return launch.StartTether(ctx, launch.TetherOptions{Bin: bin, Config: path, Env: []string{"TETHER_IDENTITY_SECRET=" + secret}, Args: args})
 }
 
 // startEnvoy runs Envoy on the ADS bootstrap for tether's xDS server at

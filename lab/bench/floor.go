@@ -16,9 +16,9 @@ import (
 // The ext_proc floor is the least an ext_proc server can do: it answers
 // every phase Envoy sends with an empty reply (continue), reads nothing
 // and keeps nothing, on gRPC's default server. Its overhead row, with
-// Envoy's filter configured exactly as for tether, is the bound on what
-// any Go ext_proc server adds on this machine: what tether adds beyond it
-// is its own work.
+// Envoy's filter configured exactly as for tether, is what a minimal Go
+// ext_proc server adds on the machine: what tether adds beyond it is its
+// own work.
 
 // floorProcessor answers each message with the empty reply of its phase,
 // and counts the request headers it answered: the proof that Envoy called

@@ -9,6 +9,7 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 
 	"github.com/tetherproxy/tether/config"
@@ -192,9 +193,9 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 	for _, o := range r.Overhead {
 		if o.Floor {
 			w(" %q is Envoy's ext_proc filter, configured as for tether, calling the\n", o.Name)
-			w("bench's own ext_proc server that answers every request with an empty reply on gRPC's default server: the\n")
-			w("least any Go ext_proc server adds, the bound for tether's rows. It runs in the bench's process, so its CPU\n")
-			w("is not shown.")
+			w("bench's own ext_proc server that answers every request with an empty reply on gRPC's default server: what\n")
+			w("a minimal Go ext_proc server adds, the bound tether's rows are read against. It runs in the bench's process,\n")
+			w("beside the load generator, so its CPU is not shown.")
 			break
 		}
 	}
@@ -243,8 +244,8 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 		w("#### Overhead goals\n\n")
 		w("Each goal for each configuration with tether on the path, judged at the precision shown. One run on\n")
 		w("a shared machine: a goal missed here may be the machine's noise; compare runs before concluding.\n")
-		w("\"ext_proc floor\" is the same figure on the floor's row: a goal the floor misses is out of reach for any\n")
-		w("Go ext_proc server behind this Envoy on this machine.\n\n")
+		w("\"ext_proc floor\" is the same figure on the floor's row: a goal the floor misses too is one a minimal Go\n")
+		w("ext_proc server behind this Envoy does not reach on this machine.\n\n")
 		w("| configuration | goal | target | ext_proc floor | measured | reached |\n")
 		w("|---|---|---:|---:|---:|---|\n")
 		for _, g := range goals {
@@ -275,10 +276,16 @@ func ms(d time.Duration) string {
 
 // Charts writes PNG bar charts into dir and returns their paths.
 func (r *Report) Charts(dir string) ([]string, error) {
+	// A series is one bar per name; a chart of two or more has a legend
+	// and puts each name's bars side by side.
+	type series struct {
+		label string
+		v     plotter.Values
+	}
 	type chart struct {
 		file, title, ylabel string
 		names               []string
-		v                   plotter.Values
+		series              []series
 	}
 	var charts []chart
 	if len(r.Quality) > 0 {
@@ -290,18 +297,20 @@ func (r *Report) Charts(dir string) ([]string, error) {
 			p99 = append(p99, millis(q.TTFTP99))
 		}
 		charts = append(charts,
-			chart{"kv-hit-rate.png", "KV-cache hit rate by policy", "cached / prompt tokens (%)", names, hit},
-			chart{"ttft-p99.png", "P99 time to first token by policy", "milliseconds", names, p99})
+			chart{"kv-hit-rate.png", "KV-cache hit rate by policy", "cached / prompt tokens (%)", names, []series{{v: hit}}},
+			chart{"ttft-p99.png", "P99 time to first token by policy", "milliseconds", names, []series{{v: p99}}})
 	}
 	if len(r.Hotspot) > 0 {
 		var names []string
-		var p99 plotter.Values
+		var tenant, others plotter.Values
 		for _, h := range r.Hotspot {
-			p := strings.TrimPrefix(h.Policy, "tether ")
-			names = append(names, p+": hot tenant", p+": others")
-			p99 = append(p99, millis(h.Tenant.TTFTP99), millis(h.Others.TTFTP99))
+			// "tether adaptive (scrape 1s)" → "adaptive" over "(scrape 1s)"
+			names = append(names, strings.Replace(strings.TrimPrefix(h.Policy, "tether "), " (", "\n(", 1))
+			tenant = append(tenant, millis(h.Tenant.TTFTP99))
+			others = append(others, millis(h.Others.TTFTP99))
 		}
-		charts = append(charts, chart{"hotspot-ttft-p99.png", "Hot spot: P99 time to first token", "milliseconds", names, p99})
+		charts = append(charts, chart{"hotspot-ttft-p99.png", "Hot spot: P99 time to first token", "milliseconds", names,
+			[]series{{"hot tenant", tenant}, {"others, started in the hot phase", others}}})
 	}
 	if len(charts) == 0 {
 		return nil, nil
@@ -314,11 +323,24 @@ func (r *Report) Charts(dir string) ([]string, error) {
 		p := plot.New()
 		p.Title.Text = c.title
 		p.Y.Label.Text = c.ylabel
-		bars, err := plotter.NewBarChart(c.v, vg.Points(40))
-		if err != nil {
-			return out, err
+		width := vg.Points(40)
+		if n := len(c.series); n > 1 {
+			width = vg.Points(60 / float64(n))
 		}
-		p.Add(bars)
+		for i, se := range c.series {
+			bars, err := plotter.NewBarChart(se.v, width)
+			if err != nil {
+				return out, err
+			}
+			bars.Offset = width * vg.Length(2*i-len(c.series)+1) / 2
+			bars.Color = plotutil.Color(i)
+			bars.LineStyle.Width = 0
+			p.Add(bars)
+			if len(c.series) > 1 {
+				p.Legend.Add(se.label, bars)
+			}
+		}
+		p.Legend.Top = true
 		p.NominalX(c.names...)
 		path := filepath.Join(dir, c.file)
 		if err := p.Save(7*vg.Inch, 4*vg.Inch, path); err != nil {

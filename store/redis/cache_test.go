@@ -180,8 +180,11 @@ func TestCachedHitSendsNothing(t *testing.T) {
 
 // TestCacheFollowsMoves: replica A moves 500 sessions one by one (a
 // failover or migration of each); replica B, serving them from its cache,
-// must follow each move within a bound. The lag of each is the time from
-// A's Replace returning to B's first decision on the new instance.
+// must follow each move well inside the cache's TTL, which only the
+// invalidation channel explains. The lag of each is the time from A's
+// Replace returning to B's first decision on the new instance; the test
+// logs its percentiles (BENCHMARKS.md reads them against the 50 ms aim)
+// and does not hold a shared machine to them.
 func TestCacheFollowsMoves(t *testing.T) {
 	r := testenv.RedisServer(t)
 	a := openCached(t, r.URL(), cachedOptions())
@@ -248,8 +251,8 @@ func TestCacheFollowsMoves(t *testing.T) {
 	st := b.CacheStats()
 	t.Logf("B followed %d moves by A: lag p50 %v, p99 %v, max %v (B: %d cached hits, %d misses, %d invalidations)",
 		n, p50, p99, worst, st.Hits, st.Misses, st.Invalidations)
-	if p99 > 50*time.Millisecond && !testing.Short() {
-		t.Errorf("p99 lag %v; want at most 50ms", p99)
+	if bound := DefaultCacheTTL / 5; worst > bound {
+		t.Errorf("a move followed %v late; want under %v (the cache TTL is %v: is the invalidation channel heard?)", worst, bound, DefaultCacheTTL)
 	}
 	// A mark (migration, drain, evacuation) reaches B too.
 	if _, _, err := a.Mark(ctx, affinity.MarkFilter{Instance: "b"}, affinity.Move{Version: "v2"}, since); err != nil {

@@ -7,18 +7,29 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 )
+
+// Checker tells readiness whether the binding store reaches its backend.
+type Checker interface {
+	// Ping returns nil when the backend answers (a store without one
+	// always does). It is bounded like a call of the request path, and
+	// refused at once while the store's guard is open.
+	Ping(ctx context.Context) error
+	// Health returns the state of the store's guard on its backend,
+	// without a round trip. A store without a backend is always up.
+	Health() bindings.Health
+}
 
 // Readiness answers /readyz.
 type Readiness struct {
-	store    affinity.Checker
+	store    Checker
 	mu       sync.Mutex
 	draining bool
 }
 
 // NewReadiness returns the readiness of a tether on store.
-func NewReadiness(s affinity.Checker) *Readiness { return &Readiness{store: s} }
+func NewReadiness(s Checker) *Readiness { return &Readiness{store: s} }
 
 // Drain reports the replica down from now on: it is stopping.
 func (r *Readiness) Drain() { r.mu.Lock(); r.draining = true; r.mu.Unlock() }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
@@ -25,15 +25,15 @@ func TestReadinessFollowsTheBreaker(t *testing.T) {
 		code  int
 		want  map[string]string
 	}{
-		{"up", fakeStore{state: affinity.GuardClosed}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
-		{"ping fails", fakeStore{state: affinity.GuardClosed, pingErr: errors.New("timeout")}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "closed"}},
-		{"open", fakeStore{state: affinity.GuardOpen, pingErr: redisstore.ErrGuardOpen}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "open"}},
-		{"half-open", fakeStore{state: affinity.GuardHalfOpen, pingErr: redisstore.ErrGuardOpen}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "half-open"}},
-		{"probe succeeded", fakeStore{state: affinity.GuardOpen, closeOnPing: true}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
-		{"draining, open", fakeStore{state: affinity.GuardOpen, pingErr: redisstore.ErrGuardOpen}, true, 503, map[string]string{"status": "draining", "store": "unreachable", "breaker": "open"}},
+		{"up", fakeStore{state: bindings.GuardClosed}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
+		{"ping fails", fakeStore{state: bindings.GuardClosed, pingErr: errors.New("timeout")}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "closed"}},
+		{"open", fakeStore{state: bindings.GuardOpen, pingErr: redisstore.ErrGuardOpen}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "open"}},
+		{"half-open", fakeStore{state: bindings.GuardHalfOpen, pingErr: redisstore.ErrGuardOpen}, false, 200, map[string]string{"status": "degraded", "store": "unreachable", "breaker": "half-open"}},
+		{"probe succeeded", fakeStore{state: bindings.GuardOpen, closeOnPing: true}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed"}},
+		{"draining, open", fakeStore{state: bindings.GuardOpen, pingErr: redisstore.ErrGuardOpen}, true, 503, map[string]string{"status": "draining", "store": "unreachable", "breaker": "open"}},
 		// How a sticky hit is served, for a store with a backend.
-		{"cached hits", fakeStore{state: affinity.GuardClosed, hits: redisstore.HitsCached}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed", "hits": "cached"}},
-		{"one round trip", fakeStore{state: affinity.GuardClosed, hits: redisstore.HitsOneRoundTrip}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed", "hits": "one round trip"}},
+		{"cached hits", fakeStore{state: bindings.GuardClosed, hits: redisstore.HitsCached}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed", "hits": "cached"}},
+		{"one round trip", fakeStore{state: bindings.GuardClosed, hits: redisstore.HitsOneRoundTrip}, false, 200, map[string]string{"status": "ready", "store": "ok", "breaker": "closed", "hits": "one round trip"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -56,7 +56,7 @@ func TestReadinessFollowsTheBreaker(t *testing.T) {
 
 // fakeStore stands for the store and its breaker.
 type fakeStore struct {
-	state   affinity.GuardState
+	state   bindings.GuardState
 	pingErr error
 	// closeOnPing: the ping is the breaker's probe, and succeeds.
 	closeOnPing bool
@@ -65,11 +65,11 @@ type fakeStore struct {
 
 func (f *fakeStore) Ping(context.Context) error {
 	if f.closeOnPing {
-		f.state = affinity.GuardClosed
+		f.state = bindings.GuardClosed
 	}
 	return f.pingErr
 }
 
-func (f *fakeStore) Health() affinity.StoreHealth {
-	return affinity.StoreHealth{State: f.state, Hits: f.hits}
+func (f *fakeStore) Health() bindings.Health {
+	return bindings.Health{State: f.state, Hits: f.hits}
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
@@ -45,9 +45,9 @@ const (
 // Moves take effect at each session's next turn: no request is failed or
 // cut.
 type SessionOps struct {
-	index   affinity.SessionIndex
-	drains  affinity.LoadSyncer
-	load    *affinity.Load
+	index   SessionIndex
+	drains  Drains
+	load    LoadView
 	fleet   *fleet.Fleet
 	ids     *identity.Extractor
 	headers config.Identity
@@ -55,13 +55,46 @@ type SessionOps struct {
 	log     zerolog.Logger
 }
 
+// SessionIndex is what the session operations need of the binding store
+// beyond the request path: reading one session, counting the sessions per
+// instance, and asking sessions to move. store/memory and store/redis
+// implement it, and store/storetest holds both to it.
+type SessionIndex interface {
+	// Show returns the session stored under key (following an alias link).
+	// ok is false when there is none.
+	Show(ctx context.Context, key string, now time.Time) (s bindings.Session, ok bool, err error)
+	// Mark stores m as a pending move on the sessions selected by f that
+	// have no pending move yet, and returns how many it marked and how many
+	// selected sessions are still unmarked after it (0, 0 for an instance
+	// without sessions).
+	Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move, now time.Time) (marked, remaining int, err error)
+	// Bound returns up to limit (0: all) of the sessions bound to instance,
+	// read from its index; entries whose binding is gone or elsewhere are
+	// left out (none: an empty slice, no error). TTL is each session's
+	// remaining idle lifetime.
+	Bound(ctx context.Context, instance string, limit int, now time.Time) ([]bindings.Session, error)
+}
+
+// Drains keeps the set of drained instances every replica reads
+// (replicas.LoadSyncer's SetDrained).
+type Drains interface {
+	SetDrained(ctx context.Context, instance string, drained bool) error
+}
+
+// LoadView is the decider's view of the fleet's load (affinity.Load).
+type LoadView interface {
+	Snapshot() fleet.LoadState
+	Drained(instance string) bool
+	Active(instance string) int
+}
+
 // SessionOpsConfig is what SessionOps works with.
 type SessionOpsConfig struct {
-	Index  affinity.SessionIndex
-	Drains affinity.LoadSyncer // SetDrained only
-	// Load is the decider's view: stats read it, migrate reads which
-	// instances are drained.
-	Load  *affinity.Load
+	Index  SessionIndex
+	Drains Drains
+	// Load is the decider's view (affinity.Load): stats read it, migrate
+	// reads which instances are drained.
+	Load  LoadView
 	Fleet *fleet.Fleet
 	// Identity hashes the identifiers lookup is given, with the header
 	// names of Headers (the configuration's identity section).
@@ -106,7 +139,7 @@ type InstanceStats struct {
 	Name     string `json:"name"`
 	Zone     string `json:"zone,omitempty"`
 	Version  string `json:"version"`
-	Pool     string `json:"pool,omitempty"`
+	Capacity string `json:"capacity,omitempty"`
 	Active   int    `json:"active"`    // sessions bound to it
 	InFlight int    `json:"in_flight"` // requests in flight to it, over every replica
 	Queue    *int   `json:"queue"`     // the queue depth it last reported; null when it never did
@@ -129,11 +162,11 @@ type GroupStats struct {
 }
 
 // buildStats lays st out over the configured instances.
-func buildStats(all []fleet.Instance, st affinity.LoadState, now time.Time) SessionStats {
+func buildStats(all []fleet.Instance, st fleet.LoadState, now time.Time) SessionStats {
 	out := SessionStats{Time: now, Instances: make([]InstanceStats, 0, len(all))}
 	zones, versions := map[string]*GroupTotals{}, map[string]*GroupTotals{}
 	for _, in := range all {
-		is := InstanceStats{Name: in.Name, Zone: in.Zone, Version: in.Version, Pool: in.Pool,
+		is := InstanceStats{Name: in.Name, Zone: in.Zone, Version: in.Version, Capacity: in.Capacity,
 			Active: st.Active[in.Name], InFlight: st.InFlight[in.Name], Drained: st.Drained[in.Name]}
 		if q, ok := st.Queue[in.Name]; ok {
 			is.Queue = &q
@@ -419,8 +452,8 @@ func (s *SessionOps) migrate(w http.ResponseWriter, req *http.Request) {
 			res.Estimated = true
 			continue
 		}
-		f := affinity.MarkFilter{Instance: in.Name, Version: mr.FromVersion, Limit: left}
-		marked, remaining, err := s.index.Mark(req.Context(), f, affinity.Move{Version: mr.ToVersion}, now)
+		f := bindings.MarkFilter{Instance: in.Name, Version: mr.FromVersion, Limit: left}
+		marked, remaining, err := s.index.Mark(req.Context(), f, bindings.Move{Version: mr.ToVersion}, now)
 		res.Marked += marked
 		left -= marked
 		if err != nil {
@@ -470,8 +503,8 @@ func (s *SessionOps) drain(w http.ResponseWriter, req *http.Request) {
 	}
 	res := DrainResult{Instance: dr.Instance, Drained: true}
 	var err error
-	res.Marked, res.Remaining, err = s.index.Mark(req.Context(), affinity.MarkFilter{Instance: dr.Instance},
-		affinity.Move{Off: dr.Instance}, s.now())
+	res.Marked, res.Remaining, err = s.index.Mark(req.Context(), bindings.MarkFilter{Instance: dr.Instance},
+		bindings.Move{Off: dr.Instance}, s.now())
 	if err != nil {
 		// Drained all the same: its sessions leave at their next turn
 		// (as "moved" rather than "drained").

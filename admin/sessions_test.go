@@ -16,29 +16,32 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/replicas"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
 // sessionsEnv is the session API over the real Redis store (on miniredis),
 // a real decider and load view, and a fleet of two model versions.
 type sessionsEnv struct {
-	mini    *miniredis.Miniredis
-	mux     *http.ServeMux
-	decider *affinity.Decider
-	load    *affinity.Load
-	fleet   *fleet.Fleet
-	ids     *identity.Extractor
-	headers config.Identity
+	mini     *miniredis.Miniredis
+	mux      *http.ServeMux
+	decider  *affinity.Decider
+	load     *affinity.Load
+	fleet    *fleet.Fleet
+	ids      *identity.Extractor
+	headers  config.Identity
+	loadSync *replicas.LoadSync
 }
 
 var sessionsFleet = []fleet.Instance{
 	{Name: "a", Zone: "z1", Version: "v1", Weight: 1},
 	{Name: "b", Zone: "z2", Version: "v1", Weight: 1},
 	{Name: "c", Zone: "z1", Version: "v2", Weight: 1},
-	{Name: "d", Zone: "z2", Version: "v2", Weight: 1, Pool: fleet.PoolSpot},
+	{Name: "d", Zone: "z2", Version: "v2", Weight: 1, Capacity: fleet.Spot},
 }
 
 func newSessionsEnv(t *testing.T) *sessionsEnv {
@@ -63,15 +66,16 @@ func newSessionsEnv(t *testing.T) *sessionsEnv {
 		t.Fatal(err)
 	}
 	fl := fleet.New(sessionsFleet)
-	load := affinity.NewLoad(store, "replica-1")
+	load := affinity.NewLoad()
 	pol := affinity.Policy{
-		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: 30 * time.Minute},
+		Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: 30 * time.Minute},
 		VersionAffinity: affinity.Strict,
 		Versions:        []affinity.VersionWeight{{Name: "v1", Weight: 1}}, // new sessions start on v1
 	}
 	e := &sessionsEnv{
 		mini: m, mux: http.NewServeMux(), load: load, fleet: fl, ids: ids, headers: headers,
-		decider: affinity.New(store, fl, pol, affinity.WithLoad(load)),
+		decider:  affinity.New(store, fl, pol, affinity.WithLoad(load)),
+		loadSync: &replicas.LoadSync{Replica: "replica-1", View: load, Store: store, Instances: fl.All},
 	}
 	NewSessionOps(SessionOpsConfig{
 		Index: store, Drains: store, Load: load, Fleet: fl, Identity: ids, Headers: headers, Logger: zerolog.Nop(),
@@ -86,7 +90,7 @@ func (e *sessionsEnv) turn(t *testing.T, h identity.Map) affinity.Decision {
 	if err != nil {
 		t.Fatalf("Decide: %v", err)
 	}
-	e.decider.Finish(d, affinity.Answer{Answered: true})
+	e.decider.Finish(d, fleet.Outcome{Answered: true})
 	return d
 }
 
@@ -99,11 +103,7 @@ func (e *sessionsEnv) key(h identity.Map) string { return e.ids.Extract(h).Key }
 // sync is the server's once-a-second load sync.
 func (e *sessionsEnv) sync(t *testing.T) {
 	t.Helper()
-	names := make([]string, 0, len(sessionsFleet))
-	for _, in := range e.fleet.All() {
-		names = append(names, in.Name)
-	}
-	if err := e.load.Sync(t.Context(), names, 3*time.Second, time.Now()); err != nil {
+	if err := e.loadSync.Sync(t.Context(), time.Now()); err != nil {
 		t.Fatalf("Sync: %v", err)
 	}
 }
@@ -160,7 +160,7 @@ func TestSessionStats(t *testing.T) {
 			{Name: "a", Zone: "z1", Version: "v1", Active: placed["a"], InFlight: 1},
 			{Name: "b", Zone: "z2", Version: "v1", Active: placed["b"], Queue: &seven},
 			{Name: "c", Zone: "z1", Version: "v2"},
-			{Name: "d", Zone: "z2", Version: "v2", Pool: "spot"},
+			{Name: "d", Zone: "z2", Version: "v2", Capacity: "spot"},
 		},
 		Zones: []GroupStats{
 			{"z1", GroupTotals{Instances: 2, Active: placed["a"], InFlight: 1}},

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 )
@@ -139,7 +140,7 @@ func New(store Store, f Fleet, p Policy, opts ...Option) *Decider {
 		o(d)
 	}
 	if d.load == nil {
-		d.load = NewLoad(nil, "")
+		d.load = NewLoad()
 	}
 	d.load.now = d.now // the decider's clock ages queue readings too
 	d.SetPolicy(p)
@@ -149,9 +150,6 @@ func New(store Store, f Fleet, p Policy, opts ...Option) *Decider {
 // SetPolicy replaces the policy; decisions already under way finish with
 // the old one.
 func (d *Decider) SetPolicy(p Policy) {
-	if p.Epsilon <= 0 {
-		p.Epsilon = 0.25
-	}
 	// Canaries first: raising a canary's weight only adds users to it.
 	p.draws = versionDraws{}
 	for pass := range 2 {
@@ -230,12 +228,12 @@ func (d *Decider) decide(ctx context.Context, req Request) (Decision, error) {
 	return dec, nil
 }
 
-// Finish ends the request dec routed with the answer a: the load view
-// and the breaker hear of it.
-func (d *Decider) Finish(dec Decision, a Answer) {
-	d.load.End(dec.Instance.Name, dec.At, a.Queue, a.QueueKnown && a.Answered)
+// Finish ends the request dec routed with its outcome: the load view and
+// the breaker hear of it. It is called once per decision.
+func (d *Decider) Finish(dec Decision, o fleet.Outcome) {
+	d.load.End(dec.Instance.Name, dec.At, o.Queue, o.QueueKnown && o.Answered)
 	if d.breaker != nil {
-		d.breaker.Done(dec.Instance.Name, fleet.Outcome{Probe: dec.Probe, Answered: a.Answered, Failed: a.Failed})
+		d.breaker.Done(dec.Instance.Name, dec.Probe, o)
 	}
 }
 
@@ -259,26 +257,23 @@ func (d *Decider) available() []fleet.Instance {
 
 func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, healthy []fleet.Instance, now time.Time) (dec Decision, err error) {
 	key := req.ID.Key
-	mode := Sticky
-	if c.adaptive {
-		mode = Adaptive
-	}
+	mode := c.mode // Sticky or Adaptive
 	cands := stickyCandidates(p.versionOf(c, d.rand), healthy)
-	if c.adaptive {
+	if mode == Adaptive {
 		// A new session placed on a saturated instance would spill at once.
 		cands = d.unsaturated(cands, p.Saturation)
 	}
 	place, overridden := d.placeNew(req, key, cands, p)
-	lt := Lifetime{Idle: c.idle, Max: p.Lifetime.Max}
-	res, err := d.store.GetOrBind(ctx, Lookup{
-		Key: key, Aliases: req.ID.Aliases, Candidate: Binding{Instance: place.Name, Version: place.Version, Since: now}, Lifetime: lt,
+	lt := bindings.Lifetime{Idle: c.idle, Max: p.Lifetime.Max}
+	res, err := d.store.GetOrBind(ctx, bindings.Lookup{
+		Key: key, Aliases: req.ID.Aliases, Candidate: bindings.Binding{Instance: place.Name, Version: place.Version, Since: now}, Lifetime: lt,
 	})
 	var from string
-	if err == nil && res.Outcome == Renewed && res.Previous.Instance != place.Name {
+	if err == nil && res.Origin == bindings.Renewed && res.Previous.Instance != place.Name {
 		from = res.Previous.Instance // the renewal took the session off it
 	}
-	bound := err == nil && res.Outcome != Found && res.Binding.Instance == place.Name
-	d.load.settle(place.Name, bound, from)
+	bound := err == nil && res.Origin != bindings.Found && res.Binding.Instance == place.Name
+	d.load.unreserve(place.Name, bound, from)
 	if bound && overridden {
 		d.failOpenOverrides.Add(1)
 	}
@@ -287,10 +282,10 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	}
 	b := res.Binding
 	kind, prev := KindHit, b.Instance
-	switch res.Outcome {
-	case Created:
+	switch res.Origin {
+	case bindings.Created:
 		kind, prev = KindBind, ""
-	case Renewed:
+	case bindings.Renewed:
 		kind, prev = KindRebind, res.Previous.Instance
 	}
 	outcome := kind
@@ -299,7 +294,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	in, ok := find(healthy, b.Instance)
 	// Why the session must leave its instance, if it must.
 	switch {
-	case res.Outcome == Renewed && res.Previous.Version != "" && res.Previous.Version != b.Version && p.VersionAffinity != AnyVersion:
+	case res.Origin == bindings.Renewed && res.Previous.Version != "" && res.Previous.Version != b.Version && p.VersionAffinity != AnyVersion:
 		// Re-placed after max_sticky_duration by today's version weights:
 		// the session keeps the version it runs on.
 		b.Version = res.Previous.Version
@@ -315,7 +310,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	case b.Version != "" && in.Version != b.Version && p.VersionAffinity != AnyVersion:
 		// The instance now serves another model: its KV cache is no use.
 		kind = KindMoved
-	case c.adaptive && c.priority != High && d.load.Saturated(in.Name, p.Saturation):
+	case mode == Adaptive && c.priority != High && d.load.Saturated(in.Name, p.Saturation):
 		kind = KindSpilled
 	default:
 		return Decision{Instance: in, Mode: mode, Kind: kind}, nil
@@ -326,12 +321,12 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		return Decision{Instance: in, Mode: mode, Kind: outcome}, nil
 	}
 	if err != nil {
-		if res.Outcome == Renewed && errors.Is(err, ErrNoVersion) {
+		if res.Origin == bindings.Renewed && errors.Is(err, ErrNoVersion) {
 			d.restore(ctx, res, now, lt)
 		}
 		return Decision{}, err
 	}
-	dec, err = d.rebind(ctx, res.Key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now}, lt, next, healthy)
+	dec, err = d.rebind(ctx, res.Key, b.Instance, bindings.Binding{Instance: next.Name, Version: next.Version, Since: now}, lt, next, healthy)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -347,11 +342,11 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 // none of its own up: the session goes on failing on its version, as
 // strict asks, instead of continuing on the other one from its next
 // request. Best effort: the request fails with ErrNoVersion either way.
-func (d *Decider) restore(ctx context.Context, res Result, now time.Time, lt Lifetime) {
+func (d *Decider) restore(ctx context.Context, res bindings.Result, now time.Time, lt bindings.Lifetime) {
 	prev := res.Previous
 	d.load.reserveName(prev.Instance)
-	nb, err := d.store.Replace(ctx, res.Key, res.Binding.Instance, Binding{Instance: prev.Instance, Version: prev.Version, Since: now}, lt)
-	d.load.settle(prev.Instance, err == nil && nb.Instance == prev.Instance, res.Binding.Instance)
+	nb, err := d.store.Replace(ctx, res.Key, res.Binding.Instance, bindings.Binding{Instance: prev.Instance, Version: prev.Version, Since: now}, lt)
+	d.load.unreserve(prev.Instance, err == nil && nb.Instance == prev.Instance, res.Binding.Instance)
 }
 
 // errStay: the session keeps its instance (a saturated instance with no
@@ -361,7 +356,7 @@ var errStay = errors.New("stay")
 // relocate chooses where a session bound as b goes when it must leave its
 // instance for reason kind, and says why it went there (a migration whose
 // target version is down becomes a move within the session's own).
-func (d *Decider) relocate(p *Policy, c choice, key string, b Binding, mv Move, kind Kind, healthy []fleet.Instance) (fleet.Instance, Kind, error) {
+func (d *Decider) relocate(p *Policy, c choice, key string, b bindings.Binding, mv bindings.Move, kind Kind, healthy []fleet.Instance) (fleet.Instance, Kind, error) {
 	others := without(healthy, b.Instance)
 	var cands []fleet.Instance
 	switch {
@@ -374,7 +369,7 @@ func (d *Decider) relocate(p *Policy, c choice, key string, b Binding, mv Move, 
 		if _, ok := find(healthy, b.Instance); ok {
 			return fleet.Instance{}, kind, errStay
 		}
-		return d.relocate(p, c, key, b, Move{}, KindMoved, healthy)
+		return d.relocate(p, c, key, b, bindings.Move{}, KindMoved, healthy)
 	case kind == KindSpilled:
 		for _, in := range others {
 			if (b.Version == "" || in.Version == b.Version) && !d.load.Saturated(in.Name, p.Saturation) {
@@ -461,157 +456,6 @@ func (d *Decider) random(p *Policy, c choice, healthy []fleet.Instance, kind Kin
 	return Decision{Instance: pick, Mode: Random, Kind: kind}
 }
 
-// place is bounded-load placement over cands: the session goes
-// to the highest-ranked instance whose active sessions are below its bound,
-// ⌈(1+ε)·(A+1)·w/W⌉ (A the active sessions and W the weight of all
-// candidates), preferring one that also has room in its KV cache (active
-// below kv_sessions, the soft cap, and a KV-cache usage its engine reports
-// below the saturation threshold). When every instance is at its bound
-// the hash's first choice takes the session. The choice is reserved in the
-// load view until settle, so concurrent placements count each other.
-func (d *Decider) place(key string, cands []fleet.Instance, p *Policy) fleet.Instance {
-	in, _ := d.load.reserve(key, cands, p.Epsilon, p.Saturation, -1)
-	return in
-}
-
-// placeNew is place for a request that may bind a new session: with a
-// fail-open pool (WithFailOpen) the session goes to the instance Envoy's
-// pool would send req to, unless that instance is not a candidate, is
-// over its bound or its engine reports its KV cache full; overridden says
-// the pool's choice was passed over.
-func (d *Decider) placeNew(req Request, key string, cands []fleet.Instance, p *Policy) (in fleet.Instance, overridden bool) {
-	if d.failOpen == nil {
-		return d.place(key, cands, p), false
-	}
-	name, ok := d.failOpen(req.Headers, d.fleet.All())
-	if !ok {
-		return d.place(key, cands, p), false
-	}
-	pref := -1
-	for i, c := range cands {
-		if c.Name == name {
-			pref = i
-			break
-		}
-	}
-	in, overridden = d.load.reserve(key, cands, p.Epsilon, p.Saturation, pref)
-	return in, overridden || pref < 0
-}
-
-// choose is place's rule: the index in cands of the instance for key,
-// given the candidates' active sessions and whether their engine reports
-// a full KV cache (full nil: none does). pref, when not -1, is the index
-// of the instance Envoy's fail-open pool would pick: it takes the session
-// while it is under its bound and its engine does not report it full;
-// overridden says it did not.
-func choose(key string, cands []fleet.Instance, active []int, full []bool, eps float64, pref int) (i int, overridden bool) {
-	if len(cands) == 1 {
-		return 0, false
-	}
-	// Each candidate's rendezvous score, once; the highest-ranked candidate
-	// a rule accepts is found by one pass over them, in ranking's order
-	// (score, then name), without sorting.
-	var scoreBuf [64]float64
-	scores := scoreBuf[:0]
-	kh := fnv64(key)
-	for _, in := range cands {
-		scores = append(scores, score(kh, in))
-	}
-	best := func(ok func(int) bool) int {
-		b := -1
-		for i := range cands {
-			if ok(i) && (b < 0 || scores[i] > scores[b] || scores[i] == scores[b] && cands[i].Name < cands[b].Name) {
-				b = i
-			}
-		}
-		return b
-	}
-	first := best(func(int) bool { return true })
-	total, weight := 0, 0.0
-	for i, in := range cands {
-		total += active[i]
-		weight += in.Weight
-	}
-	under := func(i int) bool {
-		return active[i] < ceil((1+eps)*float64(total+1)*cands[i].Weight/weight)
-	}
-	room := func(i int) bool { return active[i] < cands[i].KVSessions }
-	free := func(i int) bool { return full == nil || !full[i] }
-	if pref >= 0 {
-		if under(pref) && free(pref) {
-			return pref, false
-		}
-		overridden = true
-	}
-	// The common case: the hash's own choice is under all three.
-	if under(first) && room(first) && free(first) {
-		return first, overridden
-	}
-	// What the engine reports outranks the kv_sessions estimate.
-	for _, ok := range []func(int) bool{
-		func(i int) bool { return under(i) && room(i) && free(i) },
-		func(i int) bool { return under(i) && free(i) },
-		func(i int) bool { return under(i) && room(i) },
-		under,
-	} {
-		if i := best(ok); i >= 0 {
-			return i, overridden
-		}
-	}
-	return first, overridden
-}
-
-func ceil(x float64) int {
-	n := int(x)
-	if float64(n) < x {
-		n++
-	}
-	return n
-}
-
-// stickyCandidates is where a session of version v may be placed: the
-// healthy instances of v (all of them when v is "" or has none), on-demand
-// before spot.
-func stickyCandidates(v string, healthy []fleet.Instance) []fleet.Instance {
-	cands := healthy
-	if v != "" {
-		if of := ofVersion(healthy, v); len(of) > 0 {
-			cands = of
-		}
-	}
-	return avoidSpot(cands)
-}
-
-// unsaturated drops saturated instances unless all are.
-func (d *Decider) unsaturated(in []fleet.Instance, s Saturation) []fleet.Instance {
-	return d.load.unsaturated(in, s)
-}
-
-// avoidSpot drops spot instances unless nothing else is left.
-func avoidSpot(in []fleet.Instance) []fleet.Instance { return pool(in, false) }
-
-// preferSpot keeps only spot instances when there are any.
-func preferSpot(in []fleet.Instance) []fleet.Instance { return pool(in, true) }
-
-func pool(in []fleet.Instance, spot bool) []fleet.Instance {
-	n := 0
-	for _, i := range in {
-		if i.Spot() == spot {
-			n++
-		}
-	}
-	if n == 0 || n == len(in) {
-		return in
-	}
-	out := make([]fleet.Instance, 0, n)
-	for _, i := range in {
-		if i.Spot() == spot {
-			out = append(out, i)
-		}
-	}
-	return out
-}
-
 func ofVersion(in []fleet.Instance, v string) []fleet.Instance {
 	var out []fleet.Instance
 	for _, i := range in {
@@ -644,8 +488,7 @@ func find(instances []fleet.Instance, name string) (fleet.Instance, bool) {
 // choice is what the policy and the matching rule say for one request.
 type choice struct {
 	rule     string
-	mode     Mode // Sticky or Random
-	adaptive bool
+	mode     Mode // Sticky, Adaptive or Random
 	priority Priority
 	idle     time.Duration
 	version  string // the rule's version, "" for none
@@ -655,7 +498,7 @@ type choice struct {
 
 // resolve applies the first matching rule to the policy.
 func (p *Policy) resolve(req Request, now time.Time) choice {
-	c := choice{mode: p.Mode, adaptive: p.Adaptive, priority: Normal, idle: p.Lifetime.Idle,
+	c := choice{mode: p.Mode, priority: Normal, idle: p.Lifetime.Idle,
 		canary: req.header(p.CanaryHeader), cohort: req.ID.Cohort}
 	if c.cohort == "" {
 		c.cohort = req.ID.Key
@@ -666,13 +509,8 @@ func (p *Policy) resolve(req Request, now time.Time) choice {
 			continue
 		}
 		c.rule = r.Name
-		switch r.Mode {
-		case Sticky:
-			c.mode, c.adaptive = Sticky, p.Adaptive
-		case Random:
-			c.mode, c.adaptive = Random, false
-		case Adaptive:
-			c.mode, c.adaptive = Sticky, true
+		if r.Mode != "" {
+			c.mode = r.Mode
 		}
 		if r.Idle > 0 {
 			c.idle = r.Idle
@@ -686,9 +524,6 @@ func (p *Policy) resolve(req Request, now time.Time) choice {
 	if c.mode == Hybrid {
 		// Hybrid's unmatched traffic is the edge: random.
 		c.mode = Random
-	}
-	if c.mode == Random {
-		c.adaptive = false
 	}
 	return c
 }

@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/replicas"
 	"github.com/tetherproxy/tether/store/memory"
 )
 
@@ -37,7 +39,18 @@ func (c *clock) add(d time.Duration) {
 	c.mu.Unlock()
 }
 
-var lifetime = affinity.Lifetime{Idle: 30 * time.Minute, Max: 1800 * time.Second}
+var lifetime = bindings.Lifetime{Idle: 30 * time.Minute, Max: 1800 * time.Second}
+
+// syncLoad runs one load sync of l, as replica through st, over the
+// instances named.
+func syncLoad(ctx context.Context, l *affinity.Load, st replicas.LoadSyncer, replica string, names []string, now time.Time) error {
+	all := make([]fleet.Instance, len(names))
+	for i, n := range names {
+		all[i].Name = n
+	}
+	sync := replicas.LoadSync{Replica: replica, View: l, Store: st, Instances: func() []fleet.Instance { return all }}
+	return sync.Sync(ctx, now)
+}
 
 func session(s string) affinity.Request {
 	return affinity.Request{ID: identity.Identity{Key: "s:" + s, Source: identity.SourceSession}}
@@ -136,12 +149,12 @@ type failingStore struct{}
 
 var errDown = errors.New("connection refused")
 
-func (failingStore) GetOrBind(context.Context, affinity.Lookup) (affinity.Result, error) {
-	return affinity.Result{}, errDown
+func (failingStore) GetOrBind(context.Context, bindings.Lookup) (bindings.Result, error) {
+	return bindings.Result{}, errDown
 }
 
-func (failingStore) Replace(context.Context, string, string, affinity.Binding, affinity.Lifetime) (affinity.Binding, error) {
-	return affinity.Binding{}, errDown
+func (failingStore) Replace(context.Context, string, string, bindings.Binding, bindings.Lifetime) (bindings.Binding, error) {
+	return bindings.Binding{}, errDown
 }
 
 func TestStoreDownFallsBackToRendezvous(t *testing.T) {
@@ -331,14 +344,14 @@ func TestConcurrentDecisionsAgree(t *testing.T) {
 // blockingStore waits until the caller gives up.
 type blockingStore struct{}
 
-func (blockingStore) GetOrBind(ctx context.Context, _ affinity.Lookup) (affinity.Result, error) {
+func (blockingStore) GetOrBind(ctx context.Context, _ bindings.Lookup) (bindings.Result, error) {
 	<-ctx.Done()
-	return affinity.Result{}, ctx.Err()
+	return bindings.Result{}, ctx.Err()
 }
 
-func (blockingStore) Replace(ctx context.Context, _ string, _ string, _ affinity.Binding, _ affinity.Lifetime) (affinity.Binding, error) {
+func (blockingStore) Replace(ctx context.Context, _ string, _ string, _ bindings.Binding, _ bindings.Lifetime) (bindings.Binding, error) {
 	<-ctx.Done()
-	return affinity.Binding{}, ctx.Err()
+	return bindings.Binding{}, ctx.Err()
 }
 
 func TestCanceledRequestIsNotAStoreFailure(t *testing.T) {
@@ -356,7 +369,7 @@ func TestUnknownInstanceFromAnotherReplicaIsDegraded(t *testing.T) {
 	ctx := context.Background()
 	now := time.Unix(1_700_000_000, 0)
 	// Another replica bound the session to gpu-9, which this one lacks.
-	if _, err := st.GetOrBind(ctx, affinity.Lookup{Key: "s:x", Candidate: affinity.Binding{Instance: "gpu-9", Since: now}, Lifetime: lifetime}); err != nil {
+	if _, err := st.GetOrBind(ctx, bindings.Lookup{Key: "s:x", Candidate: bindings.Binding{Instance: "gpu-9", Since: now}, Lifetime: lifetime}); err != nil {
 		t.Fatal(err)
 	}
 	race := &replaceLoser{Store: st, winner: "gpu-10"}
@@ -374,6 +387,6 @@ type replaceLoser struct {
 	winner string
 }
 
-func (r *replaceLoser) Replace(ctx context.Context, key, _ string, next affinity.Binding, lt affinity.Lifetime) (affinity.Binding, error) {
-	return r.Store.Replace(ctx, key, "gpu-9", affinity.Binding{Instance: r.winner, Since: next.Since}, lt)
+func (r *replaceLoser) Replace(ctx context.Context, key, _ string, next bindings.Binding, lt bindings.Lifetime) (bindings.Binding, error) {
+	return r.Store.Replace(ctx, key, "gpu-9", bindings.Binding{Instance: r.winner, Since: next.Since}, lt)
 }

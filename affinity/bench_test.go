@@ -150,7 +150,7 @@ func BenchmarkDecideBreaker(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				got, _ := d.Decide(ctx, id)
-				d.Finish(got, affinity.Answer{Answered: true})
+				d.Finish(got, fleet.Outcome{Answered: true})
 			}
 		})
 	}

@@ -21,19 +21,19 @@ func TestEngineSaturation(t *testing.T) {
 	l := d.Load()
 	for _, tc := range []struct {
 		name string
-		r    affinity.EngineReading
+		r    fleet.EngineReading
 		age  time.Duration
 		s    affinity.Saturation
 		want bool
 	}{
-		{"idle", affinity.EngineReading{Waiting: 0, KVUsage: 0.1, KVKnown: true}, 0, s, false},
-		{"waiting at the threshold", affinity.EngineReading{Waiting: 5}, 0, s, true},
-		{"waiting below", affinity.EngineReading{Waiting: 4, KVUsage: 0.79, KVKnown: true}, 0, s, false},
-		{"kv at the threshold", affinity.EngineReading{KVUsage: 0.8, KVKnown: true}, 0, s, true},
-		{"kv unknown", affinity.EngineReading{KVUsage: 0.95}, 0, s, false},
-		{"stale", affinity.EngineReading{Waiting: 50, KVUsage: 1, KVKnown: true}, 6 * time.Second, s, false},
-		{"just fresh", affinity.EngineReading{Waiting: 50}, 5 * time.Second, s, true},
-		{"thresholds off", affinity.EngineReading{Waiting: 50, KVUsage: 1, KVKnown: true}, 0, affinity.Saturation{Stale: time.Minute}, false},
+		{"idle", fleet.EngineReading{Waiting: 0, KVUsage: 0.1, KVKnown: true}, 0, s, false},
+		{"waiting at the threshold", fleet.EngineReading{Waiting: 5}, 0, s, true},
+		{"waiting below", fleet.EngineReading{Waiting: 4, KVUsage: 0.79, KVKnown: true}, 0, s, false},
+		{"kv at the threshold", fleet.EngineReading{KVUsage: 0.8, KVKnown: true}, 0, s, true},
+		{"kv unknown", fleet.EngineReading{KVUsage: 0.95}, 0, s, false},
+		{"stale", fleet.EngineReading{Waiting: 50, KVUsage: 1, KVKnown: true}, 6 * time.Second, s, false},
+		{"just fresh", fleet.EngineReading{Waiting: 50}, 5 * time.Second, s, true},
+		{"thresholds off", fleet.EngineReading{Waiting: 50, KVUsage: 1, KVKnown: true}, 0, affinity.Saturation{Stale: time.Minute}, false},
 	} {
 		r := tc.r
 		r.At = clk.now().Add(-tc.age)
@@ -53,11 +53,11 @@ func TestEngineSaturation(t *testing.T) {
 func TestEngineReadingFromOtherReplica(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	st := memory.New()
-	scraper, other := affinity.NewLoad(st, "r1"), affinity.NewLoad(st, "r2")
-	scraper.SetEngine("gpu-0", affinity.EngineReading{Waiting: 9, At: time.Now()})
+	scraper, other := affinity.NewLoad(), affinity.NewLoad()
+	scraper.SetEngine("gpu-0", fleet.EngineReading{Waiting: 9, At: time.Now()})
 	names := []string{"gpu-0", "gpu-1"}
-	for _, l := range []*affinity.Load{scraper, other} {
-		if err := l.Sync(t.Context(), names, time.Minute, now); err != nil {
+	for i, l := range []*affinity.Load{scraper, other} {
+		if err := syncLoad(t.Context(), l, st, fmt.Sprintf("r%d", i+1), names, now); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -69,7 +69,7 @@ func TestEngineReadingFromOtherReplica(t *testing.T) {
 		t.Error("r2 does not count gpu-0 saturated by r1's reading")
 	}
 	// An older reading of r2's own loses to r1's newer one.
-	other.SetEngine("gpu-0", affinity.EngineReading{Waiting: 1, At: time.Now().Add(-time.Second)})
+	other.SetEngine("gpu-0", fleet.EngineReading{Waiting: 1, At: time.Now().Add(-time.Second)})
 	if r, _ := other.Engine("gpu-0", 0); r.Waiting != 9 {
 		t.Errorf("r2's view with an older reading of its own: %d waiting, want r1's 9", r.Waiting)
 	}
@@ -85,7 +85,7 @@ func TestPlacementPrefersKVRoom(t *testing.T) {
 	ins := instances(4)
 	p := affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25,
 		Saturation: affinity.Saturation{KVUsage: 0.8, Stale: time.Minute}}
-	full := affinity.EngineReading{KVUsage: 0.9, KVKnown: true}
+	full := fleet.EngineReading{KVUsage: 0.9, KVKnown: true}
 	t.Run("one full", func(t *testing.T) {
 		d := affinity.New(memory.New(), fleet.New(ins), p)
 		full.At = time.Now()

@@ -39,7 +39,7 @@ func TestFailOpenPlacesWherePoolSends(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.Finish(dec, affinity.Answer{Answered: true})
+		d.Finish(dec, fleet.Outcome{Answered: true})
 		if dec.Kind != affinity.KindBind || dec.Instance.Name != want {
 			t.Fatalf("session %d: %s on %s, want a bind on %s", i, dec.Kind, dec.Instance.Name, want)
 		}
@@ -95,7 +95,7 @@ func TestFailOpenOverriddenWhenKVFull(t *testing.T) {
 	p := affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25,
 		Saturation: affinity.Saturation{KVUsage: 0.8, Stale: time.Minute}}
 	d := affinity.New(memory.New(), fleet.New(instances(4)), p, affinity.WithFailOpen(poolOf))
-	d.Load().SetEngine("gpu-2", affinity.EngineReading{KVUsage: 0.9, KVKnown: true, At: time.Now()})
+	d.Load().SetEngine("gpu-2", fleet.EngineReading{KVUsage: 0.9, KVKnown: true, At: time.Now()})
 	for i := range 8 {
 		dec, err := d.Decide(ctx, pooled(fmt.Sprint("s", i), "gpu-2"))
 		if err != nil {
@@ -109,7 +109,7 @@ func TestFailOpenOverriddenWhenKVFull(t *testing.T) {
 		t.Errorf("%d overrides, want 8", got)
 	}
 	// Room again: the pool's choice takes new sessions.
-	d.Load().SetEngine("gpu-2", affinity.EngineReading{KVUsage: 0.2, KVKnown: true, At: time.Now()})
+	d.Load().SetEngine("gpu-2", fleet.EngineReading{KVUsage: 0.2, KVKnown: true, At: time.Now()})
 	if dec, _ := d.Decide(ctx, pooled("later", "gpu-2")); dec.Instance.Name != "gpu-2" {
 		t.Errorf("with room: %s, want gpu-2", dec.Instance.Name)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/fleet"
 )
 
@@ -50,22 +51,6 @@ func (s Stage) String() string {
 // fallback_policy is "none".
 var ErrInstanceUnavailable = errors.New("the session's instance is unavailable")
 
-// Answer is how a routed request ended, as far as the response headers
-// tell.
-type Answer struct {
-	// Answered is false when the request ended before any response
-	// headers (the client left, the stream broke): it says nothing about
-	// the instance.
-	Answered bool
-	// Failed: the instance failed the request (a 5xx of its own, or a
-	// reply Envoy made because it could not reach or hear from it). The
-	// breaker counts it.
-	Failed bool
-	// Queue is the queue depth the instance reported, when QueueKnown.
-	Queue      int
-	QueueKnown bool
-}
-
 // WithBreaker gives the decider the instance breaker: instances whose
 // circuit is open take no requests, and their sessions walk the fallback
 // ladder. Without it every instance counts as available.
@@ -93,7 +78,7 @@ const ladderMemory = 10 * time.Minute
 
 // failovers is how many times the session bound as b has failed over,
 // as the ladder counts them at now.
-func failovers(b Binding, now time.Time) int {
+func failovers(b bindings.Binding, now time.Time) int {
 	if now.Sub(b.Since) > ladderMemory {
 		return 0
 	}
@@ -107,7 +92,7 @@ func failovers(b Binding, now time.Time) int {
 // the third routes at random. The session's version affinity holds on
 // every rung; under strict, a session with no other instance of its
 // version gets ErrNoVersion.
-func (d *Decider) ladder(p *Policy, c choice, b Binding, n int, avail []fleet.Instance) (Stage, []fleet.Instance, error) {
+func (d *Decider) ladder(p *Policy, c choice, b bindings.Binding, n int, avail []fleet.Instance) (Stage, []fleet.Instance, error) {
 	failed, _ := find(d.fleet.All(), b.Instance)
 	pool := without(avail, b.Instance)
 	if b.Version != "" && p.VersionAffinity != AnyVersion {
@@ -141,7 +126,7 @@ func (d *Decider) ladder(p *Policy, c choice, b Binding, n int, avail []fleet.In
 		near, far, nearStage, farStage = there, here, StageOtherZone, StageSameZone
 	}
 	switch {
-	case n >= MaxFailovers:
+	case n >= bindings.MaxFailovers:
 		return StageRandom, pool, nil
 	case len(near) > 0:
 		return nearStage, avoidSpot(near), nil
@@ -150,16 +135,12 @@ func (d *Decider) ladder(p *Policy, c choice, b Binding, n int, avail []fleet.In
 	}
 }
 
-// MaxFailovers is how many rebinding failovers a session takes before the
-// ladder routes it at random (Binding.Failovers counts them, up to this).
-const MaxFailovers = 2
-
 // failover routes a session whose instance is out: a 503 under
 // fallback_policy "none", else down the ladder. A rung that rebinds
 // stores the session's new instance; the random rung routes this request
 // at random and leaves the binding, so the session returns to its
 // instance once it is back.
-func (d *Decider) failover(ctx context.Context, p *Policy, c choice, key string, b Binding, mode Mode, lt Lifetime, avail []fleet.Instance, now time.Time) (Decision, error) {
+func (d *Decider) failover(ctx context.Context, p *Policy, c choice, key string, b bindings.Binding, mode Mode, lt bindings.Lifetime, avail []fleet.Instance, now time.Time) (Decision, error) {
 	if p.fallback() == FallbackNone {
 		return Decision{}, fmt.Errorf("%w: %s (fallback_policy = \"none\")", ErrInstanceUnavailable, b.Instance)
 	}
@@ -172,7 +153,7 @@ func (d *Decider) failover(ctx context.Context, p *Policy, c choice, key string,
 		return Decision{Instance: d.pick(cands), Mode: Random, Kind: KindFallback, Stage: StageRandom}, nil
 	}
 	next := d.place(key, cands, p)
-	dec, err := d.rebind(ctx, key, b.Instance, Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: n + 1}, lt, next, avail)
+	dec, err := d.rebind(ctx, key, b.Instance, bindings.Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: n + 1}, lt, next, avail)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -186,9 +167,9 @@ func (d *Decider) failover(ctx context.Context, p *Policy, c choice, key string,
 // rebind stores next for key (if it is still bound to from) and routes to
 // the instance the store then holds. Kind is left empty on success for
 // the caller; a store failure routes to next anyway (degraded).
-func (d *Decider) rebind(ctx context.Context, key, from string, next Binding, lt Lifetime, target fleet.Instance, avail []fleet.Instance) (Decision, error) {
+func (d *Decider) rebind(ctx context.Context, key, from string, next bindings.Binding, lt bindings.Lifetime, target fleet.Instance, avail []fleet.Instance) (Decision, error) {
 	nb, err := d.store.Replace(ctx, key, from, next, lt)
-	d.load.settle(target.Name, err == nil && nb.Instance == target.Name, from)
+	d.load.unreserve(target.Name, err == nil && nb.Instance == target.Name, from)
 	if err != nil {
 		if ctx.Err() != nil {
 			return Decision{}, ctx.Err()
@@ -204,22 +185,19 @@ func (d *Decider) rebind(ctx context.Context, key, from string, next Binding, lt
 	return Decision{Instance: target, Kind: KindDegraded, Err: fmt.Errorf("%w: %s", ErrFleetMismatch, nb.Instance)}, nil
 }
 
-// Evacuate moves the sessions bound to instance, whose breaker has just
+// Evacuate moves sessions, bound to instance, whose breaker has just
 // opened, down the fallback ladder ahead of their next request, so that
-// request is an ordinary hit on the new instance. Only the gradual policy
-// rebinds; sessions whose rung is random stay bound and are routed at
-// random per request. It returns how many sessions it moved; sessions
-// another replica moved first are not counted.
-func (d *Decider) Evacuate(ctx context.Context, idx SessionIndex, instance string) (moved int, err error) {
+// request is an ordinary hit on the new instance (replicas.CircuitShare
+// reads them from the store's index). Only the gradual policy rebinds;
+// sessions whose rung is random stay bound and are routed at random per
+// request. It returns how many sessions it moved; sessions another replica
+// moved first are not counted.
+func (d *Decider) Evacuate(ctx context.Context, instance string, sessions []bindings.Session) (moved int, err error) {
 	p := d.policy.Load()
 	if p.fallback() != Gradual {
 		return 0, nil
 	}
 	now := d.now()
-	sessions, err := idx.Bound(ctx, instance, 0, now)
-	if err != nil {
-		return 0, err
-	}
 	c := p.resolve(Request{}, now)
 	// Only instances whose circuit is closed: a half-open one has not
 	// proven itself yet, and would take all the sessions at once.
@@ -240,10 +218,10 @@ func (d *Decider) Evacuate(ctx context.Context, idx SessionIndex, instance strin
 		}
 		next := d.place(s.Key, cands, p)
 		// The session keeps the idle lifetime it has left.
-		lt := Lifetime{Idle: max(s.TTL, time.Millisecond), Max: p.Lifetime.Max}
-		nb, err := d.store.Replace(ctx, s.Key, instance, Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: n + 1}, lt)
+		lt := bindings.Lifetime{Idle: max(s.TTL, time.Millisecond), Max: p.Lifetime.Max}
+		nb, err := d.store.Replace(ctx, s.Key, instance, bindings.Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: n + 1}, lt)
 		placed := err == nil && nb.Instance == next.Name
-		d.load.settle(next.Name, placed, instance)
+		d.load.unreserve(next.Name, placed, instance)
 		if err != nil {
 			return moved, err
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/store/memory"
 )
@@ -41,12 +42,23 @@ func newFailoverEnv(t *testing.T, p affinity.Policy, instances []fleet.Instance)
 	return &failoverEnv{t: t, clk: clk, store: st, breaker: br, d: d}
 }
 
+// evacuate moves instance's sessions as replicas.CircuitShare does: read
+// from the store's index, then handed to the decider.
+func evacuate(t *testing.T, e *failoverEnv, instance string) (int, error) {
+	t.Helper()
+	sessions, err := e.store.Bound(context.Background(), instance, 0, e.clk.now())
+	if err != nil {
+		return 0, err
+	}
+	return e.d.Evacuate(context.Background(), instance, sessions)
+}
+
 // kill fails requests to instance until its circuit opens.
 func (e *failoverEnv) kill(instance string) {
 	e.t.Helper()
 	for range fleet.DefaultBreaker.Threshold + 1 {
 		probe := e.breaker.Begin(instance)
-		e.breaker.Done(instance, fleet.Outcome{Probe: probe, Answered: true, Failed: true})
+		e.breaker.Done(instance, probe, fleet.Outcome{Answered: true, Failed: true})
 	}
 	if e.breaker.Available(instance) {
 		e.t.Fatalf("%s still available", instance)
@@ -56,7 +68,7 @@ func (e *failoverEnv) kill(instance string) {
 func (e *failoverEnv) decide(req affinity.Request) (affinity.Decision, error) {
 	dec, err := e.d.Decide(context.Background(), req)
 	if err == nil {
-		e.d.Finish(dec, affinity.Answer{Answered: true})
+		e.d.Finish(dec, fleet.Outcome{Answered: true})
 	}
 	return dec, err
 }
@@ -70,7 +82,7 @@ func (e *failoverEnv) must(req affinity.Request) affinity.Decision {
 	return dec
 }
 
-func (e *failoverEnv) binding(key string) affinity.Binding {
+func (e *failoverEnv) binding(key string) bindings.Binding {
 	e.t.Helper()
 	s, ok, err := e.store.Show(context.Background(), key, e.clk.now())
 	if err != nil || !ok {
@@ -136,7 +148,7 @@ func TestGradualLadder(t *testing.T) {
 	// session is sticky there again.
 	e.clk.add(fleet.DefaultBreaker.Cooldown)
 	probe := e.breaker.Begin(third)
-	e.breaker.Done(third, fleet.Outcome{Probe: probe, Answered: true})
+	e.breaker.Done(third, probe, fleet.Outcome{Answered: true})
 	if got := e.must(req); got.Kind != affinity.KindHit || got.Instance.Name != third {
 		t.Fatalf("after recovery: %s on %s, want a hit on %s", got.Kind, got.Instance.Name, third)
 	}
@@ -220,7 +232,7 @@ func TestEvacuateAvoidsHalfOpenInstances(t *testing.T) {
 		t.Fatalf("z1-1 is %v", st)
 	}
 	e.kill("z1-0")
-	if _, err := e.d.Evacuate(context.Background(), e.store, "z1-0"); err != nil {
+	if _, err := evacuate(t, e, "z1-0"); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range keys {
@@ -293,7 +305,7 @@ func TestEvacuateMovesOnlyTheFailedInstancesSessions(t *testing.T) {
 		before[req.ID.Key] = e.must(req).Instance.Name
 	}
 	e.kill("z1-0")
-	moved, err := e.d.Evacuate(context.Background(), e.store, "z1-0")
+	moved, err := evacuate(t, e, "z1-0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +338,7 @@ func TestEvacuateMovesOnlyTheFailedInstancesSessions(t *testing.T) {
 	// Only the gradual policy evacuates.
 	e.d.SetPolicy(affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Fallback: affinity.FallbackRandom})
 	e.kill("z2-0")
-	if n, err := e.d.Evacuate(context.Background(), e.store, "z2-0"); n != 0 || err != nil {
+	if n, err := evacuate(t, e, "z2-0"); n != 0 || err != nil {
 		t.Errorf("random policy evacuated %d (%v)", n, err)
 	}
 }
@@ -349,7 +361,7 @@ type gatedStore struct {
 	entered, release chan struct{}
 }
 
-func (g *gatedStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
+func (g *gatedStore) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Result, error) {
 	if l.Key == g.key {
 		g.once.Do(func() { close(g.entered); <-g.release })
 	}
@@ -402,8 +414,8 @@ func TestHalfOpenTakesOneProbe(t *testing.T) {
 	if r.err != nil || r.dec.Instance.Name == "z1-0" {
 		t.Fatalf("first request, whose read of z1-0 preceded the probe: %+v, %v; want it placed elsewhere", r.dec, r.err)
 	}
-	d.Finish(r.dec, affinity.Answer{Answered: true})
-	d.Finish(dec2, affinity.Answer{Answered: true})
+	d.Finish(r.dec, fleet.Outcome{Answered: true})
+	d.Finish(dec2, fleet.Outcome{Answered: true})
 	if br.State("z1-0") != fleet.Closed {
 		t.Errorf("after the probe answered: %v, want closed", br.State("z1-0"))
 	}

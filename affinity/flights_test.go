@@ -10,7 +10,7 @@ import (
 // decision stamped far ahead counts nowhere.
 func TestFlightsHorizon(t *testing.T) {
 	now := time.Date(2026, 12, 2, 9, 0, 30, 0, time.UTC)
-	l := NewLoad(nil, "r1")
+	l := NewLoad()
 	l.now = func() time.Time { return now }
 	t0 := now
 	l.Begin("a", t0)
@@ -44,7 +44,7 @@ func TestFlightsHorizon(t *testing.T) {
 // (what the load sync adds up) is right, and neither reads below zero.
 func TestFlightsAcrossReplicas(t *testing.T) {
 	now := time.Now()
-	r1, r2 := NewLoad(nil, "r1"), NewLoad(nil, "r2")
+	r1, r2 := NewLoad(), NewLoad()
 	r1.Begin("a", now)
 	r2.End("a", now, 3, true)
 	if a, b := r1.localFlights()["a"], r2.localFlights()["a"]; a != 1 || b != -1 || a+b != 0 {

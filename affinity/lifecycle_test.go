@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/store/memory"
@@ -47,7 +48,7 @@ func decide(t *testing.T, d *affinity.Decider, req affinity.Request) affinity.De
 	if err != nil {
 		t.Fatalf("Decide(%s): %v", req.ID.Key, err)
 	}
-	d.Finish(got, affinity.Answer{Answered: true})
+	d.Finish(got, fleet.Outcome{Answered: true})
 	return got
 }
 
@@ -147,7 +148,7 @@ func TestMigrateAndDrainMarks(t *testing.T) {
 	st := memory.New()
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	drained := map[string]bool{}
-	load := affinity.NewLoad(drainSyncer{drained}, "r1")
+	load := affinity.NewLoad()
 	d := affinity.New(st, fleet.New(versioned(2)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, VersionAffinity: affinity.Strict,
 		Versions: []affinity.VersionWeight{{Name: "v1", Weight: 1}, {Name: "v2", Weight: 0}}}, affinity.WithClock(clk.now), affinity.WithLoad(load))
 	on := map[string]string{}
@@ -157,7 +158,7 @@ func TestMigrateAndDrainMarks(t *testing.T) {
 	// Migrate v1-0's sessions, ten at a time.
 	total := 0
 	for {
-		n, left, err := st.Mark(ctx, affinity.MarkFilter{Instance: "v1-0", Version: "v1", Limit: 10}, affinity.Move{Version: "v2"}, clk.now())
+		n, left, err := st.Mark(ctx, bindings.MarkFilter{Instance: "v1-0", Version: "v1", Limit: 10}, bindings.Move{Version: "v2"}, clk.now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -183,11 +184,11 @@ func TestMigrateAndDrainMarks(t *testing.T) {
 		on[k] = got.Instance.Name
 	}
 	// Drain v1-1: its sessions leave for another v1 instance.
-	if _, _, err := st.Mark(ctx, affinity.MarkFilter{Instance: "v1-1"}, affinity.Move{Off: "v1-1"}, clk.now()); err != nil {
+	if _, _, err := st.Mark(ctx, bindings.MarkFilter{Instance: "v1-1"}, bindings.Move{Off: "v1-1"}, clk.now()); err != nil {
 		t.Fatal(err)
 	}
 	drained["v1-1"] = true
-	if err := load.Sync(ctx, nil, time.Second, clk.now()); err != nil {
+	if err := syncLoad(ctx, load, drainSyncer{drained}, "r1", nil, clk.now()); err != nil {
 		t.Fatal(err)
 	}
 	for k, was := range on {
@@ -201,14 +202,14 @@ func TestMigrateAndDrainMarks(t *testing.T) {
 // drainSyncer reports a fixed drained set.
 type drainSyncer struct{ drained map[string]bool }
 
-func (s drainSyncer) SyncLoad(context.Context, affinity.LoadReport, []string, time.Duration, time.Time) (affinity.LoadState, error) {
-	return affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: s.drained}, nil
+func (s drainSyncer) SyncLoad(context.Context, fleet.LoadReport, []string, time.Duration, time.Time) (fleet.LoadState, error) {
+	return fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: s.drained}, nil
 }
 func (drainSyncer) SetDrained(context.Context, string, bool) error { return nil }
 
 func TestDrainedInstanceTakesNoNewSessions(t *testing.T) {
-	load := affinity.NewLoad(drainSyncer{map[string]bool{"gpu-2": true}}, "r1")
-	if err := load.Sync(context.Background(), nil, time.Second, time.Now()); err != nil {
+	load := affinity.NewLoad()
+	if err := syncLoad(context.Background(), load, drainSyncer{map[string]bool{"gpu-2": true}}, "r1", nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	d := affinity.New(memory.New(), fleet.New(instances(4)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, affinity.WithLoad(load))
@@ -294,7 +295,7 @@ func TestBoundedLoad(t *testing.T) {
 func TestAdaptive(t *testing.T) {
 	ins := instances(4)
 	tier := regexp.MustCompile(`^gold$`)
-	p := affinity.Policy{Mode: affinity.Sticky, Adaptive: true, Lifetime: lifetime, Saturation: affinity.Saturation{QueueDepth: 4},
+	p := affinity.Policy{Mode: affinity.Adaptive, Lifetime: lifetime, Saturation: affinity.Saturation{QueueDepth: 4},
 		Rules: []affinity.Rule{{Name: "vip", Header: "x-user-tier", Regex: tier, Priority: affinity.High}}}
 	t.Run("no saturation is sticky", func(t *testing.T) {
 		sticky := affinity.New(memory.New(), fleet.New(ins), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime})
@@ -309,7 +310,7 @@ func TestAdaptive(t *testing.T) {
 		}
 	})
 	t.Run("saturated instance", func(t *testing.T) {
-		load := affinity.NewLoad(nil, "r1")
+		load := affinity.NewLoad()
 		d := affinity.New(memory.New(), fleet.New(ins), p, affinity.WithLoad(load))
 		var low, high []affinity.Request
 		for i := 0; len(low) < 10 || len(high) < 10; i++ {
@@ -412,7 +413,7 @@ func TestWindow(t *testing.T) {
 
 func TestSpotPool(t *testing.T) {
 	ins := instances(4)
-	ins[0].Pool, ins[1].Pool = fleet.PoolSpot, fleet.PoolSpot
+	ins[0].Capacity, ins[1].Capacity = fleet.Spot, fleet.Spot
 	fl := fleet.New(ins)
 	random := affinity.New(memory.New(), fl, affinity.Policy{Mode: affinity.Random}, affinity.WithRand(rand.New(rand.NewPCG(1, 2)).Uint64))
 	sticky := affinity.New(memory.New(), fl, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime})
@@ -449,7 +450,7 @@ func TestMigrationWithTargetDownMovesWithinItsVersion(t *testing.T) {
 	d := affinity.New(st, fl, affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, VersionAffinity: affinity.Strict,
 		Versions: []affinity.VersionWeight{{Name: "v1", Weight: 1}}})
 	first := decide(t, d, session("m"))
-	if _, _, err := st.Mark(ctx, affinity.MarkFilter{Instance: first.Instance.Name}, affinity.Move{Version: "v2"}, time.Now()); err != nil {
+	if _, _, err := st.Mark(ctx, bindings.MarkFilter{Instance: first.Instance.Name}, bindings.Move{Version: "v2"}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	// Every v2 instance and the session's own instance go away.
@@ -469,7 +470,7 @@ func TestMigrationWithTargetDownMovesWithinItsVersion(t *testing.T) {
 // slowStore delays every call, so concurrent decisions overlap.
 type slowStore struct{ *memory.Store }
 
-func (s slowStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
+func (s slowStore) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Result, error) {
 	time.Sleep(time.Millisecond)
 	return s.Store.GetOrBind(ctx, l)
 }
@@ -506,7 +507,7 @@ func TestBoundedLoadUnderConcurrentPlacements(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			d.Finish(got, affinity.Answer{Answered: true})
+			d.Finish(got, fleet.Outcome{Answered: true})
 			mu.Lock()
 			counts[got.Instance.Name]++
 			mu.Unlock()
@@ -525,19 +526,19 @@ type countingSyncer struct {
 	during func() // runs while SyncLoad "reads" the index
 }
 
-func (s *countingSyncer) SyncLoad(context.Context, affinity.LoadReport, []string, time.Duration, time.Time) (affinity.LoadState, error) {
+func (s *countingSyncer) SyncLoad(context.Context, fleet.LoadReport, []string, time.Duration, time.Time) (fleet.LoadState, error) {
 	if s.during != nil {
 		s.during()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return affinity.LoadState{Active: maps.Clone(s.active)}, nil
+	return fleet.LoadState{Active: maps.Clone(s.active)}, nil
 }
 func (*countingSyncer) SetDrained(context.Context, string, bool) error { return nil }
 
 func TestLoadSyncCountsEachPlacementOnce(t *testing.T) {
 	syncer := &countingSyncer{active: map[string]int{}}
-	load := affinity.NewLoad(syncer, "r1")
+	load := affinity.NewLoad()
 	ins := instances(2)
 	ins[0].KVSessions, ins[1].KVSessions = 100, 100
 	st := memory.New()
@@ -553,7 +554,7 @@ func TestLoadSyncCountsEachPlacementOnce(t *testing.T) {
 	if got := load.Active("gpu-0"); got != 2 {
 		t.Fatalf("before a sync: %d active, want 2", got)
 	}
-	if err := load.Sync(context.Background(), nil, time.Second, time.Now()); err != nil {
+	if err := syncLoad(context.Background(), load, syncer, "r1", nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if got := load.Active("gpu-0"); got != 2 {
@@ -563,7 +564,7 @@ func TestLoadSyncCountsEachPlacementOnce(t *testing.T) {
 	if got := load.Active("gpu-0"); got != 3 {
 		t.Fatalf("after a sync and a placement: %d active, want 3", got)
 	}
-	if err := load.Sync(context.Background(), nil, time.Second, time.Now()); err != nil {
+	if err := syncLoad(context.Background(), load, syncer, "r1", nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if got := load.Active("gpu-0"); got != 3 {
@@ -574,11 +575,11 @@ func TestLoadSyncCountsEachPlacementOnce(t *testing.T) {
 func TestUndrainedMarksAreIgnored(t *testing.T) {
 	ctx := context.Background()
 	st := memory.New()
-	d := affinity.New(st, fleet.New(instances(4)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, affinity.WithLoad(affinity.NewLoad(drainSyncer{}, "r1")))
+	d := affinity.New(st, fleet.New(instances(4)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime}, affinity.WithLoad(affinity.NewLoad()))
 	first := decide(t, d, session("u"))
 	// An operator drained the instance, then undid it: the marks stay in
 	// the store, but the instance is no longer drained.
-	if _, _, err := st.Mark(ctx, affinity.MarkFilter{Instance: first.Instance.Name}, affinity.Move{Off: first.Instance.Name}, time.Now()); err != nil {
+	if _, _, err := st.Mark(ctx, bindings.MarkFilter{Instance: first.Instance.Name}, bindings.Move{Off: first.Instance.Name}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if got := decide(t, d, session("u")); got.Kind != affinity.KindHit || got.Instance != first.Instance {
@@ -589,7 +590,7 @@ func TestUndrainedMarksAreIgnored(t *testing.T) {
 func TestQueueReadingsExpire(t *testing.T) {
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	ins := instances(2)
-	p := affinity.Policy{Mode: affinity.Sticky, Adaptive: true, Lifetime: affinity.Lifetime{Idle: time.Hour}, Saturation: affinity.Saturation{QueueDepth: 4}}
+	p := affinity.Policy{Mode: affinity.Adaptive, Lifetime: bindings.Lifetime{Idle: time.Hour}, Saturation: affinity.Saturation{QueueDepth: 4}}
 	d := affinity.New(memory.New(), fleet.New(ins), p, affinity.WithClock(clk.now))
 	d.Load().End("gpu-0", time.Now(), 9, true)
 	if !d.Load().Saturated("gpu-0", p.Saturation) {
@@ -601,15 +602,17 @@ func TestQueueReadingsExpire(t *testing.T) {
 	}
 }
 
-func TestAdaptiveAppliesToStickyRules(t *testing.T) {
+// TestAdaptiveRule: under hybrid routing an adaptive rule's sessions
+// spill (plan gives sticky rules this mode under adaptive_sticky = 1).
+func TestAdaptiveRule(t *testing.T) {
 	ins := instances(3)
-	p := affinity.Policy{Mode: affinity.Hybrid, Adaptive: true, Lifetime: lifetime, Saturation: affinity.Saturation{QueueDepth: 4},
-		Rules: []affinity.Rule{{Name: "core", PathPrefix: "/v1/", Mode: affinity.Sticky}}}
+	p := affinity.Policy{Mode: affinity.Hybrid, Lifetime: lifetime, Saturation: affinity.Saturation{QueueDepth: 4},
+		Rules: []affinity.Rule{{Name: "core", PathPrefix: "/v1/", Mode: affinity.Adaptive}}}
 	d := affinity.New(memory.New(), fleet.New(ins), p)
 	req := user("core-1", "")
 	first := decide(t, d, req)
 	if first.Mode != affinity.Adaptive {
-		t.Fatalf("a sticky rule under adaptive_sticky = 1: mode %s, want adaptive", first.Mode)
+		t.Fatalf("an adaptive rule: mode %s, want adaptive", first.Mode)
 	}
 	d.Load().End(first.Instance.Name, first.At, 9, true)
 	if got := decide(t, d, req); got.Kind != affinity.KindSpilled {
@@ -619,7 +622,7 @@ func TestAdaptiveAppliesToStickyRules(t *testing.T) {
 
 func TestRebindKeepsTheSessionsVersion(t *testing.T) {
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
-	p := affinity.Policy{Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}, VersionAffinity: affinity.Strict,
+	p := affinity.Policy{Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}, VersionAffinity: affinity.Strict,
 		Versions: []affinity.VersionWeight{{Name: "v1", Weight: 1}, {Name: "v2", Weight: 0}}}
 	d := affinity.New(memory.New(), fleet.New(versioned(2)), p, affinity.WithClock(clk.now))
 	if got := decide(t, d, session("r")); got.Instance.Version != "v1" {
@@ -645,7 +648,7 @@ func TestRebindWhenTheSessionsVersionIsDown(t *testing.T) {
 	for _, va := range []affinity.VersionAffinity{affinity.Strict, affinity.Prefer} {
 		t.Run(string(va), func(t *testing.T) {
 			clk := &clock{t: time.Unix(1_700_000_000, 0)}
-			p := affinity.Policy{Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}, VersionAffinity: va,
+			p := affinity.Policy{Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}, VersionAffinity: va,
 				Versions: []affinity.VersionWeight{{Name: "v1", Weight: 1}, {Name: "v2", Weight: 0}}}
 			all := versioned(1)
 			f := fleet.New(all)
@@ -657,7 +660,7 @@ func TestRebindWhenTheSessionsVersionIsDown(t *testing.T) {
 			clk.add(11 * time.Minute)
 			for turn := 2; turn <= 3; turn++ {
 				got, err := d.Decide(context.Background(), session("r"))
-				d.Finish(got, affinity.Answer{Answered: true})
+				d.Finish(got, fleet.Outcome{Answered: true})
 				switch {
 				case va == affinity.Strict && !errors.Is(err, affinity.ErrNoVersion):
 					t.Fatalf("turn %d under strict with v1 down: %+v, %v; want ErrNoVersion, not the session moved to v2", turn, got, err)
@@ -679,7 +682,7 @@ func TestRebindWhenTheSessionsVersionIsDown(t *testing.T) {
 // records binds; a hit there would hide the binding from forget).
 func TestSaturatedFleetStillBinds(t *testing.T) {
 	ins := instances(2)
-	p := affinity.Policy{Mode: affinity.Sticky, Adaptive: true, Lifetime: lifetime, Saturation: affinity.Saturation{QueueDepth: 4}}
+	p := affinity.Policy{Mode: affinity.Adaptive, Lifetime: lifetime, Saturation: affinity.Saturation{QueueDepth: 4}}
 	d := affinity.New(memory.New(), fleet.New(ins), p)
 	for _, in := range ins {
 		d.Load().End(in.Name, time.Now(), 9, true)

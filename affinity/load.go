@@ -1,7 +1,6 @@
 package affinity
 
 import (
-	"context"
 	"maps"
 	"sync"
 	"time"
@@ -12,25 +11,23 @@ import (
 // Load is one replica's view of the fleet's load. What this replica does
 // itself is exact and immediate: the requests it has in flight, the queue
 // depth instances last reported to it, the sessions it placed. What the
-// other replicas do arrives with each Sync (LoadSyncer through the store):
-// their requests in flight, the sessions in every instance's index, the
-// drained instances. It is safe for concurrent use; the zero value is not
-// usable, call NewLoad.
+// other replicas do arrives with each sync (replicas.LoadSync, which
+// takes this replica's Report to the store and Applies what it brings
+// back): their requests in flight, the sessions in every instance's index,
+// the drained instances. It is safe for concurrent use; the zero value is
+// not usable, call NewLoad.
 type Load struct {
-	syncer  LoadSyncer // nil: this replica's own view only
-	replica string
-
 	mu     sync.Mutex
-	flight map[string]*flights      // requests in flight, as this replica counted them
-	queue  map[string]queueReading  // last queue depth an instance reported here
-	engine map[string]EngineReading // the engine readings this replica scraped
+	flight map[string]*flights            // requests in flight, as this replica counted them
+	queue  map[string]queueReading        // last queue depth an instance reported here
+	engine map[string]fleet.EngineReading // the engine readings this replica scraped
 	// Sessions this replica placed (+) or moved away (-) that the last
 	// sync's index read may not hold yet: pending are placements whose store
 	// call is under way (reserved by place, so concurrent placements see
 	// them), placed those done since the current sync began, syncing those
 	// done before it (dropped once the sync has read the index).
 	pending, placed, syncing map[string]int
-	state                    LoadState // the last sync
+	state                    fleet.LoadState // the last sync
 	now                      func() time.Time
 }
 
@@ -44,14 +41,13 @@ type queueReading struct {
 	at    time.Time
 }
 
-// NewLoad returns an empty view. replica names this replica in the reports
-// it publishes; replicas must use distinct names.
-func NewLoad(syncer LoadSyncer, replica string) *Load {
+// NewLoad returns an empty view: this replica's own, until a sync applies
+// the others'.
+func NewLoad() *Load {
 	return &Load{
-		syncer: syncer, replica: replica,
-		flight: map[string]*flights{}, queue: map[string]queueReading{}, engine: map[string]EngineReading{}, now: time.Now,
+		flight: map[string]*flights{}, queue: map[string]queueReading{}, engine: map[string]fleet.EngineReading{}, now: time.Now,
 		pending: map[string]int{}, placed: map[string]int{}, syncing: map[string]int{},
-		state: LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]EngineReading{}},
+		state: fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]fleet.EngineReading{}},
 	}
 }
 
@@ -159,7 +155,7 @@ func (f *flights) count() (n int, live bool) {
 
 // reserve places key among cands by the bounded-load rule (choose) on
 // their active sessions, and counts the choice as pending under the same
-// lock, so that concurrent placements see each other. settle must follow.
+// lock, so that concurrent placements see each other. unreserve must follow.
 func (l *Load) reserve(key string, cands []fleet.Instance, eps float64, s Saturation, pref int) (fleet.Instance, bool) {
 	var buf [16]int
 	var fullBuf [16]bool
@@ -183,17 +179,17 @@ func (l *Load) reserve(key string, cands []fleet.Instance, eps float64, s Satura
 	return in, overridden
 }
 
-// reserveName counts a placement on name as pending; settle must follow.
+// reserveName counts a placement on name as pending; unreserve must follow.
 func (l *Load) reserveName(name string) {
 	l.mu.Lock()
 	l.pending[name]++
 	l.mu.Unlock()
 }
 
-// settle ends a reservation on reserved. bound says whether the session
+// unreserve ends a reservation on reserved. bound says whether the session
 // was bound there (the store kept the candidate); from is the instance it
 // left ("" for a new session).
-func (l *Load) settle(reserved string, bound bool, from string) {
+func (l *Load) unreserve(reserved string, bound bool, from string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	add(l.pending, reserved, -1)
@@ -316,7 +312,7 @@ func (l *Load) unsaturated(in []fleet.Instance, s Saturation) []fleet.Instance {
 
 // SetEngine records a reading this replica took of instance's engine; the
 // next Sync shares it with the other replicas.
-func (l *Load) SetEngine(instance string, r EngineReading) {
+func (l *Load) SetEngine(instance string, r fleet.EngineReading) {
 	l.mu.Lock()
 	l.engine[instance] = r
 	l.mu.Unlock()
@@ -332,34 +328,34 @@ func (l *Load) ForgetEngine(instance string) {
 
 // Engine is the newest reading of instance's engine any replica took, if
 // one is younger than stale (0: any age).
-func (l *Load) Engine(instance string, stale time.Duration) (EngineReading, bool) {
+func (l *Load) Engine(instance string, stale time.Duration) (fleet.EngineReading, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.engineLocked(instance, stale)
 }
 
-func (l *Load) engineLocked(instance string, stale time.Duration) (EngineReading, bool) {
+func (l *Load) engineLocked(instance string, stale time.Duration) (fleet.EngineReading, bool) {
 	r, ok := l.engine[instance]
 	if o, ook := l.state.Engine[instance]; ook && (!ok || o.At.After(r.At)) {
 		r, ok = o, true
 	}
 	if !ok || stale > 0 && l.now().Sub(r.At) > stale {
-		return EngineReading{}, false
+		return fleet.EngineReading{}, false
 	}
 	return r, true
 }
 
 // Engines is every instance's newest engine reading younger than stale
 // (0: any age), for metrics and operators.
-func (l *Load) Engines(stale time.Duration) map[string]EngineReading {
+func (l *Load) Engines(stale time.Duration) map[string]fleet.EngineReading {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.enginesLocked(stale)
 }
 
-func (l *Load) enginesLocked(stale time.Duration) map[string]EngineReading {
-	out := make(map[string]EngineReading, len(l.engine)+len(l.state.Engine))
-	for _, m := range []map[string]EngineReading{l.engine, l.state.Engine} {
+func (l *Load) enginesLocked(stale time.Duration) map[string]fleet.EngineReading {
+	out := make(map[string]fleet.EngineReading, len(l.engine)+len(l.state.Engine))
+	for _, m := range []map[string]fleet.EngineReading{l.engine, l.state.Engine} {
 		for in := range m {
 			if r, ok := l.engineLocked(in, stale); ok {
 				out[in] = r
@@ -385,10 +381,10 @@ func (l *Load) drained() map[string]bool {
 }
 
 // Snapshot returns the view as of now, for operators.
-func (l *Load) Snapshot() LoadState {
+func (l *Load) Snapshot() fleet.LoadState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := LoadState{Active: maps.Clone(l.state.Active), InFlight: maps.Clone(l.state.InFlight),
+	s := fleet.LoadState{Active: maps.Clone(l.state.Active), InFlight: maps.Clone(l.state.InFlight),
 		Queue: maps.Clone(l.state.Queue), Drained: maps.Clone(l.state.Drained), Engine: l.enginesLocked(0)}
 	for _, m := range []map[string]int{l.pending, l.placed, l.syncing} {
 		for in, n := range m {
@@ -412,34 +408,32 @@ func (l *Load) Snapshot() LoadState {
 	return s
 }
 
-// Sync publishes this replica's report and takes in the others'. The
-// placements done before it began are in the index it reads and are no
-// longer counted separately; those done while it runs may be counted twice
-// until the next sync. Reports live for ttl, so a replica that stops
-// syncing drops out after it.
-func (l *Load) Sync(ctx context.Context, instances []string, ttl time.Duration, now time.Time) error {
-	if l.syncer == nil {
-		return nil
-	}
+// Report is what this replica tells the others at a sync: its requests
+// in flight, its fresh queue readings and the engine readings it took.
+// The placements done before it are in the index the sync reads and are no
+// longer counted apart once Apply takes the sync's state in; those done
+// after it may be counted twice until the next sync.
+func (l *Load) Report(replica string) fleet.LoadReport {
 	l.mu.Lock()
-	r := LoadReport{Replica: l.replica, InFlight: l.localFlights(), Queue: l.freshQueues(), Engine: maps.Clone(l.engine)}
+	defer l.mu.Unlock()
+	r := fleet.LoadReport{Replica: replica, InFlight: l.localFlights(), Queue: l.freshQueues(), Engine: maps.Clone(l.engine)}
 	for in, n := range l.placed {
 		add(l.syncing, in, n)
 	}
 	clear(l.placed)
-	l.mu.Unlock()
-	st, err := l.syncer.SyncLoad(ctx, r, instances, ttl, now)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err != nil {
-		// Keep counting them until a sync succeeds.
-		return err
-	}
+	return r
+}
+
+// Apply takes in the state a sync brought back (the sync that sent the
+// last Report). Until a sync succeeds, the placements reported keep
+// counting.
+func (l *Load) Apply(st fleet.LoadState) {
 	st.Active, st.InFlight, st.Queue, st.Drained = orEmpty(st.Active), orEmpty(st.InFlight), orEmpty(st.Queue), orEmpty(st.Drained)
 	st.Engine = orEmpty(st.Engine)
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.state = st
 	clear(l.syncing)
-	return nil
 }
 
 func orEmpty[V any](m map[string]V) map[string]V {

@@ -6,22 +6,28 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/identity"
 )
 
-// Mode is the routing policy.
+// Mode is how requests are routed: the policy's mode for the requests no
+// rule matches, a rule's for those it matches, and a decision's. plan maps
+// the configuration's keys onto it (routing.mode, sticky_enabled,
+// adaptive_sticky and the rules' modes), in one place.
 type Mode string
 
 const (
+	// Sticky: the session's binding decides; a new session is placed.
 	Sticky Mode = "sticky"
+	// Adaptive: sticky, but a session whose instance is saturated moves to
+	// its next choice unless it is high-priority.
+	Adaptive Mode = "adaptive"
+	// Random: each request at random, by weight; nothing is bound.
 	Random Mode = "random"
 	// Hybrid: rules decide; a request no rule matches is routed at random
-	// (core traffic sticky, edge traffic random, as the rules say).
+	// (core traffic sticky, edge traffic random, as the rules say). A
+	// policy's mode only.
 	Hybrid Mode = "hybrid"
-	// Adaptive: sticky, but a session whose instance is saturated moves to
-	// its next choice unless it is high-priority. As a rule's mode only;
-	// globally it is Sticky with Policy.Adaptive.
-	Adaptive Mode = "adaptive"
 )
 
 // VersionAffinity says whether a session may change model version.
@@ -50,11 +56,10 @@ const (
 // Policy is the part of the configuration the decision reads. It is
 // immutable once handed to a Decider; SetPolicy swaps it whole.
 type Policy struct {
-	// Mode for requests no rule matches: Sticky, Random or Hybrid.
-	Mode Mode
-	// Adaptive makes Sticky (global or a rule's) adaptive.
-	Adaptive bool
-	Lifetime Lifetime
+	// Mode for requests no rule matches: Sticky, Adaptive, Random or
+	// Hybrid.
+	Mode     Mode
+	Lifetime bindings.Lifetime
 	Rules    []Rule
 	// Versions split new sessions between model versions. Empty: a new
 	// session takes the version of the instance it is placed on.
@@ -98,7 +103,7 @@ type VersionWeight struct {
 type Saturation struct {
 	InFlight   int // requests in flight to the instance, across replicas
 	QueueDepth int // queue depth the instance last reported in a response header
-	// From the instance's engine (EngineReading): requests waiting, and the
+	// From the instance's engine (fleet.EngineReading): requests waiting, and the
 	// share of its KV cache in use, at which it counts as saturated. A new
 	// session also skips an instance at KVUsage when another has room.
 	Waiting int
@@ -118,7 +123,7 @@ type Rule struct {
 	Tiers      []string       // the request's tier (Policy.TierHeader) is one of these
 	Window     *Window        // the request arrives within this time window
 
-	Mode     Mode          // "" keeps the policy's mode
+	Mode     Mode          // Sticky, Adaptive or Random; "" keeps the policy's mode
 	Idle     time.Duration // 0 keeps the policy's idle timeout
 	Priority Priority      // "" is Normal
 	Version  string        // "" lets Versions decide; else new sessions of this rule start on it

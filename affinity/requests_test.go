@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/store/memory"
@@ -18,7 +19,7 @@ import (
 func TestDecisionCountsRequests(t *testing.T) {
 	ctx := context.Background()
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
-	lt := affinity.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}
+	lt := bindings.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}
 	d := affinity.New(memory.New(), fleet.New(instances(4)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lt}, affinity.WithClock(clk.now))
 	check := func(what string, req affinity.Request, wantKind affinity.Kind, wantKey string, wantRequests int) {
 		t.Helper()

@@ -17,8 +17,12 @@ type Instance struct {
 	// KVSessions is how many conversations' KV cache the instance holds;
 	// placement never counts it overloaded below that. 0 means the default.
 	KVSessions int `toml:"kv_sessions" json:"kv_sessions"`
-	// Pool is "" (on-demand) or "spot" (may be reclaimed at short notice).
-	Pool string `toml:"pool" json:"pool"`
+	// Capacity is "on-demand" (the default) or "spot": the instance may
+	// be reclaimed at short notice.
+	Capacity string `toml:"capacity" json:"capacity"`
+	// Pool is capacity's older name, still read: SetDefaults takes it
+	// into Capacity when Capacity is unset.
+	Pool string `toml:"pool" json:"pool,omitempty"`
 	// Engine is what serves the instance: "vllm", "sglang" or "generic"
 	// ("" follows engines.default). MetricsURL is where a vllm or sglang
 	// engine serves its metrics ("": http://<address>/metrics).
@@ -33,11 +37,14 @@ const (
 	MaxKVSessions     = 100000
 )
 
-// PoolSpot is the pool of instances that may be reclaimed at short notice.
-const PoolSpot = "spot"
+// An instance's capacity.
+const (
+	CapacityOnDemand = "on-demand"
+	CapacitySpot     = "spot" // may be reclaimed at short notice
+)
 
-// SetDefaults fills in the instance's unset version, weight and
-// kv_sessions: an entry of [[instances]] (or a JSON instance) starts from
+// SetDefaults fills in the instance's unset version, weight, kv_sessions
+// and capacity (from pool, its older name, when that is set): an entry of [[instances]] (or a JSON instance) starts from
 // zero, so zero is unset there. Parse calls it; so must code that builds
 // an instance (the admin API) before validating it.
 func (in *Instance) SetDefaults() {
@@ -49,6 +56,12 @@ func (in *Instance) SetDefaults() {
 	}
 	if in.KVSessions == 0 {
 		in.KVSessions = DefaultKVSessions
+	}
+	if in.Capacity == "" {
+		in.Capacity = in.Pool
+	}
+	if in.Capacity == "" {
+		in.Capacity = CapacityOnDemand
 	}
 }
 
@@ -86,10 +99,16 @@ func (c *Config) validateInstances(bad reporter) {
 				bad(key+".metrics_url", in.MetricsURL, `a generic engine is not scraped; set the instance's engine to "vllm" or "sglang"`)
 			}
 		}
-		switch in.Pool {
-		case "", PoolSpot:
-		default:
-			bad(key+".pool", in.Pool, `want "" (on-demand) or "spot"`)
+		// "" is unset, as kv_sessions 0 is (SetDefaults fills it in).
+		capacity, capKey := in.Capacity, key+".capacity"
+		if in.Pool != "" && (capacity == "" || capacity == in.Pool) {
+			capacity, capKey = in.Pool, key+".pool" // the file said pool
+		}
+		switch {
+		case capacity != "" && capacity != CapacityOnDemand && capacity != CapacitySpot:
+			bad(capKey, capacity, `want "on-demand" or "spot"`)
+		case in.Pool != "" && in.Capacity != "" && in.Pool != in.Capacity:
+			bad(key+".pool", in.Pool, fmt.Sprintf("the older name of capacity, which says %q: set capacity alone", in.Capacity))
 		}
 	}
 }

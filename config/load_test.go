@@ -60,7 +60,7 @@ func TestSetKeyWins(t *testing.T) {
 		{"breaker 0 overrides", "[circuit_breakers]\nmax_retries = 0",
 			func(c Config) any { return *c.Breakers("").MaxRetries }, uint32(0)},
 		{"instance defaults", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"",
-			func(c Config) any { return c.Instances[0] }, Instance{Name: "a", Address: "10.0.0.1:1", Version: DefaultVersion, Weight: 1, KVSessions: DefaultKVSessions}},
+			func(c Config) any { return c.Instances[0] }, Instance{Name: "a", Address: "10.0.0.1:1", Version: DefaultVersion, Weight: 1, KVSessions: DefaultKVSessions, Capacity: CapacityOnDemand}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if d := cmp.Diff(tc.want, tc.got(must(t, tc.toml))); d != "" {
@@ -124,8 +124,8 @@ func TestEncodeRoundTrip(t *testing.T) {
 	c.Identity.MaxValueBytes = 16
 	c.Identity.SecretEnv = "MY_SECRET"
 	c.Instances = []Instance{
-		{Name: "a", Address: "10.0.0.1:8000", Zone: "z1", Version: "v1", Weight: 2, KVSessions: 64},
-		{Name: "b", Address: "10.0.0.2:8000", Zone: "z2", Version: "v2", Weight: 0.5, KVSessions: 1, Pool: PoolSpot},
+		{Name: "a", Address: "10.0.0.1:8000", Zone: "z1", Version: "v1", Weight: 2, KVSessions: 64, Capacity: CapacityOnDemand},
+		{Name: "b", Address: "10.0.0.2:8000", Zone: "z2", Version: "v2", Weight: 0.5, KVSessions: 1, Capacity: CapacitySpot},
 	}
 	c.Versions = []Version{{Name: "v1", Weight: 0}, {Name: "v2", Weight: 1, Canary: true}}
 	c.XDS.Addr = ""

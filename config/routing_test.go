@@ -20,7 +20,7 @@ version = "v1"
 name = "b"
 address = "10.0.0.2:8000"
 version = "v2"
-pool = "spot"
+capacity = "spot"
 kv_sessions = 64
 `
 
@@ -99,7 +99,7 @@ func TestParseRouting(t *testing.T) {
 	if d := cmp.Diff(wantVersions, c.Versions); d != "" {
 		t.Errorf("versions (-want +got):\n%s", d)
 	}
-	if a, b := c.Instances[0], c.Instances[1]; a.KVSessions != DefaultKVSessions || a.Pool != "" || b.KVSessions != 64 || b.Pool != PoolSpot {
+	if a, b := c.Instances[0], c.Instances[1]; a.KVSessions != DefaultKVSessions || a.Capacity != CapacityOnDemand || b.KVSessions != 64 || b.Capacity != CapacitySpot {
 		t.Errorf("instances: %+v %+v", a, b)
 	}
 }
@@ -264,6 +264,8 @@ func TestParseRoutingBad(t *testing.T) {
 
 		// [[instances]]
 		{"pool", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\npool = \"preemptible\"", []string{"instances[0].pool", `"preemptible"`}},
+		{"capacity", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\ncapacity = \"preemptible\"", []string{"instances[0].capacity", `"preemptible"`}},
+		{"pool and capacity", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\ncapacity = \"spot\"\npool = \"on-demand\"", []string{"instances[0].pool", "set capacity alone"}},
 		{"kv_sessions negative", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\nkv_sessions = -1", []string{"instances[0].kv_sessions", "-1"}},
 		{"kv_sessions too big", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\nkv_sessions = 100001", []string{"instances[0].kv_sessions", "100001"}},
 		{"kv_sessions not a number", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\nkv_sessions = \"many\"", []string{"kv_sessions"}},
@@ -337,9 +339,10 @@ func TestRulePattern(t *testing.T) {
 }
 
 func TestInstanceSetDefaults(t *testing.T) {
-	in := Instance{Name: "a", Address: "10.0.0.1:1", Pool: PoolSpot}
+	in := Instance{Name: "a", Address: "10.0.0.1:1", Pool: CapacitySpot}
 	in.SetDefaults()
-	want := Instance{Name: "a", Address: "10.0.0.1:1", Version: DefaultVersion, Weight: 1, KVSessions: DefaultKVSessions, Pool: PoolSpot}
+	want := Instance{Name: "a", Address: "10.0.0.1:1", Version: DefaultVersion, Weight: 1, KVSessions: DefaultKVSessions,
+		Capacity: CapacitySpot, Pool: CapacitySpot}
 	if in != want {
 		t.Errorf("got %+v, want %+v", in, want)
 	}

@@ -3,24 +3,13 @@ package engine
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/fleet"
 )
-
-// Shards is how many leases the fleet's engines are split into: each shard's
-// instances are scraped by the one replica that holds its lease, so ten
-// replicas in front of 64 instances make 64 scrapes per interval, not 640.
-const Shards = 8
-
-// leaseTerms is how many intervals a lease lasts without renewal: a replica
-// that dies is replaced within that many intervals plus one.
-const leaseTerms = 3
 
 // Recorder counts the scrapes (the metrics package implements it).
 type Recorder interface {
@@ -35,16 +24,34 @@ type Recorder interface {
 // Logger receives at most one line per round: the failures of that round.
 type Logger func(failed int, summary string)
 
-// Poller scrapes, every Interval, the engines of the instances whose shard
-// lease this replica holds, and hands each reading to the load view, which
-// shares it with the other replicas on its next sync. A failed scrape
-// leaves the last reading to expire: it never marks an instance unhealthy
-// (Envoy's outlier detection and the instance breaker decide that).
+// Shards says which instances this replica scrapes (replicas.Shards: the
+// scrapes are split between the replicas by leases in the store).
+type Shards interface {
+	// Take returns the instances of instances this replica scrapes this
+	// round, and how many shards it holds; err says a lease could not be
+	// read, mine then holds the instances scraped anyway.
+	Take(ctx context.Context, instances []fleet.Instance, now time.Time) (mine []fleet.Instance, held int, err error)
+	// Release gives the shards up (the poller stopping).
+	Release()
+}
+
+// Readings is where the poller puts what it reads: the load view
+// (affinity.Load), which shares it with the other replicas on its next
+// sync.
+type Readings interface {
+	SetEngine(instance string, r fleet.EngineReading)
+	ForgetEngine(instance string)
+}
+
+// Poller scrapes, every Interval, the engines of the instances Shards
+// gives this replica, and hands each reading to the load view. A failed
+// scrape leaves the last reading to expire: it never marks an instance
+// unhealthy (Envoy's outlier detection and the instance breaker decide
+// that).
 type Poller struct {
-	Replica   string
 	Instances func() []fleet.Instance // the current fleet
-	Load      *affinity.Load
-	Leases    affinity.Leases
+	Shards    Shards
+	Load      Readings
 	Scraper   *Scraper
 	Tracker   *Tracker
 	Interval  time.Duration
@@ -53,18 +60,8 @@ type Poller struct {
 	Now       func() time.Time
 
 	mu      sync.Mutex
-	held    map[int]bool    // the shards this replica holds
 	scraped map[string]bool // the instances whose readings it publishes
 }
-
-// ShardOf is the shard of instance name.
-func ShardOf(name string) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(name))
-	return int(h.Sum32() % Shards)
-}
-
-func leaseName(shard int) string { return fmt.Sprintf("engines/%d", shard) }
 
 // Run polls until ctx ends, then gives up its leases so another replica
 // takes over at once.
@@ -75,45 +72,24 @@ func (p *Poller) Run(ctx context.Context) {
 		p.Round(ctx)
 		select {
 		case <-ctx.Done():
-			p.release()
+			p.Shards.Release()
 			return
 		case <-t.C:
 		}
 	}
 }
 
-// Round takes or renews the leases of the shards that hold scraped
-// instances, scrapes the instances of the shards it holds, and forgets the
+// Round scrapes the instances Shards gives this replica, and forgets the
 // readings of those it no longer scrapes.
 func (p *Poller) Round(ctx context.Context) {
-	now := p.now()
-	byShard := map[int][]fleet.Instance{}
+	var scraped []fleet.Instance
 	for _, in := range p.Instances() {
 		if in.Engine != "" && in.MetricsURL != "" {
-			s := ShardOf(in.Name)
-			byShard[s] = append(byShard[s], in)
+			scraped = append(scraped, in)
 		}
 	}
-	var mine []fleet.Instance
-	var leaseErr error
-	held := map[int]bool{}
-	for s, ins := range byShard {
-		ok, err := p.Leases.Lease(ctx, leaseName(s), p.Replica, leaseTerms*p.Interval, now)
-		if err != nil {
-			// The store is unreachable, so no replica can share readings:
-			// each scrapes for itself until it is back.
-			leaseErr, ok = err, true
-		}
-		if ok {
-			held[s] = true
-			mine = append(mine, ins...)
-		}
-	}
+	mine, held, leaseErr := p.Shards.Take(ctx, scraped, p.now())
 	p.mu.Lock()
-	if p.held == nil {
-		p.held, p.scraped = map[int]bool{}, map[string]bool{}
-	}
-	p.held = held
 	keep := make(map[string]bool, len(mine))
 	for _, in := range mine {
 		keep[in.Name] = true
@@ -127,10 +103,12 @@ func (p *Poller) Round(ctx context.Context) {
 	p.scraped = keep
 	p.mu.Unlock()
 	if p.Recorder != nil {
-		p.Recorder.Shards(len(held))
+		p.Recorder.Shards(held)
 	}
 	failures := p.scrape(ctx, mine)
 	if leaseErr != nil {
+		// The store is unreachable, so no replica can share readings: each
+		// scrapes for itself until it is back.
 		failures = append(failures, fmt.Sprintf("leases: %v (scraping every instance here)", leaseErr))
 	}
 	if len(failures) > 0 && p.Log != nil && ctx.Err() == nil {
@@ -175,7 +153,7 @@ func (p *Poller) scrapeOne(ctx context.Context, in fleet.Instance) string {
 	s, err := p.Scraper.Scrape(ctx, Kind(in.Engine), in.MetricsURL)
 	took := p.now().Sub(start)
 	if err == nil {
-		var r affinity.EngineReading
+		var r fleet.EngineReading
 		r, err = p.Tracker.Observe(in.Name, s, start)
 		p.Load.SetEngine(in.Name, r) // a reset still gives a good reading
 	}
@@ -190,19 +168,6 @@ func (p *Poller) scrapeOne(ctx context.Context, in fleet.Instance) string {
 		return ""
 	}
 	return fmt.Sprintf("%s (%s): %v", in.Name, reason, err)
-}
-
-// release gives up the leases this replica holds.
-func (p *Poller) release() {
-	p.mu.Lock()
-	held := p.held
-	p.held = nil
-	p.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	for s := range held {
-		_ = p.Leases.Release(ctx, leaseName(s), p.Replica)
-	}
 }
 
 func (p *Poller) now() time.Time {

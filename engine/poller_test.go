@@ -15,6 +15,7 @@ import (
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/engine"
 	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/replicas"
 	"github.com/tetherproxy/tether/store/memory"
 )
 
@@ -103,10 +104,10 @@ func TestPollersShareTheFleet(t *testing.T) {
 	pollers := make([]*engine.Poller, 3)
 	loads := make([]*affinity.Load, 3)
 	for i := range pollers {
-		loads[i] = affinity.NewLoad(st, fmt.Sprintf("r%d", i))
+		loads[i] = affinity.NewLoad()
 		pollers[i] = &engine.Poller{
-			Replica: fmt.Sprintf("r%d", i), Instances: func() []fleet.Instance { return ins },
-			Load: loads[i], Leases: st, Scraper: &engine.Scraper{Timeout: time.Second},
+			Instances: func() []fleet.Instance { return ins },
+			Load:      loads[i], Shards: &replicas.Shards{Replica: fmt.Sprintf("r%d", i), Leases: st, Interval: interval}, Scraper: &engine.Scraper{Timeout: time.Second},
 			Tracker: engine.NewTracker(), Interval: interval, Now: clk.now,
 		}
 	}
@@ -166,11 +167,11 @@ func TestPollerFailingEngineExpires(t *testing.T) {
 	f := newFakeEngines(t)
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	ins := f.fleet(2)
-	load := affinity.NewLoad(nil, "r0")
+	load := affinity.NewLoad()
 	rec := &recorder{reasons: map[string]int{}}
 	var logged []string
 	p := &engine.Poller{
-		Replica: "r0", Instances: func() []fleet.Instance { return ins }, Load: load, Leases: memory.New(),
+		Instances: func() []fleet.Instance { return ins }, Load: load, Shards: &replicas.Shards{Replica: "r0", Leases: memory.New(), Interval: time.Second},
 		Scraper: &engine.Scraper{Timeout: time.Second}, Tracker: engine.NewTracker(), Interval: time.Second,
 		Now: clk.now, Recorder: rec, Log: func(n int, s string) { logged = append(logged, s) },
 	}
@@ -226,10 +227,10 @@ func (downLeases) Release(context.Context, string, string) error { return nil }
 func TestPollerScrapesWhenLeasesFail(t *testing.T) {
 	f := newFakeEngines(t)
 	ins := f.fleet(4)
-	load := affinity.NewLoad(nil, "r0")
+	load := affinity.NewLoad()
 	var logged []string
 	p := &engine.Poller{
-		Replica: "r0", Instances: func() []fleet.Instance { return ins }, Load: load, Leases: downLeases{},
+		Instances: func() []fleet.Instance { return ins }, Load: load, Shards: &replicas.Shards{Replica: "r0", Leases: downLeases{}, Interval: time.Second},
 		Scraper: &engine.Scraper{Timeout: time.Second}, Tracker: engine.NewTracker(), Interval: time.Second,
 		Log: func(_ int, s string) { logged = append(logged, s) },
 	}
@@ -253,7 +254,7 @@ func TestPollerReleasesOnStop(t *testing.T) {
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	mk := func(name string) *engine.Poller {
 		return &engine.Poller{
-			Replica: name, Instances: func() []fleet.Instance { return ins }, Load: affinity.NewLoad(nil, name), Leases: st,
+			Instances: func() []fleet.Instance { return ins }, Load: affinity.NewLoad(), Shards: &replicas.Shards{Replica: name, Leases: st, Interval: time.Hour},
 			Scraper: &engine.Scraper{Timeout: time.Second}, Tracker: engine.NewTracker(), Interval: time.Hour, Now: clk.now,
 		}
 	}

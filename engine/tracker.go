@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/fleet"
 )
 
 // Tracker turns successive samples of each instance into readings with
@@ -33,8 +33,8 @@ func NewTracker() *Tracker {
 // then the error is an *Error with ReasonCounterReset, and the reading is
 // still valid and should be used. A rate is never negative. Waiting and
 // Running are rounded, and held within 0 and a billion.
-func (t *Tracker) Observe(instance string, s Sample, at time.Time) (affinity.EngineReading, error) {
-	r := affinity.EngineReading{
+func (t *Tracker) Observe(instance string, s Sample, at time.Time) (fleet.EngineReading, error) {
+	r := fleet.EngineReading{
 		Waiting:       count(s.Waiting),
 		Running:       count(s.Running),
 		KVUsage:       s.KVUsage,

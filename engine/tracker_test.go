@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/fleet"
 )
 
 var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
@@ -28,7 +28,7 @@ func TestTrackerRates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := affinity.EngineReading{
+	want := fleet.EngineReading{
 		Waiting: 3, Running: 21, KVUsage: 0.375, KVKnown: true,
 		PrefixHits: 1000, PrefixQueries: 4000, PrefixKnown: true, Preemptions: 5,
 		At: t0,

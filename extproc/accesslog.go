@@ -15,7 +15,7 @@ import (
 )
 
 // AccessLog receives Envoy's gRPC access log (envoy.access_loggers.http_grpc)
-// and settles every entry that carries a ticket: how a request ended
+// and redeems every entry that carries a ticket: how a request ended
 // reaches tether batched, after the request, off its path. Each Envoy
 // worker keeps one stream open and sends entries in batches (the logger's
 // buffer_flush_interval); entries are handled on the stream's goroutine,
@@ -26,7 +26,7 @@ type AccessLog struct {
 	s *Server
 }
 
-// AccessLog returns the access-log receiver, which settles outcomes with
+// AccessLog returns the access-log receiver, which finishes decisions with
 // s's decider and recorder. s must have Options.Tickets.
 func (s *Server) AccessLog() *AccessLog { return &AccessLog{s: s} }
 
@@ -44,17 +44,17 @@ func (a *AccessLog) StreamAccessLogs(stream accesslogv3.AccessLogService_StreamA
 			return err
 		}
 		for _, e := range msg.GetHttpLogs().GetLogEntry() {
-			a.s.settle(endingOf(e))
+			a.s.redeem(observationOf(e))
 		}
 	}
 }
 
-// endingOf reads an access-log entry. Envoy writes one for every request,
+// observationOf reads an access-log entry. Envoy writes one for every request,
 // at its end: the response code (0 when none was sent), the response
 // flags saying why Envoy answered itself, the host of the last attempt,
 // and the response headers the logger was told to keep (the instances'
 // report headers).
-func endingOf(e *accesslogdatav3.HTTPAccessLogEntry) ending {
+func observationOf(e *accesslogdatav3.HTTPAccessLogEntry) observation {
 	c := e.GetCommonProperties()
 	code := int(e.GetResponse().GetResponseCode().GetValue())
 	f := c.GetResponseFlags()
@@ -62,7 +62,7 @@ func endingOf(e *accesslogdatav3.HTTPAccessLogEntry) ending {
 	// or its circuit breaker turned the request away.
 	noHost := f.GetNoHealthyUpstream() || f.GetNoClusterFound() || f.GetNoRouteFound()
 	addr := socketAddr(c.GetUpstreamRemoteAddress())
-	e2 := ending{
+	o := observation{
 		ticket:     ticketOf(c.GetMetadata().GetFilterMetadata()[MetadataNamespace]),
 		status:     code,
 		none:       code == 0,
@@ -71,9 +71,9 @@ func endingOf(e *accesslogdatav3.HTTPAccessLogEntry) ending {
 		headers:    mapHeaders(e.GetResponse().GetResponseHeaders()),
 	}
 	if d := c.GetTimeToFirstUpstreamRxByte(); d != nil {
-		e2.elapsed = max(d.AsDuration(), time.Nanosecond)
+		o.elapsed = max(d.AsDuration(), time.Nanosecond)
 	}
-	return e2
+	return o
 }
 
 func socketAddr(a *corev3.Address) string {

@@ -22,7 +22,7 @@ import (
 // the answers it hears.
 type answers struct {
 	mu  sync.Mutex
-	got []affinity.Answer
+	got []fleet.Outcome
 }
 
 var chosen = fleet.Instance{Name: "a", Address: "127.0.0.1:8001", Weight: 1}
@@ -31,7 +31,7 @@ func (a *answers) Decide(context.Context, affinity.Request) (affinity.Decision, 
 	return affinity.Decision{Instance: chosen, Mode: affinity.Sticky, Kind: affinity.KindHit}, nil
 }
 
-func (a *answers) Finish(_ affinity.Decision, ans affinity.Answer) {
+func (a *answers) Finish(_ affinity.Decision, ans fleet.Outcome) {
 	a.mu.Lock()
 	a.got = append(a.got, ans)
 	a.mu.Unlock()
@@ -115,7 +115,7 @@ type refusing struct{ err error }
 func (r refusing) Decide(context.Context, affinity.Request) (affinity.Decision, error) {
 	return affinity.Decision{}, r.err
 }
-func (refusing) Finish(affinity.Decision, affinity.Answer) {}
+func (refusing) Finish(affinity.Decision, fleet.Outcome) {}
 
 // TestRefusals: the two errors that must not fall to Envoy's default route
 // (it would change the session's model, or its instance against the

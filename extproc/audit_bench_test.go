@@ -12,6 +12,7 @@ import (
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/audit"
 	auditfile "github.com/tetherproxy/tether/audit/file"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
@@ -91,7 +92,7 @@ func newBenchServer(b *testing.B, opts extproc.Options) *extproc.Server {
 		b.Fatal(err)
 	}
 	dec := affinity.New(memory.New(), fleet.New(two), affinity.Policy{
-		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute, Max: time.Hour},
+		Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Minute, Max: time.Hour},
 	})
 	return extproc.New(ids, dec, &recorded{}, opts)
 }

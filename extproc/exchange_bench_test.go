@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
@@ -56,7 +57,7 @@ func exchangeServer(b *testing.B, mode affinity.Mode) *extproc.Server {
 	}
 	instances := fleet.New(two)
 	dec := affinity.New(memory.New(), instances, affinity.Policy{
-		Mode: mode, Lifetime: affinity.Lifetime{Idle: time.Minute, Max: time.Hour},
+		Mode: mode, Lifetime: bindings.Lifetime{Idle: time.Minute, Max: time.Hour},
 	})
 	return extproc.New(ids, dec, metrics.New(prometheus.NewRegistry()), extproc.Options{
 		ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop(),

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
@@ -84,13 +85,13 @@ func msgRecord(tb testing.TB, m *extprocv3.ProcessingRequest) record {
 var fuzzFleet = []fleet.Instance{
 	{Name: "a", Version: "v1", Weight: 1},
 	{Name: "b", Version: "v1", Weight: 2, KVSessions: 1},
-	{Name: "c", Version: "v2", Weight: 1, Pool: fleet.PoolSpot},
+	{Name: "c", Version: "v2", Weight: 1, Capacity: fleet.Spot},
 }
 
 // fleets are what opFleet switches between: all, without v2, none, and
 // "c" serving v1 instead.
 var fleets = [][]fleet.Instance{fuzzFleet, fuzzFleet[:2], nil,
-	{fuzzFleet[0], fuzzFleet[1], {Name: "c", Version: "v1", Weight: 1, Pool: fleet.PoolSpot}}}
+	{fuzzFleet[0], fuzzFleet[1], {Name: "c", Version: "v1", Weight: 1, Capacity: fleet.Spot}}}
 
 // fuzzPolicy reaches most decision kinds one replica over the memory store
 // can: sticky, adaptive (queue-depth saturation, high priority), random
@@ -100,7 +101,7 @@ var fleets = [][]fleet.Instance{fuzzFleet, fuzzFleet[:2], nil,
 func fuzzPolicy() affinity.Policy {
 	return affinity.Policy{
 		Mode:     affinity.Sticky,
-		Lifetime: affinity.Lifetime{Idle: 30 * time.Minute, Max: time.Hour},
+		Lifetime: bindings.Lifetime{Idle: 30 * time.Minute, Max: time.Hour},
 		Rules: []affinity.Rule{
 			{Name: "random", Header: "x-route", Value: "random", Mode: affinity.Random},
 			{Name: "adaptive", Header: "x-route", Value: "adaptive", Mode: affinity.Adaptive, Idle: time.Minute},
@@ -131,7 +132,7 @@ func (c *countingDecider) Decide(ctx context.Context, req affinity.Request) (aff
 	return d, err
 }
 
-func (c *countingDecider) Finish(d affinity.Decision, a affinity.Answer) {
+func (c *countingDecider) Finish(d affinity.Decision, a fleet.Outcome) {
 	if c.open[d.Instance.Name]--; c.open[d.Instance.Name] < 0 {
 		c.t.Errorf("Finish for instance %q without an unfinished decision", d.Instance.Name)
 	}

@@ -10,27 +10,33 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 )
 
-// This file is how a request ended reaching the decider and the metrics
-// when it arrives apart from the blocking exchange: from Envoy's access
-// log (accesslog.go) or from an observing ext_proc filter (Process). Both
-// hand settle an ending, with the ticket the routing reply put in the
-// request's dynamic metadata.
+// This file is how a request ended (its outcome, fleet.Outcome) reaching
+// the decider and the metrics. Envoy tells it in one of three ways
+// (envoy.outcomes): on the routing stream's own response phase
+// (onResponseHeaders), in its access log (accesslog.go), or on an
+// observing ext_proc filter's stream (Server.observe). Each gives an
+// observation of the request's end; finish turns it into the outcome of
+// the decision. The last two arrive apart from the exchange, with the
+// ticket the routing reply put in the request's dynamic metadata, and go
+// through redeem first, which finds the decision in the ticket.
 
-// Outcome results, as the recorder counts them.
+// The results of redeeming an outcome report, as the recorder counts them
+// (tether_outcomes_total).
 const (
-	OutcomeApplied   = "applied"   // the decider and the metrics heard it
-	OutcomeUndecided = "undecided" // no ticket: tether did not decide the request (fail-open, refused, not routed by tether)
-	OutcomeMalformed = "malformed" // a ticket that does not parse
-	OutcomeForged    = "forged"    // a ticket without this deployment's signature
-	OutcomeLate      = "late"      // decided longer ago than a request counts as in flight
-	OutcomeDuplicate = "duplicate" // this ticket's outcome was applied already
+	ReportApplied   = "applied"   // the decider and the metrics heard it
+	ReportUndecided = "undecided" // no ticket: tether did not decide the request (fail-open, refused, not routed by tether)
+	ReportMalformed = "malformed" // a ticket that does not parse
+	ReportForged    = "forged"    // a ticket without this deployment's signature
+	ReportLate      = "late"      // decided longer ago than a request counts as in flight
+	ReportDuplicate = "duplicate" // this ticket's outcome was applied already
 )
 
 // getter reads a header (ext_proc's list, the access log's map).
 type getter interface{ Get(string) string }
 
-// ending is how one request ended, as Envoy reported it.
-type ending struct {
+// observation is how one request ended, as Envoy reported it, before it
+// is read against the decision (finish).
+type observation struct {
 	ticket     string
 	none       bool // the request ended without response headers
 	status     int
@@ -42,69 +48,69 @@ type ending struct {
 	elapsed time.Duration
 }
 
-// settle applies e to the decision its ticket carries: once per ticket on
-// this replica, never for a request tether did not decide, and within the
-// horizon a request counts as in flight (affinity.FlightHorizon).
-func (s *Server) settle(e ending) {
-	t, err := s.opts.Tickets.read(e.ticket)
+// redeem finishes the decision o's ticket carries with o: once per ticket
+// on this replica, never for a request tether did not decide, and within
+// the horizon a request counts as in flight (affinity.FlightHorizon).
+func (s *Server) redeem(o observation) {
+	t, err := s.opts.Tickets.read(o.ticket)
 	if err != nil {
-		s.rec.Outcome(outcomeOf(err))
+		s.rec.Reported(reportOf(err))
 		return
 	}
 	now := time.Now()
 	if age := now.Sub(t.at); age > affinity.FlightHorizon || age < -time.Minute {
-		s.rec.Outcome(OutcomeLate)
+		s.rec.Reported(ReportLate)
 		return
 	}
 	if !s.seen.add(t.id, now) {
-		s.rec.Outcome(OutcomeDuplicate)
+		s.rec.Reported(ReportDuplicate)
 		return
 	}
 	in, ok := s.opts.Instances.Lookup(t.instance)
 	if !ok {
 		in = fleet.Instance{Name: t.instance} // removed since: its request still ends
 	}
-	if e.elapsed == 0 {
-		e.elapsed = max(now.Sub(t.at), 0)
+	if o.elapsed == 0 {
+		o.elapsed = max(now.Sub(t.at), 0)
 	}
-	s.rec.Outcome(OutcomeApplied)
-	s.finish(t.decision(in), e)
+	s.rec.Reported(ReportApplied)
+	s.finish(t.decision(in), o)
 }
 
-// finish tells the recorder and the decider how d's request ended.
-func (s *Server) finish(d affinity.Decision, e ending) {
-	if e.none {
+// finish reads o against the decision d its request was routed by, and
+// tells the recorder and the decider how the request ended.
+func (s *Server) finish(d affinity.Decision, o observation) {
+	if o.none {
 		// No answer at all: the client went away, or the request never
 		// left Envoy. It says nothing about the instance.
-		s.decider.Finish(d, affinity.Answer{})
+		s.decider.Finish(d, fleet.Outcome{})
 		return
 	}
-	if e.headers == nil {
-		e.headers = headers(nil)
+	if o.headers == nil {
+		o.headers = headers(nil)
 	}
-	peer := e.upstream.elsewhere(d.Instance.Address)
+	peer := o.upstream.elsewhere(d.Instance.Address)
 	// Envoy's own replies that never reached an instance say nothing
 	// about it: neither a failure nor, for a half-open circuit, the good
 	// answer that would close it.
-	neutral := !peer && (e.upstream.none() || e.overloaded)
-	rep := s.reports(e.headers, e.status)
-	rep.Elapsed, rep.Served, rep.Peer = e.elapsed, !neutral, peer
-	s.rec.Response(d, rep.Reply)
-	s.decider.Finish(d, affinity.Answer{
-		Answered: !neutral, Failed: peer || (!neutral && failed(e.status)),
-		// A peer's queue depth is not the instance's.
-		Queue: rep.queue, QueueKnown: rep.queueKnown && !peer && !neutral,
-	})
+	neutral := !peer && (o.upstream.none() || o.overloaded)
+	out := s.readReports(o.headers, o.status)
+	out.Elapsed, out.Answered, out.Peer = o.elapsed, !neutral, peer
+	out.Failed = peer || (!neutral && failed(o.status))
+	// A peer's queue depth is not the instance's.
+	out.QueueKnown = out.QueueKnown && !peer && !neutral
+	s.rec.Response(d, out)
+	s.decider.Finish(d, out)
 }
 
-func outcomeOf(err error) string {
+func reportOf(err error) string {
 	switch {
 	case errors.Is(err, errNoTicket):
-		return OutcomeUndecided
+		return ReportUndecided
 	case errors.Is(err, errForged):
-		return OutcomeForged
+		return ReportForged
 	}
-	return OutcomeMalformed
+	return ReportMalformed
 }
 
 // seenTickets remembers the tickets applied within one to two flight

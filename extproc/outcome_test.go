@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
@@ -34,7 +35,7 @@ type finishes struct {
 	done, failure map[string]int
 }
 
-func (f *finishes) Finish(d affinity.Decision, a affinity.Answer) {
+func (f *finishes) Finish(d affinity.Decision, a fleet.Outcome) {
 	f.mu.Lock()
 	f.done[d.Instance.Name]++
 	if a.Failed {
@@ -69,10 +70,10 @@ func newApartWorld(t *testing.T, instances []fleet.Instance) *apartWorld {
 		t.Fatal(err)
 	}
 	fl := fleet.New(instances)
-	w.load = affinity.NewLoad(nil, "r1")
+	w.load = affinity.NewLoad()
 	w.breaker = fleet.NewBreaker(fleet.BreakerConfig{Threshold: 2, Window: time.Minute, Cooldown: time.Hour}, time.Now, nil)
 	dec := affinity.New(memory.New(), fl, affinity.Policy{
-		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute, Max: time.Hour},
+		Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Minute, Max: time.Hour},
 	}, affinity.WithLoad(w.load), affinity.WithBreaker(w.breaker))
 	w.fin = &finishes{Decider: dec, done: map[string]int{}, failure: map[string]int{}}
 	srv := extproc.New(ids, w.fin, w.rec, extproc.Options{
@@ -245,7 +246,7 @@ func TestApartDecisionFinishedByItsReport(t *testing.T) {
 	}
 	w.rec.mu.Lock()
 	defer w.rec.mu.Unlock()
-	if w.rec.outcomes[extproc.OutcomeApplied] != 1 || len(w.rec.responses) != 1 || w.rec.responses[0] != "gpu-a:200" {
+	if w.rec.outcomes[extproc.ReportApplied] != 1 || len(w.rec.responses) != 1 || w.rec.responses[0] != "gpu-a:200" {
 		t.Fatalf("recorded %v, responses %v", w.rec.outcomes, w.rec.responses)
 	}
 }
@@ -327,12 +328,12 @@ func TestBadOutcomeReports(t *testing.T) {
 	w.rec.mu.Lock()
 	defer w.rec.mu.Unlock()
 	want := map[string]int{
-		extproc.OutcomeUndecided: 1,
-		extproc.OutcomeMalformed: 3, // no separator, oversized, the observing stream's garbage
-		extproc.OutcomeForged:    3 + 20000,
-		extproc.OutcomeLate:      2,
-		extproc.OutcomeApplied:   2,
-		extproc.OutcomeDuplicate: 1 + 2 + 20000,
+		extproc.ReportUndecided: 1,
+		extproc.ReportMalformed: 3, // no separator, oversized, the observing stream's garbage
+		extproc.ReportForged:    3 + 20000,
+		extproc.ReportLate:      2,
+		extproc.ReportApplied:   2,
+		extproc.ReportDuplicate: 1 + 2 + 20000,
 	}
 	for k, v := range want {
 		if w.rec.outcomes[k] != v {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
@@ -31,7 +32,7 @@ func TestRepliesAreEachRequests(t *testing.T) {
 	}
 	instances := fleet.New(two)
 	dec := affinity.New(memory.New(), instances, affinity.Policy{
-		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute, Max: time.Hour},
+		Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Minute, Max: time.Hour},
 	})
 	c := serve(t, extproc.New(ids, dec, &recorded{}, extproc.Options{
 		ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop(),

@@ -36,17 +36,19 @@ type Identifier interface {
 type Decider interface {
 	Decide(context.Context, affinity.Request) (affinity.Decision, error)
 	// Finish is called once per decision with how the request ended.
-	Finish(d affinity.Decision, a affinity.Answer)
+	Finish(d affinity.Decision, o fleet.Outcome)
 }
 
 // Recorder counts what happens.
 type Recorder interface {
 	Decision(identity.Identity, affinity.Decision, time.Duration)
 	DecisionFailed(id identity.Identity, reason string)
-	Response(d affinity.Decision, r affinity.Reply)
-	// Outcome counts an outcome report that arrived apart from its
-	// exchange, by result (OutcomeApplied, OutcomeDuplicate, ...).
-	Outcome(result string)
+	// Response records how a decided request ended, when it had
+	// response headers.
+	Response(d affinity.Decision, o fleet.Outcome)
+	// Reported counts an outcome report that arrived apart from its
+	// exchange, by result (ReportApplied, ReportDuplicate, ...).
+	Reported(result string)
 }
 
 // Instances looks up an instance by name, for outcomes that arrive with
@@ -136,11 +138,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	ex := exchange{apart: s.opts.Tickets != nil && marked(ctx)}
 	defer func() {
 		switch {
-		case ex.finished, ex.apart && ex.decided: // apart: its report finishes it (settle)
+		case ex.finished, ex.apart && ex.decided: // apart: its report finishes it (redeem)
 		case ex.decided: // the stream ended before the instance answered
-			s.decider.Finish(ex.decision, affinity.Answer{})
+			s.decider.Finish(ex.decision, fleet.Outcome{})
 		case ex.observed:
-			s.settle(ending{ticket: ex.ticket, none: true}) // the request ended before an answer
+			s.redeem(observation{ticket: ex.ticket, none: true}) // the request ended before an answer
 		}
 	}()
 	for {
@@ -183,7 +185,7 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	if ex.decided && !ex.finished && !ex.apart {
 		// A second request-headers message on one stream (Envoy sends one):
 		// the first decision ends unanswered, so its in-flight count does too.
-		s.decider.Finish(ex.decision, affinity.Answer{})
+		s.decider.Finish(ex.decision, fleet.Outcome{})
 	}
 	start := time.Now()
 	*ex = exchange{start: start, apart: ex.apart}
@@ -244,9 +246,9 @@ func (s *Server) metadata(ex *exchange, d *affinity.Decision) *structpb.Struct {
 
 // observe reads one message of an observing filter's stream: the request
 // headers bring the ticket (in the forwarded dynamic metadata), the
-// response headers how the request ended, settled at once; a stream that
-// ends before them settles as unanswered (Process). Anything else is
-// ignored, and a stream settles once.
+// response headers how the request ended, redeemed at once; a stream that
+// ends before them is redeemed as unanswered (Process). Anything else is
+// ignored, and a stream is redeemed once.
 func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) {
 	if ex.finished {
 		return
@@ -260,7 +262,7 @@ func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) {
 	}
 	ex.finished = true
 	h := headers(r.ResponseHeaders.GetHeaders().GetHeaders())
-	s.settle(ending{
+	s.redeem(observation{
 		ticket:     ex.ticket,
 		status:     statusOf(h.Get(":status")),
 		upstream:   upstreamOf(req.GetAttributes()),
@@ -285,7 +287,7 @@ func ticketOf(md *structpb.Struct) string {
 func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *exchange) *extprocv3.ProcessingResponse {
 	if ex.decided && !ex.finished && !ex.apart {
 		h := headers(msg.GetHeaders().GetHeaders())
-		s.finish(ex.decision, ending{
+		s.finish(ex.decision, observation{
 			status: statusOf(h.Get(":status")), upstream: up,
 			overloaded: h.Get("x-envoy-overloaded") == "true", headers: h, elapsed: time.Since(ex.start),
 		})
@@ -303,46 +305,38 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *
 	)
 }
 
-// reply is what the recorder hears about an answer, plus the queue depth
-// the decider hears.
-type reply struct {
-	affinity.Reply
-	queue      int
-	queueKnown bool
-}
-
-// reports reads what the instance reported in its response headers: its
-// queue depth, running out of memory (or status 507), its GPU utilisation
-// in percent. A header that is present but unreadable is ignored and named
-// in BadReports.
-func (s *Server) reports(h getter, status int) reply {
-	r := reply{Reply: affinity.Reply{Status: status, OOM: status == http.StatusInsufficientStorage}}
+// readReports reads what the instance reported in its response headers:
+// its queue depth, running out of memory (or status 507), its GPU
+// utilisation in percent. A header that is present but unreadable is
+// ignored and named in BadReports.
+func (s *Server) readReports(h getter, status int) fleet.Outcome {
+	o := fleet.Outcome{Status: status, OOM: status == http.StatusInsufficientStorage}
 	if v := h.Get(s.opts.QueueHeader); v != "" && s.opts.QueueHeader != "" {
 		q, err := strconv.Atoi(v)
-		if r.queueKnown = err == nil && q >= 0; r.queueKnown {
-			r.queue = q
+		if o.QueueKnown = err == nil && q >= 0; o.QueueKnown {
+			o.Queue = q
 		} else {
-			r.BadReports = append(r.BadReports, "queue_depth")
+			o.BadReports = append(o.BadReports, "queue_depth")
 		}
 	}
 	if v := h.Get(s.opts.OOMHeader); v != "" && s.opts.OOMHeader != "" {
 		switch strings.ToLower(v) {
 		case "1", "true", "yes":
-			r.OOM = true
+			o.OOM = true
 		case "0", "false", "no":
 		default:
-			r.BadReports = append(r.BadReports, "oom")
+			o.BadReports = append(o.BadReports, "oom")
 		}
 	}
 	if v := h.Get(s.opts.GPUHeader); v != "" && s.opts.GPUHeader != "" {
 		pct, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
-		if r.GPUKnown = err == nil && pct >= 0 && pct <= 100; r.GPUKnown {
-			r.GPU = pct / 100
+		if o.GPUKnown = err == nil && pct >= 0 && pct <= 100; o.GPUKnown {
+			o.GPU = pct / 100
 		} else {
-			r.BadReports = append(r.BadReports, "gpu_utilization")
+			o.BadReports = append(o.BadReports, "gpu_utilization")
 		}
 	}
-	return r
+	return o
 }
 
 // failed says whether a status counts against the instance: any 5xx,

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
@@ -36,11 +37,11 @@ type recorded struct {
 	failures  []string
 	rejected  []identity.Reason
 	responses []string
-	replies   []affinity.Reply
+	replies   []fleet.Outcome
 	outcomes  map[string]int
 }
 
-func (r *recorded) Outcome(result string) {
+func (r *recorded) Reported(result string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.outcomes == nil {
@@ -64,7 +65,7 @@ func (r *recorded) DecisionFailed(_ identity.Identity, reason string) {
 	r.failures = append(r.failures, reason)
 }
 
-func (r *recorded) Response(d affinity.Decision, rep affinity.Reply) {
+func (r *recorded) Response(d affinity.Decision, rep fleet.Outcome) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.responses = append(r.responses, d.Instance.Name+":"+strconv.Itoa(rep.Status))
@@ -80,7 +81,7 @@ func start(t testing.TB, instances []fleet.Instance, debug bool) (extprocv3.Exte
 	}
 	rec := &recorded{}
 	dec := affinity.New(memory.New(), fleet.New(instances), affinity.Policy{
-		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute, Max: time.Hour},
+		Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Minute, Max: time.Hour},
 	})
 	srv := extproc.New(ids, dec, rec, extproc.Options{ClusterHeader: "x-tether-cluster", DebugHeaders: debug, Logger: zerolog.Nop()})
 	return serve(t, srv), rec
@@ -336,7 +337,7 @@ func benchExchange(b *testing.B, c extprocv3.ExternalProcessorClient, msgs []*ex
 // goneDecider fails as a decision does when Envoy gave up on the request.
 type goneDecider struct{}
 
-func (goneDecider) Finish(affinity.Decision, affinity.Answer) {}
+func (goneDecider) Finish(affinity.Decision, fleet.Outcome) {}
 
 func (goneDecider) Decide(context.Context, affinity.Request) (affinity.Decision, error) {
 	return affinity.Decision{}, context.Canceled
@@ -370,7 +371,7 @@ func TestInFlightEndsWithEveryStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	dec := affinity.New(memory.New(), fleet.New([]fleet.Instance{{Name: "a", Weight: 1}}), affinity.Policy{
-		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute},
+		Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Minute},
 	})
 	srv := extproc.New(ids, dec, &recorded{}, extproc.Options{ClusterHeader: "x-tether-cluster", QueueHeader: "x-queue-depth", Logger: zerolog.Nop()})
 	c := serve(t, srv)
@@ -400,7 +401,7 @@ func TestInstanceReports(t *testing.T) {
 	}
 	rec := &recorded{}
 	dec := affinity.New(memory.New(), fleet.New(two), affinity.Policy{
-		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute, Max: time.Hour},
+		Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Minute, Max: time.Hour},
 	})
 	c := serve(t, extproc.New(ids, dec, rec, extproc.Options{
 		ClusterHeader: "x-tether-cluster", QueueHeader: "x-queue-depth", OOMHeader: "x-oom", GPUHeader: "x-gpu-utilization",
@@ -408,27 +409,27 @@ func TestInstanceReports(t *testing.T) {
 	}))
 	cases := []struct {
 		resp []string
-		want affinity.Reply
+		want fleet.Outcome
 	}{
 		{[]string{":status", "200", "x-queue-depth", "3", "x-oom", "false", "x-gpu-utilization", "87.5"},
-			affinity.Reply{Status: 200, GPU: 0.875, GPUKnown: true}},
+			fleet.Outcome{Status: 200, Queue: 3, QueueKnown: true, GPU: 0.875, GPUKnown: true}},
 		{[]string{":status", "200", "x-oom", "TRUE", "x-gpu-utilization", "40%"},
-			affinity.Reply{Status: 200, OOM: true, GPU: 0.4, GPUKnown: true}},
-		{[]string{":status", "507"}, affinity.Reply{Status: 507, OOM: true}},
+			fleet.Outcome{Status: 200, OOM: true, GPU: 0.4, GPUKnown: true}},
+		{[]string{":status", "507"}, fleet.Outcome{Status: 507, Failed: true, OOM: true}},
 		{[]string{":status", "200", "x-queue-depth", "-1", "x-oom", "maybe", "x-gpu-utilization", "150"},
-			affinity.Reply{Status: 200, BadReports: []string{"queue_depth", "oom", "gpu_utilization"}}},
+			fleet.Outcome{Status: 200, BadReports: []string{"queue_depth", "oom", "gpu_utilization"}}},
 		{[]string{":status", "200", "x-gpu-utilization", "NaN"},
-			affinity.Reply{Status: 200, BadReports: []string{"gpu_utilization"}}},
+			fleet.Outcome{Status: 200, BadReports: []string{"gpu_utilization"}}},
 	}
 	for i, tc := range cases {
 		exchange(t, c, reqHeaders("x-session-id", "conv-1"), respHeaders(tc.resp...))
 		rec.mu.Lock()
 		got := rec.replies[i]
 		rec.mu.Unlock()
-		if got.Elapsed <= 0 || !got.Served || got.Peer {
-			t.Errorf("case %d: elapsed %v, served %v, peer %v: want a positive time, served by the instance", i, got.Elapsed, got.Served, got.Peer)
+		if got.Elapsed <= 0 || !got.Answered || got.Peer {
+			t.Errorf("case %d: elapsed %v, served %v, peer %v: want a positive time, served by the instance", i, got.Elapsed, got.Answered, got.Peer)
 		}
-		got.Elapsed, got.Served = 0, false
+		got.Elapsed, got.Answered = 0, false
 		if diff := cmp.Diff(tc.want, got); diff != "" {
 			t.Errorf("case %d %v (-want +got):\n%s", i, tc.resp, diff)
 		}

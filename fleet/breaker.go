@@ -176,24 +176,12 @@ func (b *Breaker) begin(instance string, force bool) (probe, ok bool) {
 	return true, true
 }
 
-// Outcome is how a request Begin counted ended.
-type Outcome struct {
-	// Probe is what Begin returned: the request was a half-open probe.
-	Probe bool
-	// Answered: the instance answered, with any status. Neither Answered
-	// nor Failed: the request ended without an answer, which says nothing
-	// about the instance.
-	Answered bool
-	// Failed: a 5xx, or a reply Envoy made because the instance could not
-	// answer.
-	Failed bool
-}
-
 // Done records how a request Begin counted ended. While the circuit is
 // half-open only its probes count: a request sent before the circuit
-// opened says nothing of the instance since its cooldown. It returns true
-// when this failure opened the circuit.
-func (b *Breaker) Done(instance string, o Outcome) (opened bool) {
+// opened says nothing of the instance since its cooldown. probe is what
+// Begin returned: the request was a half-open probe. It returns true when
+// this failure opened the circuit.
+func (b *Breaker) Done(instance string, probe bool, o Outcome) (opened bool) {
 	answered, failed := o.Answered, o.Failed
 	if !failed && b.notClosed.Load() == 0 {
 		return false
@@ -211,7 +199,7 @@ func (b *Breaker) Done(instance string, o Outcome) (opened bool) {
 	}
 	st := b.stateLocked(instance, c)
 	if st == HalfOpen {
-		if !o.Probe {
+		if !probe {
 			return false
 		}
 		if c.probes > 0 {

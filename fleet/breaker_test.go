@@ -28,10 +28,10 @@ func newTestBreaker(t *testing.T) (*Breaker, *clock, *[]string) {
 
 // fail sends a request to in and records a failure.
 func fail(b *Breaker, in string) bool {
-	return b.Done(in, Outcome{Probe: b.Begin(in), Answered: true, Failed: true})
+	return b.Done(in, b.Begin(in), Outcome{Answered: true, Failed: true})
 }
 
-func ok(b *Breaker, in string) { b.Done(in, Outcome{Probe: b.Begin(in), Answered: true}) }
+func ok(b *Breaker, in string) { b.Done(in, b.Begin(in), Outcome{Answered: true}) }
 
 func drain(b *Breaker) []Report {
 	var out []Report
@@ -111,7 +111,7 @@ func TestBreakerHalfOpenProbe(t *testing.T) {
 		t.Fatalf("a second request while the probe is in flight: probe %v, ok %v; want refused", probe, ok)
 	}
 	// A probe that ends unanswered frees the slot without a verdict.
-	b.Done("a", Outcome{Probe: true})
+	b.Done("a", true, Outcome{})
 	if !b.Available("a") || b.State("a") != HalfOpen {
 		t.Fatalf("after an unanswered probe: %v", b.State("a"))
 	}
@@ -154,7 +154,7 @@ func TestBreakerFailuresWhileOpenAreNotCounted(t *testing.T) {
 	}
 	drain(b)
 	for range 10 { // requests that were in flight when it opened
-		if b.Done("a", Outcome{Answered: true, Failed: true}) {
+		if b.Done("a", false, Outcome{Answered: true, Failed: true}) {
 			t.Fatal("a failure while open opened it again")
 		}
 	}
@@ -231,7 +231,7 @@ func TestBreakerConcurrent(t *testing.T) {
 			for i := range 2000 {
 				in := string(rune('a' + (w+i)%3))
 				if b.Available(in) {
-					b.Done(in, Outcome{Probe: b.Begin(in), Answered: i%5 != 0, Failed: i%3 == 0})
+					b.Done(in, b.Begin(in), Outcome{Answered: i%5 != 0, Failed: i%3 == 0})
 				}
 				if i%100 == 0 {
 					b.Sync(map[string]time.Time{"a": time.Now()}, all)
@@ -313,13 +313,13 @@ func TestBreakerHalfOpenCountsOnlyProbes(t *testing.T) {
 	if early[0] || early[1] {
 		t.Fatal("requests sent while closed were counted as probes")
 	}
-	b.Done("a", Outcome{Probe: early[0], Answered: true})
-	b.Done("a", Outcome{Probe: early[1], Answered: true, Failed: true})
+	b.Done("a", early[0], Outcome{Answered: true})
+	b.Done("a", early[1], Outcome{Answered: true, Failed: true})
 	if b.State("a") != HalfOpen || b.Available("a") {
 		t.Fatalf("after two requests from before the opening ended: %v, available %v; want half-open with the probe in flight",
 			b.State("a"), b.Available("a"))
 	}
-	b.Done("a", Outcome{Probe: probe, Answered: true})
+	b.Done("a", probe, Outcome{Answered: true})
 	if b.State("a") != Closed {
 		t.Errorf("after the probe answered: %v, want closed", b.State("a"))
 	}

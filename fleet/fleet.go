@@ -21,20 +21,20 @@ type Instance struct {
 	// instance keeps: below it, placement never counts the instance as
 	// overloaded.
 	KVSessions int
-	// Pool is "" (on-demand) or PoolSpot.
-	Pool string
+	// Capacity is Spot, or on-demand ("" or anything else).
+	Capacity string
 	// Engine is the serving engine whose metrics tether scrapes ("vllm",
 	// "sglang"), at MetricsURL; "" for one it does not scrape.
 	Engine     string
 	MetricsURL string
 }
 
-// PoolSpot marks instances that may be reclaimed at short notice: random
-// traffic prefers them, sticky sessions avoid them.
-const PoolSpot = "spot"
+// Spot is the capacity of instances that may be reclaimed at short
+// notice: random traffic prefers them, sticky sessions avoid them.
+const Spot = "spot"
 
-// Spot reports whether the instance is in the spot pool.
-func (i Instance) Spot() bool { return i.Pool == PoolSpot }
+// Spot reports whether the instance is spot capacity.
+func (i Instance) Spot() bool { return i.Capacity == Spot }
 
 // Cluster is the name of the Envoy cluster that holds only this instance.
 func (i Instance) Cluster() string { return ClusterPrefix + i.Name }

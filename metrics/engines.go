@@ -5,15 +5,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/engine"
+	"github.com/tetherproxy/tether/fleet"
 )
 
 // EngineView is what the engine gauges read at each scrape: the newest
 // reading of each instance's engine that is younger than the staleness
 // bound, whichever replica took it.
 type EngineView interface {
-	Engines(stale time.Duration) map[string]affinity.EngineReading
+	Engines(stale time.Duration) map[string]fleet.EngineReading
 }
 
 // Engines exports the instances' engine readings and counts this

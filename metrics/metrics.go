@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 )
 
@@ -180,17 +181,18 @@ func (m *Metrics) DecisionFailed(id identity.Identity, reason string) {
 	m.decisionErrors.WithLabelValues(reason).Inc()
 }
 
-// Outcome counts one outcome report by its result.
-func (m *Metrics) Outcome(result string) { m.outcomes.WithLabelValues(result).Inc() }
+// Reported counts one outcome report by its result.
+func (m *Metrics) Reported(result string) { m.outcomes.WithLabelValues(result).Inc() }
 
-// Response records how a decided request was answered.
-func (m *Metrics) Response(d affinity.Decision, r affinity.Reply) {
+// Response records how a decided request was answered (r: how it ended,
+// when it had response headers).
+func (m *Metrics) Response(d affinity.Decision, r fleet.Outcome) {
 	instance := d.Instance.Name
 	m.responsesBy.of(responseLabels{instance, statusClass(r.Status)}).Inc()
 	for _, h := range r.BadReports {
 		m.reportErrors.WithLabelValues(h).Inc()
 	}
-	if !r.Served {
+	if !r.Answered {
 		return
 	}
 	route := 0 // sticky

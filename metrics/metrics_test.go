@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 )
@@ -28,7 +29,7 @@ func TestRecords(t *testing.T) {
 	m.Decision(identity.Identity{Key: "s:y", Source: identity.SourceSession},
 		affinity.Decision{Mode: affinity.Random, Kind: affinity.KindFallback, Stage: affinity.StageRandom}, time.Millisecond)
 	for _, code := range []int{200, 201, 503, 0, 999} {
-		m.Response(affinity.Decision{Instance: fleet.Instance{Name: "a"}}, affinity.Reply{Status: code})
+		m.Response(affinity.Decision{Instance: fleet.Instance{Name: "a"}}, fleet.Outcome{Status: code})
 	}
 	want := `
 # HELP tether_identity_rejected_total Requests whose identifier was present but unusable (too long, control characters, malformed bearer token); they are routed as anonymous.
@@ -95,19 +96,19 @@ func TestContinuity(t *testing.T) {
 	m := New(reg)
 	a, b := fleet.Instance{Name: "a"}, fleet.Instance{Name: "b"}
 	sess := identity.Identity{Key: "s:x", Source: identity.SourceSession}
-	ok := affinity.Reply{Status: 200, Served: true, Elapsed: 20 * time.Millisecond}
+	ok := fleet.Outcome{Status: 200, Answered: true, Elapsed: 20 * time.Millisecond}
 	steps := []struct {
 		d affinity.Decision
-		r affinity.Reply
+		r fleet.Outcome
 	}{
-		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindBind}, ok},                                                                  // new: not a follow-up
-		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, ok},                                                    // kept
-		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, affinity.Reply{Status: 503, Served: true}},             // broken: failed
-		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, affinity.Reply{Status: 200, Served: true, Peer: true}}, // broken: a peer answered
-		{affinity.Decision{Instance: b, Mode: affinity.Sticky, Kind: affinity.KindMoved, Previous: "a"}, ok},                                                  // broken: moved
-		{affinity.Decision{Instance: b, Mode: affinity.Random, Kind: affinity.KindFallback, Previous: "a"}, ok},                                               // broken, binding kept
-		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, affinity.Reply{Status: 503}},                           // Envoy's own reply: not served, not counted
-		{affinity.Decision{Instance: b, Mode: affinity.Random, Kind: affinity.KindRandom}, ok},                                                                // random: not a follow-up
+		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindBind}, ok},                                                                   // new: not a follow-up
+		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, ok},                                                     // kept
+		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, fleet.Outcome{Status: 503, Answered: true}},             // broken: failed
+		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, fleet.Outcome{Status: 200, Answered: true, Peer: true}}, // broken: a peer answered
+		{affinity.Decision{Instance: b, Mode: affinity.Sticky, Kind: affinity.KindMoved, Previous: "a"}, ok},                                                   // broken: moved
+		{affinity.Decision{Instance: b, Mode: affinity.Random, Kind: affinity.KindFallback, Previous: "a"}, ok},                                                // broken, binding kept
+		{affinity.Decision{Instance: a, Mode: affinity.Sticky, Kind: affinity.KindHit, Previous: "a"}, fleet.Outcome{Status: 503}},                             // Envoy's own reply: not served, not counted
+		{affinity.Decision{Instance: b, Mode: affinity.Random, Kind: affinity.KindRandom}, ok},                                                                 // random: not a follow-up
 	}
 	for _, st := range steps {
 		m.Decision(sess, st.d, time.Millisecond)
@@ -133,10 +134,10 @@ func TestInstanceReports(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	d := affinity.Decision{Instance: fleet.Instance{Name: "a"}, Mode: affinity.Sticky, Kind: affinity.KindHit}
-	m.Response(d, affinity.Reply{Status: 507, Served: true, OOM: true})
-	m.Response(d, affinity.Reply{Status: 200, Served: true, GPU: 0.5, GPUKnown: true})
-	m.Response(d, affinity.Reply{Status: 507, Served: true, Peer: true, OOM: true, GPU: 0.9, GPUKnown: true})
-	m.Response(d, affinity.Reply{Status: 200, Served: true, BadReports: []string{"gpu_utilization"}})
+	m.Response(d, fleet.Outcome{Status: 507, Answered: true, OOM: true})
+	m.Response(d, fleet.Outcome{Status: 200, Answered: true, GPU: 0.5, GPUKnown: true})
+	m.Response(d, fleet.Outcome{Status: 507, Answered: true, Peer: true, OOM: true, GPU: 0.9, GPUKnown: true})
+	m.Response(d, fleet.Outcome{Status: 200, Answered: true, BadReports: []string{"gpu_utilization"}})
 	if n := testutil.ToFloat64(m.oom.WithLabelValues("a")); n != 1 {
 		t.Errorf("OOM events %v, want 1", n)
 	}
@@ -190,21 +191,21 @@ tether_instance_in_flight{upstream="b"} 0
 
 type stubStore struct{ err error }
 
-func (s stubStore) GetOrBind(context.Context, affinity.Lookup) (affinity.Result, error) {
-	return affinity.Result{}, s.err
+func (s stubStore) GetOrBind(context.Context, bindings.Lookup) (bindings.Result, error) {
+	return bindings.Result{}, s.err
 }
-func (s stubStore) Replace(context.Context, string, string, affinity.Binding, affinity.Lifetime) (affinity.Binding, error) {
-	return affinity.Binding{}, s.err
+func (s stubStore) Replace(context.Context, string, string, bindings.Binding, bindings.Lifetime) (bindings.Binding, error) {
+	return bindings.Binding{}, s.err
 }
 
 func TestStoreTiming(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	ctx := context.Background()
-	_, _ = NewStore(reg, stubStore{}).GetOrBind(ctx, affinity.Lookup{})
-	_, _ = NewStore(prometheus.NewRegistry(), stubStore{}).GetOrBind(ctx, affinity.Lookup{}) // another registry: no clash
+	_, _ = NewStore(reg, stubStore{}).GetOrBind(ctx, bindings.Lookup{})
+	_, _ = NewStore(prometheus.NewRegistry(), stubStore{}).GetOrBind(ctx, bindings.Lookup{}) // another registry: no clash
 	s := NewStore(prometheus.NewPedanticRegistry(), stubStore{err: fmt.Errorf("get: %w", context.DeadlineExceeded)})
-	_, _ = s.GetOrBind(ctx, affinity.Lookup{})
-	_, _ = s.Replace(ctx, "k", "a", affinity.Binding{}, affinity.Lifetime{})
+	_, _ = s.GetOrBind(ctx, bindings.Lookup{})
+	_, _ = s.Replace(ctx, "k", "a", bindings.Binding{}, bindings.Lifetime{})
 	if n := testutil.ToFloat64(s.errors.WithLabelValues("get_or_bind", "timeout")); n != 1 {
 		t.Errorf("timeouts %v", n)
 	}

@@ -8,9 +8,17 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/tetherproxy/tether/affinity"
 )
+
+// Counts reads the sessions' request counts (bindings.Result.Requests)
+// from the binding store, for the session-length metrics.
+type Counts interface {
+	// Requests returns the request count of each session key's live
+	// binding at now, in the order of keys: 0 for a key without one
+	// (ended, never bound). keys are session keys (bindings.Result.Key):
+	// an alias link is not followed.
+	Requests(ctx context.Context, keys []string, now time.Time) ([]int, error)
+}
 
 // SessionLengths measures how many requests a session makes before it ends
 // (its binding expires or is deleted): tether_session_requests.
@@ -50,7 +58,7 @@ import (
 // that served the last request, while the session stays quiet. Memory is
 // about 100 bytes per tracked session, bounded by MaxSessions.
 type SessionLengths struct {
-	store       affinity.Counts // the binding store
+	store       Counts // the binding store
 	now         func() time.Time
 	maxSessions int
 
@@ -104,7 +112,7 @@ type SessionLengthsOptions struct {
 
 // NewSessionLengths creates the tracker and registers its collectors with
 // reg. Feed it with Seen (Metrics.TrackSessions) and run Run.
-func NewSessionLengths(reg prometheus.Registerer, store affinity.Counts, o SessionLengthsOptions) *SessionLengths {
+func NewSessionLengths(reg prometheus.Registerer, store Counts, o SessionLengthsOptions) *SessionLengths {
 	s := &SessionLengths{
 		store:       store,
 		now:         o.Now,

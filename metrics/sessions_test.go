@@ -71,7 +71,7 @@ type replica struct {
 	now time.Time
 }
 
-func newReplica(t *testing.T, store affinity.Counts, maxSessions int) *replica {
+func newReplica(t *testing.T, store Counts, maxSessions int) *replica {
 	r := &replica{t: t, reg: prometheus.NewRegistry(), now: t0}
 	r.s = NewSessionLengths(r.reg, store, SessionLengthsOptions{MaxSessions: maxSessions, Now: func() time.Time { return r.now }})
 	return r

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 )
 
 // Store times the binding store calls the decider makes (Redis on the
@@ -38,7 +39,7 @@ func NewStore(reg prometheus.Registerer, next affinity.Store) *Store {
 }
 
 // GetOrBind implements affinity.Store.
-func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
+func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Result, error) {
 	start := time.Now()
 	r, err := s.next.GetOrBind(ctx, l)
 	s.done("get_or_bind", start, err)
@@ -46,7 +47,7 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 }
 
 // Replace implements affinity.Store.
-func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Binding, lt affinity.Lifetime) (affinity.Binding, error) {
+func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Binding, lt bindings.Lifetime) (bindings.Binding, error) {
 	start := time.Now()
 	b, err := s.next.Replace(ctx, key, old, next, lt)
 	s.done("replace", start, err)

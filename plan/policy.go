@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 )
@@ -17,7 +18,7 @@ func Instances(cfg config.Config) []fleet.Instance {
 		in.SetDefaults()
 		out[i] = fleet.Instance{
 			Name: in.Name, Address: in.Address, Zone: in.Zone, Version: in.Version, Weight: in.Weight,
-			KVSessions: in.KVSessions, Pool: in.Pool,
+			KVSessions: in.KVSessions, Capacity: in.Capacity,
 		}
 		if e := cfg.Engine(in); e != config.EngineGeneric {
 			out[i].Engine, out[i].MetricsURL = e, in.ScrapeURL()
@@ -33,9 +34,8 @@ func Instances(cfg config.Config) []fleet.Instance {
 func policy(cfg config.Config) (affinity.Policy, error) {
 	r := cfg.Routing
 	p := affinity.Policy{
-		Mode:     policyMode(r),
-		Adaptive: r.AdaptiveSticky == 1,
-		Lifetime: affinity.Lifetime{
+		Mode: Mode(r),
+		Lifetime: bindings.Lifetime{
 			Idle: r.IdleTimeout.D,
 			Max:  r.MaxStickyDuration.D,
 		},
@@ -65,11 +65,7 @@ func policy(cfg config.Config) (affinity.Policy, error) {
 		if w != nil {
 			win = &affinity.Window{From: w.From, To: w.To, Days: w.Days, Location: w.Location}
 		}
-		mode := ruleMode[rule.Mode]
-		if !stickyOn(r) && mode != "" {
-			// sticky_enabled = 0 is the switch that turns binding off everywhere.
-			mode = affinity.Random
-		}
+		mode := ruleMode(r, rule.Mode)
 		p.Rules = append(p.Rules, affinity.Rule{
 			Name:       rule.Name,
 			PathPrefix: rule.PathPrefix,
@@ -87,31 +83,57 @@ func policy(cfg config.Config) (affinity.Policy, error) {
 	return p, nil
 }
 
-func stickyOn(r config.Routing) bool { return r.StickyEnabled != 0 }
-
 // breaker is the [routing] failure_* keys.
 func breaker(r config.Routing) fleet.BreakerConfig {
 	return fleet.BreakerConfig{Threshold: r.FailureThreshold, Window: r.FailureWindow.D, Cooldown: r.FailureCooldown.D}
 }
 
-// policyMode is the mode for requests no rule matches. sticky_enabled = 0
-// turns sticky and hybrid routing into random, as it always has; so does a
-// mode Validate would refuse (binding nothing is the safe way to be wrong).
-func policyMode(r config.Routing) affinity.Mode {
+// Mode is the routing mode of the requests no rule matches: the one place
+// the configuration's three mode keys meet, as operators of the seed write
+// them.
+//   - routing.sticky_enabled = 0 is the global switch to random: no
+//     request is bound, whatever routing.mode and the rules say (and so is
+//     a mode Validate would refuse: binding nothing is the safe way to be
+//     wrong).
+//   - routing.adaptive_sticky = 1 makes sticky routing adaptive: the
+//     default mode, and every rule whose mode is sticky.
+//   - routing.mode: sticky, random, or hybrid (the rules decide; the
+//     requests they leave are random).
+//
+// `tether config validate` prints it.
+func Mode(r config.Routing) affinity.Mode {
 	switch {
-	case r.Sticky():
+	case r.StickyEnabled == 0:
+		return affinity.Random
+	case r.Mode == config.ModeSticky && r.AdaptiveSticky == 1:
+		return affinity.Adaptive
+	case r.Mode == config.ModeSticky:
 		return affinity.Sticky
-	case r.Mode == config.ModeHybrid && stickyOn(r):
+	case r.Mode == config.ModeHybrid:
 		return affinity.Hybrid
 	}
 	return affinity.Random
 }
 
+// ruleMode is the mode of a rule whose mode key is m ("" keeps the
+// policy's), under the same switches as Mode.
+func ruleMode(r config.Routing, m string) affinity.Mode {
+	switch {
+	case m == "":
+		return ""
+	case r.StickyEnabled == 0:
+		return affinity.Random
+	case m == config.ModeSticky && r.AdaptiveSticky == 1:
+		return affinity.Adaptive
+	}
+	return ruleModes[m]
+}
+
 // The configuration's spellings and the policy's, side by side; the
 // configuration validated every key, so a lookup always finds one.
 var (
-	ruleMode = map[string]affinity.Mode{
-		"": "", config.ModeSticky: affinity.Sticky, config.ModeRandom: affinity.Random, config.ModeAdaptive: affinity.Adaptive,
+	ruleModes = map[string]affinity.Mode{
+		config.ModeSticky: affinity.Sticky, config.ModeRandom: affinity.Random, config.ModeAdaptive: affinity.Adaptive,
 	}
 	versionAffinity = map[string]affinity.VersionAffinity{
 		config.VersionStrict: affinity.Strict, config.VersionPrefer: affinity.Prefer, config.VersionNone: affinity.AnyVersion,

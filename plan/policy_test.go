@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 )
@@ -80,7 +81,7 @@ weight = 2
 name = "b"
 address = "10.0.0.2:8000"
 version = "v2"
-pool = "spot"
+capacity = "spot"
 kv_sessions = 64
 `
 
@@ -95,8 +96,7 @@ func TestPolicy(t *testing.T) {
 	}
 	want := affinity.Policy{
 		Mode:     affinity.Hybrid,
-		Adaptive: true,
-		Lifetime: affinity.Lifetime{Idle: 20 * time.Minute, Max: time.Hour},
+		Lifetime: bindings.Lifetime{Idle: 20 * time.Minute, Max: time.Hour},
 		Rules: []affinity.Rule{
 			{
 				Name: "premium-peak", PathPrefix: "/v1/chat", Header: "x-plan", Value: "pro", Tiers: []string{"gold", "platinum"},
@@ -104,7 +104,8 @@ func TestPolicy(t *testing.T) {
 				Mode:   affinity.Adaptive, Idle: 2 * time.Hour, Priority: affinity.High, Version: "v2",
 			},
 			{Name: "batch", Header: "x-client", Regex: regexp.MustCompile(`^batch-[0-9]+$`), Mode: affinity.Random, Priority: affinity.Normal},
-			{Name: "weekend", Window: &affinity.Window{To: 24 * time.Hour, Days: []time.Weekday{time.Sunday}, Location: time.UTC}, Mode: affinity.Sticky},
+			// A sticky rule under adaptive_sticky = 1 is adaptive.
+			{Name: "weekend", Window: &affinity.Window{To: 24 * time.Hour, Days: []time.Weekday{time.Sunday}, Location: time.UTC}, Mode: affinity.Adaptive},
 			{Name: "keep", Window: &affinity.Window{From: 9 * time.Hour, To: 17 * time.Hour, Location: time.UTC}},
 		},
 		Versions:        []affinity.VersionWeight{{Name: "v1", Weight: 9}, {Name: "v2", Weight: 1, Canary: true}},
@@ -159,7 +160,7 @@ func TestPolicyDefaults(t *testing.T) {
 	p := mustPolicy(t, config.Default())
 	want := affinity.Policy{
 		Mode:            affinity.Sticky,
-		Lifetime:        affinity.Lifetime{Idle: config.DefaultIdleTimeout, Max: config.DefaultMaxStickyDuration},
+		Lifetime:        bindings.Lifetime{Idle: config.DefaultIdleTimeout, Max: config.DefaultMaxStickyDuration},
 		VersionAffinity: affinity.Prefer,
 		Epsilon:         config.DefaultEpsilon,
 		Saturation: affinity.Saturation{QueueDepth: config.DefaultQueueDepth, Waiting: config.DefaultWaiting,
@@ -207,8 +208,8 @@ func TestInstances(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []fleet.Instance{
-		{Name: "a", Address: "10.0.0.1:8000", Zone: "z1", Version: "v1", Weight: 2, KVSessions: config.DefaultKVSessions},
-		{Name: "b", Address: "10.0.0.2:8000", Version: "v2", Weight: 1, KVSessions: 64, Pool: fleet.PoolSpot},
+		{Name: "a", Address: "10.0.0.1:8000", Zone: "z1", Version: "v1", Weight: 2, KVSessions: config.DefaultKVSessions, Capacity: config.CapacityOnDemand},
+		{Name: "b", Address: "10.0.0.2:8000", Version: "v2", Weight: 1, KVSessions: 64, Capacity: fleet.Spot},
 	}
 	if d := cmp.Diff(want, Instances(cfg)); d != "" {
 		t.Errorf("instances (-want +got):\n%s", d)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
@@ -88,7 +89,7 @@ func benchClient(b *testing.B, opts []grpc.ServerOption) extprocv3.ExternalProce
 	}
 	instances := fleet.New([]fleet.Instance{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}})
 	dec := affinity.New(memory.New(), instances, affinity.Policy{
-		Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute, Max: time.Hour},
+		Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Minute, Max: time.Hour},
 	})
 	srv := extproc.New(ids, dec, metrics.New(prometheus.NewRegistry()), extproc.Options{
 		ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop(),

@@ -33,6 +33,7 @@ import (
 	"github.com/tetherproxy/tether/metrics"
 	"github.com/tetherproxy/tether/plan"
 	"github.com/tetherproxy/tether/reload"
+	"github.com/tetherproxy/tether/replicas"
 	"github.com/tetherproxy/tether/store"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 	"github.com/tetherproxy/tether/xds"
@@ -142,8 +143,8 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return err
 	}
 
-	replica := replicaName()
-	load := affinity.NewLoad(st, replica)
+	replica := replicas.Name()
+	load := affinity.NewLoad()
 	var breaker *fleet.Breaker
 	brec := metrics.NewBreaker(reg, func() uint64 { return breaker.Dropped() })
 	breaker = fleet.NewBreaker(start.Breaker, nil, brec.Changed)
@@ -197,13 +198,15 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	var watchers sync.WaitGroup
 	watchers.Go(func() { lengths.Run(wctx) })
-	watchers.Go(func() { syncLoad(wctx, load, rt.Fleet(), log, rec.LoadSyncFailures()) })
+	// What keeps this replica in step with the others (package replicas).
+	loadSync := &replicas.LoadSync{Replica: replica, View: load, Store: st, Instances: rt.Fleet().All,
+		OnFailure: rec.LoadSyncFailures().Inc, Log: log}
+	watchers.Go(func() { loadSync.Run(wctx) })
 	poller := newPoller(start.Scrape, replica, rt.Fleet(), load, st, reg, log)
 	watchers.Go(func() { poller.Run(wctx) })
-	watchers.Go(func() {
-		share := &breakerShare{breaker: breaker, store: st, index: st, mover: decider, fleet: rt.Fleet(), replica: replica, rec: brec, log: log}
-		share.run(wctx)
-	})
+	circuits := &replicas.CircuitShare{Replica: replica, Breaker: breaker, Store: st, Index: st, Mover: decider,
+		Known: func(in string) bool { _, ok := rt.Fleet().Lookup(in); return ok }, Recorder: brec, Log: log}
+	watchers.Go(func() { circuits.Run(wctx) })
 	if opts.ConfigPath != "" {
 		watchers.Go(func() {
 			if err := rt.WatchFile(wctx, opts.ConfigPath, opts.Overrides); err != nil {

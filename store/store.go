@@ -1,9 +1,11 @@
 // Package store opens tether's binding store by its URL (redis.url): the
 // in-process memory store for "embedded", a Redis store for anything else.
-// The interfaces a store implements are declared, next to each other, by
-// the decision core (affinity/store.go); Store here is all of them
-// together, which is what the server wires. Consumers depend on the small
-// interfaces they use, not on Store.
+// Each package that uses the store declares the interface it needs, where
+// it uses it: the decision (affinity.Store), the replicas' sync
+// (replicas.LoadSyncer, Circuits, Leases), the admin API
+// (admin.SessionIndex, admin.Checker), the session-length metrics
+// (metrics.Counts). Store here is all of them together, which is what the
+// server wires; the types they speak are in package bindings.
 package store
 
 import (
@@ -12,6 +14,8 @@ import (
 	"time"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
+	"github.com/tetherproxy/tether/replicas"
 	"github.com/tetherproxy/tether/store/memory"
 	"github.com/tetherproxy/tether/store/redis"
 )
@@ -24,14 +28,24 @@ const Embedded = "embedded"
 
 // Store is everything a tether replica uses of its binding store.
 type Store interface {
-	affinity.Store        // the hot path: GetOrBind, Replace
-	affinity.SessionIndex // Show, Mark, Bound
-	affinity.LoadSyncer   // SyncLoad, SetDrained
-	affinity.Circuits     // the instance breaker's shared circuits
-	affinity.Leases       // who scrapes which engines
-	affinity.Counts       // Requests, for the session-length metrics
-	affinity.Checker      // Ping, Health, for readiness
-	io.Closer             // releases what Open built; idempotent
+	affinity.Store      // the decision: GetOrBind, Replace
+	replicas.LoadSyncer // SyncLoad, SetDrained
+	replicas.Circuits   // the instance breaker's shared circuits
+	replicas.Leases     // who scrapes which engines
+
+	// The session index (admin.SessionIndex; replicas.CircuitShare reads
+	// Bound).
+	Show(ctx context.Context, key string, now time.Time) (s bindings.Session, ok bool, err error)
+	Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move, now time.Time) (marked, remaining int, err error)
+	Bound(ctx context.Context, instance string, limit int, now time.Time) ([]bindings.Session, error)
+	// Requests reads sessions' request counts (metrics.Counts).
+	Requests(ctx context.Context, keys []string, now time.Time) ([]int, error)
+	// Ping and Health tell readiness whether the store reaches its backend
+	// (admin.Checker).
+	Ping(ctx context.Context) error
+	Health() bindings.Health
+
+	io.Closer // releases what Open built; idempotent
 }
 
 var (

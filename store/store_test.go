@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/store/memory"
 	"github.com/tetherproxy/tether/store/redis"
@@ -36,21 +36,21 @@ func TestOpenEmbedded(t *testing.T) {
 	if err := s.Ping(ctx); err != nil {
 		t.Fatalf("Ping: %v", err)
 	}
-	if h := s.Health(); !h.Up() || h.State != affinity.GuardClosed || h.Failures != 0 || h.Opens != 0 {
+	if h := s.Health(); !h.Up() || h.State != bindings.GuardClosed || h.Failures != 0 || h.Opens != 0 {
 		t.Errorf("Health = %+v, want up", h)
 	}
 	now := time.Now()
-	lt := affinity.Lifetime{Idle: 50 * time.Millisecond}
-	l := affinity.Lookup{Key: "k", Candidate: affinity.Binding{Instance: "a", Since: now}, Lifetime: lt}
-	if res, err := s.GetOrBind(ctx, l); err != nil || res.Outcome != affinity.Created {
+	lt := bindings.Lifetime{Idle: 50 * time.Millisecond}
+	l := bindings.Lookup{Key: "k", Candidate: bindings.Binding{Instance: "a", Since: now}, Lifetime: lt}
+	if res, err := s.GetOrBind(ctx, l); err != nil || res.Origin != bindings.Created {
 		t.Fatalf("GetOrBind = %+v, %v; want created", res, err)
 	}
 	l.Candidate.Since = now.Add(lt.Idle / 2)
-	if res, err := s.GetOrBind(ctx, l); err != nil || res.Outcome != affinity.Found {
+	if res, err := s.GetOrBind(ctx, l); err != nil || res.Origin != bindings.Found {
 		t.Fatalf("GetOrBind within the idle timeout = %+v, %v; want found", res, err)
 	}
 	l.Candidate.Since = now.Add(2 * lt.Idle)
-	if res, err := s.GetOrBind(ctx, l); err != nil || res.Outcome != affinity.Created {
+	if res, err := s.GetOrBind(ctx, l); err != nil || res.Origin != bindings.Created {
 		t.Fatalf("GetOrBind after expiry = %+v, %v; want created", res, err)
 	}
 	if err := s.Close(); err != nil {

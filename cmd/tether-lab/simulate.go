@@ -17,7 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/progress"
 	"github.com/tetherproxy/tether/lab/bench"
@@ -276,14 +276,14 @@ func simulateOptions(fl *simulateFlags) ([]simulator.Policy, simulator.Options, 
 		Drain:       fl.drain,
 		ThinkScale:  fl.thinkScale,
 		MaxInFlight: fl.maxInFlight,
-		Lifetime:    affinity.Lifetime{Idle: fl.idleTimeout, Max: fl.maxSticky},
+		Lifetime:    bindings.Lifetime{Idle: fl.idleTimeout, Max: fl.maxSticky},
 		Stream:      fl.stream,
 		Seed:        fl.seed,
 		Exact:       fl.exact,
 	}
 	if cfg != nil {
 		opts.Config = cfg
-		opts.Instances, opts.Zones, opts.Lifetime = 0, 0, affinity.Lifetime{}
+		opts.Instances, opts.Zones, opts.Lifetime = 0, 0, bindings.Lifetime{}
 	}
 	for _, p := range policies {
 		o := opts

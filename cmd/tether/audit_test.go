@@ -28,6 +28,7 @@ import (
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/audit"
 	"github.com/tetherproxy/tether/audit/sinks"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
@@ -164,8 +165,8 @@ func testExportAndForget(t *testing.T, b auditBackend, path string, cfg config.C
 		{alice, identity.Identity{Key: "t:alice-2", Source: identity.SourceToken}, "gpu-b", affinity.KindBind},
 	}
 	for i, tn := range turns {
-		_, err := store.GetOrBind(ctx, affinity.Lookup{Key: tn.id.Key, Aliases: tn.id.Aliases, Lifetime: affinity.Lifetime{Idle: time.Hour},
-			Candidate: affinity.Binding{Instance: tn.instance, Version: "v1", Since: now}})
+		_, err := store.GetOrBind(ctx, bindings.Lookup{Key: tn.id.Key, Aliases: tn.id.Aliases, Lifetime: bindings.Lifetime{Idle: time.Hour},
+			Candidate: bindings.Binding{Instance: tn.instance, Version: "v1", Since: now}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -85,13 +85,13 @@ func newSessionsStatsCmd(client func() (*admin.Client, error)) *cobra.Command {
 // writeStats prints the stats as tables: instances, then zones, then versions.
 func writeStats(w io.Writer, st admin.SessionStats) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "INSTANCE\tZONE\tVERSION\tPOOL\tACTIVE\tIN FLIGHT\tQUEUE\tDRAINED")
+	fmt.Fprintln(tw, "INSTANCE\tZONE\tVERSION\tCAPACITY\tACTIVE\tIN FLIGHT\tQUEUE\tDRAINED")
 	for _, in := range st.Instances {
 		queue := "-"
 		if in.Queue != nil {
 			queue = fmt.Sprint(*in.Queue)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", in.Name, dash(in.Zone), dash(in.Version), dash(in.Pool),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", in.Name, dash(in.Zone), dash(in.Version), dash(in.Capacity),
 			in.Active, in.InFlight, queue, yesNo(in.Drained))
 	}
 	for _, g := range []struct {

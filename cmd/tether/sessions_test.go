@@ -18,9 +18,11 @@ import (
 
 	"github.com/tetherproxy/tether/admin"
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/replicas"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
@@ -38,10 +40,10 @@ func runCLI(ctx context.Context, admin string, args ...string) (stdout, stderr s
 // sessionsServer is the real session API over the Redis store on
 // miniredis, with a decider to make sessions.
 type sessionsServer struct {
-	url     string
-	decider *affinity.Decider
-	load    *affinity.Load
-	ids     *identity.Extractor
+	url      string
+	decider  *affinity.Decider
+	loadSync *replicas.LoadSync
+	ids      *identity.Extractor
 }
 
 func newSessionsServer(t *testing.T) *sessionsServer {
@@ -63,8 +65,8 @@ func newSessionsServer(t *testing.T) *sessionsServer {
 		{Name: "b", Zone: "z2", Version: "v1", Weight: 1},
 		{Name: "c", Zone: "z1", Version: "v2", Weight: 1},
 	})
-	load := affinity.NewLoad(store, "replica-1")
-	pol := affinity.Policy{Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: 30 * time.Minute},
+	load := affinity.NewLoad()
+	pol := affinity.Policy{Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: 30 * time.Minute},
 		VersionAffinity: affinity.Strict, Versions: []affinity.VersionWeight{{Name: "v1", Weight: 1}}}
 	mux := http.NewServeMux()
 	admin.NewSessionOps(admin.SessionOpsConfig{
@@ -72,7 +74,8 @@ func newSessionsServer(t *testing.T) *sessionsServer {
 	}).Routes(mux)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	return &sessionsServer{url: srv.URL, decider: affinity.New(store, fl, pol, affinity.WithLoad(load)), load: load, ids: ids}
+	return &sessionsServer{url: srv.URL, decider: affinity.New(store, fl, pol, affinity.WithLoad(load)), ids: ids,
+		loadSync: &replicas.LoadSync{Replica: "replica-1", View: load, Store: store, Instances: fl.All}}
 }
 
 func (s *sessionsServer) turn(t *testing.T, sessionID string) affinity.Decision {
@@ -81,13 +84,13 @@ func (s *sessionsServer) turn(t *testing.T, sessionID string) affinity.Decision 
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.decider.Finish(d, affinity.Answer{Answered: true})
+	s.decider.Finish(d, fleet.Outcome{Answered: true})
 	return d
 }
 
 func (s *sessionsServer) sync(t *testing.T) {
 	t.Helper()
-	if err := s.load.Sync(t.Context(), []string{"a", "b", "c"}, 3*time.Second, time.Now()); err != nil {
+	if err := s.loadSync.Sync(t.Context(), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -107,9 +110,9 @@ func TestSessionsCommands(t *testing.T) {
 		t.Fatalf("stats: %v", err)
 	}
 	for _, want := range []string{
-		"INSTANCE  ZONE  VERSION  POOL  ACTIVE  IN FLIGHT  QUEUE  DRAINED",
-		fmt.Sprintf("a         z1    v1       -     %-6d  0          -      no", placed["a"]),
-		"c         z1    v2       -     0       0          -      no",
+		"INSTANCE  ZONE  VERSION  CAPACITY  ACTIVE  IN FLIGHT  QUEUE  DRAINED",
+		fmt.Sprintf("a         z1    v1       -         %-6d  0          -      no", placed["a"]),
+		"c         z1    v2       -         0       0          -      no",
 		fmt.Sprintf("v1       2          0        %-6d  0          0", n),
 		fmt.Sprintf("total: 3 instances (0 drained), %d active sessions, 0 requests in flight, queue depth 0", n),
 	} {

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/lab/loadgen"
@@ -105,7 +105,7 @@ type Options struct {
 	// Lifetime is tether's binding lifetime (sticky). Zero: tether's
 	// defaults, idle 30 min and max_sticky_duration 1800 s (with a Config,
 	// its routing.idle_timeout and max_sticky_duration).
-	Lifetime affinity.Lifetime
+	Lifetime bindings.Lifetime
 
 	// RingSize is the ring hash's minimum ring size. Zero: Envoy's
 	// default, DefaultRingSize.
@@ -185,8 +185,8 @@ func (o Options) withDefaults() Options {
 	if o.MaxInFlight == 0 {
 		o.MaxInFlight = DefaultMaxInFlightPerInstance * o.Instances
 	}
-	if o.Lifetime == (affinity.Lifetime{}) && o.Config == nil {
-		o.Lifetime = affinity.Lifetime{Idle: config.DefaultIdleTimeout, Max: config.DefaultMaxStickyDuration}
+	if o.Lifetime == (bindings.Lifetime{}) && o.Config == nil {
+		o.Lifetime = bindings.Lifetime{Idle: config.DefaultIdleTimeout, Max: config.DefaultMaxStickyDuration}
 	}
 	if o.RingSize == 0 {
 		o.RingSize = DefaultRingSize
@@ -229,7 +229,7 @@ func (o Options) Validate() error {
 		return fmt.Errorf("simulate: kv capacity %d tokens: want at least one block (%d tokens; 0: the profile's)", o.Cache.CapacityTokens, emulator.BlockSize)
 	case o.SeriesEvery < 0:
 		return fmt.Errorf("simulate: series every %v: want above 0 (0: a minute)", o.SeriesEvery)
-	case o.Lifetime != (affinity.Lifetime{}) && (o.Lifetime.Idle <= 0 || o.Lifetime.Max < 0):
+	case o.Lifetime != (bindings.Lifetime{}) && (o.Lifetime.Idle <= 0 || o.Lifetime.Max < 0):
 		return fmt.Errorf("simulate: lifetime idle %v, max %v: want idle above 0 and max 0 (no limit) or above", o.Lifetime.Idle, o.Lifetime.Max)
 	}
 	if err := o.Scenario.validate(d); err != nil {
@@ -257,7 +257,7 @@ func (o Options) validateConfig() error {
 		return fmt.Errorf("simulate: policy %s: with a configuration, tether routes by its [routing] (policy tether)", o.Policy)
 	case o.Instances != 0 || o.Zones != 0:
 		return errors.New("simulate: instances and zones: with a configuration, the fleet is its [[instances]]")
-	case o.Lifetime != (affinity.Lifetime{}):
+	case o.Lifetime != (bindings.Lifetime{}):
 		return errors.New("simulate: lifetime: with a configuration, its routing.idle_timeout and max_sticky_duration decide")
 	case o.Scenario.Scale != (Scale{}):
 		return errors.New("simulate: scale: with a configuration, the fleet is its [[instances]]: it does not scale")

@@ -14,6 +14,7 @@ import (
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/plan"
+	"github.com/tetherproxy/tether/replicas"
 	"github.com/tetherproxy/tether/ringhash"
 	"github.com/tetherproxy/tether/store/memory"
 )
@@ -155,6 +156,7 @@ type tetherRouter struct {
 	breaker  *fleet.Breaker
 	index    map[string]int
 	names    []string
+	sync     *replicas.LoadSync
 	clock    func() int64 // virtual ns
 	lastSync time.Time
 	// queueKnown: tether reads the queue depth the emulator reports
@@ -217,11 +219,16 @@ func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRo
 	t.answerAt = -1
 	fl := fleet.New(p.Instances)
 	br := fleet.NewBreaker(p.Breaker, now, nil)
+	load := affinity.NewLoad()
+	// Synced with the store as tether's replicas sync theirs (every
+	// syncEvery of virtual time), over the configured instances.
+	all := p.Instances
+	t.sync = &replicas.LoadSync{Replica: "simulate", View: load, Store: store, Instances: func() []fleet.Instance { return all }}
 	d := plan.NewDecider(p, fl, plan.Deps{
 		Store: store,
 		// The load view reads active sessions from the store as tether's
 		// does, so bounded-load placement sees sessions expire.
-		Load:    affinity.NewLoad(store, "simulate"),
+		Load:    load,
 		Breaker: br,
 		Now:     now,
 		Rand:    rng.Uint64,
@@ -297,7 +304,7 @@ func (t *tetherRouter) route(ctx context.Context, k *call) (int, affinity.Kind, 
 	now := virtualTime(t.clock())
 	if now.Sub(t.lastSync) >= syncEvery {
 		t.scrape(now)
-		if err := t.decider.Load().Sync(ctx, t.names, 3*syncEvery, now); err != nil {
+		if err := t.sync.Sync(ctx, now); err != nil {
 			return 0, "", fmt.Errorf("simulate: load sync: %w", err)
 		}
 		t.lastSync = now
@@ -339,7 +346,7 @@ func (t *tetherRouter) answered(k *call, at int64, queue int) {
 	if k.failOpen {
 		return // tether never decided it
 	}
-	k.reply = affinity.Answer{Answered: true, Queue: queue, QueueKnown: t.queueKnown}
+	k.reply = fleet.Outcome{Answered: true, Queue: queue, QueueKnown: t.queueKnown}
 	t.seq++
 	t.pending.push(event{at: at, seq: t.seq, call: k, kind: eventAnswered})
 }
@@ -371,7 +378,7 @@ type deciderCall struct {
 	sync     bool
 	request  affinity.Request
 	decision affinity.Decision
-	answer   *affinity.Answer
+	answer   *fleet.Outcome
 }
 
 // ringRouter is Envoy's RING_HASH (package ringhash, and envoyHash) over

@@ -17,6 +17,7 @@ import (
 	"github.com/tetherproxy/tether/lab/workload"
 	"github.com/tetherproxy/tether/plan"
 	"github.com/tetherproxy/tether/reload"
+	"github.com/tetherproxy/tether/replicas"
 	"github.com/tetherproxy/tether/store/memory"
 )
 
@@ -91,7 +92,7 @@ address = "10.0.2.2:8000"
 zone = "b"
 version = "v1"
 kv_sessions = 4
-pool = "spot"
+capacity = "spot"
 
 [[instances]]
 name = "c1"
@@ -155,22 +156,19 @@ func serveDecisions(t *testing.T, cfg config.Config, calls []deciderCall) []affi
 	var now time.Time
 	clock := func() time.Time { return now }
 	store := memory.New()
-	load := affinity.NewLoad(store, "serve")
+	load := affinity.NewLoad()
 	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{
 		Store: store, Load: load, Breaker: fleet.NewBreaker(start.Breaker, clock, nil),
 		Now: clock, Rand: rand.New(rand.NewPCG(serveSeed, 0x726f75746572)).Uint64, // the simulation's router seed
 	})
 	rt.OnPolicy(decider.SetPolicy)
-	var names []string
-	for _, in := range rt.Fleet().All() {
-		names = append(names, in.Name)
-	}
+	loadSync := replicas.LoadSync{Replica: "serve", View: load, Store: store, Instances: rt.Fleet().All}
 	var out []affinity.Decision
 	for _, c := range calls {
 		now = c.at
 		switch {
 		case c.sync:
-			if err := load.Sync(ctx, names, 3*time.Second, now); err != nil {
+			if err := loadSync.Sync(ctx, now); err != nil {
 				t.Fatal(err)
 			}
 		case c.answer != nil:

@@ -210,7 +210,7 @@ type call struct {
 	// tetherRouter.trace); failOpen says Envoy's fail-open route sent it.
 	decision affinity.Decision
 	decided  int
-	reply    affinity.Answer
+	reply    fleet.Outcome
 	failOpen bool
 	kind     affinity.Kind
 	// deaths is its instance's failures when it was sent: a change when it
@@ -262,9 +262,9 @@ type flight struct {
 // the share of its KV cache the running requests hold (their prompt and
 // the tokens generated so far; blocks two requests share count twice, so
 // it reads a little high).
-func (in *instance) reading(now time.Time) affinity.EngineReading {
+func (in *instance) reading(now time.Time) fleet.EngineReading {
 	t := now.Sub(virtualTime(0)).Nanoseconds()
-	r := affinity.EngineReading{At: now, KVKnown: true}
+	r := fleet.EngineReading{At: now, KVKnown: true}
 	live := in.flights[:0]
 	held := 0.0
 	for _, f := range in.flights {

@@ -28,8 +28,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/replicas"
 )
 
 const (
@@ -46,20 +47,16 @@ const (
 )
 
 var (
-	_ affinity.Store        = (*Store)(nil)
-	_ affinity.SessionIndex = (*Store)(nil)
-	_ affinity.LoadSyncer   = (*Store)(nil)
-	_ affinity.Circuits     = (*Store)(nil)
-	_ affinity.Counts       = (*Store)(nil)
-	_ affinity.Checker      = (*Store)(nil)
+	_ replicas.LoadSyncer = (*Store)(nil)
+	_ replicas.Circuits   = (*Store)(nil)
 )
 
 // ErrClosed is the error of a call after Close.
 var ErrClosed = errors.New("memory store closed")
 
 type entry struct {
-	b        affinity.Binding
-	move     affinity.Move
+	b        bindings.Binding
+	move     bindings.Move
 	expires  time.Time // lastUse + Idle of the last call that touched it
 	requests int       // the session's request count (Result.Requests)
 }
@@ -72,7 +69,7 @@ type link struct {
 
 type report struct {
 	inFlight, queue map[string]int
-	engine          map[string]affinity.EngineReading
+	engine          map[string]fleet.EngineReading
 	expires         time.Time
 }
 
@@ -146,13 +143,13 @@ func (s *Store) Len() int {
 }
 
 // GetOrBind implements affinity.Store.
-func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
-	if err := affinity.CheckBinding(l.Candidate, l.Lifetime); err != nil {
-		return affinity.Result{}, fmt.Errorf("memory get-or-bind: %w", err)
+func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Result, error) {
+	if err := bindings.CheckBinding(l.Candidate, l.Lifetime); err != nil {
+		return bindings.Result{}, fmt.Errorf("memory get-or-bind: %w", err)
 	}
 	now, idle := l.Candidate.Since, l.Lifetime.Idle
 	if err := s.lock(ctx); err != nil {
-		return affinity.Result{}, fmt.Errorf("memory get-or-bind: %w", err)
+		return bindings.Result{}, fmt.Errorf("memory get-or-bind: %w", err)
 	}
 	defer s.mu.Unlock()
 	s.housekeep(now)
@@ -165,7 +162,7 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 		s.links[l.Key] = ln
 		key = ln.to
 	}
-	res := affinity.Result{Key: key, Outcome: affinity.Created}
+	res := bindings.Result{Key: key, Origin: bindings.Created}
 	e, ok := s.live(key, now)
 	switch {
 	case ok && (l.Lifetime.Max == 0 || now.Sub(e.b.Since) < l.Lifetime.Max):
@@ -173,10 +170,10 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 		e.requests++
 		s.bindings[key] = e
 		s.expireAt(key, e.expires)
-		res.Binding, res.Outcome, res.Move, res.Requests = e.b, affinity.Found, e.move, e.requests
+		res.Binding, res.Origin, res.Move, res.Requests = e.b, bindings.Found, e.move, e.requests
 	case ok:
 		// The same conversation placed again: it keeps counting.
-		res.Outcome, res.Previous, res.Requests = affinity.Renewed, e.b, e.requests+1
+		res.Origin, res.Previous, res.Requests = bindings.Renewed, e.b, e.requests+1
 		s.put(key, entry{b: l.Candidate, expires: now.Add(idle), requests: res.Requests})
 		res.Binding = l.Candidate
 	default:
@@ -193,13 +190,13 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 }
 
 // Replace implements affinity.Store.
-func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Binding, lt affinity.Lifetime) (affinity.Binding, error) {
-	if err := affinity.CheckBinding(next, lt); err != nil {
-		return affinity.Binding{}, fmt.Errorf("memory replace: %w", err)
+func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Binding, lt bindings.Lifetime) (bindings.Binding, error) {
+	if err := bindings.CheckBinding(next, lt); err != nil {
+		return bindings.Binding{}, fmt.Errorf("memory replace: %w", err)
 	}
 	now := next.Since
 	if err := s.lock(ctx); err != nil {
-		return affinity.Binding{}, fmt.Errorf("memory replace: %w", err)
+		return bindings.Binding{}, fmt.Errorf("memory replace: %w", err)
 	}
 	defer s.mu.Unlock()
 	s.housekeep(now)
@@ -223,9 +220,9 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 }
 
 // Show implements affinity.SessionIndex. It does not refresh anything.
-func (s *Store) Show(ctx context.Context, key string, now time.Time) (affinity.Session, bool, error) {
+func (s *Store) Show(ctx context.Context, key string, now time.Time) (bindings.Session, bool, error) {
 	if err := s.lock(ctx); err != nil {
-		return affinity.Session{}, false, fmt.Errorf("memory show: %w", err)
+		return bindings.Session{}, false, fmt.Errorf("memory show: %w", err)
 	}
 	defer s.mu.Unlock()
 	if ln, ok := s.links[key]; ok && now.Before(ln.expires) {
@@ -233,14 +230,14 @@ func (s *Store) Show(ctx context.Context, key string, now time.Time) (affinity.S
 	}
 	e, ok := s.live(key, now)
 	if !ok {
-		return affinity.Session{}, false, nil
+		return bindings.Session{}, false, nil
 	}
-	return affinity.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)}, true, nil
+	return bindings.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)}, true, nil
 }
 
 // Mark implements affinity.SessionIndex. Sessions are visited in key order.
-func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move, now time.Time) (marked, remaining int, err error) {
-	if err := affinity.CheckMark(f, m); err != nil {
+func (s *Store) Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move, now time.Time) (marked, remaining int, err error) {
+	if err := bindings.CheckMark(f, m); err != nil {
 		return 0, 0, fmt.Errorf("memory mark: %w", err)
 	}
 	if err := s.lock(ctx); err != nil {
@@ -266,15 +263,15 @@ func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move
 }
 
 // Bound implements affinity.SessionIndex. Sessions come in key order.
-func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]affinity.Session, error) {
-	if err := affinity.CheckBound(instance, limit); err != nil {
+func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]bindings.Session, error) {
+	if err := bindings.CheckBound(instance, limit); err != nil {
 		return nil, fmt.Errorf("memory bound: %w", err)
 	}
 	if err := s.lock(ctx); err != nil {
 		return nil, fmt.Errorf("memory bound: %w", err)
 	}
 	defer s.mu.Unlock()
-	var out []affinity.Session
+	var out []bindings.Session
 	for _, key := range slices.Sorted(maps.Keys(s.index[instance])) {
 		e, ok := s.live(key, now)
 		if !ok || e.b.Instance != instance {
@@ -283,7 +280,7 @@ func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.
 		if limit > 0 && len(out) == limit {
 			break
 		}
-		out = append(out, affinity.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)})
+		out = append(out, bindings.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)})
 	}
 	return out, nil
 }
@@ -306,19 +303,19 @@ func (s *Store) Requests(ctx context.Context, keys []string, now time.Time) ([]i
 }
 
 // SyncLoad implements affinity.LoadSyncer.
-func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances []string, ttl time.Duration, now time.Time) (affinity.LoadState, error) {
-	if err := affinity.CheckReport(r, ttl); err != nil {
-		return affinity.LoadState{}, fmt.Errorf("memory sync load: %w", err)
+func (s *Store) SyncLoad(ctx context.Context, r fleet.LoadReport, instances []string, ttl time.Duration, now time.Time) (fleet.LoadState, error) {
+	if err := replicas.CheckReport(r, ttl); err != nil {
+		return fleet.LoadState{}, fmt.Errorf("memory sync load: %w", err)
 	}
 	if err := s.lock(ctx); err != nil {
-		return affinity.LoadState{}, fmt.Errorf("memory sync load: %w", err)
+		return fleet.LoadState{}, fmt.Errorf("memory sync load: %w", err)
 	}
 	defer s.mu.Unlock()
 	s.reports[r.Replica] = report{inFlight: maps.Clone(r.InFlight), queue: maps.Clone(r.Queue), engine: maps.Clone(r.Engine), expires: now.Add(ttl)}
 	maps.DeleteFunc(s.reports, func(_ string, rep report) bool { return !now.Before(rep.expires) })
 
 	s.expire(now)
-	st := affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]affinity.EngineReading{}}
+	st := fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]fleet.EngineReading{}}
 	for _, in := range instances {
 		st.Active[in] = s.active(in)
 		for name, rep := range s.reports {
@@ -343,7 +340,7 @@ func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances [
 
 // Lease implements affinity.Leases.
 func (s *Store) Lease(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (bool, error) {
-	if err := affinity.CheckLease(name, holder, ttl); err != nil {
+	if err := replicas.CheckLease(name, holder, ttl); err != nil {
 		return false, fmt.Errorf("memory lease: %w", err)
 	}
 	if err := s.lock(ctx); err != nil {
@@ -359,7 +356,7 @@ func (s *Store) Lease(ctx context.Context, name, holder string, ttl time.Duratio
 
 // Release implements affinity.Leases.
 func (s *Store) Release(ctx context.Context, name, holder string) error {
-	if err := affinity.CheckLease(name, holder, time.Second); err != nil {
+	if err := replicas.CheckLease(name, holder, time.Second); err != nil {
 		return fmt.Errorf("memory release: %w", err)
 	}
 	if err := s.lock(ctx); err != nil {
@@ -395,7 +392,7 @@ func (s *Store) SetDrained(ctx context.Context, instance string, drained bool) e
 // failures of the last cfg.Window), opening the circuit when the window
 // holds more than cfg.Threshold.
 func (s *Store) ReportFailure(ctx context.Context, instance string, at time.Time, member string, cfg fleet.BreakerConfig) (opened bool, until time.Time, err error) {
-	if err := affinity.CheckFailure(instance, member, cfg); err != nil {
+	if err := replicas.CheckFailure(instance, member, cfg); err != nil {
 		return false, time.Time{}, fmt.Errorf("memory report failure: %w", err)
 	}
 	if err := s.lock(ctx); err != nil {
@@ -455,7 +452,7 @@ func (s *Store) Circuits(ctx context.Context, now time.Time) (map[string]time.Ti
 		return nil, fmt.Errorf("memory circuits: %w", err)
 	}
 	defer s.mu.Unlock()
-	maps.DeleteFunc(s.circuits, func(_ string, until time.Time) bool { return now.Sub(until) > affinity.StaleCircuit })
+	maps.DeleteFunc(s.circuits, func(_ string, until time.Time) bool { return now.Sub(until) > replicas.StaleCircuit })
 	return maps.Clone(s.circuits), nil
 }
 
@@ -471,8 +468,8 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // Health implements affinity.Checker: there is no backend to lose, so the
 // guard is always closed.
-func (s *Store) Health() affinity.StoreHealth {
-	return affinity.StoreHealth{State: affinity.GuardClosed, Since: s.since}
+func (s *Store) Health() bindings.Health {
+	return bindings.Health{State: bindings.GuardClosed, Since: s.since}
 }
 
 // Close drops what the store holds; calls after it fail with ErrClosed.

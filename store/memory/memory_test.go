@@ -6,7 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
+	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/store/storetest"
 )
 
@@ -24,12 +25,12 @@ func TestConformance(t *testing.T) {
 func TestSweepBoundsMemory(t *testing.T) {
 	s := New()
 	ctx := t.Context()
-	lt := affinity.Lifetime{Idle: time.Second}
+	lt := bindings.Lifetime{Idle: time.Second}
 	now := time.UnixMilli(1_750_000_000_000)
 	const total, live = 100_000, 100 // each key lives 100 calls' worth of time
 	for i := range total {
 		now = now.Add(lt.Idle / live)
-		l := affinity.Lookup{Key: fmt.Sprint(i), Aliases: []string{fmt.Sprint("alias-", i)}, Candidate: affinity.Binding{Instance: "a", Since: now}, Lifetime: lt}
+		l := bindings.Lookup{Key: fmt.Sprint(i), Aliases: []string{fmt.Sprint("alias-", i)}, Candidate: bindings.Binding{Instance: "a", Since: now}, Lifetime: lt}
 		if _, err := s.GetOrBind(ctx, l); err != nil {
 			t.Fatal(err)
 		}
@@ -44,17 +45,17 @@ func TestSweepBoundsMemory(t *testing.T) {
 func TestSampleSweep(t *testing.T) {
 	s := New()
 	ctx := t.Context()
-	lt := affinity.Lifetime{Idle: time.Second}
+	lt := bindings.Lifetime{Idle: time.Second}
 	now := time.UnixMilli(1_750_000_000_000)
 	for i := range 500 {
-		l := affinity.Lookup{Key: fmt.Sprint(i), Aliases: []string{fmt.Sprint("alias-", i)}, Candidate: affinity.Binding{Instance: "a", Since: now}, Lifetime: lt}
+		l := bindings.Lookup{Key: fmt.Sprint(i), Aliases: []string{fmt.Sprint("alias-", i)}, Candidate: bindings.Binding{Instance: "a", Since: now}, Lifetime: lt}
 		if _, err := s.GetOrBind(ctx, l); err != nil {
 			t.Fatal(err)
 		}
 	}
 	now = now.Add(time.Hour)
 	for range 100 * sampleEvery {
-		l := affinity.Lookup{Key: "hot", Candidate: affinity.Binding{Instance: "a", Since: now}, Lifetime: lt}
+		l := bindings.Lookup{Key: "hot", Candidate: bindings.Binding{Instance: "a", Since: now}, Lifetime: lt}
 		if _, err := s.GetOrBind(ctx, l); err != nil {
 			t.Fatal(err)
 		}
@@ -88,13 +89,13 @@ func TestSyncLoadCountsLive(t *testing.T) {
 	for step := range 20_000 {
 		now = now.Add(time.Duration(rng.IntN(50)) * time.Millisecond)
 		key := fmt.Sprint(rng.IntN(400))
-		lt := affinity.Lifetime{Idle: time.Duration(1+rng.IntN(3000)) * time.Millisecond}
+		lt := bindings.Lifetime{Idle: time.Duration(1+rng.IntN(3000)) * time.Millisecond}
 		in := instances[rng.IntN(len(instances))]
 		var err error
 		if rng.IntN(4) == 0 {
-			_, err = s.Replace(ctx, key, instances[rng.IntN(len(instances))], affinity.Binding{Instance: in, Since: now}, lt)
+			_, err = s.Replace(ctx, key, instances[rng.IntN(len(instances))], bindings.Binding{Instance: in, Since: now}, lt)
 		} else {
-			_, err = s.GetOrBind(ctx, affinity.Lookup{Key: key, Candidate: affinity.Binding{Instance: in, Since: now}, Lifetime: lt})
+			_, err = s.GetOrBind(ctx, bindings.Lookup{Key: key, Candidate: bindings.Binding{Instance: in, Since: now}, Lifetime: lt})
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -110,7 +111,7 @@ func TestSyncLoadCountsLive(t *testing.T) {
 				want[sess.Binding.Instance]++
 			}
 		}
-		st, err := s.SyncLoad(ctx, affinity.LoadReport{Replica: "r"}, instances, time.Second, now)
+		st, err := s.SyncLoad(ctx, fleet.LoadReport{Replica: "r"}, instances, time.Second, now)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -44,8 +44,7 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 )
 
 // Defaults of CacheOptions.
@@ -140,7 +139,7 @@ type CacheStats struct {
 // cacheEntry is one cached session, keyed by its session key (never an
 // alias).
 type cacheEntry struct {
-	b        affinity.Binding
+	b        bindings.Binding
 	requests int
 	lastHit  time.Time // caller's clock: the idle timeout runs from here
 	fetched  time.Time // local monotonic clock: TTL runs from here
@@ -221,7 +220,7 @@ func (c *hitCache) shard(key string) *cacheShard {
 
 // lookup serves l from the cache when it can. epoch is what the caller
 // passes to store after asking Redis instead.
-func (c *hitCache) lookup(l affinity.Lookup, aliases []string) (res affinity.Result, ok bool, epoch uint64) {
+func (c *hitCache) lookup(l bindings.Lookup, aliases []string) (res bindings.Result, ok bool, epoch uint64) {
 	sh := c.shard(l.Key)
 	now := l.Candidate.Since
 	sh.mu.Lock()
@@ -245,7 +244,7 @@ func (c *hitCache) lookup(l affinity.Lookup, aliases []string) (res affinity.Res
 	if now.After(e.lastHit) {
 		e.lastHit = now
 	}
-	res = affinity.Result{Key: l.Key, Binding: e.b, Outcome: affinity.Found, Requests: e.requests}
+	res = bindings.Result{Key: l.Key, Binding: e.b, Origin: bindings.Found, Requests: e.requests}
 	sh.mu.Unlock()
 	c.hits.Add(1)
 	c.enqueue(l.Key, res.Binding, now, idle, aliases)
@@ -271,7 +270,7 @@ func (c *hitCache) margin(idle time.Duration) time.Duration {
 
 // store caches a binding Redis just returned, unless its shard was
 // invalidated since epoch.
-func (c *hitCache) store(key string, epoch uint64, r affinity.Result, now time.Time, br bindReply) {
+func (c *hitCache) store(key string, epoch uint64, r bindings.Result, now time.Time, br bindReply) {
 	if r.Move.Pending() {
 		return // the caller moves it at once
 	}
@@ -330,7 +329,7 @@ func (c *hitCache) setReady(ready bool) {
 }
 
 // enqueue queues the write back of a cached hit; a full queue drops it.
-func (c *hitCache) enqueue(key string, b affinity.Binding, now time.Time, idle time.Duration, aliases []string) {
+func (c *hitCache) enqueue(key string, b bindings.Binding, now time.Time, idle time.Duration, aliases []string) {
 	c.qmu.Lock()
 	defer c.qmu.Unlock()
 	t := c.queue[key]

@@ -12,7 +12,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/store/storetest"
 )
@@ -52,7 +52,7 @@ func waitSubscribed(t testing.TB, s *Store) {
 
 // warm looks l up until s serves it from its cache (a bind's own
 // invalidation message may drop the entry the bind stored).
-func warm(t testing.TB, s *Store, l affinity.Lookup) {
+func warm(t testing.TB, s *Store, l bindings.Lookup) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -136,8 +136,8 @@ func TestCachedHitSendsNothing(t *testing.T) {
 	hook := &roundTrips{}
 	s.client.AddHook(hook)
 	ctx := t.Context()
-	lt := affinity.Lifetime{Idle: time.Hour}
-	l := affinity.Lookup{Key: "k", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: lt}
+	lt := bindings.Lifetime{Idle: time.Hour}
+	l := bindings.Lookup{Key: "k", Candidate: bindings.Binding{Instance: "a", Since: since}, Lifetime: lt}
 	warm(t, s, l)
 	s.flushCache(ctx)
 	base, err := s.Requests(ctx, []string{"k"}, since)
@@ -151,7 +151,7 @@ func TestCachedHitSendsNothing(t *testing.T) {
 	for i := range n {
 		l.Candidate.Since = since.Add(time.Duration(i) * time.Millisecond)
 		res, err := s.GetOrBind(ctx, l)
-		if err != nil || res.Outcome != affinity.Found || res.Requests != base[0]+i+1 {
+		if err != nil || res.Origin != bindings.Found || res.Requests != base[0]+i+1 {
 			t.Fatalf("hit %d: %+v, %v", i, res, err)
 		}
 	}
@@ -190,10 +190,10 @@ func TestCacheFollowsMoves(t *testing.T) {
 	a := openCached(t, r.URL(), cachedOptions())
 	b := openCached(t, r.URL(), cachedOptions())
 	ctx := t.Context()
-	lt := affinity.Lifetime{Idle: time.Hour}
+	lt := bindings.Lifetime{Idle: time.Hour}
 	const n = 500
-	look := func(i int) affinity.Lookup {
-		return affinity.Lookup{Key: fmt.Sprint("move/", i), Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: lt}
+	look := func(i int) bindings.Lookup {
+		return bindings.Lookup{Key: fmt.Sprint("move/", i), Candidate: bindings.Binding{Instance: "a", Since: since}, Lifetime: lt}
 	}
 	for i := range n {
 		if _, err := a.GetOrBind(ctx, look(i)); err != nil {
@@ -208,7 +208,7 @@ func TestCacheFollowsMoves(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		for i := range n {
-			next := affinity.Binding{Instance: "b", Since: since.Add(time.Second)}
+			next := bindings.Binding{Instance: "b", Since: since.Add(time.Second)}
 			if _, err := a.Replace(ctx, look(i).Key, "a", next, lt); err != nil {
 				done <- err
 				return
@@ -255,7 +255,7 @@ func TestCacheFollowsMoves(t *testing.T) {
 		t.Errorf("a move followed %v late; want under %v (the cache TTL is %v: is the invalidation channel heard?)", worst, bound, DefaultCacheTTL)
 	}
 	// A mark (migration, drain, evacuation) reaches B too.
-	if _, _, err := a.Mark(ctx, affinity.MarkFilter{Instance: "b"}, affinity.Move{Version: "v2"}, since); err != nil {
+	if _, _, err := a.Mark(ctx, bindings.MarkFilter{Instance: "b"}, bindings.Move{Version: "v2"}, since); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < n; i++ {
@@ -281,8 +281,8 @@ func TestCacheFlushedWhenSubscriptionDrops(t *testing.T) {
 	r := testenv.RedisServer(t)
 	s := openCached(t, r.URL(), cachedOptions())
 	ctx := t.Context()
-	lt := affinity.Lifetime{Idle: time.Hour}
-	l := affinity.Lookup{Key: "drop", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: lt}
+	lt := bindings.Lifetime{Idle: time.Hour}
+	l := bindings.Lookup{Key: "drop", Candidate: bindings.Binding{Instance: "a", Since: since}, Lifetime: lt}
 	warm(t, s, l)
 	if st := s.CacheStats(); st.Entries != 1 {
 		t.Fatalf("before: %+v; want one entry", st)
@@ -320,7 +320,7 @@ func TestCacheFlushedOnMissedPing(t *testing.T) {
 	opts.Cache.PingInterval = 50 * time.Millisecond
 	s := openCached(t, r.URL(), opts)
 	ctx := t.Context()
-	l := affinity.Lookup{Key: "ping", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Hour}}
+	l := bindings.Lookup{Key: "ping", Candidate: bindings.Binding{Instance: "a", Since: since}, Lifetime: bindings.Lifetime{Idle: time.Hour}}
 	if _, err := s.GetOrBind(ctx, l); err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +343,7 @@ func TestCacheMalformedMessages(t *testing.T) {
 	r := testenv.RedisServer(t)
 	s := openCached(t, r.URL(), cachedOptions())
 	ctx := t.Context()
-	l := affinity.Lookup{Key: "weird{key}%", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Hour}}
+	l := bindings.Lookup{Key: "weird{key}%", Candidate: bindings.Binding{Instance: "a", Since: since}, Lifetime: bindings.Lifetime{Idle: time.Hour}}
 	warm(t, s, l)
 	bad := []string{"", "garbage", " tether:{k}:b", "o tether:{", "o tether:{}:b", "o other:{k}:b", "o tether:{a{b}:b", "o tether:{k}:a", "\x00\xff"}
 	for _, m := range bad {
@@ -378,7 +378,7 @@ func TestCacheRace(t *testing.T) {
 	reps := []*Store{openCached(t, r.URL(), cachedOptions()), openCached(t, r.URL(), cachedOptions())}
 	ctx := t.Context()
 	const sessions, turns = 150, 6
-	lt := affinity.Lifetime{Idle: time.Hour}
+	lt := bindings.Lifetime{Idle: time.Hour}
 	got := make([][turns]string, sessions)
 	var wg sync.WaitGroup
 	gate := make(chan struct{})
@@ -389,7 +389,7 @@ func TestCacheRace(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-gate
-				l := affinity.Lookup{Key: fmt.Sprint("race/", i), Candidate: affinity.Binding{Instance: fmt.Sprint("i", j), Since: since}, Lifetime: lt}
+				l := bindings.Lookup{Key: fmt.Sprint("race/", i), Candidate: bindings.Binding{Instance: fmt.Sprint("i", j), Since: since}, Lifetime: lt}
 				res, err := reps[j%2].GetOrBind(ctx, l)
 				if err != nil {
 					errs <- err
@@ -418,7 +418,7 @@ func TestCacheRace(t *testing.T) {
 		}
 		// And again from each replica's cache.
 		for _, s := range reps {
-			l := affinity.Lookup{Key: fmt.Sprint("race/", i), Candidate: affinity.Binding{Instance: "late", Since: since}, Lifetime: lt}
+			l := bindings.Lookup{Key: fmt.Sprint("race/", i), Candidate: bindings.Binding{Instance: "late", Since: since}, Lifetime: lt}
 			if res, err := s.GetOrBind(ctx, l); err != nil || res.Binding.Instance != sess.Binding.Instance {
 				t.Errorf("session %d later: %+v, %v; want %s", i, res, err, sess.Binding.Instance)
 			}
@@ -435,7 +435,7 @@ func TestCacheQueueFull(t *testing.T) {
 	s := openCached(t, r.URL(), opts)
 	ctx := t.Context()
 	for i := range 4 {
-		l := affinity.Lookup{Key: fmt.Sprint("q", i), Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Hour}}
+		l := bindings.Lookup{Key: fmt.Sprint("q", i), Candidate: bindings.Binding{Instance: "a", Since: since}, Lifetime: bindings.Lifetime{Idle: time.Hour}}
 		warm(t, s, l)
 		if _, err := s.GetOrBind(ctx, l); err != nil {
 			t.Fatal(err)
@@ -454,13 +454,13 @@ func BenchmarkCachedHit(b *testing.B) {
 			opts.Cache.Enabled = cached
 			s := openCached(b, r.URL(), opts)
 			ctx := context.Background()
-			l := affinity.Lookup{Key: "hot", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Hour}}
+			l := bindings.Lookup{Key: "hot", Candidate: bindings.Binding{Instance: "a", Since: since}, Lifetime: bindings.Lifetime{Idle: time.Hour}}
 			if _, err := s.GetOrBind(ctx, l); err != nil {
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
 			for b.Loop() {
-				if res, err := s.GetOrBind(ctx, l); err != nil || res.Outcome != affinity.Found {
+				if res, err := s.GetOrBind(ctx, l); err != nil || res.Origin != bindings.Found {
 					b.Fatalf("%+v, %v", res, err)
 				}
 			}

@@ -8,8 +8,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/replicas"
 )
 
 // The instance breaker's shared state, in the {fleet} slot: per instance a
@@ -79,7 +79,7 @@ func (s *Store) circuitsKey() string                { return s.fleet + "circuits
 // ReportFailure implements affinity.Circuits: one EVALSHA on the {fleet}
 // slot.
 func (s *Store) ReportFailure(ctx context.Context, instance string, at time.Time, member string, cfg fleet.BreakerConfig) (opened bool, until time.Time, err error) {
-	if err := affinity.CheckFailure(instance, member, cfg); err != nil {
+	if err := replicas.CheckFailure(instance, member, cfg); err != nil {
 		return false, time.Time{}, fmt.Errorf("redis report failure: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -148,7 +148,7 @@ func (s *Store) Circuits(ctx context.Context, now time.Time) (map[string]time.Ti
 			continue
 		}
 		until := time.UnixMilli(ms)
-		if now.Sub(until) > affinity.StaleCircuit {
+		if now.Sub(until) > replicas.StaleCircuit {
 			_ = s.client.HDel(ctx, s.circuitsKey(), in).Err() // garbage; a failure here is harmless
 			continue
 		}

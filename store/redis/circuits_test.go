@@ -8,7 +8,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/internal/testenv"
 )
@@ -84,7 +84,7 @@ func TestOperationsOutliveTheRequestTimeout(t *testing.T) {
 		t.Fatalf("Bound of %d sessions with a %v request timeout: %d, %v", n, DefaultTimeout, len(got), err)
 	}
 	t.Logf("Bound listed %d sessions in %v", n, time.Since(start))
-	if h := s.Health(); h.State != affinity.GuardClosed {
+	if h := s.Health(); h.State != bindings.GuardClosed {
 		t.Errorf("the Redis guard is %v after an operation", h.State)
 	}
 }

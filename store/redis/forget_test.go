@@ -9,7 +9,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/internal/testenv"
 )
 
@@ -39,9 +39,9 @@ func TestForget(t *testing.T) {
 		now := time.Now()
 		bind := func(key, instance string, aliases ...string) {
 			t.Helper()
-			l := affinity.Lookup{Key: key, Aliases: aliases, Lifetime: affinity.Lifetime{Idle: time.Hour},
-				Candidate: affinity.Binding{Instance: instance, Version: "v1", Since: now}}
-			if r, err := s.GetOrBind(ctx, l); err != nil || r.Outcome != affinity.Created {
+			l := bindings.Lookup{Key: key, Aliases: aliases, Lifetime: bindings.Lifetime{Idle: time.Hour},
+				Candidate: bindings.Binding{Instance: instance, Version: "v1", Since: now}}
+			if r, err := s.GetOrBind(ctx, l); err != nil || r.Origin != bindings.Created {
 				t.Fatalf("GetOrBind(%s) = %+v, %v", key, r, err)
 			}
 		}
@@ -121,8 +121,8 @@ func TestForgetExpiredBinding(t *testing.T) {
 	forgetBackends(t, func(t *testing.T, c goredis.UniversalClient) {
 		ctx := t.Context()
 		s := newStoreT(t, c, testOptions)
-		l := affinity.Lookup{Key: "s:gone", Lifetime: affinity.Lifetime{Idle: time.Hour},
-			Candidate: affinity.Binding{Instance: "c", Since: time.Now()}}
+		l := bindings.Lookup{Key: "s:gone", Lifetime: bindings.Lifetime{Idle: time.Hour},
+			Candidate: bindings.Binding{Instance: "c", Since: time.Now()}}
 		if _, err := s.GetOrBind(ctx, l); err != nil {
 			t.Fatal(err)
 		}

@@ -11,8 +11,7 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 )
 
 // The guard's settings (see the package comment, "Outages").
@@ -40,7 +39,7 @@ var ErrGuardOpen = errors.New("redis unavailable")
 
 // Health returns the state of the store's guard on Redis. It does not
 // touch the network.
-func (s *Store) Health() affinity.StoreHealth {
+func (s *Store) Health() bindings.Health {
 	h := s.guard.health()
 	h.Hits = s.hits
 	return h
@@ -205,10 +204,10 @@ func setupCommand(cmd goredis.Cmder) bool {
 func (g *guard) admit() (uint64, error) {
 	for {
 		w := g.word.Load()
-		switch affinity.GuardState(w & stateMask) {
-		case affinity.GuardClosed:
+		switch bindings.GuardState(w & stateMask) {
+		case bindings.GuardClosed:
 			return w, nil
-		case affinity.GuardOpen:
+		case bindings.GuardOpen:
 			if g.now().UnixNano() < g.openUntil.Load() {
 				return 0, g.reject.Load()
 			}
@@ -218,7 +217,7 @@ func (g *guard) admit() (uint64, error) {
 				g.mu.Unlock()
 				continue // another call got there first
 			}
-			token := g.setState(affinity.GuardHalfOpen)
+			token := g.setState(bindings.GuardHalfOpen)
 			g.mu.Unlock()
 			g.probes.Add(1)
 			return token, nil
@@ -264,7 +263,7 @@ func classify(err error) outcome {
 // done records the outcome of a call admitted under token.
 func (g *guard) done(token uint64, err error) {
 	o := classify(err)
-	if o == answered && token&stateMask == uint64(affinity.GuardClosed) && g.fails.Load() == 0 {
+	if o == answered && token&stateMask == uint64(bindings.GuardClosed) && g.fails.Load() == 0 {
 		return // the fast path: nothing to change
 	}
 	if o == failed && g.onFailure != nil {
@@ -278,19 +277,19 @@ func (g *guard) done(token uint64, err error) {
 	switch o {
 	case answered:
 		g.fails.Store(0)
-		if token&stateMask != uint64(affinity.GuardClosed) {
+		if token&stateMask != uint64(bindings.GuardClosed) {
 			g.current = g.cooldown
 			g.since = g.now()
-			g.setState(affinity.GuardClosed)
+			g.setState(bindings.GuardClosed)
 			g.notify(false)
 		}
 	case failed:
 		g.fail(err)
 	case inconclusive:
-		if token&stateMask == uint64(affinity.GuardHalfOpen) {
+		if token&stateMask == uint64(bindings.GuardHalfOpen) {
 			// The probe said nothing: the next call probes again.
 			g.openUntil.Store(g.now().UnixNano())
-			g.setState(affinity.GuardOpen)
+			g.setState(bindings.GuardOpen)
 		}
 	}
 }
@@ -299,12 +298,12 @@ func (g *guard) done(token uint64, err error) {
 func (g *guard) fail(err error) {
 	n := g.fails.Add(1)
 	g.lastErr = g.describe(err)
-	switch affinity.GuardState(g.word.Load() & stateMask) {
-	case affinity.GuardClosed:
+	switch bindings.GuardState(g.word.Load() & stateMask) {
+	case bindings.GuardClosed:
 		if n >= int64(g.threshold) {
 			g.open(g.cooldown)
 		}
-	case affinity.GuardHalfOpen:
+	case bindings.GuardHalfOpen:
 		g.open(min(2*g.current, g.maxCooldown))
 	}
 }
@@ -327,7 +326,7 @@ func (g *guard) trip(err error) {
 		g.fails.Store(1) // the hook did not count it (a refusal)
 	}
 	g.lastErr = g.describe(err)
-	if affinity.GuardState(g.word.Load()&stateMask) != affinity.GuardOpen {
+	if bindings.GuardState(g.word.Load()&stateMask) != bindings.GuardOpen {
 		g.open(g.cooldown)
 	}
 }
@@ -336,11 +335,11 @@ func (g *guard) trip(err error) {
 func (g *guard) open(cooldown time.Duration) {
 	now := g.now()
 	g.current = cooldown
-	fromClosed := affinity.GuardState(g.word.Load()&stateMask) == affinity.GuardClosed
+	fromClosed := bindings.GuardState(g.word.Load()&stateMask) == bindings.GuardClosed
 	g.reject.Store(&unavailableError{msg: fmt.Sprintf("%v: guard open after %d failed calls in a row (last: %s)",
 		ErrGuardOpen, g.fails.Load(), g.lastErr)})
 	g.openUntil.Store(now.Add(cooldown).UnixNano())
-	g.setState(affinity.GuardOpen)
+	g.setState(bindings.GuardOpen)
 	if fromClosed {
 		g.since = now
 		g.opens++
@@ -350,7 +349,7 @@ func (g *guard) open(cooldown time.Duration) {
 
 // setState moves to s with a new generation and returns the new word; mu
 // is held.
-func (g *guard) setState(s affinity.GuardState) uint64 {
+func (g *guard) setState(s bindings.GuardState) uint64 {
 	w := (g.word.Load()>>stateBits+1)<<stateBits | uint64(s)
 	g.word.Store(w)
 	return w
@@ -371,14 +370,14 @@ func (g *guard) watch(fn func(open bool)) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.onChange = fn
-	fn(affinity.GuardState(g.word.Load()&stateMask) != affinity.GuardClosed)
+	fn(bindings.GuardState(g.word.Load()&stateMask) != bindings.GuardClosed)
 }
 
-func (g *guard) health() affinity.StoreHealth {
+func (g *guard) health() bindings.Health {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return affinity.StoreHealth{
-		State:     affinity.GuardState(g.word.Load() & stateMask),
+	return bindings.Health{
+		State:     bindings.GuardState(g.word.Load() & stateMask),
 		Failures:  int(g.fails.Load()),
 		LastError: g.lastErr,
 		Since:     g.since,

@@ -16,7 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/internal/testenv"
 )
 
@@ -64,7 +64,7 @@ func TestGuardStateMachine(t *testing.T) {
 		g.done(tok, err)
 		return err
 	}
-	state := func(want affinity.GuardState) {
+	state := func(want bindings.GuardState) {
 		t.Helper()
 		if got := g.health().State; got != want {
 			t.Fatalf("state %v, want %v (health %+v)", got, want, g.health())
@@ -76,12 +76,12 @@ func TestGuardStateMachine(t *testing.T) {
 	for range guardThreshold - 1 {
 		_ = call(errDial)
 	}
-	state(affinity.GuardClosed)
+	state(bindings.GuardClosed)
 	if h := g.health(); h.Failures != guardThreshold-1 || !strings.Contains(h.LastError, "connection refused") {
 		t.Fatalf("health after %d failures: %+v", guardThreshold-1, h)
 	}
 	_ = call(nil)
-	if h := g.health(); h.Failures != 0 || h.State != affinity.GuardClosed {
+	if h := g.health(); h.Failures != 0 || h.State != bindings.GuardClosed {
 		t.Fatalf("health after a success: %+v", h)
 	}
 
@@ -94,10 +94,10 @@ func TestGuardStateMachine(t *testing.T) {
 	for range guardThreshold {
 		_ = call(fmt.Errorf("read: %w (password hunter2)", context.DeadlineExceeded))
 	}
-	state(affinity.GuardOpen)
+	state(bindings.GuardOpen)
 	opened := clock.now()
 	g.done(late, nil)
-	state(affinity.GuardOpen)
+	state(bindings.GuardOpen)
 	h := g.health()
 	if h.Failures != guardThreshold || h.Opens != 1 || !h.Since.Equal(opened) || strings.Contains(h.LastError, "hunter2") {
 		t.Fatalf("health when opened: %+v", h)
@@ -129,12 +129,12 @@ func TestGuardStateMachine(t *testing.T) {
 		if err != nil {
 			t.Fatalf("probe %d after %v: %v", i, cooldown, err)
 		}
-		state(affinity.GuardHalfOpen)
+		state(bindings.GuardHalfOpen)
 		if _, err := g.admit(); !errors.Is(err, ErrGuardOpen) {
 			t.Fatalf("second call while the probe is out: %v", err)
 		}
 		g.done(probe, io.EOF)
-		state(affinity.GuardOpen)
+		state(bindings.GuardOpen)
 	}
 	if h := g.health(); h.Opens != 1 || !h.Since.Equal(opened) || h.Failures != guardThreshold+5 {
 		t.Fatalf("reopenings changed Opens or Since, or failures miscounted: %+v", h)
@@ -147,7 +147,7 @@ func TestGuardStateMachine(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.done(probe, context.Canceled)
-	state(affinity.GuardOpen)
+	state(bindings.GuardOpen)
 	probe, err = g.admit()
 	if err != nil {
 		t.Fatalf("no probe after an inconclusive one: %v", err)
@@ -155,14 +155,14 @@ func TestGuardStateMachine(t *testing.T) {
 
 	// A probe that succeeds closes the guard and resets the cooldown.
 	g.done(probe, goredis.Nil)
-	state(affinity.GuardClosed)
+	state(bindings.GuardClosed)
 	if h := g.health(); h.Failures != 0 || !h.Since.Equal(clock.now()) || h.LastError == "" {
 		t.Fatalf("health after recovery: %+v", h)
 	}
 	for range guardThreshold {
 		_ = call(errDial)
 	}
-	state(affinity.GuardOpen)
+	state(bindings.GuardOpen)
 	clock.advance(guardCooldown)
 	if _, err := g.admit(); err != nil {
 		t.Fatalf("cooldown not reset after recovery: %v", err)
@@ -194,12 +194,12 @@ func TestGuardConcurrent(t *testing.T) {
 		wg.Wait()
 	}
 	run(errDial)
-	if h := g.health(); h.State != affinity.GuardOpen || h.Opens != 1 {
+	if h := g.health(); h.State != bindings.GuardOpen || h.Opens != 1 {
 		t.Fatalf("after concurrent failures: %+v", h)
 	}
 	clock.advance(guardCooldown)
 	run(nil)
-	if h := g.health(); h.State != affinity.GuardClosed || h.Opens != 1 {
+	if h := g.health(); h.State != bindings.GuardClosed || h.Opens != 1 {
 		t.Fatalf("after concurrent successes: %+v", h)
 	}
 	if n := g.probes.Load(); n != 1 {
@@ -230,7 +230,7 @@ func TestGuardClassifiesReplies(t *testing.T) {
 			t.Fatalf("GET missing: %v", err)
 		}
 	}
-	if h := s.Health(); h.State != affinity.GuardClosed || h.Failures != 0 {
+	if h := s.Health(); h.State != bindings.GuardClosed || h.Failures != 0 {
 		t.Fatalf("answers opened the guard: %+v", h)
 	}
 	for i, msg := range []string{"LOADING Redis is loading", "CLUSTERDOWN The cluster is down", "TRYAGAIN Multiple keys request during rehashing of slot", "BUSY Redis is busy", "MASTERDOWN Link down"} {
@@ -239,7 +239,7 @@ func TestGuardClassifiesReplies(t *testing.T) {
 			t.Fatalf("%s (%v): failures %d, want %d", msg, err, h.Failures, i+1)
 		}
 	}
-	if h := s.Health(); h.State != affinity.GuardOpen || !strings.Contains(h.LastError, "MASTERDOWN") {
+	if h := s.Health(); h.State != bindings.GuardOpen || !strings.Contains(h.LastError, "MASTERDOWN") {
 		t.Fatalf("after %d unavailable replies: %+v", guardThreshold, h)
 	}
 }
@@ -250,9 +250,9 @@ type callResult struct {
 	err  error
 }
 
-func getOrBind(t *testing.T, s *Store, key, instance string) (affinity.Result, callResult) {
+func getOrBind(t *testing.T, s *Store, key, instance string) (bindings.Result, callResult) {
 	t.Helper()
-	l := affinity.Lookup{Key: key, Candidate: affinity.Binding{Instance: instance, Since: time.Now()}, Lifetime: affinity.Lifetime{Idle: time.Minute}}
+	l := bindings.Lookup{Key: key, Candidate: bindings.Binding{Instance: instance, Since: time.Now()}, Lifetime: bindings.Lifetime{Idle: time.Minute}}
 	start := time.Now()
 	r, err := s.GetOrBind(t.Context(), l)
 	return r, callResult{took: time.Since(start), err: err}
@@ -260,7 +260,7 @@ func getOrBind(t *testing.T, s *Store, key, instance string) (affinity.Result, c
 
 // eventually calls GetOrBind until it succeeds (a 10 ms timeout can miss
 // on a loaded machine) and returns the result and how long it took.
-func eventually(t *testing.T, s *Store, key, instance string, within time.Duration) (affinity.Result, time.Duration) {
+func eventually(t *testing.T, s *Store, key, instance string, within time.Duration) (bindings.Result, time.Duration) {
 	t.Helper()
 	start := time.Now()
 	for {
@@ -287,7 +287,7 @@ func failUntilOpen(t *testing.T, s *Store) []callResult {
 			t.Errorf("guard opened after %d failed GetOrBinds, health %+v; want it open after %d failures", len(calls), h, guardThreshold)
 		}
 	}()
-	for s.Health().State == affinity.GuardClosed {
+	for s.Health().State == bindings.GuardClosed {
 		if len(calls) == 100 {
 			t.Fatalf("guard still closed after %d calls: %+v", len(calls), s.Health())
 		}
@@ -362,12 +362,12 @@ func TestGuardRedisKilled(t *testing.T) {
 	r.Start() // empty, and without our scripts
 	res, after := eventually(t, s, "k", "b", 20*time.Second)
 	t.Logf("recovered %v after the restart", after)
-	if res.Outcome != affinity.Created {
+	if res.Origin != bindings.Created {
 		t.Errorf("first call after the restart: %+v, want created (the restarted server is empty)", res)
 	}
 	// Not Failures: the bind's index write, a call of its own, can miss
 	// the 10 ms on a loaded machine just after the restart.
-	if h := s.Health(); h.State != affinity.GuardClosed || h.Opens != 1 {
+	if h := s.Health(); h.State != bindings.GuardClosed || h.Opens != 1 {
 		t.Errorf("health after recovery: %+v", h)
 	}
 	if diff := cmp.Diff([]bool{false, true, false}, ch.list()); diff != "" {
@@ -450,10 +450,10 @@ func TestGuardRedisStalled(t *testing.T) {
 	once.Do(cont)
 	res, after := eventually(t, s, "k", "b", 20*time.Second)
 	t.Logf("recovered %v after SIGCONT", after)
-	if res.Outcome != affinity.Found || res.Binding.Instance != "a" {
+	if res.Origin != bindings.Found || res.Binding.Instance != "a" {
 		t.Errorf("after the stall: %+v, want the binding to a made before it", res)
 	}
-	if h := s.Health(); h.State != affinity.GuardClosed || h.Opens != 1 {
+	if h := s.Health(); h.State != bindings.GuardClosed || h.Opens != 1 {
 		t.Errorf("health after recovery: %+v", h)
 	}
 }
@@ -479,7 +479,7 @@ func TestOpenWithoutRedis(t *testing.T) {
 	if took > startTimeout+time.Second {
 		t.Errorf("Open took %v, want at most about %v", took, startTimeout)
 	}
-	if h.State != affinity.GuardOpen || h.Opens != 1 || h.LastError == "" {
+	if h.State != bindings.GuardOpen || h.Opens != 1 || h.LastError == "" {
 		t.Errorf("health after Open without Redis: %+v", h)
 	}
 	if _, c := getOrBind(t, s, "k", "a"); !errors.Is(c.err, ErrGuardOpen) {
@@ -489,10 +489,10 @@ func TestOpenWithoutRedis(t *testing.T) {
 	r.Start()
 	res, after := eventually(t, s, "k", "a", 20*time.Second)
 	t.Logf("store usable %v after the server started", after)
-	if res.Outcome != affinity.Created {
+	if res.Origin != bindings.Created {
 		t.Errorf("first GetOrBind: %+v, want created", res)
 	}
-	if res, c := getOrBind(t, s, "k", "b"); c.err != nil || res.Outcome != affinity.Found || res.Binding.Instance != "a" {
+	if res, c := getOrBind(t, s, "k", "b"); c.err != nil || res.Origin != bindings.Found || res.Binding.Instance != "a" {
 		t.Errorf("second GetOrBind: %+v, %v; want found on a", res, c.err)
 	}
 	if diff := cmp.Diff([]bool{true, false}, ch.list()); diff != "" {
@@ -525,7 +525,7 @@ func TestOpenUnreachable(t *testing.T) {
 			if took > startTimeout+2*time.Second {
 				t.Errorf("Open took %v, want about %v at most", took, startTimeout)
 			}
-			if h.State != affinity.GuardOpen || h.LastError == "" || strings.Contains(h.LastError, secret) {
+			if h.State != bindings.GuardOpen || h.LastError == "" || strings.Contains(h.LastError, secret) {
 				t.Errorf("health %+v: want open, with an error that does not show the password", h)
 			}
 			if err := s.Ping(t.Context()); !errors.Is(err, ErrGuardOpen) || strings.Contains(err.Error(), secret) {

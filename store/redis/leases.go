@@ -6,8 +6,7 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/replicas"
 )
 
 // The lease scripts. Like the circuit scripts they are not loaded by New:
@@ -44,7 +43,7 @@ func (s *Store) leaseKey(name string) string { return s.fleet + "lease:" + name 
 // Lease implements affinity.Leases in one EVALSHA; the lease runs for ttl
 // by Redis's clock (now is not used).
 func (s *Store) Lease(ctx context.Context, name, holder string, ttl time.Duration, _ time.Time) (bool, error) {
-	if err := affinity.CheckLease(name, holder, ttl); err != nil {
+	if err := replicas.CheckLease(name, holder, ttl); err != nil {
 		return false, fmt.Errorf("redis lease: %w", err)
 	}
 	ctx, cancel := s.opContext(ctx)
@@ -63,7 +62,7 @@ func (s *Store) Lease(ctx context.Context, name, holder string, ttl time.Duratio
 
 // Release implements affinity.Leases in one EVALSHA.
 func (s *Store) Release(ctx context.Context, name, holder string) error {
-	if err := affinity.CheckLease(name, holder, time.Second); err != nil {
+	if err := replicas.CheckLease(name, holder, time.Second); err != nil {
 		return fmt.Errorf("redis release: %w", err)
 	}
 	ctx, cancel := s.opContext(ctx)

@@ -130,7 +130,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
+	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/replicas"
 )
 
 const (
@@ -148,13 +150,9 @@ const (
 )
 
 var (
-	_ affinity.Store        = (*Store)(nil)
-	_ affinity.SessionIndex = (*Store)(nil)
-	_ affinity.LoadSyncer   = (*Store)(nil)
-	_ affinity.Circuits     = (*Store)(nil)
-	_ affinity.Leases       = (*Store)(nil)
-	_ affinity.Counts       = (*Store)(nil)
-	_ affinity.Checker      = (*Store)(nil)
+	_ replicas.LoadSyncer = (*Store)(nil)
+	_ replicas.Circuits   = (*Store)(nil)
+	_ replicas.Leases     = (*Store)(nil)
 )
 
 // Options tunes a Store. Start from DefaultOptions: the zero value has no
@@ -385,9 +383,9 @@ func (s *Store) drainedKey() string              { return s.fleet + "drained" }
 
 // GetOrBind implements affinity.Store: one EVALSHA on a hit whose refresh
 // is not due (see the package comment for the other cases).
-func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
-	if err := affinity.CheckBinding(l.Candidate, l.Lifetime); err != nil {
-		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
+func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Result, error) {
+	if err := bindings.CheckBinding(l.Candidate, l.Lifetime); err != nil {
+		return bindings.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
 
 	// Nothing is linked until the key is resolved: l.Key may itself be an
@@ -406,7 +404,7 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 	defer cancel()
 	if err := ctx.Err(); err != nil {
 		// go-redis ignores a done context when ContextTimeoutEnabled is off.
-		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
+		return bindings.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
 	now := l.Candidate.Since.UnixMilli()
 	var pending *touch
@@ -417,7 +415,7 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 	}
 	r, err := s.getOrBindOnce(ctx, l, key, true, len(aliases) > 0, pending)
 	if err != nil {
-		return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
+		return bindings.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
 	if r.link != "" {
 		// l.Key is an alias: it is linked again, with the other aliases,
@@ -429,10 +427,10 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 		}
 		r, err = s.getOrBindOnce(ctx, l, key, false, len(aliases) > 0, pending)
 		if err != nil {
-			return affinity.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
+			return bindings.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 		}
 		if r.link != "" {
-			return affinity.Result{}, fmt.Errorf("redis get-or-bind: unexpected alias reply for %q", key)
+			return bindings.Result{}, fmt.Errorf("redis get-or-bind: unexpected alias reply for %q", key)
 		}
 	}
 	if r.links == 0 {
@@ -441,11 +439,11 @@ func (s *Store) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Resu
 	if r.index != 0 || len(aliases) > 0 {
 		s.refresh(ctx, key, r.b.Instance, r.prevInstance, now, r.index, aliases, r.links)
 	}
-	res := affinity.Result{Key: key, Binding: r.b, Outcome: r.out, Requests: r.requests}
+	res := bindings.Result{Key: key, Binding: r.b, Origin: r.out, Requests: r.requests}
 	switch r.out {
-	case affinity.Found:
+	case bindings.Found:
 		res.Move = r.move
-	case affinity.Renewed:
+	case bindings.Renewed:
 		res.Previous = r.prev
 	}
 	if s.cache != nil {
@@ -475,7 +473,7 @@ func aliasesOf(aliases []string, key string) []string {
 // the request has alias links to write when they are due.
 // A pending write back of key's cached hits is sent before it, in one
 // pipeline.
-func (s *Store) getOrBindOnce(ctx context.Context, l affinity.Lookup, key string, follow, hasLinks bool, pending *touch) (bindReply, error) {
+func (s *Store) getOrBindOnce(ctx context.Context, l bindings.Lookup, key string, follow, hasLinks bool, pending *touch) (bindReply, error) {
 	now, idle := l.Candidate.Since.UnixMilli(), l.Lifetime.Idle
 	c := &scriptCall{
 		sc:   s.getOrBind,
@@ -497,14 +495,14 @@ func (s *Store) getOrBindOnce(ctx context.Context, l affinity.Lookup, key string
 
 // Replace implements affinity.Store: one EVALSHA, plus the index script
 // when the session moved (or its index entry is due for a refresh).
-func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Binding, lt affinity.Lifetime) (affinity.Binding, error) {
-	if err := affinity.CheckBinding(next, lt); err != nil {
-		return affinity.Binding{}, fmt.Errorf("redis replace: %w", err)
+func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Binding, lt bindings.Lifetime) (bindings.Binding, error) {
+	if err := bindings.CheckBinding(next, lt); err != nil {
+		return bindings.Binding{}, fmt.Errorf("redis replace: %w", err)
 	}
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
-		return affinity.Binding{}, fmt.Errorf("redis replace: %w", err)
+		return bindings.Binding{}, fmt.Errorf("redis replace: %w", err)
 	}
 	now := next.Since.UnixMilli()
 	c := &scriptCall{sc: s.replace, keys: []string{s.bindingKey(key)},
@@ -526,11 +524,11 @@ func (s *Store) Replace(ctx context.Context, key, old string, next affinity.Bind
 	}
 	res, err := c.cmd.Slice()
 	if err != nil {
-		return affinity.Binding{}, fmt.Errorf("redis replace: %w", err)
+		return bindings.Binding{}, fmt.Errorf("redis replace: %w", err)
 	}
 	r, err := parseReplaceReply(res)
 	if err != nil {
-		return affinity.Binding{}, fmt.Errorf("redis replace: %w", err)
+		return bindings.Binding{}, fmt.Errorf("redis replace: %w", err)
 	}
 	if r.index != 0 {
 		s.refresh(ctx, key, r.b.Instance, r.prev, now, r.index, nil, 0)
@@ -595,11 +593,11 @@ func (s *Store) indexError(err error) {
 
 // Show implements affinity.SessionIndex: one round trip, two when key is
 // an alias. It refreshes nothing.
-func (s *Store) Show(ctx context.Context, key string, _ time.Time) (affinity.Session, bool, error) {
+func (s *Store) Show(ctx context.Context, key string, _ time.Time) (bindings.Session, bool, error) {
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
-		return affinity.Session{}, false, fmt.Errorf("redis show: %w", err)
+		return bindings.Session{}, false, fmt.Errorf("redis show: %w", err)
 	}
 	s.flushCache(ctx)
 	sess, link, ok, err := s.showOnce(ctx, key, true)
@@ -611,22 +609,22 @@ func (s *Store) Show(ctx context.Context, key string, _ time.Time) (affinity.Ses
 		}
 	}
 	if err != nil {
-		return affinity.Session{}, false, fmt.Errorf("redis show: %w", err)
+		return bindings.Session{}, false, fmt.Errorf("redis show: %w", err)
 	}
 	if !ok {
-		return affinity.Session{}, false, nil
+		return bindings.Session{}, false, nil
 	}
 	sess.Key = key
 	return sess, true, nil
 }
 
 // showOnce runs the show script on key.
-func (s *Store) showOnce(ctx context.Context, key string, follow bool) (sess affinity.Session, link string, ok bool, err error) {
+func (s *Store) showOnce(ctx context.Context, key string, follow bool) (sess bindings.Session, link string, ok bool, err error) {
 	c := &scriptCall{sc: s.show, keys: []string{s.bindingKey(key), s.linkKey(key)}, args: []any{boolArg(follow)}}
 	s.exec(ctx, []*scriptCall{c}, nil)
 	res, err := c.cmd.Slice()
 	if err != nil {
-		return affinity.Session{}, "", false, err
+		return bindings.Session{}, "", false, err
 	}
 	return parseShowReply(res)
 }
@@ -635,8 +633,8 @@ func (s *Store) showOnce(ctx context.Context, key string, follow bool) (sess aff
 // instance's index, checks (and marks) their bindings in pipelines of
 // markBatch, and prunes the members whose binding is gone or on another
 // instance. Each round trip gets its own Options.Timeout.
-func (s *Store) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move, now time.Time) (marked, remaining int, err error) {
-	if err := affinity.CheckMark(f, m); err != nil {
+func (s *Store) Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move, now time.Time) (marked, remaining int, err error) {
+	if err := bindings.CheckMark(f, m); err != nil {
 		return 0, 0, fmt.Errorf("redis mark: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -719,8 +717,8 @@ func (s *Store) liveMembers(ctx context.Context, idx string, now int64) ([]gored
 // Bound implements affinity.SessionIndex: the live members of the
 // instance's index, then their bindings in pipelines of markBatch. Each
 // round trip gets its own Options.Timeout.
-func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]affinity.Session, error) {
-	if err := affinity.CheckBound(instance, limit); err != nil {
+func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]bindings.Session, error) {
+	if err := bindings.CheckBound(instance, limit); err != nil {
 		return nil, fmt.Errorf("redis bound: %w", err)
 	}
 	s.flushCache(ctx)
@@ -728,7 +726,7 @@ func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.
 	if err != nil {
 		return nil, fmt.Errorf("redis bound: %w", err)
 	}
-	var out []affinity.Session
+	var out []bindings.Session
 	for chunk := range slices.Chunk(zs, markBatch) {
 		calls := make([]*scriptCall, len(chunk))
 		for i, z := range chunk {
@@ -780,14 +778,14 @@ func (s *Store) pruneIndex(ctx context.Context, idx string, zs []goredis.Z) {
 
 // SyncLoad implements affinity.LoadSyncer in one EVALSHA on the {fleet}
 // slot.
-func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances []string, ttl time.Duration, now time.Time) (affinity.LoadState, error) {
-	if err := affinity.CheckReport(r, ttl); err != nil {
-		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
+func (s *Store) SyncLoad(ctx context.Context, r fleet.LoadReport, instances []string, ttl time.Duration, now time.Time) (fleet.LoadState, error) {
+	if err := replicas.CheckReport(r, ttl); err != nil {
+		return fleet.LoadState{}, fmt.Errorf("redis sync load: %w", err)
 	}
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
 	if err := ctx.Err(); err != nil {
-		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
+		return fleet.LoadState{}, fmt.Errorf("redis sync load: %w", err)
 	}
 	keys := make([]string, 0, 3+len(instances))
 	keys = append(keys, s.replicasKey(), s.drainedKey(), s.reportPrefix()+r.Replica)
@@ -809,11 +807,11 @@ func (s *Store) SyncLoad(ctx context.Context, r affinity.LoadReport, instances [
 	s.exec(ctx, []*scriptCall{c}, nil)
 	res, err := c.cmd.Slice()
 	if err != nil {
-		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
+		return fleet.LoadState{}, fmt.Errorf("redis sync load: %w", err)
 	}
 	st, skipped, err := parseLoadReply(res, r, instances)
 	if err != nil {
-		return affinity.LoadState{}, fmt.Errorf("redis sync load: %w", err)
+		return fleet.LoadState{}, fmt.Errorf("redis sync load: %w", err)
 	}
 	if len(skipped) > 0 {
 		// Counted once per sync, so a broken replica cannot flood the hook.

@@ -20,7 +20,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
+	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/store/storetest"
 )
@@ -165,8 +166,8 @@ func TestKeyLayout(t *testing.T) {
 			ctx := t.Context()
 			m, c := miniClient(t)
 			s := newStoreT(t, c, Options{Prefix: tt.prefix})
-			lt := affinity.Lifetime{Idle: 30 * time.Minute}
-			l := affinity.Lookup{Key: "k", Aliases: []string{"t"}, Candidate: affinity.Binding{Instance: "a", Version: "v1", Since: since}, Lifetime: lt}
+			lt := bindings.Lifetime{Idle: 30 * time.Minute}
+			l := bindings.Lookup{Key: "k", Aliases: []string{"t"}, Candidate: bindings.Binding{Instance: "a", Version: "v1", Since: since}, Lifetime: lt}
 			if _, err := s.GetOrBind(ctx, l); err != nil {
 				t.Fatal(err)
 			}
@@ -174,7 +175,7 @@ func TestKeyLayout(t *testing.T) {
 			if _, err := s.GetOrBind(ctx, l); err != nil {
 				t.Fatal(err)
 			}
-			r := affinity.LoadReport{Replica: "r1", InFlight: map[string]int{"a": 1}, Queue: map[string]int{"a": 2}}
+			r := fleet.LoadReport{Replica: "r1", InFlight: map[string]int{"a": 1}, Queue: map[string]int{"a": 2}}
 			if _, err := s.SyncLoad(ctx, r, []string{"a"}, time.Minute, since); err != nil {
 				t.Fatal(err)
 			}
@@ -220,11 +221,11 @@ func TestKeyLayout(t *testing.T) {
 
 func TestDamagedRecords(t *testing.T) {
 	ctx := t.Context()
-	lt := affinity.Lifetime{Idle: time.Minute}
-	cand := affinity.Binding{Instance: "a", Since: since}
+	lt := bindings.Lifetime{Idle: time.Minute}
+	cand := bindings.Binding{Instance: "a", Since: since}
 	m, c := miniClient(t)
 	s := newStoreT(t, c, testOptions)
-	look := func(key string) affinity.Lookup { return affinity.Lookup{Key: key, Candidate: cand, Lifetime: lt} }
+	look := func(key string) bindings.Lookup { return bindings.Lookup{Key: key, Candidate: cand, Lifetime: lt} }
 
 	// A hash without a usable "i" or "s" is replaced, not trusted or fatal.
 	m.HSet("tether:{nos}:b", "i", "x")
@@ -233,7 +234,7 @@ func TestDamagedRecords(t *testing.T) {
 	m.HSet("tether:{noi}:b", "i", "", "s", "1000")
 	for _, key := range []string{"nos", "bads", "floats", "noi"} {
 		r, err := s.GetOrBind(ctx, look(key))
-		if err != nil || r.Outcome != affinity.Created || r.Binding != cand {
+		if err != nil || r.Origin != bindings.Created || r.Binding != cand {
 			t.Errorf("GetOrBind over damaged %q = %+v, %v; want the candidate, created", key, r, err)
 		}
 	}
@@ -244,7 +245,7 @@ func TestDamagedRecords(t *testing.T) {
 		m.HSet("tether:{"+key+"}:b", f, "later")
 		l := look(key)
 		l.Aliases = []string{"alias-" + key}
-		if r, err := s.GetOrBind(ctx, l); err != nil || r.Outcome != affinity.Found || m.HGet("tether:{"+key+"}:b", f) == "later" {
+		if r, err := s.GetOrBind(ctx, l); err != nil || r.Origin != bindings.Found || m.HGet("tether:{"+key+"}:b", f) == "later" {
 			t.Errorf("GetOrBind over a damaged %s = %+v, %v (%s now %q); want found, %s rewritten", f, r, err, f, m.HGet("tether:{"+key+"}:b", f), f)
 		}
 	}
@@ -289,16 +290,16 @@ func TestSyncLoadSkipsBadValues(t *testing.T) {
 	if _, err := m.ZAdd("tether:{fleet}:replicas", float64(since.Add(time.Hour).UnixMilli()), "bad"); err != nil {
 		t.Fatal(err)
 	}
-	st, err := s.SyncLoad(ctx, affinity.LoadReport{Replica: "r", InFlight: map[string]int{"a": 1}}, []string{"a", "b"}, time.Minute, since)
+	st, err := s.SyncLoad(ctx, fleet.LoadReport{Replica: "r", InFlight: map[string]int{"a": 1}}, []string{"a", "b"}, time.Minute, since)
 	if err != nil {
 		t.Fatalf("SyncLoad with a damaged report: %v", err)
 	}
-	want := affinity.LoadState{
+	want := fleet.LoadState{
 		Active:   map[string]int{"a": 0, "b": 0},
 		InFlight: map[string]int{"b": 2},
 		Queue:    map[string]int{"b": 3},
 		Drained:  map[string]bool{"b": true},
-		Engine:   map[string]affinity.EngineReading{},
+		Engine:   map[string]fleet.EngineReading{},
 	}
 	if diff := cmp.Diff(want, st); diff != "" {
 		t.Errorf("SyncLoad (-want +got):\n%s", diff)
@@ -420,12 +421,12 @@ func TestParseReplies(t *testing.T) {
 		{"engine readings damaged", with(good, 1, []any{"r2", []any{"e:a", "{", "e:b", `{"W":-1,"At":5}`, "e:a", `{"W":1,"KV":1.5,"At":5}`, "e:a", `{"W":1,"At":0}`}}), false, 4},
 	}
 	for _, tt := range load {
-		st, skipped, err := parseLoadReply(tt.res, affinity.LoadReport{Replica: "r1", Queue: map[string]int{"a": 1}}, []string{"a"})
+		st, skipped, err := parseLoadReply(tt.res, fleet.LoadReport{Replica: "r1", Queue: map[string]int{"a": 1}}, []string{"a"})
 		if (err != nil) != tt.wantErr || len(skipped) != tt.skipped {
 			t.Errorf("parseLoadReply %s (%v): err = %v, skipped %q; want error: %v, %d skipped", tt.name, tt.res, err, skipped, tt.wantErr, tt.skipped)
 		}
 		if tt.name == "good" {
-			want := affinity.LoadState{Active: map[string]int{"a": 3}, InFlight: map[string]int{"a": 2}, Queue: map[string]int{"a": 4}, Drained: map[string]bool{"a": true}, Engine: map[string]affinity.EngineReading{}}
+			want := fleet.LoadState{Active: map[string]int{"a": 3}, InFlight: map[string]int{"a": 2}, Queue: map[string]int{"a": 4}, Drained: map[string]bool{"a": true}, Engine: map[string]fleet.EngineReading{}}
 			if diff := cmp.Diff(want, st); diff != "" {
 				t.Errorf("parseLoadReply (-want +got):\n%s", diff)
 			}
@@ -474,9 +475,9 @@ func TestIndexErrorsDoNotFailTheDecision(t *testing.T) {
 	if err := m.Set("tether:{fleet}:i:a", "not a zset"); err != nil {
 		t.Fatal(err)
 	}
-	cand := affinity.Binding{Instance: "a", Since: since}
-	r, err := s.GetOrBind(ctx, affinity.Lookup{Key: "k", Candidate: cand, Lifetime: affinity.Lifetime{Idle: time.Minute}})
-	if err != nil || r.Outcome != affinity.Created || r.Binding != cand {
+	cand := bindings.Binding{Instance: "a", Since: since}
+	r, err := s.GetOrBind(ctx, bindings.Lookup{Key: "k", Candidate: cand, Lifetime: bindings.Lifetime{Idle: time.Minute}})
+	if err != nil || r.Origin != bindings.Created || r.Binding != cand {
 		t.Fatalf("GetOrBind with a broken index = %+v, %v; want created", r, err)
 	}
 	if len(got) != 1 || !strings.Contains(got[0].Error(), "redis index") || !strings.Contains(got[0].Error(), "WRONGTYPE") {
@@ -484,7 +485,7 @@ func TestIndexErrorsDoNotFailTheDecision(t *testing.T) {
 	}
 	// Without a hook the error is dropped, and the decision still stands.
 	s2 := newStoreT(t, c, testOptions)
-	if _, err := s2.GetOrBind(ctx, affinity.Lookup{Key: "k2", Candidate: cand, Lifetime: affinity.Lifetime{Idle: time.Minute}}); err != nil {
+	if _, err := s2.GetOrBind(ctx, bindings.Lookup{Key: "k2", Candidate: cand, Lifetime: bindings.Lifetime{Idle: time.Minute}}); err != nil {
 		t.Errorf("GetOrBind without a hook: %v", err)
 	}
 }
@@ -496,8 +497,8 @@ func TestMarkPrunesTheIndex(t *testing.T) {
 	ctx := t.Context()
 	m, c := miniClient(t)
 	s := newStoreT(t, c, testOptions)
-	lt := affinity.Lifetime{Idle: time.Minute}
-	if _, err := s.GetOrBind(ctx, affinity.Lookup{Key: "k", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: lt}); err != nil {
+	lt := bindings.Lifetime{Idle: time.Minute}
+	if _, err := s.GetOrBind(ctx, bindings.Lookup{Key: "k", Candidate: bindings.Binding{Instance: "a", Since: since}, Lifetime: lt}); err != nil {
 		t.Fatal(err)
 	}
 	score := float64(since.Add(time.Hour).UnixMilli())
@@ -511,7 +512,7 @@ func TestMarkPrunesTheIndex(t *testing.T) {
 		marked   int
 		members  []string
 	}{{"b", 0, nil}, {"a", 1, []string{"k"}}} {
-		n, left, err := s.Mark(ctx, affinity.MarkFilter{Instance: tt.instance}, affinity.Move{Off: tt.instance}, since)
+		n, left, err := s.Mark(ctx, bindings.MarkFilter{Instance: tt.instance}, bindings.Move{Off: tt.instance}, since)
 		if err != nil || n != tt.marked || left != 0 {
 			t.Errorf("Mark(%s) = %d, %d, %v; want %d, 0", tt.instance, n, left, err, tt.marked)
 		}
@@ -538,10 +539,10 @@ func TestMarkBatches(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	f := affinity.MarkFilter{Instance: "a", Limit: markBatch + 7}
+	f := bindings.MarkFilter{Instance: "a", Limit: markBatch + 7}
 	total := 0
 	for _, want := range []struct{ marked, left int }{{markBatch + 7, n - markBatch - 7}, {n - markBatch - 7, 0}, {0, 0}} {
-		marked, left, err := s.Mark(ctx, f, affinity.Move{Off: "a"}, since)
+		marked, left, err := s.Mark(ctx, f, bindings.Move{Off: "a"}, since)
 		if err != nil || marked != want.marked || left != want.left {
 			t.Errorf("Mark = %d, %d, %v; want %d, %d", marked, left, err, want.marked, want.left)
 		}
@@ -651,14 +652,14 @@ func TestOneRoundTripPerCall(t *testing.T) {
 		}
 	}
 	hook.take()
-	lt := affinity.Lifetime{Idle: time.Minute, Max: time.Hour}
-	look := func(key string, at time.Duration, aliases ...string) affinity.Lookup {
-		return affinity.Lookup{Key: key, Aliases: aliases, Candidate: affinity.Binding{Instance: "a", Since: since.Add(at)}, Lifetime: lt}
+	lt := bindings.Lifetime{Idle: time.Minute, Max: time.Hour}
+	look := func(key string, at time.Duration, aliases ...string) bindings.Lookup {
+		return bindings.Lookup{Key: key, Aliases: aliases, Candidate: bindings.Binding{Instance: "a", Since: since.Add(at)}, Lifetime: lt}
 	}
-	call := func(l affinity.Lookup, want affinity.Outcome, wantPipelines int64) {
+	call := func(l bindings.Lookup, want bindings.Origin, wantPipelines int64) {
 		t.Helper()
 		res, err := s.GetOrBind(ctx, l)
-		if err != nil || res.Outcome != want {
+		if err != nil || res.Origin != want {
 			t.Fatalf("GetOrBind(%q) = %+v, %v; want %v", l.Key, res, err, want)
 		}
 		if cmds, pipes := hook.take(); cmds+pipes != wantPipelines {
@@ -679,7 +680,7 @@ func TestOneRoundTripPerCall(t *testing.T) {
 	// Binds: the script, then one pipeline with the index entry and the
 	// alias links.
 	for i := range 5 {
-		call(look(strconv.Itoa(i), 0, "t"+strconv.Itoa(i), "u"+strconv.Itoa(i)), affinity.Created, 2)
+		call(look(strconv.Itoa(i), 0, "t"+strconv.Itoa(i), "u"+strconv.Itoa(i)), bindings.Created, 2)
 	}
 
 	// Hits within Idle/4 of the bind: index entry and links are fresh. The
@@ -691,12 +692,12 @@ func TestOneRoundTripPerCall(t *testing.T) {
 	commands(fmt.Sprint(n, " hits"), map[string]int64{"evalsha": n, "get": n, "hmget": n, "pexpire": n, "hincrby": n}, func() {
 		for i := range n {
 			k := strconv.Itoa(i % 5)
-			call(look(k, time.Duration(i)*100*time.Millisecond, "t"+k, "u"+k), affinity.Found, 1)
+			call(look(k, time.Duration(i)*100*time.Millisecond, "t"+k, "u"+k), bindings.Found, 1)
 		}
 	})
 	// An alias that first appears mid-session waits for the next due
 	// refresh: the hit is still one round trip.
-	call(look("0", 2*time.Second, "t0", "u0", "new0"), affinity.Found, 1)
+	call(look("0", 2*time.Second, "t0", "u0", "new0"), bindings.Found, 1)
 
 	// A hit whose refresh is due: the script, then the index entry and the
 	// links, new ones included, in one pipeline.
@@ -708,33 +709,33 @@ func TestOneRoundTripPerCall(t *testing.T) {
 		// replica that cached the alias's own binding must ask again.
 		"publish": 3,
 	}, func() {
-		call(look("0", lt.Idle/4, "t0", "u0", "new0"), affinity.Found, 2)
+		call(look("0", lt.Idle/4, "t0", "u0", "new0"), bindings.Found, 2)
 	})
-	call(look("0", lt.Idle/4+time.Second, "t0", "u0", "new0"), affinity.Found, 1)
-	call(look("new0", lt.Idle/4+time.Second), affinity.Found, 2)
+	call(look("0", lt.Idle/4+time.Second, "t0", "u0", "new0"), bindings.Found, 1)
+	call(look("new0", lt.Idle/4+time.Second), bindings.Found, 2)
 
 	// A key that is an alias: one round trip finds the link (GET), the
 	// second the session; nothing but the count is written while the
 	// session's refresh is not due.
 	commands("an alias hit", map[string]int64{"evalsha": 2, "get": 1, "hmget": 1, "pexpire": 1, "hincrby": 1}, func() {
-		call(look("t1", time.Second, "u1"), affinity.Found, 2)
+		call(look("t1", time.Second, "u1"), bindings.Found, 2)
 	})
 
 	// Replace: one round trip, plus the index when the session moves.
-	if _, err := s.Replace(ctx, "2", "a", affinity.Binding{Instance: "b", Since: since.Add(time.Second)}, lt); err != nil {
+	if _, err := s.Replace(ctx, "2", "a", bindings.Binding{Instance: "b", Since: since.Add(time.Second)}, lt); err != nil {
 		t.Fatal(err)
 	}
 	if cmds, pipes := hook.take(); cmds+pipes != 2 {
 		t.Errorf("moving Replace: %d commands and %d pipelines, want 2 round trips", cmds, pipes)
 	}
-	if _, err := s.Replace(ctx, "2", "a", affinity.Binding{Instance: "c", Since: since.Add(2 * time.Second)}, lt); err != nil {
+	if _, err := s.Replace(ctx, "2", "a", bindings.Binding{Instance: "c", Since: since.Add(2 * time.Second)}, lt); err != nil {
 		t.Fatal(err)
 	}
 	if cmds, pipes := hook.take(); cmds+pipes != 1 {
 		t.Errorf("losing Replace: %d commands and %d pipelines, want 1 round trip", cmds, pipes)
 	}
 	// The moved session keeps its links: no extra round trip for them.
-	call(look("2", 3*time.Second, "t2", "u2"), affinity.Found, 1)
+	call(look("2", 3*time.Second, "t2", "u2"), bindings.Found, 1)
 	if n := indexErrs.Load(); n != 0 {
 		t.Errorf("%d index or link writes failed", n)
 	}
@@ -780,9 +781,9 @@ func TestNoLinkBeforeResolved(t *testing.T) {
 	ctx := t.Context()
 	m, c := miniClient(t)
 	s := newStoreT(t, c, testOptions)
-	lt := affinity.Lifetime{Idle: time.Minute}
-	look := func(key string, at time.Duration, aliases ...string) affinity.Lookup {
-		return affinity.Lookup{Key: key, Aliases: aliases, Candidate: affinity.Binding{Instance: "a", Since: since.Add(at)}, Lifetime: lt}
+	lt := bindings.Lifetime{Idle: time.Minute}
+	look := func(key string, at time.Duration, aliases ...string) bindings.Lookup {
+		return bindings.Lookup{Key: key, Aliases: aliases, Candidate: bindings.Binding{Instance: "a", Since: since.Add(at)}, Lifetime: lt}
 	}
 	if _, err := s.GetOrBind(ctx, look("S", 0, "T")); err != nil {
 		t.Fatal(err)
@@ -799,7 +800,7 @@ func TestNoLinkBeforeResolved(t *testing.T) {
 	}
 	// The next call, due for a refresh, links D (and T again) to S.
 	r, err := s.GetOrBind(ctx, look("T", lt.Idle/2, "D"))
-	if err != nil || r.Key != "S" || r.Outcome != affinity.Found {
+	if err != nil || r.Key != "S" || r.Origin != bindings.Found {
 		t.Fatalf("GetOrBind(T) = %+v, %v; want S found", r, err)
 	}
 	for _, a := range []string{"D", "T"} {
@@ -845,12 +846,12 @@ func TestScriptCacheLoss(t *testing.T) {
 	if err := r.Client().ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	l := affinity.Lookup{Key: "k", Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Minute}}
+	l := bindings.Lookup{Key: "k", Candidate: bindings.Binding{Instance: "a", Since: since}, Lifetime: bindings.Lifetime{Idle: time.Minute}}
 	before := commandCalls(t, r.Client())
-	if res, err := s.GetOrBind(ctx, l); err != nil || res.Outcome != affinity.Created {
+	if res, err := s.GetOrBind(ctx, l); err != nil || res.Origin != bindings.Created {
 		t.Fatalf("GetOrBind after SCRIPT FLUSH = %+v, %v; want created", res, err)
 	}
-	if res, err := s.GetOrBind(ctx, l); err != nil || res.Outcome != affinity.Found {
+	if res, err := s.GetOrBind(ctx, l); err != nil || res.Origin != bindings.Found {
 		t.Fatalf("second GetOrBind = %+v, %v; want found", res, err)
 	}
 	// The bind: EVALSHA refused, EVAL; its index write: the same. The hit:
@@ -864,7 +865,7 @@ func TestScriptCacheLoss(t *testing.T) {
 // TestRedisDown: a dead or stalled Redis gives an error within the per-call
 // timeout, and the store recovers by itself when Redis is back.
 func TestRedisDown(t *testing.T) {
-	l := affinity.Lookup{Key: "k", Aliases: []string{"t"}, Candidate: affinity.Binding{Instance: "a", Since: since}, Lifetime: affinity.Lifetime{Idle: time.Minute}}
+	l := bindings.Lookup{Key: "k", Aliases: []string{"t"}, Candidate: bindings.Binding{Instance: "a", Since: since}, Lifetime: bindings.Lifetime{Idle: time.Minute}}
 	// Generous against the 10 ms default timeout: the point is "not a hang".
 	const prompt = time.Second
 

@@ -7,7 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
+	"github.com/tetherproxy/tether/fleet"
 )
 
 // The parsers below decode script replies without trusting their shape: a
@@ -16,10 +17,10 @@ import (
 // bindReply is a decoded getOrBindSrc reply.
 type bindReply struct {
 	link string // the key is an alias of this session key; nothing else is set
-	out  affinity.Outcome
-	b    affinity.Binding
-	move affinity.Move
-	prev affinity.Binding // the binding a renewal replaced (zero otherwise)
+	out  bindings.Origin
+	b    bindings.Binding
+	move bindings.Move
+	prev bindings.Binding // the binding a renewal replaced (zero otherwise)
 	// prevInstance is the instance a bind replaced, damaged records
 	// included ("" if none): the index entry leaves its index.
 	prevInstance string
@@ -45,7 +46,7 @@ func parseBindReply(res []any) (bindReply, error) {
 		return bad()
 	}
 	out, ok := res[0].(int64)
-	if !ok || out < int64(affinity.Found) || out > int64(affinity.Renewed) {
+	if !ok || out < int64(bindings.Found) || out > int64(bindings.Renewed) {
 		return bad()
 	}
 	var str [12]string
@@ -59,8 +60,8 @@ func parseBindReply(res []any) (bindReply, error) {
 		return bad()
 	}
 	b.Failovers = failovers(str[10])
-	r := bindReply{out: affinity.Outcome(out), b: b, move: affinity.Move{Version: str[3], Off: str[4]}, prevInstance: str[5]}
-	if r.out == affinity.Renewed {
+	r := bindReply{out: bindings.Origin(out), b: b, move: bindings.Move{Version: str[3], Off: str[4]}, prevInstance: str[5]}
+	if r.out == bindings.Renewed {
 		if r.prev, ok = binding(str[5], str[6], str[7]); !ok {
 			return bad()
 		}
@@ -72,7 +73,7 @@ func parseBindReply(res []any) (bindReply, error) {
 	if r.links, ok = expiry(str[9]); !ok {
 		return bad()
 	}
-	if r.out != affinity.Found && r.index == 0 {
+	if r.out != bindings.Found && r.index == 0 {
 		return bad() // a bind always writes the index
 	}
 	n, ok := res[13].(int64)
@@ -94,7 +95,7 @@ func parseBindReply(res []any) (bindReply, error) {
 
 // replaceReply is a decoded replaceSrc reply.
 type replaceReply struct {
-	b     affinity.Binding
+	b     bindings.Binding
 	index int64 // as in bindReply
 	prev  string
 }
@@ -135,19 +136,19 @@ func expiry(v string) (int64, bool) {
 
 // parseShowReply decodes a showSrc reply: the linked key, or the session
 // (ok false when there is none).
-func parseShowReply(res []any) (s affinity.Session, link string, ok bool, err error) {
+func parseShowReply(res []any) (s bindings.Session, link string, ok bool, err error) {
 	bad := fmt.Errorf("unexpected show reply %v", res)
 	if len(res) == 0 {
-		return affinity.Session{}, "", false, bad
+		return bindings.Session{}, "", false, bad
 	}
 	code, isInt := res[0].(int64)
 	switch {
 	case !isInt:
 	case code == 2 && len(res) == 1:
-		return affinity.Session{}, "", false, nil
+		return bindings.Session{}, "", false, nil
 	case code == 0 && len(res) == 2:
 		if to, isStr := res[1].(string); isStr && to != "" {
-			return affinity.Session{}, to, false, nil
+			return bindings.Session{}, to, false, nil
 		}
 	case code == 1 && len(res) == 8:
 		str, ok1 := strings5(res[1:6])
@@ -156,14 +157,14 @@ func parseShowReply(res []any) (s affinity.Session, link string, ok bool, err er
 		f, ok4 := res[7].(string)
 		b.Failovers = failovers(f)
 		if ok1 && ok2 && ok3 && ok4 {
-			return affinity.Session{
+			return bindings.Session{
 				Binding: b,
-				Move:    affinity.Move{Version: str[3], Off: str[4]},
+				Move:    bindings.Move{Version: str[3], Off: str[4]},
 				TTL:     time.Duration(max(pttl, 0)) * time.Millisecond,
 			}, "", true, nil
 		}
 	}
-	return affinity.Session{}, "", false, bad
+	return bindings.Session{}, "", false, bad
 }
 
 // parseLoadReply decodes a syncLoadSrc reply into the load of instances,
@@ -171,10 +172,10 @@ func parseShowReply(res []any) (s affinity.Session, link string, ok bool, err er
 // report value that is not an integer (another replica's bug, a damaged
 // key) is skipped and described in skipped, so that one bad field does
 // not stop every replica's load sync.
-func parseLoadReply(res []any, r affinity.LoadReport, instances []string) (st affinity.LoadState, skipped []string, err error) {
-	st = affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]affinity.EngineReading{}}
-	bad := func(what string) (affinity.LoadState, []string, error) {
-		return affinity.LoadState{}, nil, fmt.Errorf("unexpected sync-load reply (%s): %v", what, res)
+func parseLoadReply(res []any, r fleet.LoadReport, instances []string) (st fleet.LoadState, skipped []string, err error) {
+	st = fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]fleet.EngineReading{}}
+	bad := func(what string) (fleet.LoadState, []string, error) {
+		return fleet.LoadState{}, nil, fmt.Errorf("unexpected sync-load reply (%s): %v", what, res)
 	}
 	if len(res) != 3 {
 		return bad("length")
@@ -272,19 +273,19 @@ func strings5(v []any) ([5]string, bool) {
 // damaged value counts as 0 rather than failing the request.
 func failovers(v string) int {
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 || n > affinity.MaxFailovers {
+	if err != nil || n < 0 || n > bindings.MaxFailovers {
 		return 0
 	}
 	return n
 }
 
 // binding builds a Binding from stored fields; since is unix milliseconds.
-func binding(instance, since, version string) (affinity.Binding, bool) {
+func binding(instance, since, version string) (bindings.Binding, bool) {
 	ms, err := strconv.ParseInt(since, 10, 64)
 	if err != nil || instance == "" {
-		return affinity.Binding{}, false
+		return bindings.Binding{}, false
 	}
-	return affinity.Binding{Instance: instance, Version: version, Since: time.UnixMilli(ms)}, true
+	return bindings.Binding{Instance: instance, Version: version, Since: time.UnixMilli(ms)}, true
 }
 
 // wireReading is an engine reading as a report field holds it (JSON, short
@@ -298,7 +299,7 @@ type wireReading struct {
 	At         int64    // Unix milliseconds
 }
 
-func encodeReading(e affinity.EngineReading) string {
+func encodeReading(e fleet.EngineReading) string {
 	w := wireReading{W: e.Waiting, R: e.Running, P: e.Preemptions, At: e.At.UnixMilli()}
 	if e.KVKnown {
 		w.KV = &e.KVUsage
@@ -315,12 +316,12 @@ func encodeReading(e affinity.EngineReading) string {
 
 // decodeReading reads a report field back; one that is not a reading with
 // sane values (another replica's bug, a damaged key) is an error.
-func decodeReading(s string) (affinity.EngineReading, error) {
+func decodeReading(s string) (fleet.EngineReading, error) {
 	var w wireReading
 	if err := json.Unmarshal([]byte(s), &w); err != nil {
-		return affinity.EngineReading{}, fmt.Errorf("not an engine reading: %w", err)
+		return fleet.EngineReading{}, fmt.Errorf("not an engine reading: %w", err)
 	}
-	e := affinity.EngineReading{Waiting: w.W, Running: w.R, Preemptions: w.P, At: time.UnixMilli(w.At)}
+	e := fleet.EngineReading{Waiting: w.W, Running: w.R, Preemptions: w.P, At: time.UnixMilli(w.At)}
 	if w.KV != nil {
 		e.KVUsage, e.KVKnown = *w.KV, true
 	}
@@ -332,7 +333,7 @@ func decodeReading(s string) (affinity.EngineReading, error) {
 	}
 	if e.Waiting < 0 || e.Running < 0 || e.KVUsage < 0 || e.KVUsage > 1 || e.PrefixHits < 0 || e.PrefixQueries < 0 ||
 		e.Preemptions < 0 || e.HitRate < 0 || e.QueryRate < 0 || e.PreemptionRate < 0 || w.At <= 0 {
-		return affinity.EngineReading{}, fmt.Errorf("engine reading out of range: %s", s)
+		return fleet.EngineReading{}, fmt.Errorf("engine reading out of range: %s", s)
 	}
 	return e, nil
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/internal/testenv"
 )
 
@@ -22,10 +22,10 @@ func TestRequestsRedisServer(t *testing.T) {
 	opts := testOptions
 	opts.Prefix = "requests:"
 	s := newStoreT(t, r.Client(), opts)
-	lt := affinity.Lifetime{Idle: time.Minute}
+	lt := bindings.Lifetime{Idle: time.Minute}
 	use := func(key string, want int) {
 		t.Helper()
-		res, err := s.GetOrBind(ctx, affinity.Lookup{Key: key, Candidate: affinity.Binding{Instance: "a", Since: time.Now()}, Lifetime: lt})
+		res, err := s.GetOrBind(ctx, bindings.Lookup{Key: key, Candidate: bindings.Binding{Instance: "a", Since: time.Now()}, Lifetime: lt})
 		if err != nil || res.Requests != want {
 			t.Fatalf("GetOrBind(%q) = %d requests, %v; want %d", key, res.Requests, err, want)
 		}
@@ -80,10 +80,10 @@ func TestRequestsRedisServer(t *testing.T) {
 	read([]string{"old", "bad", "huge"}, []int{1, 1, 2})
 
 	// A replace keeps the count; over no binding it has none to keep.
-	if _, err := s.Replace(ctx, "k2", "a", affinity.Binding{Instance: "b", Since: time.Now()}, lt); err != nil {
+	if _, err := s.Replace(ctx, "k2", "a", bindings.Binding{Instance: "b", Since: time.Now()}, lt); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Replace(ctx, "fresh", "a", affinity.Binding{Instance: "b", Since: time.Now()}, lt); err != nil {
+	if _, err := s.Replace(ctx, "fresh", "a", bindings.Binding{Instance: "b", Since: time.Now()}, lt); err != nil {
 		t.Fatal(err)
 	}
 	read([]string{"k2", "fresh"}, []int{3, 0})

@@ -48,7 +48,7 @@ package redis
 // (nothing is written), otherwise {outcome, instance, since, version,
 // move-to-version, move-off, previous instance, previous since, previous
 // version, index expiry, link expiry, failovers, previous failovers,
-// requests, index written, index expiry now, links expiry now}: outcome is affinity.Outcome (1 found, 2 created, 3 renewed);
+// requests, index written, index expiry now, links expiry now}: outcome is affinity.Origin (1 found, 2 created, 3 renewed);
 // requests is the count n with this request (an integer, the other
 // fields are strings); the previous fields are the binding a bind
 // replaced (empty if none; a created binding may replace a damaged record's

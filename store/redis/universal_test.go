@@ -10,7 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/internal/testenv"
 )
 
@@ -108,16 +108,16 @@ func getOrBindTwice(t *testing.T, s *Store, n int) {
 	t.Helper()
 	ctx := t.Context()
 	now := time.Now()
-	look := func(i int) affinity.Lookup {
-		return affinity.Lookup{
+	look := func(i int) bindings.Lookup {
+		return bindings.Lookup{
 			Key:       fmt.Sprintf("session-%d", i),
-			Candidate: affinity.Binding{Instance: fmt.Sprintf("gpu-%d", i%4), Version: "v1", Since: now},
-			Lifetime:  affinity.Lifetime{Idle: time.Minute},
+			Candidate: bindings.Binding{Instance: fmt.Sprintf("gpu-%d", i%4), Version: "v1", Since: now},
+			Lifetime:  bindings.Lifetime{Idle: time.Minute},
 		}
 	}
 	for i := range n {
 		r, err := s.GetOrBind(ctx, look(i))
-		if err != nil || r.Outcome != affinity.Created {
+		if err != nil || r.Origin != bindings.Created {
 			t.Fatalf("session %d: first GetOrBind = %+v, %v; want created", i, r, err)
 		}
 	}
@@ -126,7 +126,7 @@ func getOrBindTwice(t *testing.T, s *Store, n int) {
 		want := l.Candidate.Instance
 		l.Candidate.Instance = "elsewhere"
 		r, err := s.GetOrBind(ctx, l)
-		if err != nil || r.Outcome != affinity.Found || r.Binding.Instance != want {
+		if err != nil || r.Origin != bindings.Found || r.Binding.Instance != want {
 			t.Fatalf("session %d: second GetOrBind = %+v, %v; want found on %s", i, r, err, want)
 		}
 	}

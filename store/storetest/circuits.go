@@ -6,8 +6,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/replicas"
 )
 
 // breaker is the instance breaker the circuit cases run: more than 3
@@ -144,7 +144,7 @@ var circuitCases = []testCase{
 		}
 		// A day later, less a minute: both are half-open, and "recent" is
 		// probed (and fails).
-		e.skew(affinity.StaleCircuit - time.Minute)
+		e.skew(replicas.StaleCircuit - time.Minute)
 		for i := range 4 {
 			e.fail("r1", "recent", time.Duration(i)*time.Millisecond) // a failed probe: open again
 		}

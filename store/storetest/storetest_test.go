@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/replicas"
 )
 
 // flaws are the ways fakeStore can be wrong, each with the case that must
@@ -108,8 +109,8 @@ func TestFakeStore(t *testing.T) {
 }
 
 type fakeEntry struct {
-	b       affinity.Binding
-	move    affinity.Move
+	b       bindings.Binding
+	move    bindings.Move
 	expires time.Time
 	// "index-last-idle": the index entry is rewritten when written
 	// Idle/4 ago, with the request's idle (the Redis store's old bug).
@@ -133,7 +134,7 @@ type fakeLink struct {
 }
 
 type fakeReport struct {
-	r       affinity.LoadReport
+	r       fleet.LoadReport
 	expires time.Time
 }
 
@@ -165,8 +166,8 @@ func (s *fakeStore) k(key string) string {
 	return key
 }
 
-func (s *fakeStore) bad(b affinity.Binding, lt affinity.Lifetime) bool {
-	return s.flaw != "accept-bad" && affinity.CheckBinding(b, lt) != nil
+func (s *fakeStore) bad(b bindings.Binding, lt bindings.Lifetime) bool {
+	return s.flaw != "accept-bad" && bindings.CheckBinding(b, lt) != nil
 }
 
 func (s *fakeStore) load(key string, now time.Time) (fakeEntry, bool) {
@@ -223,13 +224,13 @@ func (s *fakeStore) link(aliases []string, key string, until time.Time) {
 	}
 }
 
-func (s *fakeStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.Result, error) {
+func (s *fakeStore) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Result, error) {
 	if err := ctx.Err(); err != nil {
-		return affinity.Result{}, err
+		return bindings.Result{}, err
 	}
 	c, lt := l.Candidate, l.Lifetime
 	if s.bad(c, lt) {
-		return affinity.Result{}, errors.New("bad input")
+		return bindings.Result{}, errors.New("bad input")
 	}
 	now := c.Since
 	if s.flaw == "link-unresolved" {
@@ -240,7 +241,7 @@ func (s *fakeStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.
 		s.link(l.Aliases, key, now.Add(lt.Idle))
 	}
 	e, ok := s.load(key, now)
-	out := affinity.Created
+	out := bindings.Created
 	if ok {
 		old := (lt.Max > 0 && now.Sub(e.b.Since) >= lt.Max) || s.flaw == "max-always"
 		if s.flaw == "no-max" {
@@ -256,17 +257,17 @@ func (s *fakeStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.
 					}
 				}
 			}
-			r := affinity.Result{Key: key, Binding: e.b, Outcome: affinity.Found, Move: e.move, Requests: s.use(key, refresh)}
+			r := bindings.Result{Key: key, Binding: e.b, Origin: bindings.Found, Move: e.move, Requests: s.use(key, refresh)}
 			if s.flaw == "found-candidate" {
 				r.Binding = c
 			}
 			return r, nil
 		}
-		out = affinity.Renewed
+		out = bindings.Renewed
 	}
 	s.pause("racy")
 	stored := fakeEntry{b: c, expires: now.Add(lt.Idle), requests: 1}
-	if out == affinity.Renewed && s.flaw != "renew-resets" {
+	if out == bindings.Renewed && s.flaw != "renew-resets" {
 		stored.requests = e.requests + 1
 	}
 	stored.index(now, lt.Idle)
@@ -274,19 +275,19 @@ func (s *fakeStore) GetOrBind(ctx context.Context, l affinity.Lookup) (affinity.
 	if s.flaw == "drop-version" {
 		c.Version = ""
 	}
-	r := affinity.Result{Key: key, Binding: c, Outcome: out, Requests: stored.requests}
-	if out == affinity.Renewed && s.flaw != "no-previous" {
+	r := bindings.Result{Key: key, Binding: c, Origin: out, Requests: stored.requests}
+	if out == bindings.Renewed && s.flaw != "no-previous" {
 		r.Previous = e.b
 	}
 	return r, nil
 }
 
-func (s *fakeStore) Replace(ctx context.Context, key, old string, next affinity.Binding, lt affinity.Lifetime) (affinity.Binding, error) {
+func (s *fakeStore) Replace(ctx context.Context, key, old string, next bindings.Binding, lt bindings.Lifetime) (bindings.Binding, error) {
 	if err := ctx.Err(); err != nil {
-		return affinity.Binding{}, err
+		return bindings.Binding{}, err
 	}
 	if s.bad(next, lt) {
-		return affinity.Binding{}, errors.New("bad input")
+		return bindings.Binding{}, errors.New("bad input")
 	}
 	e, ok := s.load(key, next.Since)
 	if ok && e.b.Instance != old && s.flaw != "replace-always" {
@@ -357,16 +358,16 @@ func (s *fakeStore) Requests(ctx context.Context, keys []string, now time.Time) 
 	return out, nil
 }
 
-func (s *fakeStore) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]affinity.Session, error) {
+func (s *fakeStore) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]bindings.Session, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if affinity.CheckBound(instance, limit) != nil {
+	if bindings.CheckBound(instance, limit) != nil {
 		return nil, errors.New("bad input")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []affinity.Session
+	var out []bindings.Session
 	for _, key := range slices.Sorted(maps.Keys(s.m)) {
 		e := s.m[key]
 		if s.flaw != "bound-stale" && (!s.inIndex(e, now) || e.b.Instance != instance) {
@@ -375,14 +376,14 @@ func (s *fakeStore) Bound(ctx context.Context, instance string, limit int, now t
 		if limit > 0 && len(out) == limit {
 			break
 		}
-		out = append(out, affinity.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)})
+		out = append(out, bindings.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)})
 	}
 	return out, nil
 }
 
-func (s *fakeStore) Show(ctx context.Context, key string, now time.Time) (affinity.Session, bool, error) {
+func (s *fakeStore) Show(ctx context.Context, key string, now time.Time) (bindings.Session, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return affinity.Session{}, false, err
+		return bindings.Session{}, false, err
 	}
 	s.mu.Lock()
 	if ln, ok := s.links[key]; ok && now.Before(ln.expires) {
@@ -391,9 +392,9 @@ func (s *fakeStore) Show(ctx context.Context, key string, now time.Time) (affini
 	s.mu.Unlock()
 	e, ok := s.load(key, now)
 	if !ok {
-		return affinity.Session{}, false, nil
+		return bindings.Session{}, false, nil
 	}
-	return affinity.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)}, true, nil
+	return bindings.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)}, true, nil
 }
 
 // instanceOf is the instance key counts for in the index.
@@ -404,7 +405,7 @@ func (s *fakeStore) instanceOf(key string, e fakeEntry) string {
 	return e.b.Instance
 }
 
-func (s *fakeStore) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.Move, now time.Time) (marked, remaining int, err error) {
+func (s *fakeStore) Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move, now time.Time) (marked, remaining int, err error) {
 	if err := ctx.Err(); err != nil {
 		return 0, 0, err
 	}
@@ -429,18 +430,18 @@ func (s *fakeStore) Mark(ctx context.Context, f affinity.MarkFilter, m affinity.
 	return marked, remaining, nil
 }
 
-func (s *fakeStore) SyncLoad(ctx context.Context, r affinity.LoadReport, instances []string, ttl time.Duration, now time.Time) (affinity.LoadState, error) {
+func (s *fakeStore) SyncLoad(ctx context.Context, r fleet.LoadReport, instances []string, ttl time.Duration, now time.Time) (fleet.LoadState, error) {
 	if err := ctx.Err(); err != nil {
-		return affinity.LoadState{}, err
+		return fleet.LoadState{}, err
 	}
 	if r.Replica == "" || ttl <= 0 {
-		return affinity.LoadState{}, errors.New("bad input")
+		return fleet.LoadState{}, errors.New("bad input")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reports[r.Replica] = fakeReport{r: r, expires: now.Add(ttl)}
-	st := affinity.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: maps.Clone(s.drained),
-		Engine: map[string]affinity.EngineReading{}}
+	st := fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: maps.Clone(s.drained),
+		Engine: map[string]fleet.EngineReading{}}
 	for _, in := range instances {
 		st.Active[in] = 0
 		for key, e := range s.m {
@@ -471,7 +472,7 @@ func (s *fakeStore) SyncLoad(ctx context.Context, r affinity.LoadReport, instanc
 }
 
 func (s *fakeStore) Lease(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (bool, error) {
-	if err := affinity.CheckLease(name, holder, ttl); err != nil {
+	if err := replicas.CheckLease(name, holder, ttl); err != nil {
 		return false, err
 	}
 	s.mu.Lock()
@@ -480,7 +481,7 @@ func (s *fakeStore) Lease(ctx context.Context, name, holder string, ttl time.Dur
 	if ok && l.r.Replica != holder && (now.Before(l.expires) || s.flaw == "lease-forever") && s.flaw != "lease-shared" {
 		return false, nil
 	}
-	s.leases[name] = fakeReport{r: affinity.LoadReport{Replica: holder}, expires: now.Add(ttl)}
+	s.leases[name] = fakeReport{r: fleet.LoadReport{Replica: holder}, expires: now.Add(ttl)}
 	return true, nil
 }
 
@@ -514,7 +515,7 @@ func (s *fakeStore) ReportFailure(ctx context.Context, instance string, at time.
 	if err := ctx.Err(); err != nil {
 		return false, time.Time{}, err
 	}
-	if s.flaw != "circuit-accept-bad" && affinity.CheckFailure(instance, member, cfg) != nil {
+	if s.flaw != "circuit-accept-bad" && replicas.CheckFailure(instance, member, cfg) != nil {
 		return false, time.Time{}, errors.New("bad input")
 	}
 	s.mu.Lock()
@@ -583,7 +584,7 @@ func (s *fakeStore) Circuits(ctx context.Context, now time.Time) (map[string]tim
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.flaw != "circuit-stale-kept" {
-		maps.DeleteFunc(s.open, func(_ string, until time.Time) bool { return now.Sub(until) > affinity.StaleCircuit })
+		maps.DeleteFunc(s.open, func(_ string, until time.Time) bool { return now.Sub(until) > replicas.StaleCircuit })
 	}
 	return maps.Clone(s.open), nil
 }

@@ -1,4 +1,4 @@
-package server
+package replicas_test
 
 import (
 	"context"
@@ -12,9 +12,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/metrics"
+	"github.com/tetherproxy/tether/replicas"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
@@ -32,11 +34,12 @@ func startReplica(t *testing.T, ctx context.Context, store *redisstore.Store, fl
 	var br *fleet.Breaker
 	rec := metrics.NewBreaker(reg, func() uint64 { return br.Dropped() })
 	br = fleet.NewBreaker(cfg, nil, rec.Changed)
-	d := affinity.New(store, fl, affinity.Policy{Mode: affinity.Sticky, Lifetime: affinity.Lifetime{Idle: time.Minute}},
-		affinity.WithBreaker(br), affinity.WithLoad(affinity.NewLoad(store, name)))
-	share := &breakerShare{breaker: br, store: store, index: store, mover: d, fleet: fl, replica: name, rec: rec, log: zerolog.Nop()}
+	d := affinity.New(store, fl, affinity.Policy{Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Minute}},
+		affinity.WithBreaker(br), affinity.WithLoad(affinity.NewLoad()))
+	share := &replicas.CircuitShare{Replica: name, Breaker: br, Store: store, Index: store, Mover: d,
+		Known: func(in string) bool { _, ok := fl.Lookup(in); return ok }, Recorder: rec, Log: zerolog.Nop()}
 	done := make(chan struct{})
-	go func() { defer close(done); share.run(ctx) }()
+	go func() { defer close(done); share.Run(ctx) }()
 	t.Cleanup(func() { <-done })
 	return &replicaUnderTest{breaker: br, decider: d}
 }
@@ -73,13 +76,13 @@ func TestReplicasAgreeOnCircuits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a.decider.Finish(dec, affinity.Answer{Answered: true})
+		a.decider.Finish(dec, fleet.Outcome{Answered: true})
 		bound[id.Key] = dec.Instance.Name
 	}
 	// Two failures of z1-0 on each replica: neither opens it alone …
 	for range 2 {
 		for _, r := range []*replicaUnderTest{a, b} {
-			r.breaker.Done("z1-0", fleet.Outcome{Probe: r.breaker.Begin("z1-0"), Answered: true, Failed: true})
+			r.breaker.Done("z1-0", r.breaker.Begin("z1-0"), fleet.Outcome{Answered: true, Failed: true})
 		}
 	}
 	// … but the fleet's count (4 > 3) does, and both replicas keep it out.
@@ -114,7 +117,7 @@ func TestReplicasAgreeOnCircuits(t *testing.T) {
 
 	// After the cooldown, a good probe on b closes the circuit for a too.
 	waitUntil(t, 5*time.Second, "half-open on b", func() bool { return b.breaker.State("z1-0") == fleet.HalfOpen })
-	b.breaker.Done("z1-0", fleet.Outcome{Probe: b.breaker.Begin("z1-0"), Answered: true})
+	b.breaker.Done("z1-0", b.breaker.Begin("z1-0"), fleet.Outcome{Answered: true})
 	waitUntil(t, 5*time.Second, "closed on a", func() bool { return a.breaker.State("z1-0") == fleet.Closed })
 	cancel()
 }

@@ -1,4 +1,4 @@
-package affinity
+package fleet
 
 import "time"
 
@@ -27,4 +27,26 @@ type EngineReading struct {
 	RatesKnown                         bool
 	// At is when the reading was taken, by the scraping replica's clock.
 	At time.Time
+}
+
+// LoadReport is what one tether replica tells the others about the
+// requests it has in flight, the queue depth instances last reported to it
+// and the engines it scrapes.
+type LoadReport struct {
+	Replica  string
+	InFlight map[string]int // instance → requests this replica has in flight to it
+	Queue    map[string]int // instance → queue depth it last reported (absent: none known)
+	// Engine holds the readings of the engines this replica scrapes.
+	Engine map[string]EngineReading
+}
+
+// LoadState is the fleet's load as all replicas see it together.
+type LoadState struct {
+	Active   map[string]int  // instance → active sessions (from the session index)
+	InFlight map[string]int  // instance → requests in flight, summed over the other live replicas
+	Queue    map[string]int  // instance → the highest queue depth any live replica last saw
+	Drained  map[string]bool // instances an operator is draining
+	// Engine is the newest engine reading of each instance any other live
+	// replica reported (absent: none).
+	Engine map[string]EngineReading
 }

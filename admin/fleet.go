@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/reload"
@@ -13,12 +14,13 @@ import (
 )
 
 // Runtime is the configuration in force (reload.Runtime): the fleet API
-// reads it and applies changes through it, as a file change is applied.
+// reads it and changes it through it, as a file change is applied.
 type Runtime interface {
 	Current() config.Config
-	// Apply makes next the configuration in force; an invalid next is
-	// refused with an error that wraps reload.ErrInvalid.
-	Apply(ctx context.Context, next config.Config, source string) (version string, err error)
+	// Edit applies edit to the configuration in force, validates the
+	// result and makes it the configuration in force; one that does not
+	// validate is refused with an error that wraps reload.ErrInvalid.
+	Edit(ctx context.Context, source string, edit func(*config.Config)) (version string, next config.Config, err error)
 }
 
 // FleetChange answers POST /v1/instances and DELETE /v1/instances/{name}:
@@ -56,35 +58,26 @@ func fleetRoutes(mux *http.ServeMux, r Runtime, ads *xds.Server) {
 			writeJSON(w, http.StatusBadRequest, apiError{fmt.Sprintf("instance: %v", err)})
 			return
 		}
-		in.SetDefaults()
-		next := r.Current()
-		next.Instances = append([]config.Instance(nil), next.Instances...)
-		replaced := false
-		for i := range next.Instances {
-			if next.Instances[i].Name == in.Name {
-				next.Instances[i], replaced = in, true
+		respond(w, req, r, func(next *config.Config) {
+			next.Instances = append([]config.Instance(nil), next.Instances...)
+			for i := range next.Instances {
+				if next.Instances[i].Name == in.Name {
+					next.Instances[i] = in
+					return
+				}
 			}
-		}
-		if !replaced {
 			next.Instances = append(next.Instances, in)
-		}
-		respond(w, req, r, next)
+		})
 	})
 	mux.HandleFunc("DELETE /v1/instances/{name}", func(w http.ResponseWriter, req *http.Request) {
 		name := req.PathValue("name")
-		next := r.Current()
-		kept := make([]config.Instance, 0, len(next.Instances))
-		for _, in := range next.Instances {
-			if in.Name != name {
-				kept = append(kept, in)
-			}
-		}
-		if len(kept) == len(next.Instances) {
+		if !slices.ContainsFunc(r.Current().Instances, func(in config.Instance) bool { return in.Name == name }) {
 			writeJSON(w, http.StatusNotFound, apiError{fmt.Sprintf("no instance %q", name)})
 			return
 		}
-		next.Instances = kept
-		respond(w, req, r, next)
+		respond(w, req, r, func(next *config.Config) {
+			next.Instances = slices.DeleteFunc(slices.Clone(next.Instances), func(in config.Instance) bool { return in.Name == name })
+		})
 	})
 	mux.HandleFunc("GET /v1/xds", func(w http.ResponseWriter, _ *http.Request) {
 		if ads == nil {
@@ -95,8 +88,8 @@ func fleetRoutes(mux *http.ServeMux, r Runtime, ads *xds.Server) {
 	})
 }
 
-func respond(w http.ResponseWriter, req *http.Request, r Runtime, next config.Config) {
-	version, err := r.Apply(req.Context(), next, "admin")
+func respond(w http.ResponseWriter, req *http.Request, r Runtime, edit func(*config.Config)) {
+	version, next, err := r.Edit(req.Context(), "admin", edit)
 	switch {
 	case errors.Is(err, reload.ErrInvalid):
 		writeJSON(w, http.StatusBadRequest, apiError{err.Error()})

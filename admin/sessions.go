@@ -14,7 +14,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/tetherproxy/tether/bindings"
-	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
 )
@@ -50,7 +49,7 @@ type SessionOps struct {
 	load    LoadView
 	fleet   *fleet.Fleet
 	ids     *identity.Extractor
-	headers config.Identity
+	headers identity.Config
 	now     func() time.Time
 	log     zerolog.Logger
 }
@@ -99,7 +98,7 @@ type SessionOpsConfig struct {
 	// Identity hashes the identifiers lookup is given, with the header
 	// names of Headers (the configuration's identity section).
 	Identity *identity.Extractor
-	Headers  config.Identity
+	Headers  identity.Config
 	Now      func() time.Time // default time.Now
 	Logger   zerolog.Logger
 }
@@ -296,7 +295,7 @@ type LookupRequest struct {
 }
 
 // headers builds the request headers that carry r's identifier.
-func (r LookupRequest) headers(names config.Identity) (identity.Map, error) {
+func (r LookupRequest) headers(names identity.Config) (identity.Map, error) {
 	given := 0
 	for _, v := range []string{r.SessionID, r.Token, r.DeviceID} {
 		if v != "" {

@@ -33,7 +33,7 @@ type sessionsEnv struct {
 	load     *affinity.Load
 	fleet    *fleet.Fleet
 	ids      *identity.Extractor
-	headers  config.Identity
+	headers  identity.Config
 	loadSync *replicas.LoadSync
 }
 
@@ -55,7 +55,8 @@ func newSessionsEnv(t *testing.T) *sessionsEnv {
 	}
 	// Header names as an operator may write them: the API must hash with
 	// the same ones as the request path.
-	headers := config.Default().Identity
+	id := config.Default().Identity
+	headers := identity.Config{SessionHeader: id.SessionHeader, AuthHeader: id.AuthHeader, DeviceHeader: id.DeviceHeader, UserHeader: id.UserHeader}
 	headers.SessionHeader = "X-Conversation-Id"
 	ids, err := identity.New(identity.Config{
 		SessionHeader: headers.SessionHeader, AuthHeader: headers.AuthHeader,

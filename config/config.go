@@ -19,32 +19,33 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 )
 
 // Config is the whole file.
 type Config struct {
-	Server    Server     `toml:"server"`
-	Redis     Redis      `toml:"redis"`
+	Server    Server     `toml:"server" reload:"restart"`
+	Redis     Redis      `toml:"redis" reload:"restart"`
 	Routing   Routing    `toml:"routing"`
-	Identity  Identity   `toml:"identity"`
+	Identity  Identity   `toml:"identity" reload:"restart"`
 	Instances []Instance `toml:"instances"`
 	// Engines says how tether reads the instances' engines ([engines]).
-	Engines Engines `toml:"engines"`
+	Engines Engines `toml:"engines" reload:"restart"`
 	// Versions split new sessions between model versions ([[versions]]).
 	Versions []Version `toml:"versions"`
 
-	XDS              XDS              `toml:"xds"`
+	XDS              XDS              `toml:"xds" reload:"restart"`
 	Envoy            Envoy            `toml:"envoy"`
 	OutlierDetection OutlierDetection `toml:"outlier_detection"`
 	CircuitBreakers  CircuitBreakers  `toml:"circuit_breakers"`
 
 	// Audit is the routing audit: a record per decision ([audit]).
-	Audit Audit `toml:"audit"`
+	Audit Audit `toml:"audit" reload:"restart"`
 
 	// TLS secures the ext_proc and xDS gRPC servers ([tls]), and says how
 	// the Envoy configuration tether generates connects to them ([tls.envoy]).
-	TLS TLS `toml:"tls"`
+	TLS TLS `toml:"tls" reload:"restart"`
 }
 
 // Default returns a configuration with every default filled in and no
@@ -58,30 +59,77 @@ func Default() Config {
 		Engines:  defaultEngines(),
 		XDS:      defaultXDS(),
 		Envoy:    defaultEnvoy(),
-		Audit:    defaultAudit(),
-		TLS:      defaultTLS(),
+		// Every cluster's outlier detection and circuit breakers; an
+		// instance's own table overrides the keys it sets.
+		OutlierDetection: OutlierDetection{OutlierSettings: defaultOutlier()},
+		CircuitBreakers:  CircuitBreakers{CircuitBreakerSettings: defaultCircuitBreakers()},
+		Audit:            defaultAudit(),
+		TLS:              defaultTLS(),
 	}
 }
 
 // reporter records that key holds the bad value val, and why.
 type reporter func(key string, val any, why string)
 
-// Validate checks every value. It expects defaults to be filled in (Parse
-// and Default do; code that adds an instance calls its SetDefaults).
+// Validate fills in the defaults of each [[instances]] and
+// [[routing.rules]] entry (whose zero values count as left out: an entry
+// starts from zero, not from a default), checks every value, then
+// resolves what the keys leave to be derived (complete), so that what
+// runs reads fields only. A configuration is checked and resolved here,
+// once per load: Parse calls it, and so does code that builds or edits a
+// Config before handing it on. It writes into copies of the instances and
+// rules, never into arrays another Config shares.
 func (c *Config) Validate() error {
+	c.Instances = slices.Clone(c.Instances)
+	for i := range c.Instances {
+		c.Instances[i].setDefaults()
+	}
+	c.Routing.Rules = slices.Clone(c.Routing.Rules)
+	for i := range c.Routing.Rules {
+		c.Routing.Rules[i].setDefaults()
+	}
+	err := c.validate((*Config).validateServer, (*Config).validateRedis, (*Config).validateRouting,
+		(*Config).validateIdentity, (*Config).validateEngines, (*Config).validateInstances,
+		(*Config).validateEnvoy, (*Config).validateAudit, (*Config).validateTLS)
+	if err != nil {
+		return err
+	}
+	c.complete()
+	return nil
+}
+
+// complete fills in, on a valid configuration, what its keys resolve to:
+// each instance's engine (engines.default when it names none) and, for an
+// engine tether scrapes, its metrics URL (http://<address>/metrics when it
+// names none); each rule's compiled regex and parsed window.
+func (c *Config) complete() {
+	for i := range c.Instances {
+		in := &c.Instances[i]
+		in.Engine = c.engineOf(*in)
+		if in.Engine != EngineGeneric && in.MetricsURL == "" {
+			in.MetricsURL = "http://" + in.Address + "/metrics"
+		}
+	}
+	for i := range c.Routing.Rules {
+		r := &c.Routing.Rules[i]
+		r.Pattern, _ = r.compile()
+		r.Window, _ = r.window()
+	}
+}
+
+// validateEnvoyTLS checks [tls] alone: whether a [tls.envoy] edit fits the
+// [tls] tether runs with (Running).
+func (c *Config) validateEnvoyTLS() error { return c.validate((*Config).validateTLS) }
+
+// validate runs the given section checks and joins what they report.
+func (c *Config) validate(sections ...func(*Config, reporter)) error {
 	var errs []error
 	bad := func(key string, val any, why string) {
 		errs = append(errs, fmt.Errorf("%s = %v: %s", key, quote(val), why))
 	}
-	c.validateServer(bad)
-	c.validateRedis(bad)
-	c.validateRouting(bad)
-	c.validateIdentity(bad)
-	c.validateEngines(bad)
-	c.validateInstances(bad)
-	c.validateEnvoy(bad)
-	c.validateAudit(bad)
-	c.validateTLS(bad)
+	for _, check := range sections {
+		check(c, bad)
+	}
 	return errors.Join(errs...)
 }
 

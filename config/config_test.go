@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 const good = `
@@ -27,6 +29,10 @@ name = "a100-2"
 address = "127.0.0.1:8002"
 `
 
+// derived leaves out of a comparison what Validate derives from the keys
+// (a rule's compiled regex and window), which cmp cannot compare.
+var derived = cmpopts.IgnoreFields(Rule{}, "Pattern", "Window")
+
 func TestParseGood(t *testing.T) {
 	c, err := Parse([]byte(good))
 	if err != nil {
@@ -35,7 +41,7 @@ func TestParseGood(t *testing.T) {
 	if c.Routing.MaxStickyDuration.D != 1800*time.Second || c.Routing.IdleTimeout.D != 5*time.Minute {
 		t.Errorf("durations: %v %v", c.Routing.MaxStickyDuration, c.Routing.IdleTimeout)
 	}
-	if !c.Routing.Sticky() || c.Routing.FallbackPolicy != "gradual" {
+	if c.Routing.Mode != ModeSticky || c.Routing.StickyEnabled != 1 || c.Routing.FallbackPolicy != "gradual" {
 		t.Errorf("routing: %+v", c.Routing)
 	}
 	if c.Instances[1].Weight != 1 || c.Instances[1].Version != DefaultVersion {
@@ -51,8 +57,8 @@ func TestStickyDisabled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Routing.Sticky() {
-		t.Fatal("sticky_enabled = 0 must turn sticky routing off")
+	if c.Routing.StickyEnabled != 0 || c.Routing.Mode != ModeSticky {
+		t.Fatalf("sticky_enabled = 0 read as %d (mode %s); plan.Mode makes it random", c.Routing.StickyEnabled, c.Routing.Mode)
 	}
 }
 
@@ -200,21 +206,18 @@ address = "10.0.0.2:1"
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b := c.Outlier("a"), c.Outlier("b")
-	if *a.Consecutive5xx != 9 || *b.Consecutive5xx != 5 || *a.ConsecutiveGatewayFailure != 2 || *b.ConsecutiveGatewayFailure != 2 {
-		t.Errorf("outlier: a 5xx=%d gw=%d, b 5xx=%d gw=%d", *a.Consecutive5xx, *a.ConsecutiveGatewayFailure, *b.Consecutive5xx, *b.ConsecutiveGatewayFailure)
+	// The section's keys the file leaves out keep their defaults; an
+	// instance's table sets only its own keys (plan layers them).
+	o, oa := c.OutlierDetection, c.OutlierDetection.Instances["a"]
+	if *o.ConsecutiveGatewayFailure != 2 || *o.Consecutive5xx != 5 || *o.BaseEjectionTime != Dur(30*time.Second) {
+		t.Errorf("outlier_detection: gw=%d 5xx=%d base=%v", *o.ConsecutiveGatewayFailure, *o.Consecutive5xx, *o.BaseEjectionTime)
 	}
-	if *a.BaseEjectionTime != Dur(30*time.Second) {
-		t.Errorf("unset field did not take the default: %v", *a.BaseEjectionTime)
+	if *oa.Consecutive5xx != 9 || oa.ConsecutiveGatewayFailure != nil {
+		t.Errorf("outlier_detection.instances.a: %+v", oa)
 	}
-	ca, cb := c.Breakers("a"), c.Breakers("b")
-	if *ca.MaxConnections != 7 || *cb.MaxConnections != 256 || *ca.MaxRequests != 100 || *cb.MaxRequests != 100 {
-		t.Errorf("breakers: a conn=%d req=%d, b conn=%d req=%d", *ca.MaxConnections, *ca.MaxRequests, *cb.MaxConnections, *cb.MaxRequests)
-	}
-	// Defaults are copies: changing one result must not change the next.
-	*a.Consecutive5xx = 1
-	if *c.Outlier("a").Consecutive5xx != 9 {
-		t.Error("Outlier returned shared state")
+	b, ba := c.CircuitBreakers, c.CircuitBreakers.Instances["a"]
+	if *b.MaxRequests != 100 || *b.MaxConnections != 256 || *ba.MaxConnections != 7 || ba.MaxRequests != nil {
+		t.Errorf("circuit_breakers: %d %d, instance a %+v", *b.MaxRequests, *b.MaxConnections, ba)
 	}
 }
 

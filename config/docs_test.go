@@ -1,7 +1,6 @@
 package config
 
 import (
-	"encoding"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,8 +9,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-
-	"github.com/BurntSushi/toml"
 )
 
 // docsFile documents every key of the file; TestDocsListEveryKey keeps it
@@ -29,11 +26,6 @@ func (k docKey) String() string {
 	}
 	return k.section + "." + k.key
 }
-
-var (
-	tomlUnmarshaler = reflect.TypeFor[toml.Unmarshaler]()
-	textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
-)
 
 // configKeys walks t's toml tags: a struct field is a table whose keys are
 // listed under their own section, a slice of structs an array of tables
@@ -82,15 +74,6 @@ func deref(t reflect.Type) reflect.Type {
 		t = t.Elem()
 	}
 	return t
-}
-
-// isTable: a struct that does not decode itself.
-func isTable(t reflect.Type) bool {
-	if t.Kind() != reflect.Struct {
-		return false
-	}
-	p := reflect.PointerTo(t)
-	return !p.Implements(tomlUnmarshaler) && !p.Implements(textUnmarshaler)
 }
 
 var (
@@ -294,5 +277,101 @@ func TestDocsCheckerRejects(t *testing.T) {
 				t.Errorf("unknown = %v, want %v", unknown, tc.unknown)
 			}
 		})
+	}
+}
+
+// docMarks reads which keys docs/config.md marks restart-only: every key
+// of a section whose text says "All **restart**", and every key whose
+// table row says **restart**, unless its row says **live**.
+func docMarks(md string) (restart func(k docKey) bool) {
+	all := map[string]bool{}
+	rows := map[string]string{} // section.key → "restart", "live" or ""
+	section, level := "", 0
+	fence := false
+	for _, line := range strings.Split(md, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fence = !fence
+			continue
+		}
+		if fence {
+			continue
+		}
+		if m := heading.FindStringSubmatch(line); m != nil {
+			if s := sectionRef.FindStringSubmatch(m[2]); s != nil {
+				section, level = s[1], len(m[1])
+			} else if len(m[1]) <= level {
+				section, level = "", 0
+			}
+			continue
+		}
+		if section == "" {
+			continue
+		}
+		if !strings.HasPrefix(line, "|") {
+			if strings.Contains(line, "All **restart**") {
+				all[section] = true
+			}
+			continue
+		}
+		cells := strings.Split(line, "|")
+		if len(cells) < 3 {
+			continue
+		}
+		mark := ""
+		switch {
+		case strings.Contains(line, "**restart**"):
+			mark = "restart"
+		case strings.Contains(line, "**live**"):
+			mark = "live"
+		}
+		for _, m := range codeSpan.FindAllStringSubmatch(cells[1], -1) {
+			rows[section+"."+token(m[1])] = mark
+		}
+	}
+	return func(k docKey) bool {
+		switch rows[k.String()] {
+		case "restart":
+			return true
+		case "live":
+			return false
+		}
+		return all[k.section]
+	}
+}
+
+// TestDocsMarkRestartKeys: docs/config.md marks restart-only exactly the
+// keys whose reload tag (or their section's) says so.
+func TestDocsMarkRestartKeys(t *testing.T) {
+	data, err := os.ReadFile(docsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked := docMarks(string(data))
+	restart := map[string]bool{}
+	for _, k := range RestartKeys() {
+		restart[k] = true
+	}
+	for _, k := range configKeys(reflect.TypeFor[Config](), "") {
+		switch want := restart[k.String()]; {
+		case want && !marked(k):
+			t.Errorf("%s does not mark %s **restart** (its reload tag does): mark its row, or its section as All **restart**", docsFile, k)
+		case !want && marked(k):
+			t.Errorf("%s marks %s **restart**, but a running tether applies it live (its reload tag)", docsFile, k)
+		}
+	}
+}
+
+// TestDocMarks: a section's "All **restart**" covers its keys but those
+// whose row says **live**; a row's **restart** marks its key alone.
+func TestDocMarks(t *testing.T) {
+	md := "## [server]\n\nAll **restart**.\n\n| `a` | x |\n| `b` | y **live** |\n\n" +
+		"## [routing]\n\n| `c` | x **restart** |\n| `d` | y |\n\n## Elsewhere\n\nAll **restart**.\n"
+	marked := docMarks(md)
+	for k, want := range map[docKey]bool{
+		{"server", "a"}: true, {"server", "b"}: false, {"routing", "c"}: true, {"routing", "d"}: false,
+	} {
+		if got := marked(k); got != want {
+			t.Errorf("%s: marked %v, want %v", k, got, want)
+		}
 	}
 }

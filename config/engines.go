@@ -13,7 +13,7 @@ type Engines struct {
 	// Default is the engine of instances that name none: "vllm", "sglang"
 	// or "generic" (not scraped: adaptive routing sees only tether's
 	// in-flight counts and the optional response headers).
-	Default string `toml:"default"`
+	Default string `toml:"default" reload:"live"`
 	// ScrapeInterval is how often each instance is scraped; ScrapeTimeout
 	// bounds one scrape.
 	ScrapeInterval Duration `toml:"scrape_interval"`
@@ -76,21 +76,12 @@ func (c *Config) validateEngines(bad reporter) {
 	}
 }
 
-// Engine is the instance's engine: its own, or engines.default.
-func (c *Config) Engine(in Instance) string {
+// engineOf is the instance's engine: its own, or engines.default.
+func (c *Config) engineOf(in Instance) string {
 	if in.Engine != "" {
 		return in.Engine
 	}
 	return c.Engines.Default
-}
-
-// ScrapeURL is where the instance's engine serves its metrics: its
-// metrics_url, or http://<address>/metrics.
-func (in Instance) ScrapeURL() string {
-	if in.MetricsURL != "" {
-		return in.MetricsURL
-	}
-	return "http://" + in.Address + "/metrics"
 }
 
 // checkMetricsURL reports what is wrong with a metrics_url.

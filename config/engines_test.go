@@ -54,13 +54,13 @@ func TestEngineDefaults(t *testing.T) {
 	for i, want := range []struct{ engine, url string }{
 		{"vllm", "http://10.0.0.1:8000/metrics"},
 		{"sglang", "https://b.internal:9000/m"},
-		{"generic", "http://10.0.0.3:8000/metrics"},
+		{"generic", ""}, // not scraped
 	} {
 		in := c.Instances[i]
-		if got := c.Engine(in); got != want.engine {
+		if got := in.Engine; got != want.engine {
 			t.Errorf("instance %s: engine %q, want %q", in.Name, got, want.engine)
 		}
-		if got := in.ScrapeURL(); got != want.url {
+		if got := in.MetricsURL; got != want.url {
 			t.Errorf("instance %s: metrics URL %q, want %q", in.Name, got, want.url)
 		}
 	}

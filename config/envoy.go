@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"strings"
 	"time"
 )
 
@@ -60,10 +61,10 @@ type Envoy struct {
 	OutcomeFlush Duration `toml:"outcome_flush"`
 }
 
-// OutlierSettings are Envoy's outlier detection knobs. A nil field is a key
-// left out, and inherits: built-in defaults (DefaultOutlier) ←
-// [outlier_detection] ← [outlier_detection.instances.NAME]. Outlier gives
-// the settings in force.
+// OutlierSettings are Envoy's outlier detection knobs: [outlier_detection]
+// (every key set: a key the file leaves out keeps its default) and, per
+// instance, [outlier_detection.instances.NAME], whose nil fields are keys
+// left out, which follow [outlier_detection].
 type OutlierSettings struct {
 	Consecutive5xx                     *uint32   `toml:"consecutive_5xx"`
 	EnforcingConsecutive5xx            *uint32   `toml:"enforcing_consecutive_5xx"`
@@ -89,8 +90,8 @@ type OutlierDetection struct {
 	Instances map[string]OutlierSettings `toml:"instances"`
 }
 
-// CircuitBreakerSettings are Envoy's per-cluster thresholds; nil fields
-// inherit as OutlierSettings' do (Breakers).
+// CircuitBreakerSettings are Envoy's per-cluster thresholds; an instance's
+// nil fields follow [circuit_breakers] as OutlierSettings' do.
 type CircuitBreakerSettings struct {
 	MaxConnections     *uint32 `toml:"max_connections"`
 	MaxPendingRequests *uint32 `toml:"max_pending_requests"`
@@ -141,7 +142,7 @@ func dur(d time.Duration) *Duration {
 	return &x
 }
 
-// DefaultOutlier is tuned for LLM traffic: few, slow requests per host.
+// defaultOutlier is tuned for LLM traffic: few, slow requests per host.
 //   - Gateway failures (502/503/504, connect failures, resets) eject after 3
 //     in a row: an overloaded or dead model server answers that way, and each
 //     failed request costs a user seconds.
@@ -154,7 +155,7 @@ func dur(d time.Duration) *Duration {
 //     5 s a web server might need) and is capped at 5 min.
 //   - At most half a cluster is ejected, so a fleet-wide problem (a bad
 //     model rollout) does not empty every cluster at once.
-func DefaultOutlier() OutlierSettings {
+func defaultOutlier() OutlierSettings {
 	return OutlierSettings{
 		Consecutive5xx:                     u32(5),
 		EnforcingConsecutive5xx:            u32(100),
@@ -175,51 +176,16 @@ func DefaultOutlier() OutlierSettings {
 	}
 }
 
-// DefaultCircuitBreakers bound what Envoy sends one instance. Upstreams
+// defaultCircuitBreakers bound what Envoy sends one instance. Upstreams
 // speak HTTP/1.1, so connections are concurrent requests; a model server
 // batches 64–256 sequences, so 256 in flight and 512 queued in Envoy keep
 // a burst from piling unbounded onto one GPU while not refusing normal load.
-func DefaultCircuitBreakers() CircuitBreakerSettings {
+func defaultCircuitBreakers() CircuitBreakerSettings {
 	return CircuitBreakerSettings{
 		MaxConnections:     u32(256),
 		MaxPendingRequests: u32(512),
 		MaxRequests:        u32(256),
 		MaxRetries:         u32(3),
-	}
-}
-
-// Outlier returns the effective settings for instance ("" for pool clusters).
-func (c *Config) Outlier(instance string) OutlierSettings {
-	out := DefaultOutlier()
-	overlay(&out, c.OutlierDetection.OutlierSettings)
-	if o, ok := c.OutlierDetection.Instances[instance]; ok && instance != "" {
-		overlay(&out, o)
-	}
-	return out
-}
-
-// Breakers returns the effective circuit breakers for instance ("" for
-// pool clusters).
-func (c *Config) Breakers(instance string) CircuitBreakerSettings {
-	out := DefaultCircuitBreakers()
-	overlay(&out, c.CircuitBreakers.CircuitBreakerSettings)
-	if o, ok := c.CircuitBreakers.Instances[instance]; ok && instance != "" {
-		overlay(&out, o)
-	}
-	return out
-}
-
-// overlay copies the value of every non-nil pointer field of src onto dst
-// (a struct of pointer fields), into fresh pointers: the result shares no
-// state with the configuration.
-func overlay[T any](dst *T, src T) {
-	d, s := reflect.ValueOf(dst).Elem(), reflect.ValueOf(src)
-	for i := 0; i < s.NumField(); i++ {
-		if f := s.Field(i); f.Kind() == reflect.Pointer && !f.IsNil() {
-			v := reflect.New(f.Elem().Type())
-			v.Elem().Set(f.Elem())
-			d.Field(i).Set(v)
-		}
 	}
 }
 
@@ -299,6 +265,21 @@ func (c *Config) validateEnvoy(bad reporter) {
 			}
 		}
 	}
+	// The sections' keys are all set (Default sets them; a file cannot
+	// unset one): a Config built in code that clears one is refused here,
+	// not dereferenced later.
+	for _, sec := range []struct {
+		name string
+		v    any
+	}{{"outlier_detection", c.OutlierDetection.OutlierSettings}, {"circuit_breakers", c.CircuitBreakers.CircuitBreakerSettings}} {
+		v := reflect.ValueOf(sec.v)
+		for i := range v.NumField() {
+			if v.Field(i).IsNil() {
+				name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("toml"), ",")
+				bad(sec.name+"."+name, "unset", "every key of the section needs a value (config.Default has them all)")
+			}
+		}
+	}
 	checkOutlier("outlier_detection", c.OutlierDetection.OutlierSettings)
 	names := map[string]bool{}
 	for _, in := range c.Instances {
@@ -310,13 +291,21 @@ func (c *Config) validateEnvoy(bad reporter) {
 			bad(key, name, "no such instance")
 			continue
 		}
-		checkOutlier(key, c.OutlierDetection.Instances[name])
-		if eff := c.Outlier(name); eff.MaxEjectionTime.D < eff.BaseEjectionTime.D {
-			bad(key+".max_ejection_time", *eff.MaxEjectionTime, "must not be below base_ejection_time "+eff.BaseEjectionTime.String())
+		o := c.OutlierDetection.Instances[name]
+		checkOutlier(key, o)
+		base, most := c.OutlierDetection.BaseEjectionTime, c.OutlierDetection.MaxEjectionTime
+		if o.BaseEjectionTime != nil {
+			base = o.BaseEjectionTime
+		}
+		if o.MaxEjectionTime != nil {
+			most = o.MaxEjectionTime
+		}
+		if base != nil && most != nil && most.D < base.D {
+			bad(key+".max_ejection_time", *most, "must not be below base_ejection_time "+base.String())
 		}
 	}
-	if eff := c.Outlier(""); eff.MaxEjectionTime.D < eff.BaseEjectionTime.D {
-		bad("outlier_detection.max_ejection_time", *eff.MaxEjectionTime, "must not be below base_ejection_time "+eff.BaseEjectionTime.String())
+	if o := c.OutlierDetection; o.BaseEjectionTime != nil && o.MaxEjectionTime != nil && o.MaxEjectionTime.D < o.BaseEjectionTime.D {
+		bad("outlier_detection.max_ejection_time", *o.MaxEjectionTime, "must not be below base_ejection_time "+o.BaseEjectionTime.String())
 	}
 	for _, name := range sortedKeys(c.CircuitBreakers.Instances) {
 		if !names[name] {

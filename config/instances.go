@@ -20,12 +20,13 @@ type Instance struct {
 	// Capacity is "on-demand" (the default) or "spot": the instance may
 	// be reclaimed at short notice.
 	Capacity string `toml:"capacity" json:"capacity"`
-	// Pool is capacity's older name, still read: SetDefaults takes it
+	// Pool is capacity's older name, still read: setDefaults takes it
 	// into Capacity when Capacity is unset.
 	Pool string `toml:"pool" json:"pool,omitempty"`
 	// Engine is what serves the instance: "vllm", "sglang" or "generic"
 	// ("" follows engines.default). MetricsURL is where a vllm or sglang
-	// engine serves its metrics ("": http://<address>/metrics).
+	// engine serves its metrics ("": http://<address>/metrics). Validate
+	// fills both in.
 	Engine     string `toml:"engine" json:"engine,omitempty"`
 	MetricsURL string `toml:"metrics_url" json:"metrics_url,omitempty"`
 }
@@ -43,11 +44,11 @@ const (
 	CapacitySpot     = "spot" // may be reclaimed at short notice
 )
 
-// SetDefaults fills in the instance's unset version, weight, kv_sessions
-// and capacity (from pool, its older name, when that is set): an entry of [[instances]] (or a JSON instance) starts from
-// zero, so zero is unset there. Parse calls it; so must code that builds
-// an instance (the admin API) before validating it.
-func (in *Instance) SetDefaults() {
+// setDefaults fills in the instance's unset version, weight, kv_sessions
+// and capacity (from pool, its older name, when that is set): an entry of
+// [[instances]] (or a JSON instance) starts from zero, so zero is unset
+// there. Validate calls it.
+func (in *Instance) setDefaults() {
 	if in.Version == "" {
 		in.Version = DefaultVersion
 	}
@@ -85,7 +86,7 @@ func (c *Config) validateInstances(bad reporter) {
 		if !(in.Weight > 0) || in.Weight > 1e6 {
 			bad(key+".weight", in.Weight, "want a number above 0 and at most 1e6")
 		}
-		// 0 is the default (kv_sessions left out); Parse and SetDefaults fill it in.
+		// 0 is the default (kv_sessions left out); Parse and setDefaults fill it in.
 		if in.KVSessions < 0 || in.KVSessions > MaxKVSessions {
 			bad(key+".kv_sessions", in.KVSessions, fmt.Sprintf("want 1 to %d", MaxKVSessions))
 		}
@@ -95,11 +96,11 @@ func (c *Config) validateInstances(bad reporter) {
 		if in.MetricsURL != "" {
 			if why := checkMetricsURL(in.MetricsURL); why != "" {
 				bad(key+".metrics_url", in.MetricsURL, why)
-			} else if c.Engine(in) == EngineGeneric {
+			} else if c.engineOf(in) == EngineGeneric {
 				bad(key+".metrics_url", in.MetricsURL, `a generic engine is not scraped; set the instance's engine to "vllm" or "sglang"`)
 			}
 		}
-		// "" is unset, as kv_sessions 0 is (SetDefaults fills it in).
+		// "" is unset, as kv_sessions 0 is (setDefaults fills it in).
 		capacity, capKey := in.Capacity, key+".capacity"
 		if in.Pool != "" && (capacity == "" || capacity == in.Pool) {
 			capacity, capKey = in.Pool, key+".pool" // the file said pool

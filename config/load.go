@@ -11,13 +11,20 @@ import (
 )
 
 // Load reads, defaults and validates a file, then checks the files it
-// names (CheckFiles). Parse alone touches no file.
-func Load(path string) (Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return Config{}, fmt.Errorf("read config: %w", err)
+// names (CheckFiles). edits (command-line flags) apply before the one
+// validation; path "" loads the defaults with the edits. Parse alone
+// touches no file.
+func Load(path string, edits ...func(*Config)) (Config, error) {
+	var data []byte
+	if path != "" {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return Config{}, fmt.Errorf("read config: %w", err)
+		}
+	} else {
+		path = "the defaults"
 	}
-	c, err := Parse(data)
+	c, err := Parse(data, edits...)
 	if err != nil {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
@@ -27,15 +34,16 @@ func Load(path string) (Config, error) {
 	return c, nil
 }
 
-// Parse decodes TOML onto Default(), fills in the defaults of each
-// [[instances]] and [[routing.rules]] entry, and validates. A key the file
+// Parse decodes TOML onto Default(), applies edits, and validates (which
+// fills in the defaults of each [[instances]] and [[routing.rules]] entry
+// and resolves what the keys leave to be derived). A key the file
 // leaves out keeps its default; a key it sets wins, even set to 0, "" or
 // false (xds.addr = "" turns the ADS server off). Unknown keys are an
 // error: a misspelt key silently ignored is a production incident later.
 //
 // A Config written by BurntSushi/toml's encoder parses back to itself, so
 // tests and the lab build a Config in code and hand tether the file.
-func Parse(data []byte) (Config, error) {
+func Parse(data []byte, edits ...func(*Config)) (Config, error) {
 	c := Default()
 	md, err := toml.Decode(string(data), &c)
 	if err != nil {
@@ -55,13 +63,8 @@ func Parse(data []byte) (Config, error) {
 		}
 		return Config{}, fmt.Errorf("unknown key %s", strings.Join(keys, ", "))
 	}
-	// An entry of an array of tables starts from zero, not from a
-	// default, so its defaults are filled in after decoding.
-	for i := range c.Instances {
-		c.Instances[i].SetDefaults()
-	}
-	for i := range c.Routing.Rules {
-		c.Routing.Rules[i].setDefaults()
+	for _, edit := range edits {
+		edit(&c)
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err

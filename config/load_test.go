@@ -35,8 +35,8 @@ func TestSetKeyWins(t *testing.T) {
 		{"queue depth left out", "", func(c Config) any { return c.Routing.SaturationQueueDepth }, DefaultQueueDepth},
 		{"queue depth 0 is off", "[routing]\nsaturation_queue_depth = 0", func(c Config) any { return c.Routing.SaturationQueueDepth }, 0},
 		{"sample rate left out", "", func(c Config) any { return c.Audit.SampleRate }, 1.0},
-		{"sticky left out", "", func(c Config) any { return c.Routing.Sticky() }, true},
-		{"sticky_enabled 0 is random", "[routing]\nsticky_enabled = 0", func(c Config) any { return c.Routing.Sticky() }, false},
+		{"sticky left out", "", func(c Config) any { return c.Routing.StickyEnabled }, 1},
+		{"sticky_enabled 0", "[routing]\nsticky_enabled = 0", func(c Config) any { return c.Routing.StickyEnabled }, 0},
 		{"failure threshold left out", "", func(c Config) any { return c.Routing.FailureThreshold }, DefaultFailureThreshold},
 		{"failure threshold 0", "[routing]\nfailure_threshold = 0", func(c Config) any { return c.Routing.FailureThreshold }, 0},
 		{"retries left out", "", func(c Config) any { return c.Envoy.Retries }, uint32(DefaultRetries)},
@@ -54,13 +54,13 @@ func TestSetKeyWins(t *testing.T) {
 		{"require_client_cert left out", "", func(c Config) any { return c.TLS.RequireClientCert }, (*bool)(nil)},
 		{"require_client_cert false", "[xds]\naddr = \"\"\n[tls]\ncert_file = \"c\"\nkey_file = \"k\"\nclient_ca_file = \"ca\"\nrequire_client_cert = false",
 			func(c Config) any { return c.TLS.RequireClientCert }, &no},
-		{"outlier left out inherits", "", func(c Config) any { return c.OutlierDetection.OutlierSettings }, OutlierSettings{}},
+		{"outlier left out", "", func(c Config) any { return *c.OutlierDetection.EnforcingConsecutive5xx }, uint32(100)},
 		{"outlier 0 overrides", "[outlier_detection]\nenforcing_consecutive_5xx = 0",
-			func(c Config) any { return *c.Outlier("").EnforcingConsecutive5xx }, uint32(0)},
+			func(c Config) any { return *c.OutlierDetection.EnforcingConsecutive5xx }, uint32(0)},
 		{"breaker 0 overrides", "[circuit_breakers]\nmax_retries = 0",
-			func(c Config) any { return *c.Breakers("").MaxRetries }, uint32(0)},
+			func(c Config) any { return *c.CircuitBreakers.MaxRetries }, uint32(0)},
 		{"instance defaults", "[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"",
-			func(c Config) any { return c.Instances[0] }, Instance{Name: "a", Address: "10.0.0.1:1", Version: DefaultVersion, Weight: 1, KVSessions: DefaultKVSessions, Capacity: CapacityOnDemand}},
+			func(c Config) any { return c.Instances[0] }, Instance{Name: "a", Address: "10.0.0.1:1", Version: DefaultVersion, Weight: 1, KVSessions: DefaultKVSessions, Capacity: CapacityOnDemand, Engine: EngineGeneric}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if d := cmp.Diff(tc.want, tc.got(must(t, tc.toml))); d != "" {
@@ -164,7 +164,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%v\n%s", err, b.String())
 			}
-			if d := cmp.Diff(want, got); d != "" {
+			if d := cmp.Diff(want, got, derived); d != "" {
 				t.Errorf("round trip (-encoded +parsed):\n%s\n%s", d, b.String())
 			}
 		})

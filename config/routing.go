@@ -29,14 +29,14 @@ type Routing struct {
 	// replicas through the store, keep the instance out for
 	// FailureCooldown; then one probe request at a time decides. 0 opens
 	// on the first failure.
-	FailureThreshold int      `toml:"failure_threshold"`
-	FailureWindow    Duration `toml:"failure_window"`
-	FailureCooldown  Duration `toml:"failure_cooldown"`
+	FailureThreshold int      `toml:"failure_threshold" reload:"restart"`
+	FailureWindow    Duration `toml:"failure_window" reload:"restart"`
+	FailureCooldown  Duration `toml:"failure_cooldown" reload:"restart"`
 	// ClusterHeader is the request header Envoy routes on.
-	ClusterHeader string `toml:"cluster_header"`
+	ClusterHeader string `toml:"cluster_header" reload:"restart"`
 	// RandomSeed makes random routing reproducible (tests, benchmarks); 0
 	// seeds from the operating system.
-	RandomSeed uint64 `toml:"random_seed"`
+	RandomSeed uint64 `toml:"random_seed" reload:"restart"`
 
 	// AdaptiveSticky (0 or 1) lets a sticky session move off an instance
 	// that is saturated (see the saturation keys) unless its rule gives it
@@ -59,7 +59,7 @@ type Routing struct {
 	// QueueDepthHeader response header); 0 turns a threshold off.
 	SaturationInFlight   int    `toml:"saturation_inflight"`
 	SaturationQueueDepth int    `toml:"saturation_queue_depth"`
-	QueueDepthHeader     string `toml:"queue_depth_header"`
+	QueueDepthHeader     string `toml:"queue_depth_header" reload:"restart"`
 	// From the engines' own metrics ([engines]): an instance is saturated
 	// at SaturationWaiting requests waiting or a KV-cache usage of
 	// SaturationKVUsage (0 to 1); 0 turns a threshold off. A new session
@@ -69,8 +69,8 @@ type Routing struct {
 	// Instances may report running out of memory ("true" or "1"; status
 	// 507 counts too) and their GPU utilisation (percent, 0–100) in
 	// response headers; tether exports both per instance.
-	OOMHeader            string `toml:"oom_header"`
-	GPUUtilizationHeader string `toml:"gpu_utilization_header"`
+	OOMHeader            string `toml:"oom_header" reload:"restart"`
+	GPUUtilizationHeader string `toml:"gpu_utilization_header" reload:"restart"`
 	// Rules override the policy for the requests they match; the first
 	// matching rule wins.
 	Rules []Rule `toml:"rules"`
@@ -155,11 +155,6 @@ func defaultRouting() Routing {
 		OOMHeader:            DefaultOOMHeader,
 		GPUUtilizationHeader: DefaultGPUHeader,
 	}
-}
-
-// Sticky reports whether sessions are bound at all.
-func (r Routing) Sticky() bool {
-	return r.Mode == ModeSticky && r.StickyEnabled != 0
 }
 
 // validateRouting checks [routing], its [[routing.rules]] and [[versions]],

@@ -82,9 +82,6 @@ func TestParseRouting(t *testing.T) {
 		r.QueueDepthHeader != "x-queue" {
 		t.Errorf("routing: %+v", r)
 	}
-	if r.Sticky() {
-		t.Error("hybrid is not Sticky()")
-	}
 	want := []Rule{
 		{Name: "premium-peak", PathPrefix: "/v1/chat", Header: "x-plan", Value: "pro", Tiers: []string{"gold", "platinum"},
 			Hours: "22:00-06:00", Days: []string{"mon", "fri"}, Timezone: "Europe/Paris",
@@ -92,7 +89,7 @@ func TestParseRouting(t *testing.T) {
 		{Name: "batch", Header: "x-client", Regex: "^batch-[0-9]+$", Mode: ModeRandom},
 		{Name: "weekend", Days: []string{"sat", "sun"}, Timezone: DefaultTimezone, Mode: ModeSticky},
 	}
-	if d := cmp.Diff(want, r.Rules, cmp.AllowUnexported(Duration{})); d != "" {
+	if d := cmp.Diff(want, r.Rules, cmp.AllowUnexported(Duration{}), derived); d != "" {
 		t.Errorf("rules (-want +got):\n%s", d)
 	}
 	wantVersions := []Version{{Name: "v1", Weight: 9}, {Name: "v2", Weight: 1, Canary: true}}
@@ -306,7 +303,7 @@ func TestRuleWindow(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := tc.rule.Window()
+			got, err := tc.rule.window()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -317,39 +314,39 @@ func TestRuleWindow(t *testing.T) {
 			}
 		})
 	}
-	if _, err := (Rule{Hours: "9-17"}).Window(); err == nil || !strings.Contains(err.Error(), `hours "9-17"`) {
+	if _, err := (Rule{Hours: "9-17"}).window(); err == nil || !strings.Contains(err.Error(), `hours "9-17"`) {
 		t.Errorf("bad hours: %v", err)
 	}
-	if _, err := (Rule{Days: []string{"mon", "xyz"}}).Window(); err == nil || !strings.Contains(err.Error(), `days[1] "xyz"`) {
+	if _, err := (Rule{Days: []string{"mon", "xyz"}}).window(); err == nil || !strings.Contains(err.Error(), `days[1] "xyz"`) {
 		t.Errorf("bad day: %v", err)
 	}
 }
 
 func TestRulePattern(t *testing.T) {
-	if re, err := (Rule{}).Pattern(); re != nil || err != nil {
+	if re, err := (Rule{}).compile(); re != nil || err != nil {
 		t.Errorf("no regex: %v %v", re, err)
 	}
-	re, err := (Rule{Regex: "^batch-[0-9]+$"}).Pattern()
+	re, err := (Rule{Regex: "^batch-[0-9]+$"}).compile()
 	if err != nil || !re.MatchString("batch-12") || re.MatchString("xbatch-1") {
 		t.Errorf("regex: %v %v", re, err)
 	}
-	if _, err := (Rule{Regex: "(["}).Pattern(); err == nil {
+	if _, err := (Rule{Regex: "(["}).compile(); err == nil {
 		t.Error("invalid regex compiled")
 	}
 }
 
-func TestInstanceSetDefaults(t *testing.T) {
+func TestInstancesetDefaults(t *testing.T) {
 	in := Instance{Name: "a", Address: "10.0.0.1:1", Pool: CapacitySpot}
-	in.SetDefaults()
+	in.setDefaults()
 	want := Instance{Name: "a", Address: "10.0.0.1:1", Version: DefaultVersion, Weight: 1, KVSessions: DefaultKVSessions,
 		Capacity: CapacitySpot, Pool: CapacitySpot}
 	if in != want {
 		t.Errorf("got %+v, want %+v", in, want)
 	}
 	set := Instance{Version: "v2", Weight: 3, KVSessions: 7}
-	set.SetDefaults()
+	set.setDefaults()
 	if set.Version != "v2" || set.Weight != 3 || set.KVSessions != 7 {
-		t.Errorf("SetDefaults changed set fields: %+v", set)
+		t.Errorf("setDefaults changed set fields: %+v", set)
 	}
 }
 
@@ -374,7 +371,7 @@ func FuzzRuleWindow(f *testing.F) {
 		f.Add(s, "mon", "Europe/Paris")
 	}
 	f.Fuzz(func(t *testing.T, hours, day, zone string) {
-		w, err := Rule{Hours: hours, Days: []string{day}, Timezone: zone}.Window()
+		w, err := Rule{Hours: hours, Days: []string{day}, Timezone: zone}.window()
 		if err != nil {
 			return
 		}

@@ -33,6 +33,11 @@ type Rule struct {
 	IdleTimeout Duration `toml:"idle_timeout"` // 0 keeps routing.idle_timeout
 	Priority    string   `toml:"priority"`     // "" (normal), normal or high
 	Version     string   `toml:"version"`      // new sessions start on this model version
+
+	// What the match keys resolve to, filled in by Validate: the compiled
+	// regex (nil: none) and the time window (nil: none).
+	Pattern *regexp.Regexp `toml:"-" json:"-"`
+	Window  *Window        `toml:"-" json:"-"`
 }
 
 // Window is a rule's parsed time window.
@@ -59,8 +64,8 @@ func (r *Rule) setDefaults() {
 	}
 }
 
-// Pattern compiles the rule's regex; nil when it has none.
-func (r Rule) Pattern() (*regexp.Regexp, error) {
+// compile compiles the rule's regex; nil when it has none.
+func (r Rule) compile() (*regexp.Regexp, error) {
 	if r.Regex == "" {
 		return nil, nil
 	}
@@ -71,9 +76,9 @@ func (r Rule) Pattern() (*regexp.Regexp, error) {
 	return re, nil
 }
 
-// Window parses the rule's time window; nil when it sets neither hours nor
+// window parses the rule's time window; nil when it sets neither hours nor
 // days. Days alone cover the whole day.
-func (r Rule) Window() (*Window, error) {
+func (r Rule) window() (*Window, error) {
 	if r.Hours == "" && len(r.Days) == 0 {
 		return nil, nil
 	}
@@ -212,7 +217,7 @@ func (c *Config) validateRules(bad reporter, versions map[string]bool, unknownVe
 				bad(key+".regex", rule.Regex, "needs header")
 			}
 		}
-		if _, err := rule.Pattern(); err != nil {
+		if _, err := rule.compile(); err != nil {
 			bad(key+".regex", rule.Regex, err.Error())
 		}
 		for j, t := range rule.Tiers {

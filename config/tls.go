@@ -37,7 +37,7 @@ type TLS struct {
 	// Envoy is how Envoy connects: the tether-extproc cluster tether
 	// serves over xDS and the ADS cluster of the bootstrap get a TLS
 	// transport socket with these files (paths on Envoy's host).
-	Envoy EnvoyTLS `toml:"envoy"`
+	Envoy EnvoyTLS `toml:"envoy" reload:"live"`
 }
 
 // EnvoyTLS is the [tls.envoy] section.

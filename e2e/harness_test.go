@@ -272,10 +272,11 @@ func startEnvoy(t *testing.T, cfg config.Config, extproc ...string) *proxy {
 // staticBootstrap is the static bootstrap for cfg, calling the ext_proc
 // servers at extproc.
 func staticBootstrap(cfg config.Config, extproc []string) (*bootstrapv3.Bootstrap, error) {
-	spec, err := plan.Envoy(cfg, plan.Options{})
+	p, err := plan.FromConfig(cfg, plan.Options{})
 	if err != nil {
 		return nil, err
 	}
+	spec := p.Envoy
 	spec.ExtProc = extproc
 	return xds.StaticBootstrap(spec, "127.0.0.1:0")
 }

@@ -215,9 +215,9 @@ func TestTLSADSFromAnotherCA(t *testing.T) {
 // and [tls.envoy] say.
 func envoyTLS(t *testing.T, cfg config.Config) xds.BootstrapOption {
 	t.Helper()
-	e, err := plan.UpstreamTLS(cfg.TLS)
+	p, err := plan.FromConfig(cfg, plan.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return xds.WithTLS(e)
+	return xds.WithTLS(p.Envoy.TLS)
 }

@@ -1,18 +1,16 @@
 package plan
 
 import (
-	"errors"
-	"fmt"
+	"reflect"
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/xds"
 )
 
-// envoy is the spec of Envoy's resources for cfg, with pin's routing
-// header, identity headers and [tls]. replicas lists the tether replicas
-// Envoy calls when envoy.extproc_endpoints names none.
-func envoy(cfg config.Config, pin Pinned, replicas []string) (xds.Spec, error) {
+// envoy is the spec of Envoy's resources for cfg. replicas lists the
+// tether replicas Envoy calls when envoy.extproc_endpoints names none.
+func envoy(cfg config.Config, replicas []string) xds.Spec {
 	e := cfg.Envoy
 	ext := e.ExtProcEndpoints
 	switch {
@@ -21,10 +19,6 @@ func envoy(cfg config.Config, pin Pinned, replicas []string) (xds.Spec, error) {
 		ext = replicas
 	default:
 		ext = []string{cfg.Server.ExtProcAddr}
-	}
-	tls, err := UpstreamTLS(pin.TLS)
-	if err != nil {
-		return xds.Spec{}, fmt.Errorf("xds build: %w", err)
 	}
 	s := xds.Spec{
 		ListenerAddr:       e.ListenerAddr,
@@ -38,14 +32,14 @@ func envoy(cfg config.Config, pin Pinned, replicas []string) (xds.Spec, error) {
 		MetadataNamespace:  extproc.MetadataNamespace,
 		ApartMarker:        extproc.ApartMarker,
 		DebugHeaders:       debugHeaders(cfg),
-		ClusterHeader:      pin.ClusterHeader,
-		HashPolicy:         hashPolicy(pin.Identity),
+		ClusterHeader:      cfg.Routing.ClusterHeader,
+		HashPolicy:         hashPolicy(cfg.Identity),
 		RouteTimeout:       e.RouteTimeout.D,
 		Retries:            e.Retries,
 		PoolLB:             xds.LBPolicy(e.PoolLB),
 		Pool:               limits(cfg, ""),
 		DefaultVersion:     e.DefaultVersion,
-		TLS:                tls,
+		TLS:                upstreamTLS(cfg.TLS),
 	}
 	for _, in := range cfg.Instances {
 		s.Instances = append(s.Instances, xds.Instance{
@@ -53,7 +47,7 @@ func envoy(cfg config.Config, pin Pinned, replicas []string) (xds.Spec, error) {
 			Weight: in.Weight, Limits: limits(cfg, in.Name),
 		})
 	}
-	return s, nil
+	return s
 }
 
 // responseAttributes are what the ext_proc handler reads in the response
@@ -101,10 +95,14 @@ func hashPolicy(id config.Identity) []xds.HashHeader {
 }
 
 // limits are the outlier detection and circuit breakers of instance's
-// cluster ("" for the version pools): the built-in defaults, then the
-// sections', then the instance's own.
+// cluster ("" for the version pools): the sections', with the keys the
+// instance's own tables set over them.
 func limits(cfg config.Config, instance string) xds.Limits {
-	o, b := cfg.Outlier(instance), cfg.Breakers(instance)
+	o, b := cfg.OutlierDetection.OutlierSettings, cfg.CircuitBreakers.CircuitBreakerSettings
+	if instance != "" {
+		overlay(&o, cfg.OutlierDetection.Instances[instance])
+		overlay(&b, cfg.CircuitBreakers.Instances[instance])
+	}
 	return xds.Limits{
 		Outlier: xds.Outlier{
 			Consecutive5xx:                     *o.Consecutive5xx,
@@ -133,25 +131,28 @@ func limits(cfg config.Config, instance string) xds.Limits {
 	}
 }
 
-// UpstreamTLS is how Envoy reaches tether's gRPC servers under [tls]: nil
+// upstreamTLS is how Envoy reaches tether's gRPC servers under [tls]: nil
 // when tether serves plaintext, and nil when [tls.envoy] is empty, which
 // config.Validate allows only with the ADS server off, where Envoy is
 // configured elsewhere (Istio) and the resources tether builds are not
 // served, so Envoy's TLS to tether is that configuration's to set
-// (docs/security.md). A [tls.envoy] that lacks what Envoy needs is an
-// error naming the key (config.TLS.EnvoyMissing), so a valid
-// configuration always builds.
-func UpstreamTLS(t config.TLS) (*xds.UpstreamTLS, error) {
+// (docs/security.md). config.Validate refuses a [tls.envoy] that lacks
+// what Envoy needs.
+func upstreamTLS(t config.TLS) *xds.UpstreamTLS {
 	e := t.Envoy
-	if !t.Enabled() || e == (config.EnvoyTLS{}) {
-		return nil, nil
+	if t.CertFile == "" || e == (config.EnvoyTLS{}) {
+		return nil
 	}
-	var errs []error
-	for _, m := range t.EnvoyMissing() {
-		errs = append(errs, fmt.Errorf("%s: %s", m.Key, m.Why))
+	return &xds.UpstreamTLS{CAFile: e.CAFile, CertFile: e.CertFile, KeyFile: e.KeyFile, SNI: e.SNI, MinVersion: t.MinVersion}
+}
+
+// overlay sets every field of dst (a struct of pointer fields) that src
+// sets: an instance's table over its section's.
+func overlay[T any](dst *T, src T) {
+	d, s := reflect.ValueOf(dst).Elem(), reflect.ValueOf(src)
+	for i := range s.NumField() {
+		if f := s.Field(i); !f.IsNil() {
+			d.Field(i).Set(f)
+		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return &xds.UpstreamTLS{CAFile: e.CAFile, CertFile: e.CertFile, KeyFile: e.KeyFile, SNI: e.SNI, MinVersion: t.MinVersion}, nil
 }

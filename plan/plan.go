@@ -11,7 +11,6 @@ package plan
 import (
 	"fmt"
 	"math/rand/v2"
-	"reflect"
 	"sync"
 	"time"
 
@@ -25,7 +24,7 @@ import (
 
 // Plan is what a configuration runs as.
 type Plan struct {
-	// Instances are the fleet, in configuration order, defaults filled in.
+	// Instances are the fleet, in configuration order.
 	Instances []fleet.Instance
 	// Policy is what the decider applies ([routing], [[versions]]).
 	Policy affinity.Policy
@@ -43,27 +42,43 @@ type Plan struct {
 	Envoy xds.Spec
 	// Scrape is how the instances' engines are read ([engines]).
 	Scrape Scrape
-	// Pinned is what the plan was made with of what only a restart
-	// changes: Options.Pinned, or the configuration's own.
-	Pinned Pinned
+
+	// What tether's own process runs with, which serve reads once at its
+	// start (every key of it is restart-only, config's reload tags).
+	Listen Listen
+	Drain  Drain
+	Store  Store
+	// TLS is [tls] as it stands: its files are read where they are used
+	// (reload.GRPCCredentials), and again when they change.
+	TLS config.TLS
+	// Audit is [audit] as it stands: its sink is opened, and its keys read
+	// from the environment, at the start (audit/sinks).
+	Audit config.Audit
 }
 
-// Pinned is what a running tether keeps from its start until a restart,
-// whatever a live edit says, and so what Envoy must be told too: the
-// header tether routes by, the identity headers it reads (and Envoy
-// hashes on), and the [tls] Envoy's side is built from (tether's servers
-// keep the [tls] they started with; reload decides when a new
-// [tls.envoy] fits it). A cluster_header edit that reached Envoy alone
-// would send every request past tether's decision to the default pool; a
-// [tls] edit, make every handshake with tether fail.
-type Pinned struct {
-	ClusterHeader string
-	Identity      config.Identity
-	TLS           config.TLS
-	// Engines is how the engines are scraped, and how old a reading may be
-	// (engines.default follows the file: it decides which instances are
-	// scraped, as their own engine keys do).
-	Engines config.Engines
+// Listen is where tether's servers listen ([server], [xds]).
+type Listen struct {
+	ExtProc, Admin string
+	XDS            string // "": the ADS server is off
+}
+
+// Drain is how a stopping tether lets Envoy go ([server]).
+type Drain struct {
+	// Delay is the lame-duck time: not ready, still deciding.
+	Delay time.Duration
+	// Timeout bounds the wait for open ext_proc streams after it.
+	Timeout time.Duration
+}
+
+// Store is the binding store tether opens ([redis]).
+type Store struct {
+	URL     string
+	Timeout time.Duration
+	// The Redis hit cache.
+	Cache              bool
+	CacheSize          int
+	CacheTTL           time.Duration
+	CacheFlushInterval time.Duration
 }
 
 // Scrape is how often and how patiently tether reads the engines' metrics
@@ -73,84 +88,53 @@ type Scrape struct {
 	MaxBody                      int64
 }
 
-// PinnedOf is what c pins when tether starts with it.
-func PinnedOf(c config.Config) Pinned {
-	return Pinned{ClusterHeader: c.Routing.ClusterHeader, Identity: c.Identity, TLS: c.TLS, Engines: c.Engines}
-}
-
 // Options are what the translation takes besides the configuration.
 type Options struct {
 	// ExtProc lists the tether replicas Envoy calls when
 	// envoy.extproc_endpoints names none (serve: this replica's
 	// listener). Empty: server.extproc_addr.
 	ExtProc []string
-	// Pinned, when set, is what the running tether keeps until a restart
-	// (reload passes it on a live change); nil: the configuration's own.
-	Pinned *Pinned
 }
 
-// FromConfig translates cfg, validated as tether will run it: cfg itself,
-// then with the pinned routing and identity headers (an edit that moved
-// cluster_header and gave a rule header the old name would otherwise
-// match on a header Envoy strips from every request). Errors name the key.
+// FromConfig translates the whole of cfg, restart-only keys included: a
+// running tether hands it what it runs (config.Running), which is cfg as
+// it started for every restart-only key. cfg must have passed
+// config.Validate, which checks it and resolves what its keys leave to be
+// derived; FromConfig reads fields only. An error means it did not.
 func FromConfig(cfg config.Config, o Options) (Plan, error) {
-	if err := cfg.Validate(); err != nil {
-		return Plan{}, err
-	}
-	pin := PinnedOf(cfg)
-	if o.Pinned != nil {
-		pin = *o.Pinned
-	}
-	if pin.ClusterHeader != cfg.Routing.ClusterHeader || !reflect.DeepEqual(pin.Identity, cfg.Identity) {
-		run := cfg
-		run.Routing.ClusterHeader, run.Identity = pin.ClusterHeader, pin.Identity
-		if err := run.Validate(); err != nil {
-			return Plan{}, fmt.Errorf("with the routing and identity headers tether runs with until a restart: %w", err)
-		}
-	}
 	pol, err := policy(cfg)
 	if err != nil {
 		return Plan{}, err
 	}
-	env, err := envoy(cfg, pin, o.ExtProc)
-	if err != nil {
-		return Plan{}, err
-	}
-	pol.Saturation.Stale = pin.Engines.Staleness.D
-	r := cfg.Routing
-	e := pin.Engines
+	r, e, srv := cfg.Routing, cfg.Engines, cfg.Server
 	return Plan{
 		Instances:  Instances(cfg),
 		Policy:     pol,
-		Breaker:    breaker(r),
+		Breaker:    fleet.BreakerConfig{Threshold: r.FailureThreshold, Window: r.FailureWindow.D, Cooldown: r.FailureCooldown.D},
 		RandomSeed: r.RandomSeed,
-		Identity:   identityConfig(pin.Identity),
+		Identity:   identityConfig(cfg.Identity),
 		ExtProc: extproc.Options{
-			ClusterHeader: pin.ClusterHeader,
-			UserHeader:    pin.Identity.UserHeader,
+			ClusterHeader: r.ClusterHeader,
+			UserHeader:    cfg.Identity.UserHeader,
 			QueueHeader:   r.QueueDepthHeader,
 			OOMHeader:     r.OOMHeader,
 			GPUHeader:     r.GPUUtilizationHeader,
-			DebugHeaders:  cfg.Server.DebugHeaders,
+			DebugHeaders:  srv.DebugHeaders,
 		},
-		Envoy: env,
+		Envoy: envoy(cfg, o.ExtProc),
 		Scrape: Scrape{
 			Interval: e.ScrapeInterval.D, Timeout: e.ScrapeTimeout.D,
 			Staleness: e.Staleness.D, MaxBody: e.MaxBodyBytes,
 		},
-		Pinned: pin,
+		Listen: Listen{ExtProc: srv.ExtProcAddr, Admin: srv.AdminAddr, XDS: cfg.XDS.Addr},
+		Drain:  Drain{Delay: srv.DrainDelay.D, Timeout: srv.DrainTimeout.D},
+		Store: Store{
+			URL: cfg.Redis.URL, Timeout: cfg.Redis.Timeout.D, Cache: cfg.Redis.Cache, CacheSize: cfg.Redis.CacheSize,
+			CacheTTL: cfg.Redis.CacheTTL.D, CacheFlushInterval: cfg.Redis.CacheFlushInterval.D,
+		},
+		TLS:   cfg.TLS,
+		Audit: cfg.Audit,
 	}, nil
-}
-
-// Envoy is the spec of Envoy's resources for cfg alone, for the
-// bootstraps and the tests that build them (FromConfig makes it too).
-// cfg should have passed config.Validate.
-func Envoy(cfg config.Config, o Options) (xds.Spec, error) {
-	pin := PinnedOf(cfg)
-	if o.Pinned != nil {
-		pin = *o.Pinned
-	}
-	return envoy(cfg, pin, o.ExtProc)
 }
 
 func identityConfig(id config.Identity) identity.Config {

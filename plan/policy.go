@@ -9,28 +9,26 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 )
 
-// Instances turns the configured instances into the fleet's. Unset
-// version, weight and kv_sessions take their defaults; an instance served
-// by vllm or sglang gets its engine and metrics URL.
+// Instances turns the configured instances into the fleet's; an instance
+// served by vllm or sglang gets its engine and metrics URL (a generic one
+// is not scraped).
 func Instances(cfg config.Config) []fleet.Instance {
 	out := make([]fleet.Instance, len(cfg.Instances))
 	for i, in := range cfg.Instances {
-		in.SetDefaults()
 		out[i] = fleet.Instance{
 			Name: in.Name, Address: in.Address, Zone: in.Zone, Version: in.Version, Weight: in.Weight,
 			KVSessions: in.KVSessions, Capacity: in.Capacity,
 		}
-		if e := cfg.Engine(in); e != config.EngineGeneric {
-			out[i].Engine, out[i].MetricsURL = e, in.ScrapeURL()
+		if in.Engine != config.EngineGeneric {
+			out[i].Engine, out[i].MetricsURL = in.Engine, in.MetricsURL
 		}
 	}
 	return out
 }
 
 // policy turns the routing section and [[versions]] into the decision
-// policy. cfg should have passed config.Validate; a rule that still does
-// not parse is an error rather than a rule that matches more (or less)
-// than the operator wrote.
+// policy. A rule config.Validate did not resolve is an error rather than
+// a rule that matches more (or less) than the operator wrote.
 func policy(cfg config.Config) (affinity.Policy, error) {
 	r := cfg.Routing
 	p := affinity.Policy{
@@ -53,16 +51,11 @@ func policy(cfg config.Config) (affinity.Policy, error) {
 		p.Versions = append(p.Versions, affinity.VersionWeight{Name: v.Name, Weight: v.Weight, Canary: v.Canary})
 	}
 	for i, rule := range r.Rules {
-		re, err := rule.Pattern()
-		if err != nil {
-			return affinity.Policy{}, fmt.Errorf("routing.rules[%d] (%s): %w", i, rule.Name, err)
-		}
-		w, err := rule.Window()
-		if err != nil {
-			return affinity.Policy{}, fmt.Errorf("routing.rules[%d] (%s): %w", i, rule.Name, err)
+		if rule.Regex != "" && rule.Pattern == nil || (rule.Hours != "" || len(rule.Days) > 0) && rule.Window == nil {
+			return affinity.Policy{}, fmt.Errorf("routing.rules[%d] (%s): not resolved: the configuration did not pass config.Validate", i, rule.Name)
 		}
 		var win *affinity.Window
-		if w != nil {
+		if w := rule.Window; w != nil {
 			win = &affinity.Window{From: w.From, To: w.To, Days: w.Days, Location: w.Location}
 		}
 		mode := ruleMode(r, rule.Mode)
@@ -71,7 +64,7 @@ func policy(cfg config.Config) (affinity.Policy, error) {
 			PathPrefix: rule.PathPrefix,
 			Header:     rule.Header,
 			Value:      rule.Value,
-			Regex:      re,
+			Regex:      rule.Pattern,
 			Tiers:      append([]string(nil), rule.Tiers...),
 			Window:     win,
 			Mode:       mode,
@@ -81,11 +74,6 @@ func policy(cfg config.Config) (affinity.Policy, error) {
 		})
 	}
 	return p, nil
-}
-
-// breaker is the [routing] failure_* keys.
-func breaker(r config.Routing) fleet.BreakerConfig {
-	return fleet.BreakerConfig{Threshold: r.FailureThreshold, Window: r.FailureWindow.D, Cooldown: r.FailureCooldown.D}
 }
 
 // Mode is the routing mode of the requests no rule matches: the one place

@@ -214,9 +214,13 @@ func TestInstances(t *testing.T) {
 	if d := cmp.Diff(want, Instances(cfg)); d != "" {
 		t.Errorf("instances (-want +got):\n%s", d)
 	}
-	// An instance built in code (the admin API, tests) leaves kv_sessions 0.
+	// An instance built in code (the admin API, tests) leaves kv_sessions
+	// 0, which config.Validate fills in.
 	built := config.Default()
-	built.Instances = []config.Instance{{Name: "c", Address: "10.0.0.3:8000", Version: "v1", Weight: 1}}
+	built.Instances = []config.Instance{{Name: "c", Address: "10.0.0.3:8000"}}
+	if err := built.Validate(); err != nil {
+		t.Fatal(err)
+	}
 	if got := Instances(built)[0].KVSessions; got != config.DefaultKVSessions {
 		t.Errorf("kv_sessions %d, want the default %d", got, config.DefaultKVSessions)
 	}

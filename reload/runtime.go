@@ -2,8 +2,9 @@
 // applies a changed file (or an admin API change) to the fleet, the
 // decision policy and Envoy's resources together (Runtime), watches the
 // file (Runtime.WatchFile), and serves renewed TLS certificates without a
-// restart (GRPCCredentials). What a running tether cannot change is
-// pinned (plan.Pinned) and logged as restart-only.
+// restart (GRPCCredentials). What a running tether cannot change keeps
+// its start value and is logged as restart-only: config's reload tags say
+// which keys those are (config.Running, config.RestartChanges).
 package reload
 
 import (
@@ -11,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,23 +35,17 @@ const ackWait = 5 * time.Second
 // change goes through Apply, so the two move together.
 type Runtime struct {
 	mu sync.Mutex // one change at a time
-	// cfg is the configuration last accepted, start is the one tether
-	// started with: the restart-only parts of cfg may differ from what
-	// runs, which is start's.
-	cfg, start config.Config
-	// plan is the translation in force (of the configuration last
-	// applied), with what tether keeps from its start (plan.Pinned): the
-	// routing and identity headers, and the [tls] Envoy's side is built
-	// from (tether's own servers keep the [tls] they started with, so
-	// Envoy must too; only [tls.envoy] follows the configuration, see
-	// envoyTLS).
-	plan    plan.Plan
-	fleet   *fleet.Fleet
-	ads     *xds.Server // nil when the ADS server is off
-	self    string      // this replica's ext_proc address (see New)
-	version string      // of the Envoy resources in force
-	log     zerolog.Logger
-	reloads *prometheus.CounterVec
+	// cfg is the configuration last accepted, start the one tether
+	// started with, and run what runs: cfg with every restart-only key as
+	// start has it (config.Running). plan is run's translation.
+	cfg, start, run config.Config
+	plan            plan.Plan
+	fleet           *fleet.Fleet
+	ads             *xds.Server // nil when the ADS server is off
+	self            string      // this replica's ext_proc address (see New)
+	version         string      // of the Envoy resources in force
+	log             zerolog.Logger
+	reloads         *prometheus.CounterVec
 	// policy receives the routing policy of every configuration applied
 	// after OnPolicy: rules, versions and weights change without a restart.
 	policy func(affinity.Policy)
@@ -101,7 +97,9 @@ func (r *Runtime) Current() config.Config {
 var ErrInvalid = errors.New("invalid configuration")
 
 // Apply makes next the configuration in force; source ("start", "file",
-// "admin") labels the reload counter and the logs. An invalid next is refused
+// "admin") labels the reload counter and the logs. next has passed
+// config.Validate (config.Load, the admin API's config.Config.WithInstance);
+// one that does not fit what tether keeps until a restart is refused
 // (logged, counted, nothing changes). Otherwise:
 //  1. instances leaving the fleet stop getting decisions at once;
 //  2. Envoy gets the new resources (when the ADS server is on), and apply
@@ -109,27 +107,26 @@ var ErrInvalid = errors.New("invalid configuration")
 //  3. only then do new instances get decisions, so tether never names a
 //     cluster Envoy does not have yet.
 //
-// Sections a running tether does not change are logged as restart-only;
-// Envoy's side of [tls], the routing header and the identity headers
-// follow what tether runs with, not next.
+// Restart-only keys next changes are logged as such; they keep their
+// start value, for tether and for the Envoy configuration it serves.
 func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) (version string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err := next.Validate(); err != nil {
-		return "", r.refuse(source, err)
-	}
 	starting := r.version == ""
-	pins := plan.PinnedOf(next)
+	run := next
 	if starting {
 		r.start = next
 	} else {
-		// What runs is next with the routing header and the identity
-		// headers tether started with (they change only at a restart),
-		// and Envoy's side of the [tls] in force; Envoy is told the same.
-		pins = r.plan.Pinned
-		pins.TLS = r.envoyTLS(next.TLS)
+		var held string
+		if run, held, err = config.Running(r.start, r.run, next); err != nil {
+			return "", r.refuse(source, fmt.Errorf("with the values tether keeps until a restart: %w", err))
+		}
+		if held != "" && next.TLS.Envoy != r.cfg.TLS.Envoy { // once per change
+			r.log.Warn().Str("key", "tls.envoy").Str("reason", held).
+				Msg("[tls.envoy] changed but does not fit the [tls] tether runs with; Envoy keeps its previous side until a restart")
+		}
 	}
-	p, err := plan.FromConfig(next, plan.Options{ExtProc: []string{r.self}, Pinned: &pins})
+	p, err := plan.FromConfig(run, plan.Options{ExtProc: []string{r.self}})
 	if err != nil {
 		return "", r.refuse(source, err)
 	}
@@ -150,8 +147,7 @@ func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) 
 	if !starting {
 		r.warnRestartOnly(next)
 	}
-	if version == r.version && reflect.DeepEqual(next.Instances, r.cfg.Instances) &&
-		reflect.DeepEqual(next.Routing, r.cfg.Routing) && reflect.DeepEqual(next.Versions, r.cfg.Versions) {
+	if version == r.version && reflect.DeepEqual(run, r.run) {
 		// Nothing in force changes; next is remembered, so a restart-only
 		// change is warned about once.
 		r.cfg = next
@@ -182,10 +178,25 @@ func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) 
 	if r.policy != nil {
 		r.policy(p.Policy)
 	}
-	r.cfg, r.version, r.plan = next, version, p
+	r.cfg, r.run, r.version, r.plan = next, run, version, p
 	r.reloads.WithLabelValues(source, "applied").Inc()
 	r.log.Info().Str("source", source).Str("version", version).Int("instances", len(p.Instances)).Msg("configuration applied")
 	return version, nil
+}
+
+// Edit applies edit to the configuration in force and, once config has
+// validated the result, applies it as Apply does (source labels it); a
+// result that does not validate is refused (logged, counted, wrapped in
+// ErrInvalid). It returns the version in force and the configuration
+// edited. The admin API's fleet changes go through it.
+func (r *Runtime) Edit(ctx context.Context, source string, edit func(*config.Config)) (string, config.Config, error) {
+	next := r.Current()
+	edit(&next)
+	if err := next.Validate(); err != nil {
+		return "", next, r.refuse(source, err)
+	}
+	version, err := r.Apply(ctx, next, source)
+	return version, next, err
 }
 
 func (r *Runtime) refuse(source string, err error) error {
@@ -194,94 +205,15 @@ func (r *Runtime) refuse(source string, err error) error {
 	return fmt.Errorf("%w: %w", ErrInvalid, err)
 }
 
-// envoyTLS is the [tls] Envoy's side is built from for a configuration
-// whose [tls] is next. tether's servers keep the [tls] they started with
-// until a restart (certificate files are re-read in place, see certSource;
-// which files, the client CA and min_version are not), so Envoy keeps
-// being told to speak that: a [tls] edit that reached Envoy at once would
-// make its handshakes with tether fail and every request skip tether.
-// Only [tls.envoy] (Envoy's own files, the SNI) follows next, and only
-// while it fits the [tls] in force: TLS neither turned on nor off, and
-// nothing Envoy needs left out. Otherwise Envoy keeps its side as it is.
-func (r *Runtime) envoyTLS(next config.TLS) config.TLS {
-	t := r.plan.Pinned.TLS
-	if next.Envoy == t.Envoy {
-		return t
-	}
-	why := ""
-	switch {
-	case next.Enabled() != t.Enabled():
-		why = "TLS was turned on or off, which takes a restart"
-	default:
-		try := t
-		try.Envoy = next.Envoy
-		check := r.start
-		check.TLS = try
-		if err := check.Validate(); err != nil {
-			why = err.Error()
-			break
-		}
-		return try
-	}
-	if next.Envoy != r.cfg.TLS.Envoy { // once per change
-		r.log.Warn().Str("section", "tls.envoy").Str("reason", why).
-			Msg("[tls.envoy] changed but does not fit the [tls] tether runs with; Envoy keeps its previous side until a restart")
-	}
-	return t
-}
-
-// restartSection is a part of the configuration a running tether does
-// not change, by its name.
-type restartSection struct {
-	name  string
-	value any
-}
-
-// restartOnly lists c's restart-only parts.
-func restartOnly(c config.Config) []restartSection {
-	return []restartSection{
-		{"server", c.Server}, {"redis", c.Redis}, {"audit", c.Audit},
-		// tether's own certificate files are re-read when they change;
-		// which files, the client CA and min_version only at a restart
-		// ([tls.envoy] reaches Envoy over xDS at once, see envoyTLS).
-		// Envoy keeps the cluster and identity headers tether started
-		// with (apply) until then too.
-		{"tls", serverTLS(c.TLS)},
-		{"routing.cluster_header", c.Routing.ClusterHeader},
-		{"routing.queue_depth_header", c.Routing.QueueDepthHeader},
-		{"routing.oom_header", c.Routing.OOMHeader},
-		{"routing.gpu_utilization_header", c.Routing.GPUUtilizationHeader},
-		{"routing.random_seed", c.Routing.RandomSeed},
-		{"routing.failure_threshold", c.Routing.FailureThreshold},
-		{"routing.failure_window", c.Routing.FailureWindow.D},
-		{"routing.failure_cooldown", c.Routing.FailureCooldown.D},
-		{"identity", c.Identity},
-		{"xds", c.XDS},
-		{"engines (all but default)", engineScrape(c.Engines)},
-	}
-}
-
-// engineScrape is [engines] without default, which changes live.
-func engineScrape(e config.Engines) config.Engines {
-	e.Default = ""
-	return e
-}
-
-// warnRestartOnly logs each restart-only section next changes: one that
-// differs from what tether runs with (start) and from the configuration
-// last accepted, so a change is logged once and a return to the running
-// value not at all.
+// warnRestartOnly logs each restart-only key next changes: one that
+// differs from what tether runs with (its start) and from the
+// configuration last accepted, so a change is logged once and a return to
+// the running value not at all.
 func (r *Runtime) warnRestartOnly(next config.Config) {
-	start, last := restartOnly(r.start), restartOnly(r.cfg)
-	for i, s := range restartOnly(next) {
-		if !reflect.DeepEqual(s.value, start[i].value) && !reflect.DeepEqual(s.value, last[i].value) {
-			r.log.Warn().Str("section", s.name).Msg("this section changed but takes effect only after a restart")
+	last := config.RestartChanges(r.cfg, next)
+	for _, key := range config.RestartChanges(r.start, next) {
+		if slices.Contains(last, key) {
+			r.log.Warn().Str("key", key).Msg("this key changed but takes effect only after a restart")
 		}
 	}
-}
-
-// serverTLS is the part of [tls] tether's own servers use.
-func serverTLS(t config.TLS) config.TLS {
-	t.Envoy = config.EnvoyTLS{}
-	return t
 }

@@ -46,6 +46,13 @@ func fleetConfig(names ...string) config.Config {
 	for i, n := range names {
 		c.Instances = append(c.Instances, config.Instance{Name: n, Address: fmt.Sprintf("127.0.0.1:%d", 1000+i), Version: "v1", Weight: 1})
 	}
+	if len(names) > 0 {
+		// As every configuration Apply is handed: validated, and so
+		// resolved (config.Validate).
+		if err := c.Validate(); err != nil {
+			panic(err)
+		}
+	}
 	return c
 }
 
@@ -81,14 +88,13 @@ func TestApply(t *testing.T) {
 	if in, _ := rt.fleet.Lookup("a"); in.Weight != 3 {
 		t.Fatalf("weight not applied: %+v", in)
 	}
-	// Invalid: refused, counted, nothing changes.
-	bad := fleetConfig("a", "a")
-	if _, err := rt.Apply(ctx, bad, "file"); !errors.Is(err, ErrInvalid) {
+	// Invalid (config.Validate refuses it): refused, counted, nothing
+	// changes.
+	if _, _, err := rt.Edit(ctx, "file", func(c *config.Config) { c.Instances[1].Name = "a" }); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("duplicate names: err %v", err)
 	}
-	none := fleetConfig()
-	if _, err := rt.Apply(ctx, none, "admin"); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("no instances: err %v", err)
+	if _, _, err := rt.Edit(ctx, "admin", func(c *config.Config) { c.Routing.Mode = "sometimes" }); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a bad mode: err %v", err)
 	}
 	if n := testutil.ToFloat64(rt.reloads.WithLabelValues("file", "invalid")) + testutil.ToFloat64(rt.reloads.WithLabelValues("admin", "invalid")); n != 2 {
 		t.Fatalf("invalid count %v", n)
@@ -312,9 +318,9 @@ func TestApplyKeepsRoutingHeaders(t *testing.T) {
 	if h := tether.GetRoute().GetHashPolicy()[0].GetHeader().GetHeaderName(); h != start.Identity.SessionHeader {
 		t.Errorf("first hash policy on %q, want %q, the session header tether still reads", h, start.Identity.SessionHeader)
 	}
-	for _, section := range []string{"routing.cluster_header", "identity"} {
-		if !strings.Contains(logs.String(), `"section":"`+section+`"`) {
-			t.Errorf("no restart-only warning naming %s:\n%s", section, logs)
+	for _, key := range []string{"routing.cluster_header", "identity.session_header"} {
+		if !strings.Contains(logs.String(), `"key":"`+key+`"`) {
+			t.Errorf("no restart-only warning naming %s:\n%s", key, logs)
 		}
 	}
 
@@ -392,13 +398,13 @@ func TestRestartOnlyWarned(t *testing.T) {
 		}}
 	}
 	for _, tc := range []struct {
-		key, section string
-		edit         func(*config.Config)
+		key  string
+		edit func(*config.Config)
 	}{
-		{"server.log_level", "server", func(c *config.Config) { c.Server.LogLevel = "debug" }},
-		{"audit.sample_rate", "audit", func(c *config.Config) { c.Audit.SampleRate = 0.5 }},
-		{"tls.client_ca_file", "tls", func(c *config.Config) { c.TLS.ClientCAFile = "/ca.crt" }},
-		{"tls.min_version", "tls", func(c *config.Config) { c.TLS.MinVersion = "1.3" }},
+		{"server.log_level", func(c *config.Config) { c.Server.LogLevel = "debug" }},
+		{"audit.sample_rate", func(c *config.Config) { c.Audit.SampleRate = 0.5 }},
+		{"tls.client_ca_file", func(c *config.Config) { c.TLS.ClientCAFile = "/ca.crt" }},
+		{"tls.min_version", func(c *config.Config) { c.TLS.MinVersion = "1.3" }},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
 			ctx := context.Background()
@@ -407,6 +413,9 @@ func TestRestartOnlyWarned(t *testing.T) {
 			rt := New("127.0.0.1:50051", nil, zerolog.New(logs), reg)
 			start := fleetConfig("a", "b")
 			withTLS(&start)
+			if err := start.Validate(); err != nil {
+				t.Fatal(err)
+			}
 			if _, err := rt.Apply(ctx, start, "start"); err != nil {
 				t.Fatal(err)
 			}
@@ -419,7 +428,7 @@ func TestRestartOnlyWarned(t *testing.T) {
 			warned := func() int {
 				n := 0
 				for l := range strings.SplitSeq(logs.String(), "\n") {
-					if strings.Contains(l, "only after a restart") && strings.Contains(l, `"section":"`+tc.section+`"`) {
+					if strings.Contains(l, "only after a restart") && strings.Contains(l, `"key":"`+tc.key+`"`) {
 						n++
 					}
 				}
@@ -430,7 +439,7 @@ func TestRestartOnlyWarned(t *testing.T) {
 					t.Fatal(err)
 				}
 				if n := warned(); n != 1 {
-					t.Fatalf("apply %d: %d warnings naming %s, want 1:\n%s", i+1, n, tc.section, logs)
+					t.Fatalf("apply %d: %d warnings naming %s, want 1:\n%s", i+1, n, tc.key, logs)
 				}
 			}
 			if n := testutil.ToFloat64(rt.reloads.WithLabelValues("file", "unchanged")); n != 2 {

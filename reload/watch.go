@@ -67,10 +67,11 @@ func (r *Runtime) WatchFile(ctx context.Context, path string, overrides func(*co
 
 // reloadFile reads the config file again and applies it.
 func (r *Runtime) reloadFile(ctx context.Context, path string, overrides func(*config.Config)) {
-	next, err := config.Load(path)
-	if err == nil && overrides != nil {
-		overrides(&next)
+	var edits []func(*config.Config)
+	if overrides != nil {
+		edits = append(edits, overrides)
 	}
+	next, err := config.Load(path, edits...)
 	if err != nil {
 		_ = r.refuse("file", err)
 		return

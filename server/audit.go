@@ -36,8 +36,7 @@ const recordBytes = 489
 // names the variable; a PostgreSQL server that cannot be reached does
 // not: routing must not wait for the audit, so records fail (counted, and
 // alerted on by TetherAuditRecordsLost) until it answers.
-func startAudit(ctx context.Context, cfg config.Config, store *redisstore.Store, reg prometheus.Registerer, log zerolog.Logger) (auditor extproc.Auditor, stop func(), err error) {
-	a := cfg.Audit
+func startAudit(ctx context.Context, a config.Audit, maxUserID int, store *redisstore.Store, reg prometheus.Registerer, log zerolog.Logger) (auditor extproc.Auditor, stop func(), err error) {
 	if !a.Enabled {
 		return nil, func() {}, nil
 	}
@@ -62,7 +61,7 @@ func startAudit(ctx context.Context, cfg config.Config, store *redisstore.Store,
 		_ = closeSink()
 		return nil, nil, fmt.Errorf("routing audit: %w", err)
 	}
-	rec, err := audit.NewRecorder(w, sealer, audit.RecorderConfig{MaxUserIDBytes: cfg.Identity.MaxValueBytes})
+	rec, err := audit.NewRecorder(w, sealer, audit.RecorderConfig{MaxUserIDBytes: maxUserID})
 	if err == nil {
 		err = registerAuditMetrics(reg, w, rec)
 	}

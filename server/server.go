@@ -58,9 +58,17 @@ type Options struct {
 // for server.drain_delay, drains open streams (bounded by
 // server.drain_timeout) and returns. It returns an error only when tether
 // cannot start or a listener fails.
+//
+// cfg has passed config.Validate. Run hands it to reload, which keeps it in
+// force, and reads what it runs with from its translation (plan); only the
+// identity secret and the admin token are read from where cfg names them.
 func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	log := opts.Logger
-	secret, err := identitySecret(cfg, log)
+	p, err := plan.FromConfig(cfg, plan.Options{})
+	if err != nil {
+		return err
+	}
+	secret, err := identitySecret(cfg.Identity, p.Store.URL, log)
 	if err != nil {
 		return err
 	}
@@ -71,7 +79,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		reg = opts.WrapRegisterer(registry)
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	creds, err := reload.GRPCCredentials(cfg.TLS, log, reg) // none when [tls] is off
+	creds, err := reload.GRPCCredentials(p.TLS, log, reg) // none when [tls] is off
 	if err != nil {
 		return err
 	}
@@ -83,10 +91,10 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	// "embedded" is the memory store; a Redis store starts without Redis
 	// (its guard open) rather than fail: tether places requests without it
 	// and uses it once it answers.
-	st, err := store.Open(ctx, cfg.Redis.URL, store.Options{
-		Timeout: cfg.Redis.Timeout.D, OnIndexError: rec.IndexError, OnGuard: rec.RedisGuard,
-		Cache: redisstore.CacheOptions{Enabled: cfg.Redis.Cache, Size: cfg.Redis.CacheSize,
-			TTL: cfg.Redis.CacheTTL.D, FlushInterval: cfg.Redis.CacheFlushInterval.D},
+	st, err := store.Open(ctx, p.Store.URL, store.Options{
+		Timeout: p.Store.Timeout, OnIndexError: rec.IndexError, OnGuard: rec.RedisGuard,
+		Cache: redisstore.CacheOptions{Enabled: p.Store.Cache, Size: p.Store.CacheSize,
+			TTL: p.Store.CacheTTL, FlushInterval: p.Store.CacheFlushInterval},
 	})
 	if err != nil {
 		return fmt.Errorf("binding store: %w", err)
@@ -113,13 +121,13 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 	// Deferred after store.Close, so it runs before it, and after the
 	// ext_proc server has stopped below: in-flight decisions are recorded.
-	auditor, stopAudit, err := startAudit(ctx, cfg, redisStore, reg, log)
+	auditor, stopAudit, err := startAudit(ctx, p.Audit, p.Identity.MaxValueBytes, redisStore, reg, log)
 	if err != nil {
 		return err
 	}
 	defer stopAudit()
 
-	ls, err := listen(cfg)
+	ls, err := listen(p.Listen)
 	if err != nil {
 		return err
 	}
@@ -135,8 +143,9 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if _, err := rt.Apply(ctx, cfg, "start"); err != nil {
 		return err
 	}
-	// What only a restart changes comes from the start's plan: the
-	// identity, the breaker, the ext_proc handler's headers.
+	// What only a restart changes comes from the start's plan (now with
+	// this replica's listener for Envoy): the identity, the breaker, the
+	// ext_proc handler's headers.
 	start := rt.Plan()
 	ids, err := start.Extractor(secret)
 	if err != nil {
@@ -179,7 +188,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	ready := admin.NewReadiness(st)
 	sessions := admin.NewSessionOps(admin.SessionOpsConfig{
 		Index: st, Drains: st, Load: load, Fleet: rt.Fleet(),
-		Identity: ids, Headers: cfg.Identity, Logger: log,
+		Identity: ids, Headers: start.Identity, Logger: log,
 	})
 	adminAPI := admin.Guard(adminToken, cfg.Server, ls.admin.Addr(), log, admin.NewHandler(admin.Config{
 		Metrics: registry, Ready: ready, Runtime: rt, ADS: ads, Sessions: sessions,
@@ -218,7 +227,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if ls.xds != nil {
 		ev = ev.Str("xds", ls.xds.Addr().String())
 	}
-	ev.Str("mode", string(start.Policy.Mode)).Int("instances", len(cfg.Instances)).Msg("tether ready")
+	ev.Str("mode", string(start.Policy.Mode)).Int("instances", len(start.Instances)).Msg("tether ready")
 
 	var runErr error
 	select {
@@ -227,13 +236,13 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}
 	ready.Drain()
 	hs.Shutdown()
-	if d := cfg.Server.DrainDelay.D; d > 0 && runErr == nil {
+	if d := start.Drain.Delay; d > 0 && runErr == nil {
 		runErr = lameDuck(d, errc, log)
 	}
 	stopWatch()
 	watchers.Wait()
-	log.Info().Dur("timeout", cfg.Server.DrainTimeout.D).Msg("draining ext_proc streams")
-	stopGRPC(gs, cfg.Server.DrainTimeout.D)
+	log.Info().Dur("timeout", start.Drain.Timeout).Msg("draining ext_proc streams")
+	stopGRPC(gs, start.Drain.Timeout)
 	if xs != nil {
 		stopStreams() // ADS streams never end by themselves
 		stopGRPC(xs, time.Second)
@@ -251,18 +260,18 @@ type listeners struct {
 	extproc, admin, xds net.Listener // xds is nil when the ADS server is off
 }
 
-func listen(cfg config.Config) (*listeners, error) {
+func listen(at plan.Listen) (*listeners, error) {
 	ls := &listeners{}
 	var err error
-	if ls.extproc, err = net.Listen("tcp", cfg.Server.ExtProcAddr); err != nil {
+	if ls.extproc, err = net.Listen("tcp", at.ExtProc); err != nil {
 		return nil, fmt.Errorf("ext_proc listener: %w", err)
 	}
-	if ls.admin, err = net.Listen("tcp", cfg.Server.AdminAddr); err != nil {
+	if ls.admin, err = net.Listen("tcp", at.Admin); err != nil {
 		ls.close()
 		return nil, fmt.Errorf("admin listener: %w", err)
 	}
-	if cfg.XDS.Addr != "" {
-		if ls.xds, err = net.Listen("tcp", cfg.XDS.Addr); err != nil {
+	if at.XDS != "" {
+		if ls.xds, err = net.Listen("tcp", at.XDS); err != nil {
 			ls.close()
 			return nil, fmt.Errorf("xds listener: %w", err)
 		}
@@ -283,21 +292,21 @@ func (ls *listeners) close() {
 // identitySecret returns the HMAC secret. Replicas sharing a Redis must
 // share it, or they would key the same caller differently; so it is
 // required unless the store is embedded (and dies with the process anyway).
-func identitySecret(cfg config.Config, log zerolog.Logger) ([]byte, error) {
-	if s := cfg.Identity.SecretBytes(); len(s) > 0 {
+func identitySecret(id config.Identity, storeURL string, log zerolog.Logger) ([]byte, error) {
+	if s := id.SecretBytes(); len(s) > 0 {
 		if len(s) < 16 {
-			return nil, fmt.Errorf("identity secret (from $%s or identity.secret) must be at least 16 bytes", cfg.Identity.SecretEnv)
+			return nil, fmt.Errorf("identity secret (from $%s or identity.secret) must be at least 16 bytes", id.SecretEnv)
 		}
 		return s, nil
 	}
-	if cfg.Redis.URL != store.Embedded {
-		return nil, fmt.Errorf("identity secret missing: set $%s (or identity.secret); every replica sharing a Redis needs the same one", cfg.Identity.SecretEnv)
+	if storeURL != store.Embedded {
+		return nil, fmt.Errorf("identity secret missing: set $%s (or identity.secret); every replica sharing a Redis needs the same one", id.SecretEnv)
 	}
 	s := make([]byte, 32)
 	if _, err := rand.Read(s); err != nil {
 		return nil, fmt.Errorf("identity secret: %w", err)
 	}
-	log.Warn().Str("env", cfg.Identity.SecretEnv).Msg("no identity secret set; using a random one for this process (fine with the embedded store only)")
+	log.Warn().Str("env", id.SecretEnv).Msg("no identity secret set; using a random one for this process (fine with the embedded store only)")
 	return s, nil
 }
 

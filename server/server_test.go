@@ -280,7 +280,8 @@ func TestStartupErrors(t *testing.T) {
 func TestEmbeddedWithoutSecretWarns(t *testing.T) {
 	t.Setenv("TETHER_IDENTITY_SECRET", "")
 	var logs bytes.Buffer
-	s, err := identitySecret(testConfig(), zerolog.New(&logs))
+	c := testConfig()
+	s, err := identitySecret(c.Identity, c.Redis.URL, zerolog.New(&logs))
 	if err != nil || len(s) != 32 {
 		t.Fatalf("secret %d bytes, err %v", len(s), err)
 	}

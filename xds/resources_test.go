@@ -65,11 +65,21 @@ func loadConfig(t *testing.T, path string) config.Config {
 	return c
 }
 
-// spec is the spec tether builds Envoy's resources from for cfg
-// (plan.Envoy: envoy.extproc_endpoints, else server.extproc_addr).
+// planned is the spec tether builds Envoy's resources from for cfg
+// (envoy.extproc_endpoints, else server.extproc_addr), once cfg has
+// passed config.Validate, as every configuration tether runs has.
+func planned(cfg config.Config) (xds.Spec, error) {
+	if err := cfg.Validate(); err != nil {
+		return xds.Spec{}, err
+	}
+	p, err := plan.FromConfig(cfg, plan.Options{})
+	return p.Envoy, err
+}
+
+// spec is planned's spec, for a cfg that must pass.
 func spec(t *testing.T, cfg config.Config) xds.Spec {
 	t.Helper()
-	s, err := plan.Envoy(cfg, plan.Options{})
+	s, err := planned(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +88,7 @@ func spec(t *testing.T, cfg config.Config) xds.Spec {
 
 // build is Build of cfg's spec.
 func build(cfg config.Config, mode xds.Mode) (*xds.Resources, error) {
-	s, err := plan.Envoy(cfg, plan.Options{})
+	s, err := planned(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -88,11 +98,13 @@ func build(cfg config.Config, mode xds.Mode) (*xds.Resources, error) {
 // upstreamTLS is the transport socket of the tether-extproc cluster for
 // [tls] t, as Build makes it.
 func upstreamTLS(t config.TLS) (*corev3.TransportSocket, error) {
-	e, err := plan.UpstreamTLS(t)
+	cfg := config.Default()
+	cfg.TLS = t
+	s, err := planned(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return xds.TransportSocket(e)
+	return xds.TransportSocket(s.TLS)
 }
 
 func TestGoldenADSResources(t *testing.T) {
@@ -332,10 +344,7 @@ func TestGoldenADSResourcesTLS(t *testing.T) {
 			t.Errorf("cluster %s changed with [tls]", c.Name)
 		}
 	}
-	envoyTLS, err := plan.UpstreamTLS(cfg.TLS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	envoyTLS := spec(t, cfg).TLS
 	b, err := xds.ADSBootstrap("tether-local", "127.0.0.1:9901", "10.0.0.5:18000", xds.WithTLS(envoyTLS))
 	if err != nil {
 		t.Fatal(err)
@@ -350,10 +359,7 @@ func TestGoldenADSResourcesTLS(t *testing.T) {
 	golden(t, "testdata/bootstrap-xds-tls.golden.yaml", y)
 
 	// Without [tls], WithTLS changes nothing.
-	noTLS, err := plan.UpstreamTLS(config.TLS{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	noTLS := spec(t, config.Default()).TLS
 	off, err := xds.ADSBootstrap("n", "127.0.0.1:9901", "10.0.0.5:18000", xds.WithTLS(noTLS))
 	if err != nil {
 		t.Fatal(err)
@@ -427,7 +433,7 @@ func TestUpstreamTLSShapes(t *testing.T) {
 			tc.check(t, string(stableJSON(t, ts)))
 		})
 	}
-	if ts, err := upstreamTLS(config.TLS{}); ts != nil || err != nil {
+	if ts, err := upstreamTLS(config.Default().TLS); ts != nil || err != nil {
 		t.Errorf("plaintext: %v, %v; want no transport socket", ts, err)
 	}
 }

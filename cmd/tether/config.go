@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/plan"
 	"github.com/tetherproxy/tether/store"
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
@@ -35,7 +36,13 @@ func newConfigCmd() *cobra.Command {
 			if _, err := c.Server.AdminToken(); err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d instances, mode %s)\n", args[0], len(c.Instances), c.Routing.Mode)
+			// The mode every request no rule matches is routed by, as
+			// routing.mode, sticky_enabled and adaptive_sticky add up.
+			p, err := plan.FromConfig(c, plan.Options{})
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d instances, mode %s)\n", args[0], len(p.Instances), p.Policy.Mode)
 			return nil
 		},
 	})

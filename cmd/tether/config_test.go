@@ -94,3 +94,34 @@ func TestConfigValidateChecksTheAdminToken(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigValidatePrintsTheEffectiveMode: `tether config validate`
+// prints the mode requests are routed by, as routing.mode, sticky_enabled
+// and adaptive_sticky add up: sticky_enabled = 0 routes everything at
+// random whatever the mode says, and adaptive_sticky = 1 alone is
+// adaptive.
+func TestConfigValidatePrintsTheEffectiveMode(t *testing.T) {
+	for _, tc := range []struct{ file, want string }{
+		{"", "mode sticky"},
+		{"[routing]\nmode = \"sticky\"\nsticky_enabled = 0\n", "mode random"},
+		{"[routing]\nadaptive_sticky = 1\n", "mode adaptive"},
+		{"[routing]\nmode = \"random\"\n", "mode random"},
+		{"[routing]\nmode = \"hybrid\"\n[[routing.rules]]\nname = \"core\"\npath_prefix = \"/v1/\"\nmode = \"sticky\"\n", "mode hybrid"},
+		{"[routing]\nmode = \"hybrid\"\nsticky_enabled = 0\n[[routing.rules]]\nname = \"core\"\npath_prefix = \"/v1/\"\nmode = \"sticky\"\n", "mode random"},
+	} {
+		path := filepath.Join(t.TempDir(), "tether.toml")
+		if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := newConfigCmd()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetArgs([]string{"validate", path})
+		if err := cmd.Execute(); err != nil {
+			t.Fatalf("%q: %v", tc.file, err)
+		}
+		if !strings.Contains(out.String(), tc.want) {
+			t.Errorf("%q: printed %q, want %q", tc.file, out.String(), tc.want)
+		}
+	}
+}

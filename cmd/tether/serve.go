@@ -39,15 +39,8 @@ func newServeCmd() *cobra.Command {
 					c.XDS.Addr = xdsAddr
 				}
 			}
-			cfg := config.Default()
-			if path != "" {
-				var err error
-				if cfg, err = config.Load(path); err != nil {
-					return err
-				}
-			}
-			overrides(&cfg)
-			if err := cfg.Validate(); err != nil {
+			cfg, err := config.Load(path, overrides)
+			if err != nil {
 				return err
 			}
 			if cpuProfile != "" {

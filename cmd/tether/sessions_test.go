@@ -55,7 +55,8 @@ func newSessionsServer(t *testing.T) *sessionsServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	headers := config.Default().Identity
+	id := config.Default().Identity
+	headers := identity.Config{SessionHeader: id.SessionHeader, AuthHeader: id.AuthHeader, DeviceHeader: id.DeviceHeader, UserHeader: id.UserHeader}
 	ids, err := identity.New(identity.Config{SessionHeader: headers.SessionHeader, Secret: []byte("a-test-secret-of-32-bytes-long!!")})
 	if err != nil {
 		t.Fatal(err)

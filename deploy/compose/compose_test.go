@@ -1338,12 +1338,12 @@ func (s *stack) checkEnvoy(cfg *config.Config) {
 
 	// The ext_proc cluster: tether sends it over ADS, built from its config
 	// the way serve builds it.
-	spec, err := plan.Envoy(*cfg, plan.Options{})
+	p, err := plan.FromConfig(*cfg, plan.Options{})
 	if err != nil {
 		s.errf("tether.toml: the resources tether would send Envoy: %v", err)
 		return
 	}
-	res, err := xds.Build(spec, xds.ADS)
+	res, err := xds.Build(p.Envoy, xds.ADS)
 	if err != nil {
 		s.errf("tether.toml: the resources tether would send Envoy: %v", err)
 		return

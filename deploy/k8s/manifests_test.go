@@ -822,11 +822,11 @@ func TestEnvoyFilter(t *testing.T) {
 	}
 
 	// What tether's xDS server would send, for this configuration.
-	spec, err := plan.Envoy(cfg, plan.Options{ExtProc: []string{"127.0.0.1:50051"}})
+	p, err := plan.FromConfig(cfg, plan.Options{ExtProc: []string{"127.0.0.1:50051"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := xds.Build(spec, xds.Static)
+	res, err := xds.Build(p.Envoy, xds.Static)
 	if err != nil {
 		t.Fatal(err)
 	}

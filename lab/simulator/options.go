@@ -264,7 +264,8 @@ func (o Options) validateConfig() error {
 	case len(o.Config.Instances) > MaxInstances:
 		return fmt.Errorf("simulate: the configuration has %d instances: at most %d", len(o.Config.Instances), MaxInstances)
 	}
-	if _, err := plan.FromConfig(*o.Config, plan.Options{}); err != nil {
+	c := *o.Config
+	if err := c.Validate(); err != nil {
 		return fmt.Errorf("simulate: configuration: %w", err)
 	}
 	return nil
@@ -277,6 +278,9 @@ func (o Options) plan() (plan.Plan, error) {
 	cfg := o.generatedConfig()
 	if o.Config != nil {
 		cfg = *o.Config
+	}
+	if err := cfg.Validate(); err != nil {
+		return plan.Plan{}, fmt.Errorf("simulate: configuration: %w", err)
 	}
 	p, err := plan.FromConfig(cfg, plan.Options{})
 	if err != nil {

@@ -1,0 +1,140 @@
+package config
+
+import (
+	"encoding"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Live or restart: every key says once, in its `reload` tag, whether a
+// running tether applies it. A key without a tag follows its section's
+// (a table's tag covers every key in it); a section without one is live.
+// Everything that depends on it derives from the tags: what a running
+// tether keeps from its start (Running), which edits the reload warns
+// about (RestartChanges), and the **restart** marks of docs/config.md
+// (RestartKeys; docs_test.go holds the page to it).
+//
+//	reload:"restart"  the key takes effect only when tether restarts
+//	reload:"live"     the key takes effect at once (inside a restart table)
+//
+// A restart-only key is restart-only for the Envoy configuration tether
+// serves too: Envoy must keep speaking to the tether that runs (its
+// routing header, the identity headers it hashes on, the [tls] tether's
+// servers started with).
+const reloadTag = "reload"
+
+// RestartKeys lists the restart-only keys, as `section.key` (an array of
+// tables' keys under the array's name, as docs/config.md names them).
+func RestartKeys() []string {
+	var keys []string
+	walkKeys(reflect.TypeFor[Config](), "", false, func(key string, _ []int, restart bool) {
+		if restart {
+			keys = append(keys, key)
+		}
+	})
+	return keys
+}
+
+// RestartChanges lists the restart-only keys whose values differ between
+// a and b.
+func RestartChanges(a, b Config) []string {
+	var keys []string
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	walkKeys(va.Type(), "", false, func(key string, index []int, restart bool) {
+		if restart && !reflect.DeepEqual(va.FieldByIndex(index).Interface(), vb.FieldByIndex(index).Interface()) {
+			keys = append(keys, key)
+		}
+	})
+	return keys
+}
+
+// Running is what a running tether runs when it accepts next, having
+// started with start: next's live keys, and every restart-only key as it
+// was at the start. [tls.envoy] is live only while it fits the [tls]
+// tether's servers run with (TLS neither turned on nor off, nothing Envoy
+// needs left out); otherwise the Envoy side in force (current's) stays,
+// and held says why. An error means next, with what tether keeps until a
+// restart, does not validate (an edit gave a rule's header the name of
+// the routing header tether still runs with): the change is refused.
+func Running(start, current, next Config) (run Config, held string, err error) {
+	run = next
+	rv, sv := reflect.ValueOf(&run).Elem(), reflect.ValueOf(start)
+	walkKeys(rv.Type(), "", false, func(_ string, index []int, restart bool) {
+		if restart {
+			rv.FieldByIndex(index).Set(sv.FieldByIndex(index))
+		}
+	})
+	if run.TLS.Envoy != current.TLS.Envoy {
+		if next.TLS.Enabled() != start.TLS.Enabled() {
+			held = "TLS was turned on or off, which takes a restart"
+		} else if err := run.validateEnvoyTLS(); err != nil {
+			held = err.Error()
+		}
+		if held != "" {
+			run.TLS.Envoy = current.TLS.Envoy
+		}
+	}
+	if !reflect.DeepEqual(run, next) {
+		if err := run.Validate(); err != nil {
+			return Config{}, "", err
+		}
+	}
+	return run, held, nil
+}
+
+// walkKeys calls fn for every key of t (a table), with its name, its
+// index for reflect.Value.FieldByIndex and whether it is restart-only
+// (restart: the enclosing table's mode).
+func walkKeys(t reflect.Type, section string, restart bool, fn func(key string, index []int, restart bool)) {
+	walkFields(t, nil, section, restart, fn)
+}
+
+func walkFields(t reflect.Type, index []int, section string, restart bool, fn func(string, []int, bool)) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		idx := append(slices.Clone(index), i)
+		mode := restart
+		switch f.Tag.Get(reloadTag) {
+		case "restart":
+			mode = true
+		case "live":
+			mode = false
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
+			walkFields(f.Type, idx, section, mode, fn) // an embedded table's keys are the section's
+			continue
+		}
+		if name == "" || name == "-" {
+			continue
+		}
+		key := name
+		if section != "" {
+			key = section + "." + name
+		}
+		if isTable(f.Type) {
+			walkFields(f.Type, idx, key, mode, fn)
+			continue
+		}
+		fn(key, idx, mode)
+	}
+}
+
+// isTable: a struct the file spells as a table, not a value that decodes
+// itself (Duration).
+func isTable(t reflect.Type) bool {
+	if t.Kind() != reflect.Struct {
+		return false
+	}
+	switch reflect.New(t).Interface().(type) {
+	case toml.Unmarshaler, encoding.TextUnmarshaler:
+		return false
+	}
+	return true
+}

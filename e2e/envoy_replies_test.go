@@ -42,10 +42,10 @@ type replyCase struct {
 	name      string
 	cluster   string // what the ext_proc server puts in x-route
 	behaviour string // x-case: what the instance (or the test) does
-	want      replyOutcome
+	want      replySeen
 }
 
-type replyOutcome struct {
+type replySeen struct {
 	status  int    // what the client gets; 0: no response at all
 	flags   string // Envoy's response flags (access log), "-" for none
 	phase   bool   // a response-headers message reached the ext_proc server
@@ -80,26 +80,26 @@ func TestEnvoyRepliesReachResponsePhase(t *testing.T) {
 		via            = "via_upstream"
 	)
 	cases := []replyCase{
-		{"instance 500", "instance", "status-500", replyOutcome{status: 500, flags: "-", phase: true, details: via, upstream: true, attempts: 1, host: "instance"}},
-		{"instance 503", "instance", "status-503", replyOutcome{status: 503, flags: "-", phase: true, details: via, upstream: true, attempts: 1, host: "instance"}},
-		{"instance 507", "instance", "status-507", replyOutcome{status: 507, flags: "-", phase: true, details: via, upstream: true, attempts: 1, host: "instance"}},
-		{"connection refused", "refused", "ok", replyOutcome{status: 503, flags: "UF", phase: true, details: refusedDetails, host: "closed"}},
-		{"route timeout", "instance", "timeout", replyOutcome{status: 504, flags: "UT", phase: true, details: "response_timeout", attempts: 1, host: "instance"}},
-		{"no healthy host", "empty", "ok", replyOutcome{status: 503, flags: "UH", phase: true, details: "no_healthy_upstream"}},
-		{"unknown cluster", "no-such-cluster", "ok", replyOutcome{status: 503, flags: "NC", phase: true, details: "cluster_not_found"}},
-		{"reset before headers", "instance", "reset-before-headers", replyOutcome{status: 503, flags: "UC", phase: true,
+		{"instance 500", "instance", "status-500", replySeen{status: 500, flags: "-", phase: true, details: via, upstream: true, attempts: 1, host: "instance"}},
+		{"instance 503", "instance", "status-503", replySeen{status: 503, flags: "-", phase: true, details: via, upstream: true, attempts: 1, host: "instance"}},
+		{"instance 507", "instance", "status-507", replySeen{status: 507, flags: "-", phase: true, details: via, upstream: true, attempts: 1, host: "instance"}},
+		{"connection refused", "refused", "ok", replySeen{status: 503, flags: "UF", phase: true, details: refusedDetails, host: "closed"}},
+		{"route timeout", "instance", "timeout", replySeen{status: 504, flags: "UT", phase: true, details: "response_timeout", attempts: 1, host: "instance"}},
+		{"no healthy host", "empty", "ok", replySeen{status: 503, flags: "UH", phase: true, details: "no_healthy_upstream"}},
+		{"unknown cluster", "no-such-cluster", "ok", replySeen{status: 503, flags: "NC", phase: true, details: "cluster_not_found"}},
+		{"reset before headers", "instance", "reset-before-headers", replySeen{status: 503, flags: "UC", phase: true,
 			details: "upstream_reset_before_response_started{connection_termination}", attempts: 1, host: "instance"}},
-		{"reset after headers", "instance", "reset-after-headers", replyOutcome{status: 200, flags: "UPE", phase: true,
+		{"reset after headers", "instance", "reset-after-headers", replySeen{status: 200, flags: "UPE", phase: true,
 			details: "upstream_reset_after_response_started{protocol_error}", phaseDetails: via, upstream: true, attempts: 1, host: "instance"}},
-		{"reset after headers, chunked", "instance", "reset-after-headers-chunked", replyOutcome{status: 200, flags: "UPE", phase: true,
+		{"reset after headers, chunked", "instance", "reset-after-headers-chunked", replySeen{status: 200, flags: "UPE", phase: true,
 			details: "upstream_reset_after_response_started{protocol_error}", phaseDetails: via, upstream: true, attempts: 1, host: "instance"}},
-		{"RST after headers", "instance", "rst-after-headers", replyOutcome{status: 200, flags: "UPE", phase: true,
+		{"RST after headers", "instance", "rst-after-headers", replySeen{status: 200, flags: "UPE", phase: true,
 			details: "upstream_reset_after_response_started{protocol_error}", phaseDetails: via, upstream: true, attempts: 1, host: "instance"}},
-		{"circuit breaker overflow", "narrow", "overflow", replyOutcome{status: 503, flags: "UO", phase: true,
+		{"circuit breaker overflow", "narrow", "overflow", replySeen{status: 503, flags: "UO", phase: true,
 			details: "upstream_reset_before_response_started{overflow}", extra: "x-envoy-overloaded: true"}},
-		{"client disconnects", "instance", "client-gone", replyOutcome{status: 0, flags: "DC", phase: false, details: "downstream_remote_disconnect", attempts: 1}},
-		{"refused, retried once", "refused", "retry-refused", replyOutcome{status: 503, flags: "UF,URX", phase: true, details: refusedDetails, host: "closed"}},
-		{"instance 503, retried once", "instance", "retry-503", replyOutcome{status: 503, flags: "URX", phase: true, details: via, upstream: true, attempts: 2, host: "instance"}},
+		{"client disconnects", "instance", "client-gone", replySeen{status: 0, flags: "DC", phase: false, details: "downstream_remote_disconnect", attempts: 1}},
+		{"refused, retried once", "refused", "retry-refused", replySeen{status: 503, flags: "UF,URX", phase: true, details: refusedDetails, host: "closed"}},
+		{"instance 503, retried once", "instance", "retry-503", replySeen{status: 503, flags: "URX", phase: true, details: via, upstream: true, attempts: 2, host: "instance"}},
 	}
 
 	var table strings.Builder
@@ -117,7 +117,7 @@ func TestEnvoyRepliesReachResponsePhase(t *testing.T) {
 
 // replyObserved is what one case produced.
 type replyObserved struct {
-	replyOutcome
+	replySeen
 	flagBits    uint64            // the flags as Envoy's bit vector (response.flags)
 	phaseStatus string            // :status in the response-headers message
 	headerNames string            // header names in the response-headers message

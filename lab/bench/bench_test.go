@@ -22,8 +22,8 @@ import (
 
 func TestChurnPhase(t *testing.T) {
 	ms := time.Millisecond
-	rec := func(conv string, turn int, start, lat time.Duration, out loadgen.Outcome, inst string, id workload.IdentityKind) loadgen.Record {
-		return loadgen.Record{Conversation: conv, Turn: turn, Start: start, Latency: lat, Outcome: out, Instance: inst,
+	rec := func(conv string, turn int, start, lat time.Duration, out loadgen.Fate, inst string, id workload.IdentityKind) loadgen.Record {
+		return loadgen.Record{Conversation: conv, Turn: turn, Start: start, Latency: lat, Fate: out, Instance: inst,
 			Identity: id, PromptTokens: 100, CachedTokens: 50}
 	}
 	sess, anon := workload.IdentitySession, workload.IdentityAnonymous

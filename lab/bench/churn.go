@@ -130,18 +130,18 @@ func churnPhase(policy, phase, victim string, recs []loadgen.Record, from, to ti
 	last := map[string]string{} // conversation → instance of its previous OK turn
 	var prompt, cached int64
 	for _, r := range recs {
-		if r.Outcome != loadgen.OK && r.Outcome != loadgen.Failed {
+		if r.Fate != loadgen.OK && r.Fate != loadgen.Failed {
 			continue
 		}
 		prev, seen := last[r.Conversation]
-		if r.Outcome == loadgen.OK {
+		if r.Fate == loadgen.OK {
 			last[r.Conversation] = r.Instance
 		}
 		if end := r.Start + r.Latency; end < from || end >= to {
 			continue
 		}
 		row.Requests++
-		if r.Outcome == loadgen.Failed {
+		if r.Fate == loadgen.Failed {
 			row.Failed++
 			continue
 		}

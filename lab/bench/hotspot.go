@@ -130,7 +130,7 @@ func hotspotOnce(ctx context.Context, opts Options, dir string, p policy, fleet 
 	}
 	var others, all []sample
 	for _, r := range res.Records {
-		s := sample{start: r.Start, ok: r.Outcome == loadgen.OK, ttft: r.TTFB, instance: r.Instance,
+		s := sample{start: r.Start, ok: r.Fate == loadgen.OK, ttft: r.TTFB, instance: r.Instance,
 			decision: r.TetherDecision, prompt: r.PromptTokens, cached: r.CachedTokens}
 		if r.Start >= from && r.Start < to {
 			others = append(others, s)

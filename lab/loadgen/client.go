@@ -66,7 +66,7 @@ type chatAnswer struct {
 func (r *runner) send(ctx context.Context, rec *Record, conv workload.Conversation, k int, answers []string) string {
 	msgs, err := conv.Messages(k, answers)
 	if err != nil {
-		rec.Outcome, rec.Error = Failed, err.Error()
+		rec.Fate, rec.Error = Failed, err.Error()
 		return ""
 	}
 	body, err := json.Marshal(chatRequest{
@@ -78,12 +78,12 @@ func (r *runner) send(ctx context.Context, rec *Record, conv workload.Conversati
 		StreamOptions: r.streamOptions(),
 	})
 	if err != nil {
-		rec.Outcome, rec.Error = Failed, fmt.Sprintf("encode request: %v", err)
+		rec.Fate, rec.Error = Failed, fmt.Sprintf("encode request: %v", err)
 		return ""
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(body))
 	if err != nil {
-		rec.Outcome, rec.Error = Failed, err.Error()
+		rec.Fate, rec.Error = Failed, err.Error()
 		return ""
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -97,11 +97,11 @@ func (r *runner) send(ctx context.Context, rec *Record, conv workload.Conversati
 	rec.Latency = time.Since(start)
 	switch {
 	case err == nil:
-		rec.Outcome = OK
+		rec.Fate = OK
 	case ctx.Err() != nil:
-		rec.Outcome, rec.Error = Cancelled, "cancelled: "+context.Cause(ctx).Error()
+		rec.Fate, rec.Error = Cancelled, "cancelled: "+context.Cause(ctx).Error()
 	default:
-		rec.Outcome, rec.Error = Failed, err.Error()
+		rec.Fate, rec.Error = Failed, err.Error()
 	}
 	return ans
 }

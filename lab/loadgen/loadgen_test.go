@@ -261,7 +261,7 @@ func TestMaxInFlightDrops(t *testing.T) {
 		t.Errorf("the server saw %d requests at once, more than max in flight 2", p)
 	}
 	for _, r := range res.Records {
-		if r.Outcome == Dropped && (r.Status != 0 || r.Latency != 0 || r.Instance != "" || !strings.Contains(r.Error, "2 requests in flight")) {
+		if r.Fate == Dropped && (r.Status != 0 || r.Latency != 0 || r.Instance != "" || !strings.Contains(r.Error, "2 requests in flight")) {
 			t.Errorf("dropped record %+v", r)
 		}
 	}
@@ -324,7 +324,7 @@ func TestRunStopsWhenTheContextEnds(t *testing.T) {
 		t.Fatalf("Run: %v, result %v: want the partial result and context.Canceled", err, res != nil)
 	}
 	for _, r := range res.Records {
-		if r.Outcome != Cancelled {
+		if r.Fate != Cancelled {
 			t.Fatalf("record %+v: want cancelled", r)
 		}
 	}
@@ -366,8 +366,8 @@ func TestFailedTurnEndsItsConversation(t *testing.T) {
 
 func TestSummarize(t *testing.T) {
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
-	rec := func(conv string, kind workload.Kind, turn, turns int, out Outcome, inst string, prompt, cached int, lat time.Duration) Record {
-		return Record{Conversation: conv, Kind: kind, Turn: turn, Turns: turns, Outcome: out, Instance: inst,
+	rec := func(conv string, kind workload.Kind, turn, turns int, out Fate, inst string, prompt, cached int, lat time.Duration) Record {
+		return Record{Conversation: conv, Kind: kind, Turn: turn, Turns: turns, Fate: out, Instance: inst,
 			PromptTokens: prompt, CachedTokens: cached, Latency: lat, TTFB: lat / 2}
 	}
 	records := []Record{
@@ -528,7 +528,7 @@ func TestRunIsReproducible(t *testing.T) {
 func TestSummarizeCapsErrorKinds(t *testing.T) {
 	var records []Record
 	for i := range MaxErrorKinds + 5 {
-		records = append(records, Record{Conversation: strconv.Itoa(i), Outcome: Failed, Error: "error " + strconv.Itoa(i)})
+		records = append(records, Record{Conversation: strconv.Itoa(i), Fate: Failed, Error: "error " + strconv.Itoa(i)})
 	}
 	s := Summarize(records, nil)
 	if len(s.Errors) != MaxErrorKinds+1 || s.Errors[OtherErrors] != 5 {

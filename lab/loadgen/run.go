@@ -232,7 +232,7 @@ func (r *runner) converse(sendCtx, reqCtx context.Context, conv workload.Convers
 		case r.slots <- struct{}{}:
 		default:
 			// MaxInFlight requests are in flight: drop, never wait.
-			rec.Start, rec.Outcome, rec.Error = time.Since(r.start), Dropped, fmt.Sprintf("%d requests in flight", r.opts.MaxInFlight)
+			rec.Start, rec.Fate, rec.Error = time.Since(r.start), Dropped, fmt.Sprintf("%d requests in flight", r.opts.MaxInFlight)
 			r.counts.dropped.Add(1)
 			records = append(records, rec)
 			return
@@ -240,7 +240,7 @@ func (r *runner) converse(sendCtx, reqCtx context.Context, conv workload.Convers
 		ans := r.send(reqCtx, &rec, conv, k, answers)
 		<-r.slots
 		records = append(records, rec)
-		switch rec.Outcome {
+		switch rec.Fate {
 		case OK:
 			r.counts.ok.Add(1)
 		case Cancelled:

@@ -9,20 +9,20 @@ import (
 	"github.com/tetherproxy/tether/lab/workload"
 )
 
-// Outcome is how a request ended.
-type Outcome string
+// Fate is what became of a request, as the load generator (the client) saw it.
+type Fate string
 
 const (
 	// OK: a 2xx answer, read to the end.
-	OK Outcome = "ok"
+	OK Fate = "ok"
 	// Failed: no answer (connection refused, reset), a non-2xx status, or
 	// an answer that could not be read.
-	Failed Outcome = "failed"
+	Failed Fate = "failed"
 	// Dropped: not sent, because MaxInFlight requests were in flight.
-	Dropped Outcome = "dropped"
+	Dropped Fate = "dropped"
 	// Cancelled: still running at the drain deadline (or when the run's
 	// context ended), and cancelled.
-	Cancelled Outcome = "cancelled"
+	Cancelled Fate = "cancelled"
 )
 
 // Record is one request (or one request that was dropped).
@@ -39,8 +39,8 @@ type Record struct {
 
 	// Start is when the request was sent (or dropped), from the start of
 	// the run.
-	Start   time.Duration `json:"start_ns"`
-	Outcome Outcome       `json:"outcome"`
+	Start time.Duration `json:"start_ns"`
+	Fate  Fate          `json:"fate"`
 	// Status is the HTTP status; 0 when no answer came.
 	Status int    `json:"status,omitempty"`
 	Error  string `json:"error,omitempty"`
@@ -173,7 +173,7 @@ func Summarize(records []Record, instances []string) Summary {
 			kinds[r.Kind] = k
 		}
 		k.requests++
-		switch r.Outcome {
+		switch r.Fate {
 		case OK:
 			s.OK++
 			k.ok++
@@ -189,7 +189,7 @@ func Summarize(records []Record, instances []string) Summary {
 		case Cancelled:
 			s.Cancelled++
 		}
-		if r.Outcome != OK && r.Error != "" {
+		if r.Fate != OK && r.Error != "" {
 			if s.Errors == nil {
 				s.Errors = map[string]int{}
 			}
@@ -218,13 +218,13 @@ func Summarize(records []Record, instances []string) Summary {
 	follow := map[workload.Kind]*[2]int{} // follow-ups, same instance
 	for _, turns := range convs {
 		last := turns[len(turns)-1]
-		if last.Outcome == OK && last.Turn == last.Turns-1 && len(turns) == last.Turns {
+		if last.Fate == OK && last.Turn == last.Turns-1 && len(turns) == last.Turns {
 			s.ConversationsCompleted++
 		}
 		s.TurnsNotSent += max(last.Turns-len(turns), 0)
 		for i := 1; i < len(turns); i++ {
 			prev, cur := turns[i-1], turns[i]
-			if prev.Turn != cur.Turn-1 || prev.Outcome != OK || cur.Outcome != OK || prev.Instance == "" || cur.Instance == "" {
+			if prev.Turn != cur.Turn-1 || prev.Fate != OK || cur.Fate != OK || prev.Instance == "" || cur.Instance == "" {
 				continue
 			}
 			f := follow[cur.Kind]

@@ -22,6 +22,7 @@ import (
 // and what metrics count.
 type Kind string
 
+// The kinds of decision.
 const (
 	KindHit       Kind = "hit"       // an existing binding was used
 	KindBind      Kind = "bind"      // a new session was placed and bound

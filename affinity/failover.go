@@ -28,6 +28,7 @@ const (
 // Stage is a step of the fallback ladder.
 type Stage int
 
+// The rungs of the ladder.
 const (
 	StageNone      Stage = iota
 	StageSameZone        // rebound to another instance of the failed one's zone

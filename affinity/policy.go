@@ -17,14 +17,14 @@ import (
 type Mode string
 
 const (
-	// Sticky: the session's binding decides; a new session is placed.
+	// Sticky means the session's binding decides; a new session is placed.
 	Sticky Mode = "sticky"
-	// Adaptive: sticky, but a session whose instance is saturated moves to
+	// Adaptive means sticky, but a session whose instance is saturated moves to
 	// its next choice unless it is high-priority.
 	Adaptive Mode = "adaptive"
-	// Random: each request at random, by weight; nothing is bound.
+	// Random means each request at random, by weight; nothing is bound.
 	Random Mode = "random"
-	// Hybrid: rules decide; a request no rule matches is routed at random
+	// Hybrid means rules decide; a request no rule matches is routed at random
 	// (core traffic sticky, edge traffic random, as the rules say). A
 	// policy's mode only.
 	Hybrid Mode = "hybrid"
@@ -34,20 +34,21 @@ const (
 type VersionAffinity string
 
 const (
-	// Strict: a session never changes version; with no healthy instance of
+	// Strict means a session never changes version; with no healthy instance of
 	// its version it gets no instance (ErrNoVersion) until an operator
 	// migrates it.
 	Strict VersionAffinity = "strict"
-	// Prefer: a session changes version only when no instance of its
+	// Prefer means a session changes version only when no instance of its
 	// version is healthy.
 	Prefer VersionAffinity = "prefer"
-	// AnyVersion: versions do not constrain moves.
+	// AnyVersion means versions do not constrain moves.
 	AnyVersion VersionAffinity = "none"
 )
 
 // Priority is a request's priority under adaptive routing.
 type Priority string
 
+// The priorities.
 const (
 	Normal Priority = "normal"
 	High   Priority = "high" // never moved off a saturated instance

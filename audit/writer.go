@@ -237,7 +237,8 @@ func (w *Writer) flush(batch []Record) {
 	// A sink that skipped some records stored the others: it returns
 	// *InvalidRecordsError alone (joined with another error when the
 	// write itself failed too).
-	skipped, only := err.(*InvalidRecordsError)
+	var skipped *InvalidRecordsError
+	only := errors.As(err, &skipped) && error(skipped) == err
 	switch {
 	case only && skipped.Total == len(batch):
 		w.written.Add(uint64(len(batch) - len(skipped.Index)))

@@ -44,11 +44,11 @@ type Lifetime struct {
 type Origin int
 
 const (
-	// Found: an existing binding was returned and its idle timeout refreshed.
+	// Found means an existing binding was returned and its idle timeout refreshed.
 	Found Origin = iota + 1
-	// Created: there was no binding; the candidate was stored.
+	// Created means there was no binding; the candidate was stored.
 	Created
-	// Renewed: the binding had outlived Lifetime.Max; the candidate replaced it.
+	// Renewed means the binding had outlived Lifetime.Max; the candidate replaced it.
 	Renewed
 )
 

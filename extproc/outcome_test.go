@@ -45,10 +45,11 @@ func (f *finishes) Finish(d affinity.Decision, a fleet.Outcome) {
 	f.Decider.Finish(d, a)
 }
 
-func (f *finishes) counts(name string) (done, failed int) {
+// counts is how many of gpu-a's decisions finished, and how many failed.
+func (f *finishes) counts() (done, failed int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.done[name], f.failure[name]
+	return f.done["gpu-a"], f.failure["gpu-a"]
 }
 
 // apartWorld is a server whose outcomes are reported apart, with a real
@@ -234,11 +235,11 @@ func TestApartDecisionFinishedByItsReport(t *testing.T) {
 	if got := w.load.InFlight("gpu-a"); got != 1 {
 		t.Fatalf("in flight after the routing stream closed: %d, want 1 (its report is still to come)", got)
 	}
-	if done, _ := w.fin.counts("gpu-a"); done != 0 {
+	if done, _ := w.fin.counts(); done != 0 {
 		t.Fatalf("the routing stream's end finished the decision %d times", done)
 	}
 	w.observe(t, ticket, 200, "127.0.0.1:9001")
-	if done, failed := w.fin.counts("gpu-a"); done != 1 || failed != 0 {
+	if done, failed := w.fin.counts(); done != 1 || failed != 0 {
 		t.Fatalf("after the report: %d finishes (%d failed), want 1 (0)", done, failed)
 	}
 	if got := w.load.InFlight("gpu-a"); got != 0 {
@@ -261,7 +262,7 @@ func TestInlineStreamHasNoTicket(t *testing.T) {
 		t.Fatalf("ticket %q, cluster %q", ticket, cluster)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for done, _ := w.fin.counts("gpu-a"); done != 1; done, _ = w.fin.counts("gpu-a") {
+	for done, _ := w.fin.counts(); done != 1; done, _ = w.fin.counts() {
 		if time.Now().After(deadline) {
 			t.Fatalf("the inline stream's end finished its decision %d times, want 1", done)
 		}
@@ -269,7 +270,7 @@ func TestInlineStreamHasNoTicket(t *testing.T) {
 	}
 	// An access-log entry for it (Envoy also logging) carries no ticket.
 	w.accessLog(t, logEntry("", 503, "127.0.0.1:9001"))
-	if done, failed := w.fin.counts("gpu-a"); done != 1 || failed != 0 {
+	if done, failed := w.fin.counts(); done != 1 || failed != 0 {
 		t.Fatalf("%d finishes (%d failed) after an untracked report", done, failed)
 	}
 }
@@ -316,7 +317,7 @@ func TestBadOutcomeReports(t *testing.T) {
 	}
 	w.accessLog(t, flood...)
 
-	if done, failed := w.fin.counts("gpu-a"); done != 1 || failed != 1 {
+	if done, failed := w.fin.counts(); done != 1 || failed != 1 {
 		t.Fatalf("gpu-a: %d finishes (%d failed), want exactly 1 (1)", done, failed)
 	}
 	if st := w.breaker.State("gpu-a"); st != fleet.Closed {

@@ -24,6 +24,7 @@ var DefaultBreaker = BreakerConfig{Threshold: 3, Window: 30 * time.Second, Coold
 // State is a circuit's state.
 type State int
 
+// The states of a circuit.
 const (
 	Closed   State = iota // the instance takes traffic
 	Open                  // the instance is out until the cooldown ends

@@ -22,6 +22,7 @@ import (
 // Source says which identifier a key came from, strongest first.
 type Source string
 
+// The sources, strongest first.
 const (
 	SourceSession   Source = "session"
 	SourceToken     Source = "token"
@@ -32,6 +33,7 @@ const (
 // Reason says why a present identifier was not used.
 type Reason string
 
+// The reasons.
 const (
 	ReasonNone          Reason = ""
 	ReasonTooLong       Reason = "too_long"

@@ -86,12 +86,12 @@ func TestReplicasAgreeOnCircuits(t *testing.T) {
 		}
 	}
 	// … but the fleet's count (4 > 3) does, and both replicas keep it out.
-	waitUntil(t, 5*time.Second, "both replicas see z1-0 open", func() bool {
+	waitUntil(t, "both replicas see z1-0 open", func() bool {
 		return a.breaker.State("z1-0") == fleet.Open && b.breaker.State("z1-0") == fleet.Open
 	})
 	// The replica that tipped it moved z1-0's sessions to z1-1 before
 	// their next request.
-	waitUntil(t, 5*time.Second, "z1-0's sessions moved", func() bool {
+	waitUntil(t, "z1-0's sessions moved", func() bool {
 		sessions, err := store.Bound(ctx, "z1-0", 0, time.Now())
 		return err == nil && len(sessions) == 0
 	})
@@ -116,15 +116,16 @@ func TestReplicasAgreeOnCircuits(t *testing.T) {
 	}
 
 	// After the cooldown, a good probe on b closes the circuit for a too.
-	waitUntil(t, 5*time.Second, "half-open on b", func() bool { return b.breaker.State("z1-0") == fleet.HalfOpen })
+	waitUntil(t, "half-open on b", func() bool { return b.breaker.State("z1-0") == fleet.HalfOpen })
 	b.breaker.Done("z1-0", b.breaker.Begin("z1-0"), fleet.Outcome{Answered: true})
-	waitUntil(t, 5*time.Second, "closed on a", func() bool { return a.breaker.State("z1-0") == fleet.Closed })
+	waitUntil(t, "closed on a", func() bool { return a.breaker.State("z1-0") == fleet.Closed })
 	cancel()
 }
 
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+// waitUntil waits, at most 5 s, until cond holds.
+func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
+	deadline := time.Now().Add(5 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting until %s", what)

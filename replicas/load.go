@@ -14,7 +14,7 @@ const (
 	// the others'. Bounded-load placement and adaptive saturation see the
 	// other replicas this late; a replica's own placements count at once.
 	LoadSyncEvery = time.Second
-	// LoadReportTTL: a replica that stops syncing (killed, partitioned)
+	// LoadReportTTL is how long a report stands: a replica that stops syncing (killed, partitioned)
 	// drops out of the others' sums after this long.
 	LoadReportTTL = 3 * LoadSyncEvery
 )

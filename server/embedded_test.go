@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -205,7 +206,7 @@ func decide(t *testing.T, c extprocv3.ExternalProcessorClient, id string, status
 	if err := s.CloseSend(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Recv(); err != io.EOF {
+	if _, err := s.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("stream end: %v", err)
 	}
 	return instance, decision

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -164,7 +165,7 @@ func TestDrainLetsOpenStreamsFinish(t *testing.T) {
 	if err := s.CloseSend(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Recv(); err != io.EOF {
+	if _, err := s.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("stream end: %v", err)
 	}
 	select {

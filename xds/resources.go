@@ -49,11 +49,11 @@ const (
 type Mode int
 
 const (
-	// ADS: clusters take endpoints by EDS and the listener takes routes by
+	// ADS means clusters take endpoints by EDS and the listener takes routes by
 	// RDS, all over the one ADS stream, so an endpoint or route change does
 	// not rebuild a cluster or drain the listener.
 	ADS Mode = iota
-	// Static: endpoints and routes inline, for a bootstrap without xDS.
+	// Static means endpoints and routes inline, for a bootstrap without xDS.
 	Static
 )
 

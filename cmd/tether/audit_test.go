@@ -82,7 +82,7 @@ type auditBackend struct {
 	client goredis.UniversalClient
 }
 
-func auditBackends(t *testing.T) map[string]func(t *testing.T) auditBackend {
+func auditBackends() map[string]func(t *testing.T) auditBackend {
 	return map[string]func(t *testing.T) auditBackend{
 		"miniredis": func(t *testing.T) auditBackend {
 			m := miniredis.RunT(t)
@@ -103,7 +103,7 @@ func auditBackends(t *testing.T) map[string]func(t *testing.T) auditBackend {
 // configuration: file and Redis sinks on miniredis and redis-server, and
 // the PostgreSQL sink on a real PostgreSQL.
 func TestAuditExportAndForget(t *testing.T) {
-	for backend, newBackend := range auditBackends(t) {
+	for backend, newBackend := range auditBackends() {
 		for _, sink := range []string{"file", "redis", "postgres"} {
 			if sink == "postgres" && backend != "redis-server" {
 				continue // one run is enough: the sink is the same

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -27,14 +28,14 @@ import (
 )
 
 // runCLI runs tether with args against the admin API at admin.
-func runCLI(ctx context.Context, admin string, args ...string) (stdout, stderr string, err error) {
+func runCLI(ctx context.Context, admin string, args ...string) (stdout string, err error) {
 	root := newRootCmd()
-	var out, errOut bytes.Buffer
+	var out bytes.Buffer
 	root.SetOut(&out)
-	root.SetErr(&errOut)
+	root.SetErr(io.Discard)
 	root.SetArgs(append(args, "--admin", admin))
 	err = root.ExecuteContext(ctx)
-	return out.String(), errOut.String(), err
+	return out.String(), err
 }
 
 // sessionsServer is the real session API over the Redis store on
@@ -106,7 +107,7 @@ func TestSessionsCommands(t *testing.T) {
 	s.sync(t)
 	ctx := t.Context()
 
-	out, _, err := runCLI(ctx, s.url, "sessions", "stats")
+	out, err := runCLI(ctx, s.url, "sessions", "stats")
 	if err != nil {
 		t.Fatalf("stats: %v", err)
 	}
@@ -121,7 +122,7 @@ func TestSessionsCommands(t *testing.T) {
 			t.Errorf("stats output lacks %q:\n%s", want, out)
 		}
 	}
-	out, _, err = runCLI(ctx, s.url, "sessions", "stats", "--json")
+	out, err = runCLI(ctx, s.url, "sessions", "stats", "--json")
 	var st admin.SessionStats
 	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.Total.Active != n || len(st.Instances) != 3 {
 		t.Errorf("stats --json: %v, %+v", err, st)
@@ -129,7 +130,7 @@ func TestSessionsCommands(t *testing.T) {
 
 	key := s.ids.Extract(identity.Map{"x-session-id": "conv-3"}).Key
 	for _, args := range [][]string{{"show", key}, {"show", "--session-id", "conv-3"}} {
-		out, _, err := runCLI(ctx, s.url, append([]string{"sessions"}, args...)...)
+		out, err := runCLI(ctx, s.url, append([]string{"sessions"}, args...)...)
 		if err != nil || !strings.Contains(out, "key       "+key) || !strings.Contains(out, "version   v1") || !strings.Contains(out, "move      none") {
 			t.Errorf("%v: %v\n%s", args, err, out)
 		}
@@ -153,12 +154,12 @@ func TestSessionsCommands(t *testing.T) {
 		{[]string{"drain", "--instance", "zz"}, `no instance "zz" (404 Not Found)`},
 		{[]string{"drain", "--instance", "zz", "--undo"}, `no instance "zz" (404 Not Found)`},
 	} {
-		if _, _, err := runCLI(ctx, s.url, append([]string{"sessions"}, tt.args...)...); err == nil || !strings.Contains(err.Error(), tt.want) {
+		if _, err := runCLI(ctx, s.url, append([]string{"sessions"}, tt.args...)...); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%v: error %v, want one with %q", tt.args, err, tt.want)
 		}
 	}
 
-	out, _, err = runCLI(ctx, s.url, "sessions", "migrate", "--from-version", "v1", "--to-version", "v2", "--batch", "7", "--interval", "0", "--json")
+	out, err = runCLI(ctx, s.url, "sessions", "migrate", "--from-version", "v1", "--to-version", "v2", "--batch", "7", "--interval", "0", "--json")
 	var sum migrateSummary
 	if err != nil || json.Unmarshal([]byte(out), &sum) != nil {
 		t.Fatalf("migrate: %v\n%s", err, out)
@@ -172,15 +173,15 @@ func TestSessionsCommands(t *testing.T) {
 		}
 	}
 
-	out, _, err = runCLI(ctx, s.url, "sessions", "drain", "--instance", "c")
+	out, err = runCLI(ctx, s.url, "sessions", "drain", "--instance", "c")
 	if want := fmt.Sprintf("c drained: no new sessions; %d sessions marked", n); err != nil || !strings.Contains(out, want) {
 		t.Errorf("drain: %v %q, want %q", err, out, want)
 	}
-	out, _, err = runCLI(ctx, s.url, "sessions", "show", "--session-id", "conv-0")
+	out, err = runCLI(ctx, s.url, "sessions", "show", "--session-id", "conv-0")
 	if err != nil || !strings.Contains(out, "move      off c at its next turn (drain)") {
 		t.Errorf("show after drain: %v\n%s", err, out)
 	}
-	out, _, err = runCLI(ctx, s.url, "sessions", "drain", "--instance", "c", "--undo", "--json")
+	out, err = runCLI(ctx, s.url, "sessions", "drain", "--instance", "c", "--undo", "--json")
 	var dr admin.DrainResult
 	if err != nil || json.Unmarshal([]byte(out), &dr) != nil || dr != (admin.DrainResult{Instance: "c"}) {
 		t.Errorf("undrain: %v %q", err, out)
@@ -227,7 +228,7 @@ func TestSessionsMigrateLoop(t *testing.T) {
 		url := scripted(t, []string{`{"marked": 10, "remaining": 100}`}, func(int) {
 			time.AfterFunc(50*time.Millisecond, cancel) // Ctrl-C in the pause after the first batch
 		})
-		out, _, err := runCLI(ctx, url, "sessions", "migrate", "--from-version", "v1", "--to-version", "v2", "--batch", "10", "--interval", "1h")
+		out, err := runCLI(ctx, url, "sessions", "migrate", "--from-version", "v1", "--to-version", "v2", "--batch", "10", "--interval", "1h")
 		if err == nil || !strings.Contains(err.Error(), "interrupted with 100 sessions of v1 left unmarked") {
 			t.Errorf("error %v, want interrupted", err)
 		}
@@ -238,7 +239,7 @@ func TestSessionsMigrateLoop(t *testing.T) {
 
 	t.Run("stalled", func(t *testing.T) {
 		url := scripted(t, []string{`{"marked": 10, "remaining": 5}`, `{"marked": 0, "remaining": 5}`}, nil)
-		out, _, err := runCLI(t.Context(), url, migrate...)
+		out, err := runCLI(t.Context(), url, migrate...)
 		if err == nil || !strings.Contains(err.Error(), "3 batches in a row marked nothing while 5 sessions remain") {
 			t.Errorf("error %v, want a stall", err)
 		}
@@ -249,7 +250,7 @@ func TestSessionsMigrateLoop(t *testing.T) {
 
 	t.Run("store error", func(t *testing.T) {
 		url := scripted(t, []string{`{"marked": 10, "remaining": 5}`, `{"error": "session store: boom"}`}, nil)
-		out, _, err := runCLI(t.Context(), url, migrate...)
+		out, err := runCLI(t.Context(), url, migrate...)
 		if err == nil || err.Error() != "session store: boom (503 Service Unavailable)" {
 			t.Errorf("error %v, want the server's", err)
 		}
@@ -294,16 +295,16 @@ func TestSessionsSendAdminToken(t *testing.T) {
 		_, _ = w.Write([]byte(`{"instances":[]}`))
 	}))
 	defer srv.Close()
-	if _, _, err := runCLI(t.Context(), srv.URL, "sessions", "stats", "--json"); err == nil {
+	if _, err := runCLI(t.Context(), srv.URL, "sessions", "stats", "--json"); err == nil {
 		t.Fatal("stats without a token succeeded against a server that wants one")
 	}
 	t.Setenv(config.DefaultAdminTokenEnv, token)
-	if _, _, err := runCLI(t.Context(), srv.URL, "sessions", "stats", "--json"); err != nil {
+	if _, err := runCLI(t.Context(), srv.URL, "sessions", "stats", "--json"); err != nil {
 		t.Fatalf("stats with $%s: %v", config.DefaultAdminTokenEnv, err)
 	}
 	t.Setenv("OPS_TOKEN", token)
 	t.Setenv(config.DefaultAdminTokenEnv, "")
-	if _, _, err := runCLI(t.Context(), srv.URL, "sessions", "stats", "--json", "--admin-token-env", "OPS_TOKEN"); err != nil {
+	if _, err := runCLI(t.Context(), srv.URL, "sessions", "stats", "--json", "--admin-token-env", "OPS_TOKEN"); err != nil {
 		t.Fatalf("stats with --admin-token-env: %v", err)
 	}
 }

@@ -258,13 +258,13 @@ func getOrBind(t *testing.T, s *Store, key, instance string) (bindings.Result, c
 	return r, callResult{took: time.Since(start), err: err}
 }
 
-// eventually calls GetOrBind until it succeeds (a 10 ms timeout can miss
+// eventually calls GetOrBind of session "k" until it succeeds (a 10 ms timeout can miss
 // on a loaded machine) and returns the result and how long it took.
-func eventually(t *testing.T, s *Store, key, instance string, within time.Duration) (bindings.Result, time.Duration) {
+func eventually(t *testing.T, s *Store, instance string, within time.Duration) (bindings.Result, time.Duration) {
 	t.Helper()
 	start := time.Now()
 	for {
-		r, c := getOrBind(t, s, key, instance)
+		r, c := getOrBind(t, s, "k", instance)
 		if c.err == nil {
 			return r, time.Since(start)
 		}
@@ -314,7 +314,7 @@ func TestGuardRedisKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	eventually(t, s, "k", "a", 5*time.Second)
+	eventually(t, s, "a", 5*time.Second)
 
 	r.Stop()
 	failing := failUntilOpen(t, s)
@@ -360,7 +360,7 @@ func TestGuardRedisKilled(t *testing.T) {
 	}
 
 	r.Start() // empty, and without our scripts
-	res, after := eventually(t, s, "k", "b", 20*time.Second)
+	res, after := eventually(t, s, "b", 20*time.Second)
 	t.Logf("recovered %v after the restart", after)
 	if res.Origin != bindings.Created {
 		t.Errorf("first call after the restart: %+v, want created (the restarted server is empty)", res)
@@ -407,7 +407,7 @@ func TestGuardRedisStalled(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	eventually(t, s, "k", "a", 5*time.Second)
+	eventually(t, s, "a", 5*time.Second)
 
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -448,7 +448,7 @@ func TestGuardRedisStalled(t *testing.T) {
 	}
 
 	once.Do(cont)
-	res, after := eventually(t, s, "k", "b", 20*time.Second)
+	res, after := eventually(t, s, "b", 20*time.Second)
 	t.Logf("recovered %v after SIGCONT", after)
 	if res.Origin != bindings.Found || res.Binding.Instance != "a" {
 		t.Errorf("after the stall: %+v, want the binding to a made before it", res)
@@ -487,7 +487,7 @@ func TestOpenWithoutRedis(t *testing.T) {
 	}
 
 	r.Start()
-	res, after := eventually(t, s, "k", "a", 20*time.Second)
+	res, after := eventually(t, s, "a", 20*time.Second)
 	t.Logf("store usable %v after the server started", after)
 	if res.Origin != bindings.Created {
 		t.Errorf("first GetOrBind: %+v, want created", res)

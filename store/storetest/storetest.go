@@ -703,7 +703,7 @@ var cases = []testCase{
 		}
 		res := make([]result, races)
 		instances := make([]string, races)
-		race(races, func(i int) {
+		race(func(i int) {
 			instances[i] = fmt.Sprintf("i%02d", i)
 			r, err := e.s.GetOrBind(e.ctx, e.look(key, e.bind(instances[i])))
 			res[i] = result{r, err}
@@ -741,7 +741,7 @@ var cases = []testCase{
 			err       error
 		}
 		res := make([]result, races)
-		race(races, func(i int) {
+		race(func(i int) {
 			next := e.bind(fmt.Sprintf("i%02d", i))
 			got, err := e.s.Replace(e.ctx, key, "old", next, e.lt())
 			res[i] = result{next, got, err}
@@ -771,7 +771,7 @@ var cases = []testCase{
 		e.getOrBind(key, old, lt, old, bindings.Created)
 		e.skew(e.idle / 2) // past Max on the caller's clock; the idle timeout still holds
 		res := make([]bindings.Result, races)
-		race(races, func(i int) {
+		race(func(i int) {
 			r, err := e.s.GetOrBind(e.ctx, bindings.Lookup{Key: key, Candidate: e.bind(fmt.Sprintf("i%02d", i)), Lifetime: lt})
 			if err != nil {
 				e.t.Errorf("racer %d: %v", i, err)
@@ -800,7 +800,7 @@ var cases = []testCase{
 		key := e.key("k")
 		e.getOrBind(key, e.bind("old"), e.lt(), e.bind("old"), bindings.Created)
 		got := make([]bindings.Binding, races)
-		race(races, func(i int) {
+		race(func(i int) {
 			var err error
 			if i%2 == 0 {
 				got[i], err = e.s.Replace(e.ctx, key, "old", e.bind(fmt.Sprintf("r%02d", i)), e.lt())
@@ -909,7 +909,7 @@ var cases = []testCase{
 		k := e.key("k")
 		e.count(e.look(k, e.bind("a")), k, bindings.Created, 1)
 		got := make([]int, races)
-		race(races, func(i int) {
+		race(func(i int) {
 			r, err := e.s.GetOrBind(e.ctx, e.look(k, e.bind("b")))
 			if err != nil {
 				e.t.Errorf("racer %d: %v", i, err)
@@ -1049,8 +1049,10 @@ var cases = []testCase{
 	}},
 }
 
-// race runs f(0..n-1) on n goroutines released together, to maximise overlap.
-func race(n int, f func(i int)) {
+// race runs f(0..races-1) on races goroutines released together, to
+// maximise overlap.
+func race(f func(i int)) {
+	n := races
 	var ready, done sync.WaitGroup
 	gate := make(chan struct{})
 	ready.Add(n)

@@ -9,6 +9,9 @@
 
 FROM golang:1.26.8-bookworm AS build
 WORKDIR /src
+# The product's module alone: the workspace (go.work) also names ./lab and
+# ./e2e, which .dockerignore leaves out of this context.
+ENV GOWORK=off
 # Dependencies first: this layer is reused until go.mod or go.sum change.
 COPY go.mod go.sum ./
 RUN go mod download

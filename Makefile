@@ -1,11 +1,22 @@
 # tether: `make run` starts the local stack, `make unit` runs the unit tests
 # (about a minute), `make test` runs every test. Each target installs what it
 # needs first (scripts/tools.sh, which pins every version).
+#
+# Three Go modules, joined by go.work for development: the product (the
+# root), the lab (lab/: tether-lab and its packages) and the e2e tests
+# (e2e/). `go test ./...` reaches the packages of the module it runs in, so
+# the targets run it in each module's directory; each module also builds
+# alone (GOWORK=off).
 
 GO            ?= go
 ENVOY_BIN     ?= $(CURDIR)/.tools/envoy/envoy/_bin/envoy
 GOLANGCI_LINT ?= $(CURDIR)/.tools/golangci-lint/golangci-lint
 export ENVOY_BIN GO
+
+# The modules with packages to build, vet and unit-test (the e2e module
+# holds only tests behind the e2e build tag), and all three.
+CODE_MODULES := . lab
+MODULES      := . lab e2e
 
 .DEFAULT_GOAL := help
 
@@ -20,7 +31,7 @@ tools: ## Install everything the tests use: pinned Envoy and golangci-lint (.too
 .PHONY: build
 build: ## Build bin/tether (the product) and bin/tether-lab (emulator, loadgen, bench, simulator)
 	$(GO) build -o bin/tether ./cmd/tether
-	$(GO) build -o bin/tether-lab ./cmd/tether-lab
+	cd lab && $(GO) build -o $(CURDIR)/bin/tether-lab ./cmd/tether-lab
 
 .PHONY: run
 run: build ## Local stack: 8 emulated A100s, tether (embedded store), Envoy on 127.0.0.1:10000 (installs Envoy only)
@@ -37,13 +48,13 @@ compose: ## docker compose up (needs Docker): docker-compose.yml's stack with Re
 # and skip when not (they fail instead under CI=true).
 .PHONY: unit
 unit: ## Unit tests, about a minute: no -race, no e2e, no fuzz (make test runs them all)
-	$(GO) test -short ./...
+	@set -e; for m in $(CODE_MODULES); do echo "cd $$m && $(GO) test -short ./..."; (cd $$m && $(GO) test -short ./...); done
 
 .PHONY: test
 test: tools lint ## Lint, then unit, conformance, fuzz (TEST_FUZZTIME each) and e2e tests (real Envoy, real redis-server), with -race
-	$(GO) test -race -count=1 ./...
+	@set -e; for m in $(CODE_MODULES); do echo "cd $$m && $(GO) test -race -count=1 ./..."; (cd $$m && $(GO) test -race -count=1 ./...); done
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME)
-	$(GO) test -race -count=1 -tags e2e -timeout 15m ./e2e/...
+	cd e2e && $(GO) test -race -count=1 -tags e2e -timeout 15m ./...
 
 # Fuzz targets are found, not listed (scripts/fuzz.sh says how, and how it
 # treats Go 1.26's fuzz deadline race). A crasher fails the run and is
@@ -57,12 +68,18 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
 
 # golangci-lint runs go vet's analyzers (the e2e tests included), the
 # linters and dependency rules of .golangci.yml, and gofmt; gofmt -l also
-# covers the files no build on this machine compiles.
+# covers the files no build on this machine compiles. golangci-lint's ./...
+# stops at a nested go.mod, as go's does: it runs in each module's
+# directory, on the root's .golangci.yml (whose depguard paths are relative
+# to it). `go mod tidy -diff`, without the workspace, checks that each
+# go.mod and go.sum is whole on its own: the product's lists nothing the lab
+# alone needs.
 .PHONY: lint
-lint: ## gofmt, then golangci-lint (.golangci.yml: go vet, errcheck, staticcheck, ineffassign, unused, depguard's dependency rules)
+lint: ## gofmt, go mod tidy, then golangci-lint in each module (.golangci.yml: go vet, errcheck, staticcheck, ineffassign, unused, depguard's dependency rules)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@set -e; for m in $(MODULES); do echo "cd $$m && GOWORK=off $(GO) mod tidy -diff"; (cd $$m && GOWORK=off $(GO) mod tidy -diff); done
 	@scripts/tools.sh golangci-lint
-	$(GOLANGCI_LINT) run ./...
+	@set -e; for m in $(MODULES); do echo "cd $$m && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./..."; (cd $$m && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...); done
 
 .PHONY: bench
 bench: build ## Benchmark suite through real Envoy and redis-server (~16 min): writes BENCHMARKS.md and docs/bench/*.png
@@ -82,7 +99,8 @@ soak: build ## Soak benchmark, 10 min, not part of make test: tether's RSS and g
 .PHONY: bench-go
 bench-go: ## Go benchmarks of the decision path (memory store, embedded, miniredis, redis-server)
 	@scripts/tools.sh redis
-	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/ ./lab/emulator/...
+	$(GO) test -run '^$$' -bench . -benchmem ./identity/ ./affinity/ ./store/... ./extproc/
+	cd lab && $(GO) test -run '^$$' -bench . -benchmem ./emulator/...
 
 .PHONY: envoy-config
 envoy-config: ## Regenerate envoy/*.yaml and the xds golden files from the builder

@@ -50,7 +50,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	tetherBin = filepath.Join(dir, "tether")
-	if out, err := exec.Command("go", "build", "-o", tetherBin, "../cmd/tether").CombinedOutput(); err != nil {
+	// Built in the product's module (the repository root), as make build
+	// builds it: e2e is a module of its own, whose go.sum holds what the
+	// tests import, not all that tether does.
+	build := exec.Command("go", "build", "-o", tetherBin, "./cmd/tether")
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build tether: %v\n%s", err, out)
 		os.Exit(1)
 	}

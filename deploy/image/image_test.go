@@ -8,6 +8,11 @@
 // into the build context, checks the binary is statically linked (the final
 // image has no libc), and runs it the way the image does from a directory
 // holding nothing but the binary (and, for tether, its configuration).
+//
+// The repository holds three Go modules (the product at the root, lab/ and
+// e2e/, joined by go.work for development): each recipe builds its own
+// module, in the directory of that module's go.mod (the build stage's
+// WORKDIR), without the workspace.
 package image_test
 
 import (
@@ -48,25 +53,37 @@ const root = "../.."
 // <Dockerfile>.dockerignore next to a Dockerfile instead of the context's
 // .dockerignore.)
 var (
-	product = recipeFiles{dockerfile: "Dockerfile", ignore: ".dockerignore", pkg: "./cmd/tether"}
-	lab     = recipeFiles{dockerfile: "lab/Dockerfile", ignore: "lab/Dockerfile.dockerignore", pkg: "./cmd/tether-lab"}
+	product = recipeFiles{dockerfile: "Dockerfile", ignore: ".dockerignore", module: ".", pkg: "./cmd/tether"}
+	lab     = recipeFiles{dockerfile: "lab/Dockerfile", ignore: "lab/Dockerfile.dockerignore", module: "lab", pkg: "./cmd/tether-lab"}
 )
 
 type recipeFiles struct {
 	dockerfile, ignore string
-	pkg                string // what the build stage compiles
+	module             string // the directory of the go.mod it builds, from the repository root
+	pkg                string // what the build stage compiles, from that directory
 }
 
 // stage is one FROM … section of a Dockerfile.
 type stage struct {
 	base, name string
 	env        map[string]string
-	runs       []string
-	copies     [][]string // COPY's words, flags included
+	workdir    string    // the WORKDIR in effect, "/" before the first
+	runs       []command // RUN's lines
+	copies     []command // COPY's arguments, flags included
 	user       string
 	expose     []string
 	entrypoint []string
 }
+
+// command is a RUN's line or a COPY's arguments, and the WORKDIR it runs
+// in.
+type command struct {
+	args string
+	dir  string
+}
+
+// words are a COPY's words, flags included.
+func (c command) words() []string { return strings.Fields(c.args) }
 
 // parseDockerfile reads the instructions the checks need; continuation
 // lines are joined and comments dropped.
@@ -92,7 +109,7 @@ func parseDockerfile(data string) ([]*stage, error) {
 		instr, args = strings.ToUpper(instr), strings.TrimSpace(args)
 		if instr == "FROM" {
 			f := strings.Fields(args)
-			s := &stage{base: f[0], env: map[string]string{}}
+			s := &stage{base: f[0], env: map[string]string{}, workdir: "/"}
 			if len(f) == 3 && strings.EqualFold(f[1], "AS") {
 				s.name = f[2]
 			}
@@ -115,10 +132,12 @@ func parseDockerfile(data string) ([]*stage, error) {
 				}
 				s.env[k] = strings.Trim(v, `"`)
 			}
+		case "WORKDIR":
+			s.workdir = inDir(s.workdir, args)
 		case "RUN":
-			s.runs = append(s.runs, args)
+			s.runs = append(s.runs, command{args, s.workdir})
 		case "COPY":
-			s.copies = append(s.copies, strings.Fields(args))
+			s.copies = append(s.copies, command{args, s.workdir})
 		case "USER":
 			s.user = args
 		case "EXPOSE":
@@ -175,6 +194,7 @@ type recipe struct {
 	build, final *stage
 	buildArgs    []string // go build's arguments, -o and its value removed
 	buildEnv     []string // the build stage's ENV, CGO_ENABLED always set
+	buildDir     string   // where go build runs, relative to the build context
 	binary       string   // where the final stage puts the binary
 }
 
@@ -207,7 +227,7 @@ func readRecipe(t *testing.T, files recipeFiles) *recipe {
 	for _, c := range im.final.copies {
 		from := ""
 		var rest []string
-		for _, w := range c {
+		for _, w := range c.words() {
 			if v, ok := strings.CutPrefix(w, "--from="); ok {
 				from = v
 			} else if !strings.HasPrefix(w, "--") {
@@ -221,14 +241,15 @@ func readRecipe(t *testing.T, files recipeFiles) *recipe {
 			if s.name == from {
 				im.build, im.binary = s, rest[1]
 				for _, run := range s.runs {
-					m := goBuild.FindStringSubmatch(run)
+					m := goBuild.FindStringSubmatch(run.args)
 					if m == nil {
 						continue
 					}
 					args, err := words(m[2])
 					if err != nil {
-						t.Fatalf("%s: RUN %s: %v", name, run, err)
+						t.Fatalf("%s: RUN %s: %v", name, run.args, err)
 					}
+					im.buildDir = contextDir(t, name, s, run.dir)
 					out := ""
 					for i := 0; i < len(args); i++ {
 						if args[i] == "-o" && i+1 < len(args) {
@@ -260,6 +281,38 @@ func readRecipe(t *testing.T, files recipeFiles) *recipe {
 		t.Fatalf("%s: the final stage copies no binary that a build stage's `go build -o` makes", name)
 	}
 	return im
+}
+
+// inDir is p in the image's file system, relative to dir unless absolute
+// (as WORKDIR and COPY's destination read it).
+func inDir(dir, p string) string {
+	if path.IsAbs(p) {
+		return path.Clean(p)
+	}
+	return path.Join(dir, p)
+}
+
+// contextDir is the directory of the build context (slash-separated,
+// relative to its root) that the build stage's dir holds: the stage copies
+// the whole context (COPY . DEST) to DEST, and dir is DEST or below it.
+func contextDir(t *testing.T, dockerfile string, s *stage, dir string) string {
+	t.Helper()
+	for _, c := range s.copies {
+		w := c.words()
+		if len(w) != 2 || w[0] != "." {
+			continue
+		}
+		dest := inDir(c.dir, w[1])
+		if rel, ok := strings.CutPrefix(dir, dest); ok && (rel == "" || strings.HasPrefix(rel, "/") || dest == "/") {
+			if rel = strings.Trim(rel, "/"); rel != "" {
+				return rel
+			}
+			return "."
+		}
+		t.Fatalf("%s: go build runs in %s, outside %s where the build context is copied", dockerfile, dir, dest)
+	}
+	t.Fatalf("%s: the build stage copies no whole build context (COPY . DEST) for go build to run in", dockerfile)
+	return ""
 }
 
 func readImage(t *testing.T) *image {
@@ -356,21 +409,30 @@ func TestDockerfile(t *testing.T) {
 	}
 }
 
-// checkRecipe: the build stage runs the Go of go.mod with cgo off and
-// -trimpath on the recipe's package; the final stage is distroless/static
-// (or empty) and runs as a non-root user.
+// checkRecipe: the build stage runs the Go of its module's go.mod, in that
+// module's directory, with cgo off, without the workspace (go.work names
+// modules the build context leaves out) and -trimpath on the recipe's
+// package; the final stage is distroless/static (or empty) and runs as a
+// non-root user.
 func checkRecipe(t *testing.T, im *recipe) {
 	t.Helper()
-	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if im.buildDir != im.files.module {
+		t.Errorf("%s: go build runs in %s of the build context, want %s (the module it builds)", im.files.dockerfile, im.buildDir, im.files.module)
+	}
+	gomod := path.Join(im.files.module, "go.mod")
+	mod, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(gomod)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	goVersion := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(mod)
 	if goVersion == nil {
-		t.Fatal("go.mod: no go line")
+		t.Fatalf("%s: no go line", gomod)
+	}
+	if !slices.Contains(im.buildEnv, "GOWORK=off") {
+		t.Errorf("%s: build stage: GOWORK=off not set; go.work names modules this build context leaves out", im.files.dockerfile)
 	}
 	if want := "golang:" + string(goVersion[1]); im.build.base != want && !strings.HasPrefix(im.build.base, want+"-") {
-		t.Errorf("%s: build stage FROM %s, want %s (go.mod's go version), optionally -<distribution>", im.files.dockerfile, im.build.base, want)
+		t.Errorf("%s: build stage FROM %s, want %s (%s's go version), optionally -<distribution>", im.files.dockerfile, im.build.base, want, gomod)
 	}
 	if !slices.Contains(im.buildEnv, "CGO_ENABLED=0") {
 		t.Errorf("%s: build stage: CGO_ENABLED=0 not set; the final image has no C library", im.files.dockerfile)
@@ -389,7 +451,7 @@ func checkRecipe(t *testing.T, im *recipe) {
 }
 
 // TestLabDockerfile: the lab's image is built like the product's, from
-// ./cmd/tether-lab, and runs tether-lab: docker-compose.yml's instances
+// ./cmd/tether-lab in the lab's module (lab/), and runs tether-lab: docker-compose.yml's instances
 // give it `emulate …` as their command.
 func TestLabDockerfile(t *testing.T) {
 	im := readRecipe(t, lab)
@@ -468,7 +530,9 @@ func TestDockerignore(t *testing.T) {
 		{".git/config", true}, {".tools/envoy/envoy/_bin/envoy", true}, {"bin/tether", true}, {"tether", true},
 		{"extproc.test", true}, {"server/x.test", true},
 		// The lab stays out of the product's context: tether cannot import it.
-		{"lab/emulator/serve.go", true}, {"cmd/tether-lab/main.go", true},
+		{"lab/emulator/serve.go", true}, {"lab/cmd/tether-lab/main.go", true}, {"lab/go.mod", true},
+		// So do the e2e tests' module and the workspace that names both.
+		{"e2e/go.mod", true}, {"go.work", true}, {"go.work.sum", true},
 	} {
 		if got := d.excluded(tc.rel); got != tc.want {
 			t.Errorf("%s: %s excluded %v, want %v", product.ignore, tc.rel, got, tc.want)
@@ -479,8 +543,10 @@ func TestDockerignore(t *testing.T) {
 		rel  string
 		want bool
 	}{
-		{"go.mod", false}, {"cmd/tether-lab/main.go", false}, {"lab/emulator/serve.go", false}, {"xds/resources.go", false},
+		{"go.mod", false}, {"go.sum", false}, {"lab/go.mod", false}, {"lab/go.sum", false},
+		{"lab/cmd/tether-lab/main.go", false}, {"lab/emulator/serve.go", false}, {"xds/resources.go", false},
 		{".git/config", true}, {".tools/envoy/envoy/_bin/envoy", true}, {"bin/tether-lab", true}, {"lab/x.test", true},
+		{"e2e/go.mod", true}, {"go.work", true},
 	} {
 		if got := d.excluded(tc.rel); got != tc.want {
 			t.Errorf("%s: %s excluded %v, want %v", lab.ignore, tc.rel, got, tc.want)
@@ -690,7 +756,7 @@ func buildBinary(t *testing.T, im *recipe) string {
 	defer cancel()
 	args := append([]string{"build", "-o", bin}, im.buildArgs...)
 	build := exec.CommandContext(ctx, goBin, args...)
-	build.Dir = ctxDir
+	build.Dir = filepath.Join(ctxDir, filepath.FromSlash(im.buildDir))
 	build.Env = append(os.Environ(), im.buildEnv...)
 	start := time.Now()
 	if out, err := build.CombinedOutput(); err != nil {
@@ -870,7 +936,7 @@ func TestProductImageCarriesNoLab(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		list := exec.CommandContext(ctx, goBin, append([]string{"list", "-deps"}, im.buildArgs...)...)
-		list.Dir = ctxDir
+		list.Dir = filepath.Join(ctxDir, filepath.FromSlash(im.buildDir))
 		list.Env = append(os.Environ(), im.buildEnv...)
 		out, err := list.Output()
 		if err != nil {

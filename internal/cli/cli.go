@@ -1,4 +1,4 @@
-// Package cli is what tether's two commands (cmd/tether, cmd/tether-lab)
+// Package cli is what tether's two commands (cmd/tether, lab/cmd/tether-lab)
 // share: how they run a cobra command tree under signals, and their log.
 package cli
 

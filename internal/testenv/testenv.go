@@ -7,7 +7,6 @@ package testenv
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -44,23 +43,43 @@ func Require(t testing.TB, what string, err error) {
 	t.Skipf("%s unavailable, skipping: %v (install it with `make tools`)", what, err)
 }
 
-// RepoRoot is the directory holding go.mod, found by walking up from the
-// working directory (a test's working directory is its package directory).
+// rootModule is the module path of the repository root's go.mod: the
+// product. The lab (lab/) and the e2e tests (e2e/) are modules of their
+// own, with go.mod files of their own below the root.
+const rootModule = "github.com/tetherproxy/tether"
+
+// RepoRoot is the repository root: the directory whose go.mod is the
+// product's, found by walking up from the working directory (a test's
+// working directory is its package directory), past the go.mod of the
+// lab's module or the e2e tests'.
 func RepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", fmt.Errorf("repo root: %w", err)
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && modulePath(data) == rootModule {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", errors.New("repo root: no go.mod above the working directory")
+			return "", fmt.Errorf("repo root: no go.mod of module %s above the working directory", rootModule)
 		}
 		dir = parent
 	}
+}
+
+// modulePath is the path a go.mod's module directive names ("" if none).
+func modulePath(gomod []byte) string {
+	for _, l := range strings.Split(string(gomod), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(l), "module"); ok && rest != strings.TrimLeft(rest, " \t") {
+			if i := strings.Index(rest, "//"); i >= 0 {
+				rest = rest[:i]
+			}
+			return strings.Trim(strings.TrimSpace(rest), `"`)
+		}
+	}
+	return ""
 }
 
 // EnvoyBin returns the Envoy binary: $ENVOY_BIN, else the one `make tools`

@@ -88,6 +88,34 @@ func TestRepoRoot(t *testing.T) {
 	}
 }
 
+// TestRepoRootSkipsNestedModules: from a package of a module below the
+// root (lab/, e2e/), RepoRoot is the root, the product's module.
+func TestRepoRootSkipsNestedModules(t *testing.T) {
+	tmp := t.TempDir()
+	pkg := filepath.Join(tmp, "e2e", "pkg")
+	if err := os.MkdirAll(pkg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for dir, mod := range map[string]string{
+		tmp:                       "module github.com/tetherproxy/tether // the product\n\ngo 1.26\n",
+		filepath.Join(tmp, "e2e"): "// e2e\nmodule \"github.com/tetherproxy/tether/e2e\"\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte(mod), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Chdir(pkg)
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The temporary directory may sit behind a symbolic link (macOS /var).
+	want, _ := filepath.EvalSymlinks(tmp)
+	if got, _ := filepath.EvalSymlinks(root); got != want {
+		t.Errorf("RepoRoot() = %q, want %q (the product's go.mod, not e2e's)", root, tmp)
+	}
+}
+
 func TestRedisServerStopStart(t *testing.T) {
 	r := RedisServer(t)
 	if !strings.HasPrefix(r.URL(), "unix:///") || len(r.sock) > 100 {

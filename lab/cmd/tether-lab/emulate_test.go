@@ -18,7 +18,7 @@ import (
 // as their model, --instance ones the emulator's default; --model names
 // the model of all.
 func TestEmulateSpecsServeTheVersion(t *testing.T) {
-	local := filepath.Join("..", "..", "deploy", "local", "tether.toml")
+	local := filepath.Join("..", "..", "..", "deploy", "local", "tether.toml")
 	specs, err := emulateSpecs(&emulateFlags{configFile: local, instances: []string{"extra=127.0.0.1:0"}})
 	if err != nil {
 		t.Fatal(err)

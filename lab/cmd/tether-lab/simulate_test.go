@@ -22,7 +22,7 @@ func runLab(t *testing.T, args ...string) (string, error) {
 // TestSimulateConfig: --config replays the file's instances and policy;
 // the flags the file decides are refused, naming the file's key.
 func TestSimulateConfig(t *testing.T) {
-	local := filepath.Join("..", "..", "deploy", "local", "tether.toml")
+	local := filepath.Join("..", "..", "..", "deploy", "local", "tether.toml")
 	out, err := runLab(t, "simulate", "--config", local, "--rate", "20", "--duration", "5s", "--no-progress")
 	if err != nil {
 		t.Fatalf("simulate --config: %v\n%s", err, out)
@@ -103,7 +103,7 @@ func TestSimulateRegimes(t *testing.T) {
 		{[]string{"--regime", "weekend"}, `unknown regime "weekend"`},
 		{[]string{"--regime", "steady", "--duration", "1h"}, "--duration: each --regime sets its own"},
 		{[]string{"--regime", "autoscale", "--instances", "1", "--zones", "1"}, "scale step 0.25 of 1 instances"},
-		{[]string{"--regime", "autoscale", "--config", "../../deploy/local/tether.toml"}, "scale: with a configuration, the fleet is its [[instances]]"},
+		{[]string{"--regime", "autoscale", "--config", "../../../deploy/local/tether.toml"}, "scale: with a configuration, the fleet is its [[instances]]"},
 		{[]string{"--charts", dir}, "--charts: draws the day regime's minutes"},
 		{[]string{"--regime", "steady", "--rate", "-3"}, "--rate -3"},
 		{[]string{"--regime", "steady", "--kv-capacity-tokens", "0"}, "--kv-capacity-tokens 0"},

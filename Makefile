@@ -73,13 +73,15 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
 # directory, on the root's .golangci.yml (whose depguard paths are relative
 # to it). `go mod tidy -diff`, without the workspace, checks that each
 # go.mod and go.sum is whole on its own: the product's lists nothing the lab
-# alone needs.
+# alone needs. deadcode (scripts/deadcode.sh) fails on a function nothing
+# calls from the two mains, unless scripts/deadcode.allow says why it stays.
 .PHONY: lint
-lint: ## gofmt, go mod tidy, then golangci-lint in each module (.golangci.yml: go vet, errcheck, staticcheck, ineffassign, unused, depguard's dependency rules)
+lint: ## gofmt, go mod tidy, golangci-lint in each module (.golangci.yml: go vet, errcheck, staticcheck, ineffassign, unused, revive, unparam, errorlint, depguard's dependency rules), deadcode
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@set -e; for m in $(MODULES); do echo "cd $$m && GOWORK=off $(GO) mod tidy -diff"; (cd $$m && GOWORK=off $(GO) mod tidy -diff); done
-	@scripts/tools.sh golangci-lint
+	@scripts/tools.sh golangci-lint deadcode
 	@set -e; for m in $(MODULES); do echo "cd $$m && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./..."; (cd $$m && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...); done
+	@scripts/deadcode.sh
 
 .PHONY: bench
 bench: build ## Benchmark suite through real Envoy and redis-server (~16 min): writes BENCHMARKS.md and docs/bench/*.png

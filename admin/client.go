@@ -10,8 +10,6 @@ import (
 	"net/url"
 	"strings"
 	"time"
-
-	"github.com/tetherproxy/tether/config"
 )
 
 // ClientTimeout bounds one call (a migrate batch of MaxMigrateBatch
@@ -87,31 +85,6 @@ func (c *Client) Drain(ctx context.Context, instance string) (DrainResult, error
 func (c *Client) Undrain(ctx context.Context, instance string) (DrainResult, error) {
 	var res DrainResult
 	return res, c.do(ctx, http.MethodDelete, "/v1/sessions/drain/"+url.PathEscape(instance), nil, &res)
-}
-
-// Instances is GET /v1/instances.
-func (c *Client) Instances(ctx context.Context) ([]config.Instance, error) {
-	var in []config.Instance
-	return in, c.do(ctx, http.MethodGet, "/v1/instances", nil, &in)
-}
-
-// PutInstance is POST /v1/instances: add in, or replace the instance of
-// its name.
-func (c *Client) PutInstance(ctx context.Context, in config.Instance) (FleetChange, error) {
-	var fc FleetChange
-	return fc, c.do(ctx, http.MethodPost, "/v1/instances", in, &fc)
-}
-
-// RemoveInstance is DELETE /v1/instances/{name}.
-func (c *Client) RemoveInstance(ctx context.Context, name string) (FleetChange, error) {
-	var fc FleetChange
-	return fc, c.do(ctx, http.MethodDelete, "/v1/instances/"+url.PathEscape(name), nil, &fc)
-}
-
-// XDS is GET /v1/xds.
-func (c *Client) XDS(ctx context.Context) (XDSStatus, error) {
-	var st XDSStatus
-	return st, c.do(ctx, http.MethodGet, "/v1/xds", nil, &st)
 }
 
 // do sends in (when not nil) as JSON and decodes the answer into out. An

@@ -1,9 +1,11 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -83,4 +85,31 @@ func TestClientFleet(t *testing.T) {
 	if _, err := c.XDS(ctx); !errors.As(err, &ae) || ae.Status != http.StatusNotFound || !strings.Contains(ae.Message, "ADS server is off") {
 		t.Errorf("/v1/xds without an ADS server: %v, want a 404 saying so", err)
 	}
+}
+
+// The fleet endpoints, for the test; tether's CLI does not call them.
+
+// Instances is GET /v1/instances.
+func (c *Client) Instances(ctx context.Context) ([]config.Instance, error) {
+	var in []config.Instance
+	return in, c.do(ctx, http.MethodGet, "/v1/instances", nil, &in)
+}
+
+// PutInstance is POST /v1/instances: add in, or replace the instance of
+// its name.
+func (c *Client) PutInstance(ctx context.Context, in config.Instance) (FleetChange, error) {
+	var fc FleetChange
+	return fc, c.do(ctx, http.MethodPost, "/v1/instances", in, &fc)
+}
+
+// RemoveInstance is DELETE /v1/instances/{name}.
+func (c *Client) RemoveInstance(ctx context.Context, name string) (FleetChange, error) {
+	var fc FleetChange
+	return fc, c.do(ctx, http.MethodDelete, "/v1/instances/"+url.PathEscape(name), nil, &fc)
+}
+
+// XDS is GET /v1/xds.
+func (c *Client) XDS(ctx context.Context) (XDSStatus, error) {
+	var st XDSStatus
+	return st, c.do(ctx, http.MethodGet, "/v1/xds", nil, &st)
 }

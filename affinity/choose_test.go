@@ -3,6 +3,8 @@ package affinity
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tetherproxy/tether/fleet"
@@ -72,4 +74,26 @@ func TestChooseMatchesRanking(t *testing.T) {
 			t.Fatalf("case %d (%d instances): choose = %d, want %d", n, size, got, want)
 		}
 	}
+}
+
+// ranking returns the indexes of instances in descending rendezvous order
+// for key (ranking(…)[0] is Rendezvous's choice), appending to order and
+// using scores as scratch space, so a caller with small arrays allocates
+// nothing.
+func ranking(key string, instances []fleet.Instance, order []int, scores []float64) []int {
+	kh := fnv64(key)
+	for i, in := range instances {
+		scores = append(scores, score(kh, in))
+		order = append(order, i)
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		switch {
+		case scores[a] > scores[b]:
+			return -1
+		case scores[a] < scores[b]:
+			return 1
+		}
+		return strings.Compare(instances[a].Name, instances[b].Name)
+	})
+	return order
 }

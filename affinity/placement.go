@@ -21,8 +21,6 @@ package affinity
 
 import (
 	"math"
-	"slices"
-	"strings"
 
 	"github.com/tetherproxy/tether/fleet"
 )
@@ -229,26 +227,4 @@ func mix64(x uint64) uint64 {
 	x *= 0x94d049bb133111eb
 	x ^= x >> 31
 	return x
-}
-
-// ranking returns the indexes of instances in descending rendezvous order
-// for key (ranking(…)[0] is Rendezvous's choice), appending to order and
-// using scores as scratch space, so a caller with small arrays allocates
-// nothing.
-func ranking(key string, instances []fleet.Instance, order []int, scores []float64) []int {
-	kh := fnv64(key)
-	for i, in := range instances {
-		scores = append(scores, score(kh, in))
-		order = append(order, i)
-	}
-	slices.SortFunc(order, func(a, b int) int {
-		switch {
-		case scores[a] > scores[b]:
-			return -1
-		case scores[a] < scores[b]:
-			return 1
-		}
-		return strings.Compare(instances[a].Name, instances[b].Name)
-	})
-	return order
 }

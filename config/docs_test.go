@@ -339,16 +339,16 @@ func docMarks(md string) (restart func(k docKey) bool) {
 	}
 }
 
-// TestDocsMarkRestartKeys: docs/config.md marks restart-only exactly the
+// TestDocsMarkrestartKeys: docs/config.md marks restart-only exactly the
 // keys whose reload tag (or their section's) says so.
-func TestDocsMarkRestartKeys(t *testing.T) {
+func TestDocsMarkrestartKeys(t *testing.T) {
 	data, err := os.ReadFile(docsFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	marked := docMarks(string(data))
 	restart := map[string]bool{}
-	for _, k := range RestartKeys() {
+	for _, k := range restartKeys() {
 		restart[k] = true
 	}
 	for _, k := range configKeys(reflect.TypeFor[Config](), "") {

@@ -15,7 +15,7 @@ import (
 // Everything that depends on it derives from the tags: what a running
 // tether keeps from its start (Running), which edits the reload warns
 // about (RestartChanges), and the **restart** marks of docs/config.md
-// (RestartKeys; docs_test.go holds the page to it).
+// (restartKeys; docs_test.go holds the page to it).
 //
 //	reload:"restart"  the key takes effect only when tether restarts
 //	reload:"live"     the key takes effect at once (inside a restart table)
@@ -25,18 +25,6 @@ import (
 // routing header, the identity headers it hashes on, the [tls] tether's
 // servers started with).
 const reloadTag = "reload"
-
-// RestartKeys lists the restart-only keys, as `section.key` (an array of
-// tables' keys under the array's name, as docs/config.md names them).
-func RestartKeys() []string {
-	var keys []string
-	walkKeys(reflect.TypeFor[Config](), "", false, func(key string, _ []int, restart bool) {
-		if restart {
-			keys = append(keys, key)
-		}
-	})
-	return keys
-}
 
 // RestartChanges lists the restart-only keys whose values differ between
 // a and b.

@@ -1,14 +1,15 @@
 package config
 
 import (
+	"reflect"
 	"slices"
 	"testing"
 )
 
-// TestRestartKeys: the tags give the restart-only keys, a section's tag
+// TestrestartKeys: the tags give the restart-only keys, a section's tag
 // covering its keys and a key's own tag winning inside it.
 func TestRestartKeys(t *testing.T) {
-	keys := RestartKeys()
+	keys := restartKeys()
 	for _, want := range []string{
 		"server.extproc_addr", "redis.url", "identity.session_header", "routing.cluster_header",
 		"routing.failure_threshold", "engines.scrape_interval", "xds.addr", "audit.enabled", "tls.cert_file",
@@ -24,10 +25,10 @@ func TestRestartKeys(t *testing.T) {
 	}
 }
 
-// TestRunningKeepsRestartKeys: a live edit changes the live keys, keeps
+// TestRunningKeepsrestartKeys: a live edit changes the live keys, keeps
 // every restart-only one at its start value, and is reported by
 // RestartChanges.
-func TestRunningKeepsRestartKeys(t *testing.T) {
+func TestRunningKeepsrestartKeys(t *testing.T) {
 	start := Default()
 	next := start
 	next.Routing.Mode = ModeRandom
@@ -69,4 +70,16 @@ func TestRunningRefuses(t *testing.T) {
 	if _, _, err := Running(start, start, next); err == nil {
 		t.Fatal("Running accepted a tier header that is the routing header tether runs with")
 	}
+}
+
+// restartKeys lists the restart-only keys, as `section.key` (an array of
+// tables' keys under the array's name, as docs/config.md names them).
+func restartKeys() []string {
+	var keys []string
+	walkKeys(reflect.TypeFor[Config](), "", false, func(key string, _ []int, restart bool) {
+		if restart {
+			keys = append(keys, key)
+		}
+	})
+	return keys
 }

@@ -16,16 +16,6 @@ const (
 	SGLang  Kind = "sglang"
 )
 
-// ParseKind returns the kind s names; anything but "generic", "vllm" and
-// "sglang" is an error that names the three.
-func ParseKind(s string) (Kind, error) {
-	switch k := Kind(s); k {
-	case Generic, VLLM, SGLang:
-		return k, nil
-	}
-	return "", fmt.Errorf("engine: unknown engine %q (want %q, %q or %q)", s, VLLM, SGLang, Generic)
-}
-
 // errNotScraped is what Parse and Scrape say of the generic kind.
 var errNotScraped = errors.New("engine: a generic instance has no engine metrics to read")
 

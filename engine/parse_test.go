@@ -299,20 +299,6 @@ func TestParseReadError(t *testing.T) {
 	}
 }
 
-func TestParseKind(t *testing.T) {
-	for _, k := range []Kind{Generic, VLLM, SGLang} {
-		if got, err := ParseKind(string(k)); got != k || err != nil {
-			t.Errorf("ParseKind(%q) = %q, %v", k, got, err)
-		}
-	}
-	for _, s := range []string{"", "VLLM", "vllm ", "tgi"} {
-		_, err := ParseKind(s)
-		if err == nil || !strings.Contains(err.Error(), `"vllm", "sglang" or "generic"`) {
-			t.Errorf("ParseKind(%q): %v, want an error naming the kinds", s, err)
-		}
-	}
-}
-
 func TestReason(t *testing.T) {
 	base := errors.New("refused")
 	e := &Error{Reason: ReasonConnect, Err: base}

@@ -6,6 +6,8 @@
 #   golangci-lint  the linter `make lint` runs, built with this machine's Go
 #                  (go install, from the Go module proxy) into
 #                  .tools/golangci-lint;
+#   deadcode       golang.org/x/tools' unreachable-function finder, which
+#                  `make lint` runs too, into .tools/deadcode;
 #   redis          redis-server and redis-cli from Debian, when missing;
 #   postgresql     PostgreSQL (server and client) from Debian, for the
 #                  audit's PostgreSQL sink tests, when missing;
@@ -14,7 +16,7 @@
 #
 #   scripts/tools.sh                  all of them (make tools, make test)
 #   scripts/tools.sh envoy            only what the local stack needs (make run)
-#   scripts/tools.sh golangci-lint    only the linter (make lint)
+#   scripts/tools.sh golangci-lint deadcode    only the linters (make lint)
 #
 # Safe to run again: it only installs what is missing or off its pin.
 set -euo pipefail
@@ -22,10 +24,13 @@ set -euo pipefail
 ENVOY_VERSION=1.40.0
 # A v2 release built with (so knowing) the Go of go.mod.
 GOLANGCI_LINT_VERSION=2.15.0
+# golang.org/x/tools, for deadcode.
+X_TOOLS_VERSION=0.52.0
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 envoy_bin="$root/.tools/envoy/envoy/_bin/envoy"
 lint_bin="$root/.tools/golangci-lint/golangci-lint"
+deadcode_bin="$root/.tools/deadcode/deadcode"
 go=${GO:-go}
 
 sudo_if_needed() {
@@ -74,6 +79,18 @@ install_golangci_lint() {
 	echo "tools: golangci-lint $("$lint_bin" version --short) at $lint_bin" >&2
 }
 
+install_deadcode() {
+	local stamp="$root/.tools/deadcode/version"
+	if [ ! -x "$deadcode_bin" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$X_TOOLS_VERSION" ]; then
+		echo "tools: building deadcode (golang.org/x/tools $X_TOOLS_VERSION) into .tools/deadcode" >&2
+		# shellcheck disable=SC2086
+		GOTOOLCHAIN=local GOBIN="$root/.tools/deadcode" GOFLAGS= \
+			$go install "golang.org/x/tools/cmd/deadcode@v$X_TOOLS_VERSION"
+		echo "$X_TOOLS_VERSION" >"$stamp"
+	fi
+	echo "tools: deadcode (golang.org/x/tools $X_TOOLS_VERSION) at $deadcode_bin" >&2
+}
+
 install_redis() {
 	if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
 		echo "tools: installing redis-server and redis-tools from Debian" >&2
@@ -105,16 +122,17 @@ install_prometheus() {
 }
 
 tools=("$@")
-if [ ${#tools[@]} -eq 0 ]; then tools=(envoy golangci-lint redis postgresql prometheus); fi
+if [ ${#tools[@]} -eq 0 ]; then tools=(envoy golangci-lint deadcode redis postgresql prometheus); fi
 for t in "${tools[@]}"; do
 	case "$t" in
 	envoy) install_envoy ;;
 	golangci-lint) install_golangci_lint ;;
+	deadcode) install_deadcode ;;
 	redis) install_redis ;;
 	postgresql) install_postgresql ;;
 	prometheus) install_prometheus ;;
 	*)
-		echo "tools: unknown tool $t (want envoy, golangci-lint, redis, postgresql or prometheus)" >&2
+		echo "tools: unknown tool $t (want envoy, golangci-lint, deadcode, redis, postgresql or prometheus)" >&2
 		exit 2
 		;;
 	esac

@@ -165,21 +165,6 @@ func New(ctx context.Context, dsn string, cfg Config) (*Sink, error) {
 	return s, nil
 }
 
-// NewFromPool builds a sink on pool, which the caller keeps
-// and closes, and creates the table and its indexes if the table is
-// missing.
-func NewFromPool(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Sink, error) {
-	if pool == nil {
-		return nil, errors.New("audit postgres sink: nil pool")
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	cfg = cfg.withDefaults()
-	c := pool.Config().ConnConfig
-	return newSink(ctx, pool, cfg, c.Host+":"+strconv.Itoa(int(c.Port))+"/"+c.Database)
-}
-
 const columns = `request_id, model_version, decision_time, instance, mode, decision, identity_source, user_ct, key_id, user_pseudonym, session_keys`
 
 func newSink(ctx context.Context, pool *pgxpool.Pool, cfg Config, where string) (*Sink, error) {

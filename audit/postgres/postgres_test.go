@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -427,7 +428,7 @@ func TestPostgresSinkPoolAndMigration(t *testing.T) {
 	errs := make([]error, 8)
 	for i := range errs {
 		wg.Go(func() {
-			s, err := NewFromPool(ctx, p, Config{Table: table, Retention: time.Hour})
+			s, err := newFromPool(ctx, p, Config{Table: table, Retention: time.Hour})
 			if err == nil {
 				err = s.Close()
 			}
@@ -477,7 +478,7 @@ func TestPostgresSinkPoolAndMigration(t *testing.T) {
 	if _, err := p.Exec(ctx, `CREATE TABLE `+other+` (request_id uuid PRIMARY KEY, note text)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewFromPool(ctx, p, Config{Table: other, Retention: time.Hour}); err == nil ||
+	if _, err := newFromPool(ctx, p, Config{Table: other, Retention: time.Hour}); err == nil ||
 		!strings.Contains(err.Error(), "lacks the sink's columns") || !strings.Contains(err.Error(), other) {
 		t.Fatalf("table of another shape: %v", err)
 	}
@@ -698,4 +699,19 @@ func TestPostgresSinkLazy(t *testing.T) {
 	if _, err := New(ctx, gated, cfg); err == nil || !strings.Contains(err.Error(), other) {
 		t.Fatalf("Lazy opening of a table of another shape: %v, want refused", err)
 	}
+}
+
+// newFromPool builds a sink on pool, which the caller keeps
+// and closes, and creates the table and its indexes if the table is
+// missing.
+func newFromPool(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Sink, error) {
+	if pool == nil {
+		return nil, errors.New("audit postgres sink: nil pool")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	c := pool.Config().ConnConfig
+	return newSink(ctx, pool, cfg, c.Host+":"+strconv.Itoa(int(c.Port))+"/"+c.Database)
 }

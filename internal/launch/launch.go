@@ -137,9 +137,9 @@ func (p *Proc) Poll(ctx context.Context, what string, ready func(context.Context
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s exited (code %d) while waiting for %s (last: %v):\n%s", p.name, p.ExitCode(), what, err, p.tail())
+			return fmt.Errorf("%s exited (code %d) while waiting for %s (last: %w):\n%s", p.name, p.ExitCode(), what, err, p.tail())
 		case <-ctx.Done():
-			return fmt.Errorf("%s: waiting for %s: %w (last: %v)\n%s", p.name, what, context.Cause(ctx), err, p.tail())
+			return fmt.Errorf("%s: waiting for %s: %w (last: %w)\n%s", p.name, what, context.Cause(ctx), err, p.tail())
 		case <-t.C:
 		}
 	}

@@ -10,16 +10,13 @@ import (
 )
 
 // record runs s and returns its arrivals, and how many works ran.
-func record(t *testing.T, ctx context.Context, s Schedule, work func(Arrival)) ([]Arrival, int) {
+func record(t *testing.T, ctx context.Context, s Schedule) ([]Arrival, int) {
 	t.Helper()
 	var got []Arrival
 	var ran atomic.Int64
 	err := s.Run(ctx, func(a Arrival) func() {
 		got = append(got, a) // next runs in order on one goroutine: no lock
-		if work == nil {
-			return func() { ran.Add(1) }
-		}
-		return func() { work(a); ran.Add(1) }
+		return func() { ran.Add(1) }
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +26,7 @@ func record(t *testing.T, ctx context.Context, s Schedule, work func(Arrival)) (
 
 func TestEvenScheduleBoundedInCount(t *testing.T) {
 	start := time.Now()
-	got, ran := record(t, context.Background(), Schedule{Rate: 400, Count: 20, Start: start}, nil)
+	got, ran := record(t, context.Background(), Schedule{Rate: 400, Count: 20, Start: start})
 	if len(got) != 20 || ran != 20 {
 		t.Fatalf("%d arrivals, %d works; want 20 of each", len(got), ran)
 	}
@@ -45,12 +42,12 @@ func TestEvenScheduleBoundedInCount(t *testing.T) {
 }
 
 func TestEvenScheduleBoundedInTime(t *testing.T) {
-	got, _ := record(t, context.Background(), Schedule{Rate: 100, For: 55 * time.Millisecond}, nil)
+	got, _ := record(t, context.Background(), Schedule{Rate: 100, For: 55 * time.Millisecond})
 	if len(got) != 6 { // due at 0, 10 … 50 ms
 		t.Errorf("%d arrivals in 55 ms at 100/s, want 6", len(got))
 	}
 	// Both bounds: the tighter one wins.
-	got, _ = record(t, context.Background(), Schedule{Rate: 1000, For: time.Second, Count: 3}, nil)
+	got, _ = record(t, context.Background(), Schedule{Rate: 1000, For: time.Second, Count: 3})
 	if len(got) != 3 {
 		t.Errorf("%d arrivals, want Count's 3", len(got))
 	}
@@ -61,7 +58,7 @@ func TestGapSchedule(t *testing.T) {
 	gaps := []time.Duration{3 * time.Millisecond, 1 * time.Millisecond, 4 * time.Millisecond, 1 * time.Millisecond, 5 * time.Millisecond}
 	i := 0
 	gap := func() time.Duration { g := gaps[i%len(gaps)]; i++; return g }
-	got, _ := record(t, context.Background(), Schedule{Gap: gap, For: 14 * time.Millisecond, Start: start}, nil)
+	got, _ := record(t, context.Background(), Schedule{Gap: gap, For: 14 * time.Millisecond, Start: start})
 	// The first arrival comes after one gap: at 3, 4, 8, 9 ms; 14 is out.
 	want := []time.Duration{3, 4, 8, 9}
 	if len(got) != len(want) {
@@ -131,7 +128,7 @@ func TestContextStops(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Millisecond)
 	defer cancel()
 	begun := time.Now()
-	got, _ := record(t, ctx, Schedule{Rate: 50, Count: 1000}, nil)
+	got, _ := record(t, ctx, Schedule{Rate: 50, Count: 1000})
 	if took := time.Since(begun); took > 2*time.Second || len(got) == 0 || len(got) > 5 {
 		t.Errorf("%d arrivals in %v: want the context to stop the schedule at 60 ms", len(got), took)
 	}

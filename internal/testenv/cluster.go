@@ -187,7 +187,7 @@ func waitClusterOK(ctx context.Context, addrs []string) error {
 			select {
 			case <-ctx.Done():
 				_ = node.Close()
-				return fmt.Errorf("%s: %w; last CLUSTER INFO: %v %s", addr, ctx.Err(), err, info)
+				return fmt.Errorf("%s: %w; last CLUSTER INFO: %w %s", addr, ctx.Err(), err, info)
 			case <-tick.C:
 			}
 		}

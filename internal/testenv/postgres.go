@@ -178,7 +178,7 @@ func startPostgresIn(bin, dir string, cred *syscall.Credential) (*postgresServer
 		return nil, err
 	}
 	if <-ip.Done(); ip.ExitCode() != 0 {
-		return nil, fmt.Errorf("initdb: exit code %d (%v)\n%s", ip.ExitCode(), ctx.Err(), ip.Output())
+		return nil, fmt.Errorf("initdb: exit code %d (%w)\n%s", ip.ExitCode(), ctx.Err(), ip.Output())
 	}
 	var last error
 	for range portAttempts {

@@ -102,7 +102,7 @@ type Saturation struct {
 	InFlight, QueueDepth int
 }
 
-// DefaultSaturation: the engine thresholds are routing's defaults, what
+// DefaultSaturation is the adaptive policy's thresholds: the engine thresholds are routing's defaults, what
 // the Gateway API Inference Extension and llm-d ship (5 waiting, 80% of
 // the KV cache). Under the full quality workload routed by tether sticky
 // (6 requests/s on eight emulated A100s, their GPUs about 98% busy) the

@@ -71,7 +71,7 @@ func churnOnce(ctx context.Context, opts Options, dir string, p policy) ([]Churn
 			func() error { return fleet.kill(victim) },
 			func() error { return fleet.restore(victim) },
 			func() error {
-				in, err := fleet.add("a100-8", "zone-a", "v1")
+				in, err := fleet.add("a100-8", "zone-a")
 				if err != nil {
 					return err
 				}

@@ -84,9 +84,10 @@ func newSimFleet(model func(name string) (emulator.LatencyModel, error)) *simFle
 	return &simFleet{model: model, servers: map[string]*simServer{}, depths: map[string][]int{}}
 }
 
-// add starts an instance on a free loopback port; zone and version are for
-// the tether config it returns.
-func (f *simFleet) add(name, zone, version string) (config.Instance, error) {
+// add starts an instance on a free loopback port; zone is for the tether
+// config it returns, where it serves version v1.
+func (f *simFleet) add(name, zone string) (config.Instance, error) {
+	const version = "v1"
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return config.Instance{}, err

@@ -68,7 +68,7 @@ func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, 
 	defer fleet.close()
 	var instances []config.Instance
 	for i := 0; i < 4; i++ {
-		in, err := fleet.add(fmt.Sprintf("zero-%d", i), "z", "v1")
+		in, err := fleet.add(fmt.Sprintf("zero-%d", i), "z")
 		if err != nil {
 			return nil, err
 		}

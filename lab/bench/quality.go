@@ -47,7 +47,7 @@ func a100Fleet(sc Scale, n int) (*simFleet, []config.Instance, error) {
 	var out []config.Instance
 	for i := 0; i < n; i++ {
 		zone := []string{"zone-a", "zone-b"}[i%2]
-		in, err := f.add(fmt.Sprintf("a100-%d", i), zone, "v1")
+		in, err := f.add(fmt.Sprintf("a100-%d", i), zone)
 		if err != nil {
 			f.close()
 			return nil, nil, err

@@ -236,7 +236,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	defer fleet.close()
 	var instances []config.Instance
 	for i := 0; i < o.Instances; i++ {
-		in, err := fleet.add(fmt.Sprintf("soak-%d", i), []string{"zone-a", "zone-b"}[i%2], "v1")
+		in, err := fleet.add(fmt.Sprintf("soak-%d", i), []string{"zone-a", "zone-b"}[i%2])
 		if err != nil {
 			return nil, err
 		}

@@ -37,10 +37,10 @@ const (
 	// its metrics, and the model of answers to requests that name none.
 	DefaultModel = "tether-sim"
 
-	// EngineVLLM and EngineSGLang are the engines whose metrics an instance
-	// serves on GET /metrics (Instance.Engine): vLLM's V1 names (vllm:…)
-	// or SGLang's (sglang:…).
-	EngineVLLM   = "vllm"
+	// EngineVLLM names the engine whose metrics an instance serves on GET
+	// /metrics (Instance.Engine) with vLLM's V1 names (vllm:…).
+	EngineVLLM = "vllm"
+	// EngineSGLang names SGLang's (sglang:…).
 	EngineSGLang = "sglang"
 
 	// maxModelLen bounds a served model name (Instance.Model).

@@ -351,38 +351,3 @@ func sessionKey(s string) uint64 {
 	_, _ = h.Write([]byte(s))
 	return h.Sum64()
 }
-
-// check verifies the cache's invariants (for tests).
-func (c *KVCache) check() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.blocks) > c.maxBlocks {
-		return fmt.Errorf("%d blocks, capacity %d", len(c.blocks), c.maxBlocks)
-	}
-	if c.lru.Len() != len(c.blocks) {
-		return fmt.Errorf("lru holds %d blocks, map %d", c.lru.Len(), len(c.blocks))
-	}
-	if c.maxConvs > 0 && c.convLRU.Len() > c.maxConvs {
-		return fmt.Errorf("%d conversations, cap %d", c.convLRU.Len(), c.maxConvs)
-	}
-	if c.convLRU.Len() != len(c.sessions)+len(c.leaves) {
-		return fmt.Errorf("%d conversations, %d sessions + %d anonymous", c.convLRU.Len(), len(c.sessions), len(c.leaves))
-	}
-	refs := make(map[*cacheBlock]int)
-	for e := c.convLRU.Front(); e != nil; e = e.Next() {
-		for _, b := range e.Value.(*conversation).chain {
-			if !b.dead {
-				refs[b]++
-			}
-		}
-	}
-	for h, b := range c.blocks {
-		if b.hash != h || b.dead || b.elem == nil {
-			return fmt.Errorf("block %x: inconsistent record", h)
-		}
-		if c.maxConvs > 0 && (b.refs < 1 || b.refs != refs[b]) {
-			return fmt.Errorf("block %x: refs %d, held by %d conversations", h, b.refs, refs[b])
-		}
-	}
-	return nil
-}

@@ -110,12 +110,6 @@ func WithEngine(engine string) Option {
 	return func(c *serveConfig) { c.template.Engine = engine }
 }
 
-// WithServedModel sets the served model name of the instances whose Spec
-// names none (Instance.Model; default DefaultModel).
-func WithServedModel(model string) Option {
-	return func(c *serveConfig) { c.template.Model = model }
-}
-
 // WithReportHeaders makes every instance send the emulator-only load
 // headers (Instance.ReportHeaders: x-queue-depth, x-gpu-utilization).
 func WithReportHeaders() Option {
@@ -132,13 +126,6 @@ func WithLogger(l zerolog.Logger) Option {
 // ones, for example 0.0.0.0 inside a container.
 func AllowNonLoopback() Option {
 	return func(c *serveConfig) { c.allowNonLoopback = true }
-}
-
-// OnListen calls fn once per instance with the address it listens on, after
-// the listener is open and before it serves. With port 0 this is how a caller
-// learns the port.
-func OnListen(fn func(name string, addr net.Addr)) Option {
-	return func(c *serveConfig) { c.onListen = fn }
 }
 
 // ServeAll serves one emulated instance per spec, each on its own address,

@@ -351,3 +351,16 @@ func TestParseSpec(t *testing.T) {
 		})
 	}
 }
+
+// WithServedModel sets the served model name of the instances whose Spec
+// names none (Instance.Model; default DefaultModel).
+func WithServedModel(model string) Option {
+	return func(c *serveConfig) { c.template.Model = model }
+}
+
+// OnListen calls fn once per instance with the address it listens on, after
+// the listener is open and before it serves. With port 0 this is how a caller
+// learns the port.
+func OnListen(fn func(name string, addr net.Addr)) Option {
+	return func(c *serveConfig) { c.onListen = fn }
+}

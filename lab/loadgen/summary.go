@@ -13,14 +13,14 @@ import (
 type Fate string
 
 const (
-	// OK: a 2xx answer, read to the end.
+	// OK means a 2xx answer, read to the end.
 	OK Fate = "ok"
-	// Failed: no answer (connection refused, reset), a non-2xx status, or
+	// Failed means no answer (connection refused, reset), a non-2xx status, or
 	// an answer that could not be read.
 	Failed Fate = "failed"
-	// Dropped: not sent, because MaxInFlight requests were in flight.
+	// Dropped means not sent, because MaxInFlight requests were in flight.
 	Dropped Fate = "dropped"
-	// Cancelled: still running at the drain deadline (or when the run's
+	// Cancelled means still running at the drain deadline (or when the run's
 	// context ended), and cancelled.
 	Cancelled Fate = "cancelled"
 )

@@ -33,14 +33,14 @@ func Kinds() []Kind { return []Kind{KindLong, KindMultiTurn, KindSingle} }
 type IdentityKind string
 
 const (
-	// IdentitySession: an application session id (SessionHeader).
+	// IdentitySession means an application session id (SessionHeader).
 	IdentitySession IdentityKind = "session"
-	// IdentityToken: a bearer token only (AuthHeader).
+	// IdentityToken means a bearer token only (AuthHeader).
 	IdentityToken IdentityKind = "token"
-	// IdentityDevice: a device id and a user id (DeviceHeader, UserHeader),
+	// IdentityDevice means a device id and a user id (DeviceHeader, UserHeader),
 	// as callers without login send.
 	IdentityDevice IdentityKind = "device"
-	// IdentityAnonymous: no identifier at all.
+	// IdentityAnonymous means no identifier at all.
 	IdentityAnonymous IdentityKind = "anonymous"
 )
 
@@ -169,7 +169,7 @@ const DefaultThinkTime = 5 * time.Second
 // queries.
 func DefaultMix() Mix { return Mix{Long: 0.3, MultiTurn: 0.2, Single: 0.5} }
 
-// DefaultIdentityMix: 55% session id, 20% bearer token only, 15% device and
+// DefaultIdentityMix is the field's callers: 55% session id, 20% bearer token only, 15% device and
 // user id, 10% anonymous.
 func DefaultIdentityMix() IdentityMix {
 	return IdentityMix{Session: 0.55, Token: 0.2, Device: 0.15, Anonymous: 0.1}

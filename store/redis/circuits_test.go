@@ -64,7 +64,7 @@ func testCircuitsDamaged(t *testing.T, s *Store) {
 // (evacuation reads it): calls off the request path get OpTimeout.
 func TestOperationsOutliveTheRequestTimeout(t *testing.T) {
 	r := testenv.RedisServer(t)
-	s := newStoreT(t, r.Client(), DefaultOptions())
+	s := newStoreT(t, r.Client(), defaultOptions())
 	ctx := context.Background()
 	now := time.Now()
 	const n = 20000

@@ -250,9 +250,10 @@ type callResult struct {
 	err  error
 }
 
-func getOrBind(t *testing.T, s *Store, key, instance string) (bindings.Result, callResult) {
+// getOrBind binds session "k" to instance, or finds it.
+func getOrBind(t *testing.T, s *Store, instance string) (bindings.Result, callResult) {
 	t.Helper()
-	l := bindings.Lookup{Key: key, Candidate: bindings.Binding{Instance: instance, Since: time.Now()}, Lifetime: bindings.Lifetime{Idle: time.Minute}}
+	l := bindings.Lookup{Key: "k", Candidate: bindings.Binding{Instance: instance, Since: time.Now()}, Lifetime: bindings.Lifetime{Idle: time.Minute}}
 	start := time.Now()
 	r, err := s.GetOrBind(t.Context(), l)
 	return r, callResult{took: time.Since(start), err: err}
@@ -264,7 +265,7 @@ func eventually(t *testing.T, s *Store, instance string, within time.Duration) (
 	t.Helper()
 	start := time.Now()
 	for {
-		r, c := getOrBind(t, s, "k", instance)
+		r, c := getOrBind(t, s, instance)
 		if c.err == nil {
 			return r, time.Since(start)
 		}
@@ -291,7 +292,7 @@ func failUntilOpen(t *testing.T, s *Store) []callResult {
 		if len(calls) == 100 {
 			t.Fatalf("guard still closed after %d calls: %+v", len(calls), s.Health())
 		}
-		_, c := getOrBind(t, s, "k", "b")
+		_, c := getOrBind(t, s, "b")
 		if c.err == nil {
 			t.Fatalf("GetOrBind succeeded with Redis down (call %d)", len(calls)+1)
 		}
@@ -307,7 +308,7 @@ func failUntilOpen(t *testing.T, s *Store) []callResult {
 func TestGuardRedisKilled(t *testing.T) {
 	r := testenv.RedisServer(t)
 	var ch changes
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.OnGuard = ch.record
 	s, err := Open(t.Context(), r.URL(), opts)
 	if err != nil {
@@ -329,7 +330,7 @@ func TestGuardRedisKilled(t *testing.T) {
 	start := time.Now()
 	refused := 0
 	for i := range n {
-		_, c := getOrBind(t, s, "k", "b")
+		_, c := getOrBind(t, s, "b")
 		switch {
 		case errors.Is(c.err, ErrGuardOpen):
 			refused++
@@ -402,7 +403,7 @@ func redisPid(t *testing.T, c goredis.UniversalClient) int {
 func TestGuardRedisStalled(t *testing.T) {
 	r := testenv.RedisServer(t)
 	pid := redisPid(t, r.Client())
-	s, err := Open(t.Context(), r.URL(), DefaultOptions())
+	s, err := Open(t.Context(), r.URL(), defaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +438,7 @@ func TestGuardRedisStalled(t *testing.T) {
 	probes0 := s.guard.probes.Load()
 	start := time.Now()
 	for range 100 {
-		if _, c := getOrBind(t, s, "k", "b"); c.err == nil {
+		if _, c := getOrBind(t, s, "b"); c.err == nil {
 			t.Fatal("GetOrBind succeeded against a stalled server")
 		}
 	}
@@ -465,7 +466,7 @@ func TestOpenWithoutRedis(t *testing.T) {
 	r := testenv.RedisServer(t)
 	r.Stop()
 	var ch changes
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.OnGuard = ch.record
 	start := time.Now()
 	s, err := Open(t.Context(), r.URL(), opts)
@@ -482,7 +483,7 @@ func TestOpenWithoutRedis(t *testing.T) {
 	if h.State != bindings.GuardOpen || h.Opens != 1 || h.LastError == "" {
 		t.Errorf("health after Open without Redis: %+v", h)
 	}
-	if _, c := getOrBind(t, s, "k", "a"); !errors.Is(c.err, ErrGuardOpen) {
+	if _, c := getOrBind(t, s, "a"); !errors.Is(c.err, ErrGuardOpen) {
 		t.Errorf("GetOrBind right after a degraded Open: %v, want ErrGuardOpen", c.err)
 	}
 
@@ -492,7 +493,7 @@ func TestOpenWithoutRedis(t *testing.T) {
 	if res.Origin != bindings.Created {
 		t.Errorf("first GetOrBind: %+v, want created", res)
 	}
-	if res, c := getOrBind(t, s, "k", "b"); c.err != nil || res.Origin != bindings.Found || res.Binding.Instance != "a" {
+	if res, c := getOrBind(t, s, "b"); c.err != nil || res.Origin != bindings.Found || res.Binding.Instance != "a" {
 		t.Errorf("second GetOrBind: %+v, %v; want found on a", res, c.err)
 	}
 	if diff := cmp.Diff([]bool{true, false}, ch.list()); diff != "" {
@@ -514,7 +515,7 @@ func TestOpenUnreachable(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			start := time.Now()
-			s, err := Open(t.Context(), tt.url, DefaultOptions())
+			s, err := Open(t.Context(), tt.url, defaultOptions())
 			took := time.Since(start)
 			if err != nil {
 				t.Fatalf("Open(%q): %v", tt.url, err)
@@ -535,7 +536,7 @@ func TestOpenUnreachable(t *testing.T) {
 	}
 	t.Run("malformed", func(t *testing.T) {
 		t.Parallel()
-		_, err := Open(t.Context(), "redis://:"+secret+"@127.0.0.1:port/0", DefaultOptions())
+		_, err := Open(t.Context(), "redis://:"+secret+"@127.0.0.1:port/0", defaultOptions())
 		var uerr *URLError
 		if !errors.As(err, &uerr) || strings.Contains(err.Error(), secret) {
 			t.Fatalf("Open with a malformed URL: %v, want a *URLError without the password", err)

@@ -70,7 +70,7 @@ func TestOpenBadURLs(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
-			s, err := Open(ctx, tt.url, DefaultOptions())
+			s, err := Open(ctx, tt.url, defaultOptions())
 			if err == nil {
 				_ = s.Close()
 				t.Fatalf("Open(%q) succeeded, want an error", tt.url)
@@ -95,12 +95,12 @@ func TestOpenAuth(t *testing.T) {
 	m.RequireAuth(secret)
 	ctx := t.Context()
 
-	_, err := Open(ctx, "redis://:wrong-"+secret+"@"+m.Addr()+"/0", DefaultOptions())
+	_, err := Open(ctx, "redis://:wrong-"+secret+"@"+m.Addr()+"/0", defaultOptions())
 	if err == nil || strings.Contains(err.Error(), secret) {
 		t.Fatalf("Open with a wrong password: err = %v, want an error without the password", err)
 	}
 
-	s, err := Open(ctx, "redis://:"+secret+"@"+m.Addr()+"/0", DefaultOptions())
+	s, err := Open(ctx, "redis://:"+secret+"@"+m.Addr()+"/0", defaultOptions())
 	if err != nil {
 		t.Fatalf("Open with the right password: %v", err)
 	}

@@ -136,7 +136,7 @@ import (
 )
 
 const (
-	// DefaultTimeout bounds one store call in DefaultOptions: a request must
+	// DefaultTimeout bounds one store call in defaultOptions: a request must
 	// never wait long on Redis, the caller falls back to placement instead.
 	// A round trip to a Redis nearby takes well under a millisecond.
 	DefaultTimeout = 10 * time.Millisecond
@@ -155,7 +155,7 @@ var (
 	_ replicas.Leases     = (*Store)(nil)
 )
 
-// Options tunes a Store. Start from DefaultOptions: the zero value has no
+// Options tunes a Store. Start from defaultOptions: the zero value has no
 // per-call timeout.
 type Options struct {
 	// Timeout bounds each round trip of the request path (GetOrBind,
@@ -188,11 +188,6 @@ type Options struct {
 	// round trip per hit (Store.Hits says which, and why). A store with
 	// the cache on must be closed: it runs two goroutines.
 	Cache CacheOptions
-}
-
-// DefaultOptions returns the options tether runs with.
-func DefaultOptions() Options {
-	return Options{Timeout: DefaultTimeout, Prefix: DefaultPrefix, Cache: CacheOptions{Enabled: true}}
 }
 
 // Validate reports the first invalid option.

@@ -445,9 +445,9 @@ func TestNewRejectsBadSetups(t *testing.T) {
 		opts    Options
 		wantErr string
 	}{
-		{"nil client", nil, DefaultOptions(), "nil client"},
+		{"nil client", nil, defaultOptions(), "nil client"},
 		{"negative timeout", c, Options{Timeout: -time.Second}, "timeout must not be negative"},
-		{"timeout without ContextTimeoutEnabled", noCtx, DefaultOptions(), "ContextTimeoutEnabled"},
+		{"timeout without ContextTimeoutEnabled", noCtx, defaultOptions(), "ContextTimeoutEnabled"},
 		{"prefix with a brace", c, Options{Prefix: "t{1}:"}, "must not contain"},
 	}
 	for _, tt := range tests {
@@ -880,7 +880,7 @@ func TestRedisDown(t *testing.T) {
 
 	t.Run("server stopped then restarted", func(t *testing.T) {
 		r := testenv.RedisServer(t)
-		s, err := Open(t.Context(), r.URL(), DefaultOptions())
+		s, err := Open(t.Context(), r.URL(), defaultOptions())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -911,7 +911,7 @@ func TestRedisDown(t *testing.T) {
 
 	t.Run("server stalled", func(t *testing.T) {
 		r := testenv.RedisServer(t)
-		s, err := Open(t.Context(), r.URL(), DefaultOptions())
+		s, err := Open(t.Context(), r.URL(), defaultOptions())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -945,7 +945,7 @@ func TestRedisDown(t *testing.T) {
 
 	t.Run("miniredis closed", func(t *testing.T) {
 		m, c := miniClient(t)
-		s := newStoreT(t, c, DefaultOptions())
+		s := newStoreT(t, c, defaultOptions())
 		m.Close()
 		if took, err := call(t, s); err == nil || took > prompt {
 			t.Fatalf("GetOrBind with miniredis closed: took %v, err %v; want an error within %v", took, err, prompt)
@@ -955,7 +955,7 @@ func TestRedisDown(t *testing.T) {
 
 func TestNewLeavesCallerClientOpen(t *testing.T) {
 	_, c := miniClient(t)
-	s := newStoreT(t, c, DefaultOptions())
+	s := newStoreT(t, c, defaultOptions())
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -980,4 +980,10 @@ func TestMillis(t *testing.T) {
 			t.Errorf("millis(%v) = %d, want %d", tt.d, got, tt.want)
 		}
 	}
+}
+
+// defaultOptions are the options tests start from: tether's timeout,
+// prefix and hit cache.
+func defaultOptions() Options {
+	return Options{Timeout: DefaultTimeout, Prefix: DefaultPrefix, Cache: CacheOptions{Enabled: true}}
 }

@@ -1,8 +1,8 @@
 // Package affinity decides which instance serves a request. It is the
 // decision core: plain Go structs in and out, no gRPC, Envoy or Redis. It
-// declares the store interfaces, next to each other (store.go): the Store
-// it needs itself, and those the rest of tether needs of the same store;
-// store/memory and store/redis provide them all.
+// declares the two store methods it calls itself (store.go), in the
+// vocabulary of package bindings; what the rest of tether needs of the
+// same store is declared where it is used.
 package affinity
 
 import (

@@ -219,7 +219,7 @@ func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Bind
 	return next, nil
 }
 
-// Show implements affinity.SessionIndex. It does not refresh anything.
+// Show implements admin.SessionIndex. It does not refresh anything.
 func (s *Store) Show(ctx context.Context, key string, now time.Time) (bindings.Session, bool, error) {
 	if err := s.lock(ctx); err != nil {
 		return bindings.Session{}, false, fmt.Errorf("memory show: %w", err)
@@ -235,7 +235,7 @@ func (s *Store) Show(ctx context.Context, key string, now time.Time) (bindings.S
 	return bindings.Session{Key: key, Binding: e.b, Move: e.move, TTL: e.expires.Sub(now)}, true, nil
 }
 
-// Mark implements affinity.SessionIndex. Sessions are visited in key order.
+// Mark implements admin.SessionIndex. Sessions are visited in key order.
 func (s *Store) Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move, now time.Time) (marked, remaining int, err error) {
 	if err := bindings.CheckMark(f, m); err != nil {
 		return 0, 0, fmt.Errorf("memory mark: %w", err)
@@ -262,7 +262,7 @@ func (s *Store) Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move
 	return marked, remaining, nil
 }
 
-// Bound implements affinity.SessionIndex. Sessions come in key order.
+// Bound implements admin.SessionIndex. Sessions come in key order.
 func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]bindings.Session, error) {
 	if err := bindings.CheckBound(instance, limit); err != nil {
 		return nil, fmt.Errorf("memory bound: %w", err)
@@ -302,7 +302,7 @@ func (s *Store) Requests(ctx context.Context, keys []string, now time.Time) ([]i
 	return out, nil
 }
 
-// SyncLoad implements affinity.LoadSyncer.
+// SyncLoad implements replicas.LoadSyncer.
 func (s *Store) SyncLoad(ctx context.Context, r fleet.LoadReport, instances []string, ttl time.Duration, now time.Time) (fleet.LoadState, error) {
 	if err := replicas.CheckReport(r, ttl); err != nil {
 		return fleet.LoadState{}, fmt.Errorf("memory sync load: %w", err)
@@ -338,7 +338,7 @@ func (s *Store) SyncLoad(ctx context.Context, r fleet.LoadReport, instances []st
 	return st, nil
 }
 
-// Lease implements affinity.Leases.
+// Lease implements replicas.Leases.
 func (s *Store) Lease(ctx context.Context, name, holder string, ttl time.Duration, now time.Time) (bool, error) {
 	if err := replicas.CheckLease(name, holder, ttl); err != nil {
 		return false, fmt.Errorf("memory lease: %w", err)
@@ -354,7 +354,7 @@ func (s *Store) Lease(ctx context.Context, name, holder string, ttl time.Duratio
 	return true, nil
 }
 
-// Release implements affinity.Leases.
+// Release implements replicas.Leases.
 func (s *Store) Release(ctx context.Context, name, holder string) error {
 	if err := replicas.CheckLease(name, holder, time.Second); err != nil {
 		return fmt.Errorf("memory release: %w", err)
@@ -369,7 +369,7 @@ func (s *Store) Release(ctx context.Context, name, holder string) error {
 	return nil
 }
 
-// SetDrained implements affinity.LoadSyncer.
+// SetDrained implements replicas.LoadSyncer.
 func (s *Store) SetDrained(ctx context.Context, instance string, drained bool) error {
 	if instance == "" {
 		return errors.New("memory set drained: empty instance name")
@@ -386,7 +386,7 @@ func (s *Store) SetDrained(ctx context.Context, instance string, drained bool) e
 	return nil
 }
 
-// ReportFailure implements affinity.Circuits, as store/redis's script
+// ReportFailure implements replicas.Circuits, as store/redis's script
 // does: a failure while the circuit is open is not counted, one while it
 // is half-open opens it again, and otherwise it joins the window (the
 // failures of the last cfg.Window), opening the circuit when the window
@@ -428,7 +428,7 @@ func (s *Store) ReportFailure(ctx context.Context, instance string, at time.Time
 	return false, time.Time{}, nil
 }
 
-// ReportRecovered implements affinity.Circuits.
+// ReportRecovered implements replicas.Circuits.
 func (s *Store) ReportRecovered(ctx context.Context, instance string, at time.Time) (bool, error) {
 	if instance == "" {
 		return false, errors.New("memory report recovered: empty instance")
@@ -446,7 +446,7 @@ func (s *Store) ReportRecovered(ctx context.Context, instance string, at time.Ti
 	return true, nil
 }
 
-// Circuits implements affinity.Circuits; it deletes the stale circuits.
+// Circuits implements replicas.Circuits; it deletes the stale circuits.
 func (s *Store) Circuits(ctx context.Context, now time.Time) (map[string]time.Time, error) {
 	if err := s.lock(ctx); err != nil {
 		return nil, fmt.Errorf("memory circuits: %w", err)
@@ -456,7 +456,7 @@ func (s *Store) Circuits(ctx context.Context, now time.Time) (map[string]time.Ti
 	return maps.Clone(s.circuits), nil
 }
 
-// Ping implements affinity.Checker: the store is in the process, so it
+// Ping implements admin.Checker: the store is in the process, so it
 // answers unless it is closed.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.lock(ctx); err != nil {
@@ -466,7 +466,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Health implements affinity.Checker: there is no backend to lose, so the
+// Health implements admin.Checker: there is no backend to lose, so the
 // guard is always closed.
 func (s *Store) Health() bindings.Health {
 	return bindings.Health{State: bindings.GuardClosed, Since: s.since}

@@ -76,7 +76,7 @@ var (
 func (s *Store) failuresKey(instance string) string { return s.fleet + "f:" + instance }
 func (s *Store) circuitsKey() string                { return s.fleet + "circuits" }
 
-// ReportFailure implements affinity.Circuits: one EVALSHA on the {fleet}
+// ReportFailure implements replicas.Circuits: one EVALSHA on the {fleet}
 // slot.
 func (s *Store) ReportFailure(ctx context.Context, instance string, at time.Time, member string, cfg fleet.BreakerConfig) (opened bool, until time.Time, err error) {
 	if err := replicas.CheckFailure(instance, member, cfg); err != nil {
@@ -109,7 +109,7 @@ func (s *Store) ReportFailure(ctx context.Context, instance string, at time.Time
 	return flag == 1, until, nil
 }
 
-// ReportRecovered implements affinity.Circuits: one EVALSHA on the
+// ReportRecovered implements replicas.Circuits: one EVALSHA on the
 // {fleet} slot.
 func (s *Store) ReportRecovered(ctx context.Context, instance string, at time.Time) (bool, error) {
 	if instance == "" {
@@ -129,7 +129,7 @@ func (s *Store) ReportRecovered(ctx context.Context, instance string, at time.Ti
 	return n == 1, nil
 }
 
-// Circuits implements affinity.Circuits with one HGETALL. A value that is
+// Circuits implements replicas.Circuits with one HGETALL. A value that is
 // not a time (a damaged field) is skipped; a stale circuit is deleted.
 func (s *Store) Circuits(ctx context.Context, now time.Time) (map[string]time.Time, error) {
 	if err := ctx.Err(); err != nil {

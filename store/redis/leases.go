@@ -40,7 +40,7 @@ return 0
 
 func (s *Store) leaseKey(name string) string { return s.fleet + "lease:" + name }
 
-// Lease implements affinity.Leases in one EVALSHA; the lease runs for ttl
+// Lease implements replicas.Leases in one EVALSHA; the lease runs for ttl
 // by Redis's clock (now is not used).
 func (s *Store) Lease(ctx context.Context, name, holder string, ttl time.Duration, _ time.Time) (bool, error) {
 	if err := replicas.CheckLease(name, holder, ttl); err != nil {
@@ -60,7 +60,7 @@ func (s *Store) Lease(ctx context.Context, name, holder string, ttl time.Duratio
 	return n == 1, nil
 }
 
-// Release implements affinity.Leases in one EVALSHA.
+// Release implements replicas.Leases in one EVALSHA.
 func (s *Store) Release(ctx context.Context, name, holder string) error {
 	if err := replicas.CheckLease(name, holder, time.Second); err != nil {
 		return fmt.Errorf("redis release: %w", err)

@@ -204,7 +204,7 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// Store implements affinity's store interfaces over a go-redis client.
+// Store implements the interfaces of the binding store (affinity.Store and those admin, metrics and replicas declare) over a go-redis client.
 type Store struct {
 	client       goredis.UniversalClient
 	timeout      time.Duration
@@ -586,7 +586,7 @@ func (s *Store) indexError(err error) {
 	}
 }
 
-// Show implements affinity.SessionIndex: one round trip, two when key is
+// Show implements admin.SessionIndex: one round trip, two when key is
 // an alias. It refreshes nothing.
 func (s *Store) Show(ctx context.Context, key string, _ time.Time) (bindings.Session, bool, error) {
 	ctx, cancel := s.opContext(ctx)
@@ -624,7 +624,7 @@ func (s *Store) showOnce(ctx context.Context, key string, follow bool) (sess bin
 	return parseShowReply(res)
 }
 
-// Mark implements affinity.SessionIndex. It reads the live members of the
+// Mark implements admin.SessionIndex. It reads the live members of the
 // instance's index, checks (and marks) their bindings in pipelines of
 // markBatch, and prunes the members whose binding is gone or on another
 // instance. Each round trip gets its own Options.Timeout.
@@ -709,7 +709,7 @@ func (s *Store) liveMembers(ctx context.Context, idx string, now int64) ([]gored
 	return zs, nil
 }
 
-// Bound implements affinity.SessionIndex: the live members of the
+// Bound implements admin.SessionIndex: the live members of the
 // instance's index, then their bindings in pipelines of markBatch. Each
 // round trip gets its own Options.Timeout.
 func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]bindings.Session, error) {
@@ -771,7 +771,7 @@ func (s *Store) pruneIndex(ctx context.Context, idx string, zs []goredis.Z) {
 	}
 }
 
-// SyncLoad implements affinity.LoadSyncer in one EVALSHA on the {fleet}
+// SyncLoad implements replicas.LoadSyncer in one EVALSHA on the {fleet}
 // slot.
 func (s *Store) SyncLoad(ctx context.Context, r fleet.LoadReport, instances []string, ttl time.Duration, now time.Time) (fleet.LoadState, error) {
 	if err := replicas.CheckReport(r, ttl); err != nil {
@@ -816,7 +816,7 @@ func (s *Store) SyncLoad(ctx context.Context, r fleet.LoadReport, instances []st
 	return st, nil
 }
 
-// SetDrained implements affinity.LoadSyncer.
+// SetDrained implements replicas.LoadSyncer.
 func (s *Store) SetDrained(ctx context.Context, instance string, drained bool) error {
 	if instance == "" {
 		return errors.New("redis set drained: empty instance name")

@@ -19,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/plan"
@@ -46,9 +45,10 @@ type Runtime struct {
 	version         string      // of the Envoy resources in force
 	log             zerolog.Logger
 	reloads         *prometheus.CounterVec
-	// policy receives the routing policy of every configuration applied
-	// after OnPolicy: rules, versions and weights change without a restart.
-	policy func(affinity.Policy)
+	// applied hears the plan of every configuration applied after
+	// OnApply: the decider takes its policy (rules, versions and weights
+	// change without a restart).
+	applied func(plan.Plan)
 }
 
 // New returns a runtime with an empty fleet; the first Apply starts it.
@@ -74,12 +74,12 @@ func (r *Runtime) Plan() plan.Plan {
 	return r.plan
 }
 
-// OnPolicy registers the decider's SetPolicy: every configuration applied
-// after it hands the decider its policy.
-func (r *Runtime) OnPolicy(f func(affinity.Policy)) {
+// OnApply registers f to hear the plan of every configuration applied
+// after it (serve hands the decider its policy).
+func (r *Runtime) OnApply(f func(plan.Plan)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.policy = f
+	r.applied = f
 }
 
 // Fleet is the fleet the decider reads; Apply changes it.
@@ -175,8 +175,8 @@ func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) 
 		}
 	}
 	r.fleet.Replace(p.Instances)
-	if r.policy != nil {
-		r.policy(p.Policy)
+	if r.applied != nil {
+		r.applied(p)
 	}
 	r.cfg, r.run, r.version, r.plan = next, run, version, p
 	r.reloads.WithLabelValues(source, "applied").Inc()

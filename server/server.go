@@ -161,7 +161,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	// The decider tether-lab simulate --config builds too, on the memory
 	// store (lab/simulator's TestSimulateDecidesAsServe).
 	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{Store: metrics.NewStore(reg, st), Load: load, Breaker: breaker})
-	rt.OnPolicy(decider.SetPolicy)
+	rt.OnApply(func(p plan.Plan) { decider.SetPolicy(p.Policy) })
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "tether_failopen_overrides_total",
 		Help: "New sessions bound elsewhere than where Envoy's fail-open pool would send them: " +

@@ -161,7 +161,7 @@ func serveDecisions(t *testing.T, cfg config.Config, calls []deciderCall) []affi
 		Store: store, Load: load, Breaker: fleet.NewBreaker(start.Breaker, clock, nil),
 		Now: clock, Rand: rand.New(rand.NewPCG(serveSeed, 0x726f75746572)).Uint64, // the simulation's router seed
 	})
-	rt.OnPolicy(decider.SetPolicy)
+	rt.OnApply(func(p plan.Plan) { decider.SetPolicy(p.Policy) })
 	loadSync := replicas.LoadSync{Replica: "serve", View: load, Store: store, Instances: rt.Fleet().All}
 	var out []affinity.Decision
 	for _, c := range calls {

@@ -187,22 +187,10 @@ func TestRedisURLForms(t *testing.T) {
 }
 
 func TestOverridesInherit(t *testing.T) {
-	c, err := Parse([]byte(`
-[outlier_detection]
-consecutive_gateway_failure = 2
-[outlier_detection.instances.a]
-consecutive_5xx = 9
-[circuit_breakers]
-max_requests = 100
-[circuit_breakers.instances.a]
-max_connections = 7
-[[instances]]
-name = "a"
-address = "10.0.0.1:1"
-[[instances]]
-name = "b"
-address = "10.0.0.2:1"
-`))
+	c, err := Parse([]byte("[outlier_detection]\nconsecutive_gateway_failure = 2\n" +
+		"[outlier_detection.instances.a]\nconsecutive_5xx = 9\n" +
+		"[circuit_breakers]\nmax_requests = 100\n[circuit_breakers.instances.a]\nmax_connections = 7\n" +
+		"[[instances]]\nname = \"a\"\naddress = \"10.0.0.1:1\"\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,12 +101,13 @@ func token(span string) string {
 	return s
 }
 
-// indexDoc reads the headings: a heading that names a section ([server],
-// [[routing.rules]], [tls.envoy]) starts it; a heading that names none
-// ends it when it is at the section heading's level or above, and is a
-// part of it when deeper.
-func indexDoc(md string) docIndex {
-	ix := docIndex{anywhere: map[string]bool{}, under: map[string]map[string]bool{}, rows: map[string][]string{}}
+// eachLine calls fn with every line of md but headings and code fences,
+// with the section it is under ("" for none) and whether it is in a code
+// block. A heading that names a section ([server], [[routing.rules]],
+// [tls.envoy]) starts it; a heading that names none ends it when it is at
+// the section heading's level or above, and is a part of it when deeper.
+// Headings in code blocks are not headings.
+func eachLine(md string, fn func(section, line string, fenced bool)) {
 	section, level := "", 0
 	fence := false
 	for _, line := range strings.Split(md, "\n") {
@@ -124,6 +125,15 @@ func indexDoc(md string) docIndex {
 				continue
 			}
 		}
+		fn(section, line, fence)
+	}
+}
+
+// indexDoc reads every code span of md, the code spans under each
+// section and the keys in the first column of each section's tables.
+func indexDoc(md string) docIndex {
+	ix := docIndex{anywhere: map[string]bool{}, under: map[string]map[string]bool{}, rows: map[string][]string{}}
+	eachLine(md, func(section, line string, fenced bool) {
 		for _, m := range codeSpan.FindAllStringSubmatch(line, -1) {
 			tok := token(m[1])
 			ix.anywhere[tok] = true
@@ -134,7 +144,7 @@ func indexDoc(md string) docIndex {
 				ix.under[section][tok] = true
 			}
 		}
-		if !fence && section != "" && strings.HasPrefix(line, "|") {
+		if !fenced && section != "" && strings.HasPrefix(line, "|") {
 			cells := strings.Split(line, "|")
 			if len(cells) > 2 {
 				for _, m := range codeSpan.FindAllStringSubmatch(cells[1], -1) {
@@ -142,7 +152,7 @@ func indexDoc(md string) docIndex {
 				}
 			}
 		}
-	}
+	})
 	return ix
 }
 
@@ -286,48 +296,30 @@ func TestDocsCheckerRejects(t *testing.T) {
 func docMarks(md string) (restart func(k docKey) bool) {
 	all := map[string]bool{}
 	rows := map[string]string{} // section.key → "restart", "live" or ""
-	section, level := "", 0
-	fence := false
-	for _, line := range strings.Split(md, "\n") {
-		if strings.HasPrefix(strings.TrimSpace(line), "```") {
-			fence = !fence
-			continue
-		}
-		if fence {
-			continue
-		}
-		if m := heading.FindStringSubmatch(line); m != nil {
-			if s := sectionRef.FindStringSubmatch(m[2]); s != nil {
-				section, level = s[1], len(m[1])
-			} else if len(m[1]) <= level {
-				section, level = "", 0
-			}
-			continue
-		}
-		if section == "" {
-			continue
-		}
-		if !strings.HasPrefix(line, "|") {
+	eachLine(md, func(section, line string, fenced bool) {
+		switch {
+		case fenced || section == "":
+		case !strings.HasPrefix(line, "|"):
 			if strings.Contains(line, "All **restart**") {
 				all[section] = true
 			}
-			continue
+		default:
+			cells := strings.Split(line, "|")
+			if len(cells) < 3 {
+				return
+			}
+			mark := ""
+			switch {
+			case strings.Contains(line, "**restart**"):
+				mark = "restart"
+			case strings.Contains(line, "**live**"):
+				mark = "live"
+			}
+			for _, m := range codeSpan.FindAllStringSubmatch(cells[1], -1) {
+				rows[section+"."+token(m[1])] = mark
+			}
 		}
-		cells := strings.Split(line, "|")
-		if len(cells) < 3 {
-			continue
-		}
-		mark := ""
-		switch {
-		case strings.Contains(line, "**restart**"):
-			mark = "restart"
-		case strings.Contains(line, "**live**"):
-			mark = "live"
-		}
-		for _, m := range codeSpan.FindAllStringSubmatch(cells[1], -1) {
-			rows[section+"."+token(m[1])] = mark
-		}
-	}
+	})
 	return func(k docKey) bool {
 		switch rows[k.String()] {
 		case "restart":
@@ -339,9 +331,9 @@ func docMarks(md string) (restart func(k docKey) bool) {
 	}
 }
 
-// TestDocsMarkrestartKeys: docs/config.md marks restart-only exactly the
+// TestDocsMarkRestartKeys: docs/config.md marks restart-only exactly the
 // keys whose reload tag (or their section's) says so.
-func TestDocsMarkrestartKeys(t *testing.T) {
+func TestDocsMarkRestartKeys(t *testing.T) {
 	data, err := os.ReadFile(docsFile)
 	if err != nil {
 		t.Fatal(err)

@@ -55,14 +55,11 @@ func newSessionsEnv(t *testing.T) *sessionsEnv {
 	}
 	// Header names as an operator may write them: the API must hash with
 	// the same ones as the request path.
-	id := config.Default().Identity
-	headers := identity.Config{SessionHeader: id.SessionHeader, AuthHeader: id.AuthHeader, DeviceHeader: id.DeviceHeader, UserHeader: id.UserHeader}
-	headers.SessionHeader = "X-Conversation-Id"
-	ids, err := identity.New(identity.Config{
-		SessionHeader: headers.SessionHeader, AuthHeader: headers.AuthHeader,
-		DeviceHeader: headers.DeviceHeader, UserHeader: headers.UserHeader,
-		Secret: []byte("a-test-secret-of-32-bytes-long!!"),
-	})
+	headers := identity.Config{SessionHeader: "X-Conversation-Id", AuthHeader: config.DefaultAuthHeader,
+		DeviceHeader: config.DefaultDeviceHeader, UserHeader: config.DefaultUserHeader}
+	keyed := headers
+	keyed.Secret = []byte("a-test-secret-of-32-bytes-long!!")
+	ids, err := identity.New(keyed)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,8 +56,7 @@ func newSessionsServer(t *testing.T) *sessionsServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := config.Default().Identity
-	headers := identity.Config{SessionHeader: id.SessionHeader, AuthHeader: id.AuthHeader, DeviceHeader: id.DeviceHeader, UserHeader: id.UserHeader}
+	headers := identity.Config{SessionHeader: config.DefaultSessionHeader}
 	ids, err := identity.New(identity.Config{SessionHeader: headers.SessionHeader, Secret: []byte("a-test-secret-of-32-bytes-long!!")})
 	if err != nil {
 		t.Fatal(err)

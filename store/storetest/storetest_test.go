@@ -141,7 +141,11 @@ type fakeReport struct {
 // fakeStore is a deliberately simple store whose flaw can be switched on.
 // Its index is derived from the bindings, except under "index-stale".
 type fakeStore struct {
-	flaw    string
+	flaw string
+	// op makes each GetOrBind and Replace one step, as a real store's
+	// script is, unless the flaw is that it is not ("racy",
+	// "racy-replace", "racy-count").
+	op      sync.Mutex
 	mu      sync.Mutex
 	m       map[string]fakeEntry
 	links   map[string]fakeLink
@@ -189,6 +193,16 @@ func (s *fakeStore) store(key string, e fakeEntry) {
 	s.m[s.k(key)] = e
 }
 
+// atomic holds op for a whole GetOrBind or Replace, unless the flaw is
+// that this one is not atomic; the caller defers what it returns.
+func (s *fakeStore) atomic(flaws ...string) func() {
+	if slices.Contains(flaws, s.flaw) {
+		return func() {}
+	}
+	s.op.Lock()
+	return s.op.Unlock
+}
+
 // pause widens the window between a read and the following write, so the
 // racy flaws lose their race reliably.
 func (s *fakeStore) pause(flaw string) {
@@ -228,6 +242,7 @@ func (s *fakeStore) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.
 	if err := ctx.Err(); err != nil {
 		return bindings.Result{}, err
 	}
+	defer s.atomic("racy", "racy-count")()
 	c, lt := l.Candidate, l.Lifetime
 	if s.bad(c, lt) {
 		return bindings.Result{}, errors.New("bad input")
@@ -286,6 +301,7 @@ func (s *fakeStore) Replace(ctx context.Context, key, old string, next bindings.
 	if err := ctx.Err(); err != nil {
 		return bindings.Binding{}, err
 	}
+	defer s.atomic("racy-replace")()
 	if s.bad(next, lt) {
 		return bindings.Binding{}, errors.New("bad input")
 	}

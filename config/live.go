@@ -15,7 +15,7 @@ import (
 // Everything that depends on it derives from the tags: what a running
 // tether keeps from its start (Running), which edits the reload warns
 // about (RestartChanges), and the **restart** marks of docs/config.md
-// (restartKeys; docs_test.go holds the page to it).
+// (docs_test.go holds the page to the tags).
 //
 //	reload:"restart"  the key takes effect only when tether restarts
 //	reload:"live"     the key takes effect at once (inside a restart table)

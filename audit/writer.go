@@ -237,7 +237,7 @@ func (w *Writer) flush(batch []Record) {
 	// A sink that skipped some records stored the others: it returns
 	// *InvalidRecordsError alone (joined with another error when the
 	// write itself failed too).
-	skipped, only := asInvalidRecords(err)
+	skipped, only := err.(*InvalidRecordsError) //nolint:errorlint // the error itself: a wrapped or joined one means the write failed too
 	switch {
 	case only && skipped.Total == len(batch):
 		w.written.Add(uint64(len(batch) - len(skipped.Index)))
@@ -268,15 +268,4 @@ func (w *Writer) report(err error) {
 	if w.cfg.OnError != nil {
 		w.cfg.OnError(err)
 	}
-}
-
-// asInvalidRecords reports whether err is an *InvalidRecordsError itself,
-// not one joined with (or wrapped in) another error: then the sink stored
-// every record it does not name.
-func asInvalidRecords(err error) (*InvalidRecordsError, bool) {
-	switch e := err.(type) { //nolint:errorlint // the error itself, on purpose: a wrapped one means the write failed too
-	case *InvalidRecordsError:
-		return e, true
-	}
-	return nil, false
 }

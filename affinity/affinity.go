@@ -86,6 +86,18 @@ type Decision struct {
 	// outcome ticket) must carry them.
 	At    time.Time
 	Probe bool
+
+	// Content says the decision's placement is open (a new session, one
+	// placed again, an anonymous request) and cache-aware placement is on:
+	// the request's prompt may place it better (Decider.Refine).
+	Content bool
+	// ByContent says Refine placed the request where its cache holds the
+	// longest prefix of its prompt, Matched blocks of it (0: none that
+	// counts).
+	ByContent bool
+	Matched   int
+	// lifetime is the session's binding lifetime, for Refine's move.
+	lifetime bindings.Lifetime
 }
 
 // Decider makes decisions. It is safe for concurrent use.
@@ -100,6 +112,7 @@ type Decider struct {
 
 	failOpen          FailOpen
 	failOpenOverrides atomic.Uint64
+	contents          Contents // nil: no cache-aware placement
 }
 
 // Option configures a Decider.
@@ -226,6 +239,7 @@ func (d *Decider) decide(ctx context.Context, req Request) (Decision, error) {
 		return Decision{}, err
 	}
 	dec.Rule, dec.At = c.rule, now
+	dec.Content = p.Content.Enabled && d.contents != nil && contentKinds[dec.Kind]
 	return dec, nil
 }
 
@@ -291,7 +305,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	}
 	outcome := kind
 	// Every decision from here on follows the binding read above.
-	defer func() { dec.Previous, dec.Key, dec.Requests = prev, res.Key, res.Requests }()
+	defer func() { dec.Previous, dec.Key, dec.Requests, dec.lifetime = prev, res.Key, res.Requests, lt }()
 	in, ok := find(healthy, b.Instance)
 	// Why the session must leave its instance, if it must.
 	switch {

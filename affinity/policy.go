@@ -74,6 +74,8 @@ type Policy struct {
 	Epsilon float64
 	// Saturation says when an instance counts as saturated (adaptive).
 	Saturation Saturation
+	// Content is cache-aware placement (content.go).
+	Content ContentPolicy
 	// TierHeader names the request header carrying the user tier that
 	// rules match with Rule.Tiers. It must come from a trusted layer (an
 	// authenticating filter in front of Envoy), not from the client.

@@ -1,0 +1,189 @@
+package affinity
+
+// Cache-aware placement: where a request goes when what the instances'
+// KV caches hold of its prompt should decide, and their load allows.
+//
+// Decide answers from the request's headers, as always. A decision whose
+// placement is open (a new session, a session placed again, an anonymous
+// request) says so (Decision.Content): the caller may then read the
+// request's prompt and hand its chained block hashes (package prefix) to
+// Refine, which
+//
+//  1. scores the candidates (the healthy instances of the decision's model
+//     version, on-demand before spot, unsaturated) by the longest prefix
+//     of the prompt each holds, as far as tether sent it there (Contents);
+//  2. takes the one holding the longest prefix of at least
+//     ContentPolicy.MinBlocks blocks whose load passes the gate: its
+//     requests in flight below its weighted share of the candidates' by the
+//     bounded-load factor (1+ε), plus ContentPolicy.Slack, its engine not
+//     saturated, and for a session, its active sessions under their bound;
+//     on a tie, the fewer requests in flight;
+//  3. moves the decision there (a session's binding with one Replace),
+//     or keeps the identity placement when no candidate qualifies, so a
+//     session the index says nothing about stays where Envoy's fail-open
+//     pool would send it;
+//  4. records the prompt's blocks on the instance it ends on.
+//
+// A hit on a live binding never comes here: it is answered from the
+// headers, without the body.
+
+import (
+	"context"
+	"time"
+
+	"github.com/tetherproxy/tether/bindings"
+	"github.com/tetherproxy/tether/fleet"
+)
+
+// Contents is what cache-aware placement reads and writes of the prefix
+// index (prefix.Index).
+type Contents interface {
+	// Match writes how many leading blocks of chain each of names holds
+	// into depth, and returns the most.
+	Match(chain []uint64, names []string, depth []int) int
+	// Record notes that chain was sent to instance.
+	Record(instance string, chain []uint64, now time.Time)
+}
+
+// WithContents gives the decider the prefix index cache-aware placement
+// reads (ContentPolicy turns it on).
+func WithContents(c Contents) Option { return func(d *Decider) { d.contents = c } }
+
+// ContentPolicy is cache-aware placement's part of the policy.
+type ContentPolicy struct {
+	// Enabled: decisions whose placement is open say so (Decision.Content),
+	// and Refine places them by what the caches hold.
+	Enabled bool
+	// MinBlocks is the shortest match that counts: a shorter one (a few
+	// blocks of a shared template) decides nothing.
+	MinBlocks int
+	// Slack is how many requests in flight beyond its bounded-load share
+	// an instance may take for what its cache holds.
+	Slack int
+}
+
+// contentKinds are the decisions whose placement is open: the request's
+// instance was just chosen by identity, and what the caches hold may
+// choose better.
+var contentKinds = map[Kind]bool{KindBind: true, KindRebind: true, KindMoved: true, KindAnonymous: true}
+
+// Refine places dec by the prompt's chained block hashes (see the file's
+// comment) and returns the decision the request goes with. It returns dec
+// unchanged (apart from ByContent) when dec's placement is not open, the
+// chain is empty, or no candidate holds enough of it under the gate. A
+// store error keeps dec: the request goes where identity placed it.
+func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) Decision {
+	p := d.policy.Load()
+	if !dec.Content || len(chain) == 0 || d.contents == nil {
+		return dec
+	}
+	now := d.now()
+	defer func() { d.contents.Record(dec.Instance.Name, chain, now) }()
+	cands := d.contentCandidates(p, dec)
+	if len(cands) == 0 {
+		return dec
+	}
+	var nameBuf [64]string
+	var depthBuf [64]int
+	names := nameBuf[:0]
+	for _, in := range cands {
+		names = append(names, in.Name)
+	}
+	depth := depthBuf[:0]
+	if len(cands) <= len(depthBuf) {
+		depth = depthBuf[:len(cands)]
+	} else {
+		depth = make([]int, len(cands))
+	}
+	dec.Matched = d.contents.Match(chain, names, depth)
+	if dec.Matched < max(p.Content.MinBlocks, 1) {
+		dec.Matched = 0
+		return dec
+	}
+	i := d.load.gate(cands, depth, p, dec.Key != "", max(p.Content.MinBlocks, 1))
+	if i < 0 {
+		dec.Matched = 0
+		return dec
+	}
+	target := cands[i]
+	dec.Matched = depth[i]
+	if target.Name == dec.Instance.Name {
+		dec.ByContent = true
+		return dec
+	}
+	if dec.Probe {
+		// The identity choice probes a half-open instance: it keeps it.
+		return dec
+	}
+	var probe bool
+	if d.breaker != nil {
+		var ok bool
+		if probe, ok = d.breaker.TryBegin(target.Name); !ok {
+			return dec
+		}
+	}
+	if dec.Key != "" {
+		d.load.reserveName(target.Name)
+		nb, err := d.store.Replace(ctx, dec.Key, dec.Instance.Name,
+			bindings.Binding{Instance: target.Name, Version: target.Version, Since: now}, dec.lifetime)
+		moved := err == nil && nb.Instance == target.Name
+		d.load.unreserve(target.Name, moved, dec.Instance.Name)
+		if !moved {
+			if probe {
+				d.breaker.Done(target.Name, true, fleet.Outcome{})
+			}
+			return dec
+		}
+	}
+	d.load.End(dec.Instance.Name, dec.At, 0, false)
+	d.load.Begin(target.Name, dec.At)
+	dec.Instance, dec.Probe, dec.ByContent = target, probe, true
+	return dec
+}
+
+// contentCandidates is where dec's request may go by content: the healthy
+// instances of its instance's model version, on-demand before spot, and
+// for an adaptive decision the unsaturated ones.
+func (d *Decider) contentCandidates(p *Policy, dec Decision) []fleet.Instance {
+	cands := stickyCandidates(dec.Instance.Version, d.available())
+	if dec.Mode == Adaptive {
+		cands = d.unsaturated(cands, p.Saturation)
+	}
+	return cands
+}
+
+// gate returns the index in cands of the instance holding the longest
+// prefix (depth, at least minBlocks) whose load passes (see the file's
+// comment), -1 when none does. sessions says the request binds a session,
+// so the instance's active sessions must also be under their bound.
+func (l *Load) gate(cands []fleet.Instance, depth []int, p *Policy, sessions bool, minBlocks int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var flightBuf, activeBuf [64]int
+	flight, active := flightBuf[:0], activeBuf[:0]
+	totalFlight, totalActive, weight := 0, 0, 0.0
+	for _, in := range cands {
+		f := max(l.state.InFlight[in.Name]+l.localFlight(in.Name), 0)
+		a := l.activeLocked(in.Name)
+		flight, active = append(flight, f), append(active, a)
+		totalFlight, totalActive, weight = totalFlight+f, totalActive+a, weight+in.Weight
+	}
+	best := -1
+	for i, in := range cands {
+		if depth[i] < minBlocks || best >= 0 && (depth[i] < depth[best] || depth[i] == depth[best] && flight[i] >= flight[best]) {
+			continue
+		}
+		share := in.Weight / weight
+		if flight[i] >= ceil((1+p.Epsilon)*float64(totalFlight+1)*share)+p.Content.Slack {
+			continue
+		}
+		if sessions && active[i] >= ceil((1+p.Epsilon)*float64(totalActive+1)*share) {
+			continue
+		}
+		if l.saturatedLocked(in.Name, p.Saturation) {
+			continue
+		}
+		best = i
+	}
+	return best
+}

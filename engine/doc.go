@@ -38,6 +38,11 @@
 //	           V0 publishes none (only the gauge gpu_prefix_cache_hit_rate,
 //	           not read): PrefixKnown is false.
 //	preemption vllm:num_preemptions_total (counter)
+//	capacity   vllm:cache_config_info (an info gauge, value 1, labels the
+//	           CacheConfig as Python's str() writes it, no model_name):
+//	           num_gpu_blocks × block_size. With data-parallel engines each
+//	           engine's series carries the API server's num_gpu_blocks, the
+//	           sum over its engines: the series are copies, not added.
 //
 // SGLang, labels model_name and engine_type, and in later releases tp_rank,
 // pp_rank, moe_ep_rank, dp_rank (when data-parallel), priority (with
@@ -60,6 +65,15 @@
 //	           counter.
 //	preemption sglang:num_retracted_requests_total (counter; releases before
 //	           it have only the gauge num_retracted_reqs: Preemptions 0)
+//	capacity   sglang:max_total_num_tokens (gauge, tokens of one scheduler's
+//	           KV pool, set once at start): summed over dp ranks. Releases
+//	           without it publish the figure only in /get_server_info's
+//	           max_total_num_tokens, which tether does not ask: CacheTokens 0.
+//
+// The capacity (Sample.CacheTokens) is parsed apart from the load and never
+// refuses a sample: a missing family or label, a label that is no integer
+// ("None" before vLLM sets it), zero, a negative value, a fraction or one
+// past 2^40 tokens, or a malformed line of its family leave it 0, unknown.
 //
 // # Counter names
 //

@@ -39,6 +39,10 @@ type Sample struct {
 	// Preemptions is the engine's cumulative count of preempted requests
 	// (SGLang: retracted), summed over the engines; 0 when it publishes none.
 	Preemptions float64
+	// CacheTokens is the KV cache's capacity in tokens as the engine
+	// publishes it (capacity.go); 0 when it publishes none, or nothing
+	// usable. It never refuses a sample.
+	CacheTokens int
 	// Engines is how many engine series the exposition held: the distinct
 	// engine (vLLM) or dp_rank (SGLang) values of the running gauge, 1 when
 	// it carries no such label.

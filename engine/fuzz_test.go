@@ -37,7 +37,7 @@ func FuzzParse(f *testing.F) {
 		// the whole exposition parses.
 		if fams, ferr := textParse(data); ferr == nil {
 			sp, _ := specOf(kind)
-			whole, werr := sp.sample(fams)
+			whole, werr := wholeSample(sp, fams)
 			if whole != s || Reason(werr) != Reason(err) {
 				t.Fatalf("the lines read give %+v, %v; the whole exposition %+v, %v", s, err, whole, werr)
 			}
@@ -56,6 +56,9 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("refused with a sample %+v", s)
 			}
 			return
+		}
+		if s.CacheTokens < 0 || int64(s.CacheTokens) > maxCacheTokens {
+			t.Fatalf("accepted a capacity of %d tokens", s.CacheTokens)
 		}
 		for _, v := range []float64{s.Waiting, s.Running, s.KVUsage, s.PrefixHits, s.PrefixQueries, s.Preemptions} {
 			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
@@ -78,6 +81,7 @@ func readLines(b []byte) []byte {
 			"vllm:prefix_cache_", "vllm:gpu_prefix_cache_", "vllm:num_preemptions",
 			"sglang:num_running_reqs ", "sglang:num_running_reqs{", "sglang:num_queue_reqs", "sglang:token_usage",
 			"sglang:realtime_tokens", "sglang:prompt_tokens", "sglang:cached_tokens", "sglang:num_retracted_requests",
+			"vllm:cache_config_info", "sglang:max_total_num_tokens",
 		} {
 			if strings.Contains(line, name) {
 				out.WriteString(line)

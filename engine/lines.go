@@ -22,8 +22,13 @@ import (
 type readNames map[string]bool
 
 func namesOf(sp *spec, prefixNames ...string) readNames {
+	return nameSet(append([]string{sp.running, sp.waiting, sp.preemptions}, append(sp.usage, prefixNames...)...)...)
+}
+
+// nameSet is the readNames of the families named.
+func nameSet(names ...string) readNames {
 	n := readNames{}
-	for _, name := range append([]string{sp.running, sp.waiting, sp.preemptions}, append(sp.usage, prefixNames...)...) {
+	for _, name := range names {
 		n[name] = true
 		if bare, ok := strings.CutSuffix(name, "_total"); ok {
 			n[bare] = true

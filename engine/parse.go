@@ -21,7 +21,9 @@ const maxCount = 1e9
 // *Error: ReasonParse when r is not the text format (or fails to read),
 // ReasonMissing when the kind's queue gauges are absent, ReasonBadValue when a
 // value tether reads is NaN, infinite, negative, or a usage above 1 (the whole
-// sample is refused). The generic kind, or an unknown one, is an error.
+// sample is refused). The KV cache's capacity never refuses a sample: what
+// cannot be read of it leaves Sample.CacheTokens 0. The generic kind, or an
+// unknown one, is an error.
 //
 // Parse reads r to its end; bound it (Scrape does, to its MaxBody).
 func Parse(kind Kind, r io.Reader) (Sample, error) {
@@ -53,6 +55,10 @@ type spec struct {
 	preemptions string
 	// names are the names whose lines are parsed (see lines.go).
 	names readNames
+	// capacity reads the KV cache's capacity in tokens (capacity.go) from
+	// the lines of capacityNames, parsed apart: 0 when unknown.
+	capacity      func(families) int
+	capacityNames readNames
 }
 
 func init() {
@@ -61,6 +67,8 @@ func init() {
 		"vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total")
 	sglangSpec.names = namesOf(&sglangSpec,
 		"sglang:realtime_tokens_total", "sglang:prompt_tokens_total", "sglang:cached_tokens_total")
+	vllmSpec.capacity, vllmSpec.capacityNames = vllmCapacity, nameSet("vllm:cache_config_info")
+	sglangSpec.capacity, sglangSpec.capacityNames = sglangCapacity, nameSet("sglang:max_total_num_tokens")
 }
 
 func specOf(kind Kind) (*spec, error) {
@@ -94,7 +102,17 @@ func (sp *spec) parse(b []byte) (Sample, error) {
 			return Sample{}, &Error{Reason: ReasonParse, Err: perr}
 		}
 	}
-	return s, err
+	if err != nil {
+		return s, err
+	}
+	// The capacity's lines, parsed apart: whatever is wrong with them leaves
+	// the capacity unknown and the sample as it is.
+	if lines := sp.capacityNames.relevant(b, nil); len(lines) > 0 {
+		if capFams, cerr := textParse(lines); cerr == nil {
+			s.CacheTokens = sp.capacity(capFams)
+		}
+	}
+	return s, nil
 }
 
 func textParse(b []byte) (families, error) {

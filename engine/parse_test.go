@@ -34,15 +34,18 @@ func TestParseRecorded(t *testing.T) {
 			Waiting: 3, Running: 21, KVUsage: 0.375, KVKnown: true,
 			PrefixHits: 524288, PrefixQueries: 1572864, PrefixKnown: true,
 			Preemptions: 7, Engines: 2,
+			CacheTokens: 29127 * 16, // cache_config_info of each engine: the API server's sum over both, not added again
 		}},
 		{"vllm-0.8.txt", VLLM, Sample{
 			Waiting: 1, Running: 6, KVUsage: 0.625, KVKnown: true, // gpu_cache_usage_perc
 			PrefixHits: 5120, PrefixQueries: 20480, PrefixKnown: true, // gpu_prefix_cache_*
 			Preemptions: 4, Engines: 1,
+			CacheTokens: 27864 * 16, // cache_config_info without the engine label
 		}},
 		{"vllm-0.5-v0.txt", VLLM, Sample{
 			Waiting: 17, Running: 31, KVUsage: 0.96875, KVKnown: true,
 			Preemptions: 96, Engines: 1, // no engine label, no prefix counters
+			CacheTokens: 27540 * 16,
 		}},
 		{"sglang-dp2.txt", SGLang, Sample{
 			// dp 0: 7 running, 2 queued, 0.5 used, 300000 computed + 700000 cached, 3 retracted
@@ -50,6 +53,7 @@ func TestParseRecorded(t *testing.T) {
 			Waiting: 3, Running: 12, KVUsage: 0.375, KVKnown: true,
 			PrefixHits: 1000000, PrefixQueries: 1500000, PrefixKnown: true, // realtime_tokens_total, not the tokenizer's
 			Preemptions: 4, Engines: 2,
+			CacheTokens: 2 * 131072, // max_total_num_tokens of each dp rank's pool, added
 		}},
 		{"sglang-old.txt", SGLang, Sample{
 			Waiting: 4, Running: 14, KVUsage: 0.875, KVKnown: true,
@@ -334,6 +338,15 @@ func TestReason(t *testing.T) {
 	}
 }
 
+// wholeSample is what Parse says of an exposition parsed whole into fams.
+func wholeSample(sp *spec, fams families) (Sample, error) {
+	s, err := sp.sample(fams)
+	if err == nil {
+		s.CacheTokens = sp.capacity(fams)
+	}
+	return s, err
+}
+
 // The line filter (lines.go) decides what expfmt parses, never how.
 func TestParseLines(t *testing.T) {
 	for _, file := range []string{"vllm-0.12-dp2.txt", "vllm-0.8.txt", "vllm-0.5-v0.txt", "sglang-dp2.txt", "sglang-old.txt"} {
@@ -347,7 +360,7 @@ func TestParseLines(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		whole, err := sp.sample(fams)
+		whole, err := wholeSample(sp, fams)
 		if err != nil {
 			t.Fatal(err)
 		}

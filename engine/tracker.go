@@ -43,6 +43,7 @@ func (t *Tracker) Observe(instance string, s Sample, at time.Time) (fleet.Engine
 		PrefixQueries: s.PrefixQueries,
 		PrefixKnown:   s.PrefixKnown,
 		Preemptions:   s.Preemptions,
+		CacheTokens:   s.CacheTokens,
 		At:            at,
 	}
 	t.mu.Lock()

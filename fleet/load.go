@@ -20,6 +20,11 @@ type EngineReading struct {
 	PrefixHits, PrefixQueries float64
 	PrefixKnown               bool
 	Preemptions               float64
+	// CacheTokens is the KV cache's capacity in tokens as the engine
+	// publishes it (vLLM: num_gpu_blocks × block_size from
+	// vllm:cache_config_info; SGLang: sglang:max_total_num_tokens, summed
+	// over its data-parallel ranks); 0: not published.
+	CacheTokens int
 	// HitRate, QueryRate and PreemptionRate are per second between this
 	// reading and the one before it; RatesKnown is false for the first
 	// reading and after a counter went backwards (an engine restart).

@@ -46,6 +46,24 @@ func TestTetherReadsTheEmulator(t *testing.T) {
 			if s.Waiting != 0 || s.Running != 0 || !s.KVKnown || s.KVUsage != 0 || s.Engines != 1 {
 				t.Errorf("idle instance read as %+v", s)
 			}
+			if want := ProfileA100().KVCapacityTokens / BlockSize * BlockSize; s.CacheTokens != want {
+				t.Errorf("tether reads a KV capacity of %d tokens; the emulator's is %d", s.CacheTokens, want)
+			}
 		})
+	}
+}
+
+// TestTetherReadsNoCapacityOfFixed: an instance without a KV cache (Fixed)
+// publishes none tether could take for one.
+func TestTetherReadsNoCapacityOfFixed(t *testing.T) {
+	for _, kind := range []engine.Kind{engine.VLLM, engine.SGLang} {
+		hh, err := NewHandler(Instance{Name: "gpu-f", Engine: string(kind)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := engine.Parse(kind, call(t, hh.(*handler), "GET", "/metrics", "").Body)
+		if err != nil || s.CacheTokens != 0 {
+			t.Errorf("%s: %+v, %v; want a sample without capacity", kind, s, err)
+		}
 	}
 }

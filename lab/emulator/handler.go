@@ -20,10 +20,12 @@ import (
 // except through the latency model (a KV cache), the fault settings and the
 // counters, all safe for concurrent use.
 type handler struct {
-	name    string
-	model   string // served model name (Instance.Model or DefaultModel)
-	engine  string // EngineVLLM or EngineSGLang: the names of GET /metrics
-	latency LatencyModel
+	name   string
+	model  string // served model name (Instance.Model or DefaultModel)
+	engine string // EngineVLLM or EngineSGLang: the names of GET /metrics, the engine's own paths (engineapi.go)
+	// permissionID is the id of vLLM's model permission (permissionIDOf).
+	permissionID string
+	latency      LatencyModel
 	// engineModel is latency when it reports a scheduler and a prefix
 	// cache (GPU), else nil (Fixed): /metrics then knows only the
 	// handler's own counts.
@@ -133,15 +135,6 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	serve(sw, r)
-}
-
-// models answers GET /v1/models: the served model, owned by the engine
-// (vLLM and SGLang both name themselves there).
-func (h *handler) models(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, modelList{
-		Object: "list",
-		Data:   []model{{ID: h.model, Object: "model", Created: 0, OwnedBy: h.engine}},
-	})
 }
 
 // healthz answers GET /healthz.

@@ -170,10 +170,6 @@ func TestEndpoints(t *testing.T) {
 				"choices":[{"text":"served by gpu-a","index":0,"logprobs":null,"finish_reason":"stop"}],"usage":` + u(0, 3) + `}`,
 		},
 		{
-			name: "models", method: "GET", path: "/v1/models",
-			want: `{"object":"list","data":[{"id":"tether-sim","object":"model","created":0,"owned_by":"vllm"}]}`,
-		},
-		{
 			name: "healthz", method: "GET", path: "/healthz",
 			want: `{"status":"ok","instance":"gpu-a"}`,
 		},

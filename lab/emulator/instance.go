@@ -188,9 +188,12 @@ func validModel(m string) error {
 //
 //	POST /v1/chat/completions
 //	POST /v1/completions
-//	GET  /v1/models
-//	GET  /healthz
+//	GET  /v1/models (the engine's model card)
+//	GET  /healthz (the emulator's own)
+//	GET  /health
 //	GET  /metrics (the engine's metrics, Prometheus text)
+//	GET  /version (vLLM)
+//	GET  /health_generate, /get_model_info, /get_server_info (SGLang)
 //
 // and answers anything else with an OpenAI-style error. See the package
 // README for the details.
@@ -235,6 +238,7 @@ func NewHandler(in Instance) (http.Handler, error) {
 		now:           now,
 		rnd:           rand.New(src),
 		sleep:         wait,
+		permissionID:  permissionIDOf(in.Name),
 	}
 	h.engineModel, _ = lm.(EngineReporter)
 	h.faults.Store(noFaults())
@@ -248,6 +252,9 @@ func NewHandler(in Instance) (http.Handler, error) {
 		pathFaults:      {http.MethodGet: h.getFaults, http.MethodPost: h.setFaults, http.MethodDelete: h.clearFaults},
 		pathStats:       {http.MethodGet: h.getStats},
 		pathReset:       {http.MethodPost: h.reset},
+	}
+	for path, rt := range h.engineRoutes() {
+		h.routes[path] = rt
 	}
 	return h, nil
 }

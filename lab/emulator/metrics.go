@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,6 +85,7 @@ type family struct {
 	typ  prometheus.ValueType               // kindValue
 	val  func(*snapshot) float64            // kindValue
 	hist func(*snapshot) *histogramSnapshot // kindHistogram
+	info func(*snapshot) []string           // kindInfo: the values of desc's labels, in order
 }
 
 type familyKind int
@@ -92,6 +94,7 @@ const (
 	kindValue     familyKind = iota // one counter or gauge sample
 	kindByReason                    // one counter sample per finished_reason
 	kindHistogram                   // one histogram
+	kindInfo                        // one gauge sample of 1 whose labels carry the values
 )
 
 func newEngineMetrics(h *handler) *engineMetrics {
@@ -145,6 +148,33 @@ func vllmFamilies(model string) []family {
 			hist: func(s *snapshot) *histogramSnapshot { return &s.ttft }},
 		{desc: d("vllm:e2e_request_latency_seconds", "Seconds from a request's arrival to its last token."), kind: kindHistogram,
 			hist: func(s *snapshot) *histogramSnapshot { return &s.e2e }},
+		{desc: prometheus.NewDesc("vllm:cache_config_info", "The engine's KV cache configuration, in the labels.", cacheConfigLabels, nil),
+			kind: kindInfo, info: cacheConfigValues},
+	}
+}
+
+// cacheConfigLabels are the labels of vllm:cache_config_info: fields of
+// vLLM's CacheConfig (metrics_info in vllm/config/cache.py writes them all)
+// and engine, without model_name, as vLLM labels it.
+var cacheConfigLabels = []string{
+	"block_size", "cache_dtype", "calculate_kv_scales", "cpu_offload_gb", "enable_prefix_caching", "engine",
+	"gpu_memory_utilization", "is_attention_free", "num_cpu_blocks", "num_gpu_blocks", "num_gpu_blocks_override",
+	"prefix_caching_hash_algo", "sliding_window", "swap_space",
+}
+
+// cacheConfigValues are the values of cacheConfigLabels, as Python's str()
+// writes vLLM's: num_gpu_blocks is the KV cache's capacity in 16-token
+// blocks, "None" for a model without cache (Fixed), as vLLM's is before it
+// has measured its memory.
+func cacheConfigValues(s *snapshot) []string {
+	blocks, caching := "None", "False"
+	if s.state.CapacityBlocks > 0 {
+		blocks, caching = strconv.Itoa(s.state.CapacityBlocks), "True"
+	}
+	return []string{
+		strconv.Itoa(BlockSize), "auto", "False", "0", caching, "0",
+		"0.9", "False", "None", blocks, "None",
+		"sha256", "None", "4",
 	}
 }
 
@@ -214,6 +244,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		case kindHistogram:
 			hs := f.hist(&s)
 			ch <- prometheus.MustNewConstHistogram(f.desc, hs.count, hs.sum, hs.buckets)
+		case kindInfo:
+			ch <- prometheus.MustNewConstMetric(f.desc, prometheus.GaugeValue, 1, f.info(&s)...)
 		}
 	}
 }

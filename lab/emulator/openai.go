@@ -308,11 +308,78 @@ type modelList struct {
 	Data   []model `json:"data"`
 }
 
+// model is the model card of GET /v1/models: vLLM's ModelCard, and
+// SGLang's, which lacks parent and permission.
 type model struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	Root    string `json:"root"`
+	// Parent is null in vLLM's card, absent from SGLang's.
+	Parent      json.RawMessage   `json:"parent,omitempty"`
+	MaxModelLen int               `json:"max_model_len"`
+	Permission  []modelPermission `json:"permission,omitempty"`
+}
+
+// modelPermission is vLLM's ModelPermission, with its defaults.
+type modelPermission struct {
+	ID                 string  `json:"id"`
+	Object             string  `json:"object"`
+	Created            int64   `json:"created"`
+	AllowCreateEngine  bool    `json:"allow_create_engine"`
+	AllowSampling      bool    `json:"allow_sampling"`
+	AllowLogprobs      bool    `json:"allow_logprobs"`
+	AllowSearchIndices bool    `json:"allow_search_indices"`
+	AllowView          bool    `json:"allow_view"`
+	AllowFineTuning    bool    `json:"allow_fine_tuning"`
+	Organization       string  `json:"organization"`
+	Group              *string `json:"group"`
+	IsBlocking         bool    `json:"is_blocking"`
+}
+
+// sglangModelInfo is SGLang's GET /get_model_info.
+type sglangModelInfo struct {
+	ModelPath               string          `json:"model_path"`
+	TokenizerPath           string          `json:"tokenizer_path"`
+	IsGeneration            bool            `json:"is_generation"`
+	PreferredSamplingParams json.RawMessage `json:"preferred_sampling_params"`
+	WeightVersion           string          `json:"weight_version"`
+}
+
+// sglangServerInfo is the part of SGLang's GET /get_server_info the
+// emulator writes: server arguments, the scheduler's start-up info, the
+// internal states (one per dp rank) and the version, in one flat object.
+type sglangServerInfo struct {
+	ModelPath          string                `json:"model_path"`
+	TokenizerPath      string                `json:"tokenizer_path"`
+	ServedModelName    string                `json:"served_model_name"`
+	TPSize             int                   `json:"tp_size"`
+	DPSize             int                   `json:"dp_size"`
+	PPSize             int                   `json:"pp_size"`
+	PageSize           int                   `json:"page_size"`
+	ContextLength      *int                  `json:"context_length"`
+	MaxRunningRequests *int                  `json:"max_running_requests"`
+	SchedulePolicy     string                `json:"schedule_policy"`
+	DisableRadixCache  bool                  `json:"disable_radix_cache"`
+	EnableMetrics      bool                  `json:"enable_metrics"`
+	DisaggregationMode string                `json:"disaggregation_mode"`
+	WeightVersion      string                `json:"weight_version"`
+	Status             string                `json:"status"`
+	MaxTotalNumTokens  int                   `json:"max_total_num_tokens"`
+	MaxReqInputLen     int                   `json:"max_req_input_len"`
+	InternalStates     []sglangInternalState `json:"internal_states"`
+	Version            string                `json:"version"`
+}
+
+type sglangInternalState struct {
+	LastGenThroughput float64           `json:"last_gen_throughput"`
+	MemoryUsage       sglangMemoryUsage `json:"memory_usage"`
+}
+
+type sglangMemoryUsage struct {
+	KVCacheGB     float64 `json:"kvcache"`
+	TokenCapacity int     `json:"token_capacity"`
 }
 
 type health struct {

@@ -101,6 +101,12 @@ type oaModelList struct {
 		Created int64  `json:"created"`
 		Object  string `json:"object"`
 		OwnedBy string `json:"owned_by"`
+		// What vLLM's ModelCard adds to OpenAI's Model (SGLang's adds
+		// root and max_model_len); the client keeps them as extra fields.
+		Root        string            `json:"root"`
+		Parent      *string           `json:"parent"`
+		MaxModelLen int64             `json:"max_model_len"`
+		Permission  []json.RawMessage `json:"permission"`
 	} `json:"data"`
 }
 

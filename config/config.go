@@ -40,6 +40,9 @@ type Config struct {
 	OutlierDetection OutlierDetection `toml:"outlier_detection"`
 	CircuitBreakers  CircuitBreakers  `toml:"circuit_breakers"`
 
+	// Content is cache-aware placement ([content]).
+	Content Content `toml:"content"`
+
 	// Audit is the routing audit: a record per decision ([audit]).
 	Audit Audit `toml:"audit" reload:"restart"`
 
@@ -65,6 +68,7 @@ func Default() Config {
 		CircuitBreakers:  CircuitBreakers{CircuitBreakerSettings: defaultCircuitBreakers()},
 		Audit:            defaultAudit(),
 		TLS:              defaultTLS(),
+		Content:          defaultContent(),
 	}
 }
 
@@ -90,7 +94,7 @@ func (c *Config) Validate() error {
 	}
 	err := c.validate((*Config).validateServer, (*Config).validateRedis, (*Config).validateRouting,
 		(*Config).validateIdentity, (*Config).validateEngines, (*Config).validateInstances,
-		(*Config).validateEnvoy, (*Config).validateAudit, (*Config).validateTLS)
+		(*Config).validateEnvoy, (*Config).validateAudit, (*Config).validateTLS, (*Config).validateContent)
 	if err != nil {
 		return err
 	}

@@ -31,6 +31,8 @@ func (a *answers) Decide(context.Context, affinity.Request) (affinity.Decision, 
 	return affinity.Decision{Instance: chosen, Mode: affinity.Sticky, Kind: affinity.KindHit}, nil
 }
 
+func (a *answers) Refine(_ context.Context, d affinity.Decision, _ []uint64) affinity.Decision { return d }
+
 func (a *answers) Finish(_ affinity.Decision, ans fleet.Outcome) {
 	a.mu.Lock()
 	a.got = append(a.got, ans)
@@ -116,6 +118,8 @@ func (r refusing) Decide(context.Context, affinity.Request) (affinity.Decision, 
 	return affinity.Decision{}, r.err
 }
 func (refusing) Finish(affinity.Decision, fleet.Outcome) {}
+
+func (refusing) Refine(_ context.Context, d affinity.Decision, _ []uint64) affinity.Decision { return d }
 
 // TestRefusals: the two errors that must not fall to Envoy's default route
 // (it would change the session's model, or its instance against the

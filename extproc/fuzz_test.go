@@ -132,6 +132,13 @@ func (c *countingDecider) Decide(ctx context.Context, req affinity.Request) (aff
 	return d, err
 }
 
+func (c *countingDecider) Refine(ctx context.Context, d affinity.Decision, chain []uint64) affinity.Decision {
+	next := c.Decider.Refine(ctx, d, chain)
+	c.open[d.Instance.Name]--
+	c.open[next.Instance.Name]++
+	return next
+}
+
 func (c *countingDecider) Finish(d affinity.Decision, a fleet.Outcome) {
 	if c.open[d.Instance.Name]--; c.open[d.Instance.Name] < 0 {
 		c.t.Errorf("Finish for instance %q without an unfinished decision", d.Instance.Name)

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3filter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -53,6 +54,54 @@ func routeTo(m *extprocv3.HeaderMutation, md *structpb.Struct) *extprocv3.Proces
 	r.phase.RequestHeaders = &r.hr
 	r.resp.Response, r.resp.DynamicMetadata = &r.phase, md
 	return &r.resp
+}
+
+// readBody is routeTo that also asks Envoy for the request's body
+// (mode_override to BUFFERED_PARTIAL: Envoy buffers the body up to its
+// limit and sends what it has, marked incomplete when the body is longer,
+// instead of failing the request as BUFFERED would). The route it sets
+// stands unless the reply to the body (rerouteTo) sets another. apart says
+// the stream hears no response phase (its outcome is reported apart).
+func readBody(m *extprocv3.HeaderMutation, md *structpb.Struct, apart bool) *extprocv3.ProcessingResponse {
+	r := routeTo(m, md)
+	r.ModeOverride = bodyModes[0]
+	if apart {
+		r.ModeOverride = bodyModes[1]
+	}
+	return r
+}
+
+// bodyModes are readBody's overrides, inline and apart: the routing
+// filter's processing mode (xds) with the request body buffered. Envoy
+// takes an override whole (a mode left at DEFAULT would turn the response
+// phase on), and checks it against the filter's allowed_override_modes,
+// which xds writes out alike.
+var bodyModes = [2]*extprocv3filter.ProcessingMode{
+	bodyMode(extprocv3filter.ProcessingMode_SEND),
+	bodyMode(extprocv3filter.ProcessingMode_SKIP),
+}
+
+func bodyMode(response extprocv3filter.ProcessingMode_HeaderSendMode) *extprocv3filter.ProcessingMode {
+	return &extprocv3filter.ProcessingMode{
+		RequestHeaderMode:   extprocv3filter.ProcessingMode_SEND,
+		ResponseHeaderMode:  response,
+		RequestBodyMode:     extprocv3filter.ProcessingMode_BUFFERED_PARTIAL,
+		ResponseBodyMode:    extprocv3filter.ProcessingMode_NONE,
+		RequestTrailerMode:  extprocv3filter.ProcessingMode_SKIP,
+		ResponseTrailerMode: extprocv3filter.ProcessingMode_SKIP,
+	}
+}
+
+// rerouteTo answers the request-body phase: route with m and re-select
+// the route (m nil: go on as the headers reply routed).
+func rerouteTo(m *extprocv3.HeaderMutation, md *structpb.Struct) *extprocv3.ProcessingResponse {
+	var common *extprocv3.CommonResponse
+	if m != nil {
+		common = &extprocv3.CommonResponse{HeaderMutation: m, ClearRouteCache: true}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+		RequestBody: &extprocv3.BodyResponse{Response: common},
+	}, DynamicMetadata: md}
 }
 
 // routes holds the routing header's mutation per instance. It is the same

@@ -25,6 +25,7 @@ import (
 	"github.com/tetherproxy/tether/affinity"
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/identity"
+	"github.com/tetherproxy/tether/prefix"
 )
 
 // Identifier extracts the caller's identity.
@@ -35,6 +36,9 @@ type Identifier interface {
 // Decider picks the instance, and hears how the request ended.
 type Decider interface {
 	Decide(context.Context, affinity.Request) (affinity.Decision, error)
+	// Refine places a decision whose placement is open (Decision.Content)
+	// by its prompt's chained block hashes.
+	Refine(ctx context.Context, d affinity.Decision, chain []uint64) affinity.Decision
 	// Finish is called once per decision with how the request ended.
 	Finish(d affinity.Decision, o fleet.Outcome)
 }
@@ -49,7 +53,35 @@ type Recorder interface {
 	// Reported counts an outcome report that arrived apart from its
 	// exchange, by result (ReportApplied, ReportDuplicate, ...).
 	Reported(result string)
+	// Content counts a decision whose placement was open, by what its
+	// body did (ContentPlaced, ContentIdentity, a prefix.Reason, ...).
+	Content(result string)
 }
+
+// Prompts turns a request's body into its prompt's chained block hashes
+// (prefix.Hasher), or the reason it has none.
+type Prompts interface {
+	Chain(dst []uint64, body []byte) ([]uint64, prefix.Reason)
+}
+
+// What became of a decision whose placement was open (Recorder.Content),
+// besides the prefix.Reason of a body that gave no prompt.
+const (
+	// ContentPlaced: placed where a cache holds the longest prefix of the
+	// prompt (perhaps where identity had placed it too).
+	ContentPlaced = "placed"
+	// ContentIdentity: the prompt was read, but no instance holds enough
+	// of it under the load gate: identity placement stands.
+	ContentIdentity = "identity"
+	// ContentOverLimit: the body was longer than Envoy's buffer for it.
+	ContentOverLimit = "over_limit"
+	// ContentEncoded: the body is compressed (content-encoding); it is not
+	// asked for.
+	ContentEncoded = "encoded"
+	// ContentIncomplete: the stream ended before the body arrived (the
+	// client left, or Envoy does not allow the mode override).
+	ContentIncomplete = "incomplete"
+)
 
 // Instances looks up an instance by name, for outcomes that arrive with
 // a ticket (fleet.Fleet).
@@ -85,6 +117,11 @@ type Options struct {
 	Tickets *Tickets
 	// Instances resolves a ticket's instance; required with Tickets.
 	Instances Instances
+	// Prompts, when set, reads the prompt of each request whose placement
+	// is open (a new session, an anonymous request): the headers reply
+	// routes by identity and asks Envoy for the body, and the reply to the
+	// body routes where the decider's Refine places it. nil: never a body.
+	Prompts Prompts
 }
 
 // Debug response headers.
@@ -130,6 +167,10 @@ type exchange struct {
 	// An observing stream's: the ticket of the request it observes.
 	observed bool
 	ticket   string
+	// body: the headers reply asked for the body, not yet arrived; the
+	// decision's audit waits for it (audit).
+	body  bool
+	audit func(affinity.Decision)
 }
 
 // Process serves one HTTP request's stream.
@@ -137,6 +178,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	ctx := stream.Context()
 	ex := exchange{apart: s.opts.Tickets != nil && marked(ctx)}
 	defer func() {
+		s.bodyMissed(&ex)
 		switch {
 		case ex.finished, ex.apart && ex.decided: // apart: its report finishes it (redeem)
 		case ex.decided: // the stream ended before the instance answered
@@ -165,6 +207,8 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		switch r := req.Request.(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
 			resp = s.onRequestHeaders(ctx, r.RequestHeaders, &ex)
+		case *extprocv3.ProcessingRequest_RequestBody:
+			resp = s.onRequestBody(ctx, r.RequestBody, &ex)
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
 			resp = s.onResponseHeaders(r.ResponseHeaders, upstreamOf(req.GetAttributes()), &ex)
 		default:
@@ -213,8 +257,14 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	}
 	s.rec.Decision(id, d, time.Since(start))
 	ex.decided, ex.decision = true, d
+	ex.audit = func(affinity.Decision) {}
 	if s.opts.Auditor != nil {
-		s.opts.Auditor.Audit(h.Get("x-request-id"), h.Get(s.opts.UserHeader), id, d, start)
+		requestID, user := h.Get("x-request-id"), h.Get(s.opts.UserHeader)
+		ex.audit = func(d affinity.Decision) { s.opts.Auditor.Audit(requestID, user, id, d, start) }
+	}
+	ex.body = d.Content && s.opts.Prompts != nil && s.wantBody(h)
+	if !ex.body {
+		ex.audit(d)
 	}
 	if d.Err != nil {
 		s.warn.Warn().Err(d.Err).Str("session", id.Key).Msg("binding store failed; placed by rendezvous hashing")
@@ -223,7 +273,68 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 		e.Str("request_id", requestID(h)).Str("session", id.Key).Str("source", string(id.Source)).
 			Str("instance", d.Instance.Name).Str("decision", string(d.Kind)).Msg("routed")
 	}
+	if ex.body {
+		return readBody(s.routes.mutation(d.Instance), s.metadata(ex, &d), ex.apart)
+	}
 	return routeTo(s.routes.mutation(d.Instance), s.metadata(ex, &d))
+}
+
+// wantBody says whether a request whose placement is open may have its
+// body read: not a compressed one (counted), nor one that has none.
+func (s *Server) wantBody(h headers) bool {
+	if enc := h.Get("content-encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		s.rec.Content(ContentEncoded)
+		return false
+	}
+	return h.Get("content-length") != "0"
+}
+
+// bodyMissed ends the wait for a body that did not come: the request went
+// as its headers reply routed it.
+func (s *Server) bodyMissed(ex *exchange) {
+	if ex.body {
+		ex.body = false
+		s.rec.Content(ContentIncomplete)
+		ex.audit(ex.decision)
+	}
+}
+
+// onRequestBody: the body of a request the headers reply asked it of →
+// its prompt → Refine → the routing header again, where it changed. Any
+// body tether did not ask for is let through.
+func (s *Server) onRequestBody(ctx context.Context, msg *extprocv3.HttpBody, ex *exchange) *extprocv3.ProcessingResponse {
+	if !ex.body {
+		return rerouteTo(nil, nil)
+	}
+	ex.body = false
+	d := ex.decision
+	defer func() { ex.audit(ex.decision) }()
+	if !msg.GetEndOfStream() {
+		// BUFFERED_PARTIAL sends what fit in Envoy's buffer.
+		s.rec.Content(ContentOverLimit)
+		return rerouteTo(nil, nil)
+	}
+	var buf [256]uint64
+	chain, reason := s.opts.Prompts.Chain(buf[:0], msg.GetBody())
+	if reason != "" {
+		s.rec.Content(string(reason))
+		return rerouteTo(nil, nil)
+	}
+	next := s.decider.Refine(ctx, d, chain)
+	ex.decision = next
+	if !next.ByContent {
+		s.rec.Content(ContentIdentity)
+		return rerouteTo(nil, nil)
+	}
+	s.rec.Content(ContentPlaced)
+	if next.Instance.Name == d.Instance.Name {
+		return rerouteTo(nil, nil)
+	}
+	if e := s.opts.Logger.Debug(); e.Enabled() {
+		e.Str("session", next.Key).Str("from", d.Instance.Name).Str("instance", next.Instance.Name).
+			Int("blocks", next.Matched).Msg("placed by content")
+	}
+	return rerouteTo(s.routes.mutation(next.Instance), s.metadata(ex, &next))
 }
 
 // metadata is what the routing reply writes in the request's dynamic
@@ -285,6 +396,7 @@ func ticketOf(md *structpb.Struct) string {
 
 // onResponseHeaders records the instance's status and adds debug headers.
 func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *exchange) *extprocv3.ProcessingResponse {
+	s.bodyMissed(ex)
 	if ex.decided && !ex.finished && !ex.apart {
 		h := headers(msg.GetHeaders().GetHeaders())
 		s.finish(ex.decision, observation{

@@ -39,6 +39,16 @@ type recorded struct {
 	responses []string
 	replies   []fleet.Outcome
 	outcomes  map[string]int
+	content   map[string]int
+}
+
+func (r *recorded) Content(result string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.content == nil {
+		r.content = map[string]int{}
+	}
+	r.content[result]++
 }
 
 func (r *recorded) Reported(result string) {
@@ -338,6 +348,8 @@ func benchExchange(b *testing.B, c extprocv3.ExternalProcessorClient, msgs []*ex
 type goneDecider struct{}
 
 func (goneDecider) Finish(affinity.Decision, fleet.Outcome) {}
+
+func (goneDecider) Refine(_ context.Context, d affinity.Decision, _ []uint64) affinity.Decision { return d }
 
 func (goneDecider) Decide(context.Context, affinity.Request) (affinity.Decision, error) {
 	return affinity.Decision{}, context.Canceled

@@ -35,6 +35,7 @@ type Metrics struct {
 	gpu               *prometheus.GaugeVec
 	reportErrors      *prometheus.CounterVec
 	outcomes          *prometheus.CounterVec
+	content           *prometheus.CounterVec
 	sessions          *SessionLengths // nil: not tracked (TrackSessions)
 
 	// The children the request path counts into, cached (children).
@@ -131,6 +132,13 @@ func New(reg prometheus.Registerer) *Metrics {
 			"applied; undecided (no ticket: tether did not route the request); malformed; forged (not signed by this deployment); " +
 			"late (decided more than 15 min before); duplicate (applied already). Only applied ones reach the breaker and the load view.",
 	}, []string{"result"})
+	m.content = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_content_decisions_total",
+		Help: "Requests whose placement was open (a new session, one placed again, an anonymous request) with cache-aware placement on, by what their body did: " +
+			"placed (where a cache holds the longest prefix of the prompt); identity (read, but no instance holds enough of it under the load gate); " +
+			"not fetched or unusable, each placed by identity: encoded (compressed), over_limit (longer than Envoy's buffer), incomplete (the stream ended first), " +
+			"not_json, not_prompt, bad_messages, short (under one block).",
+	}, []string{"result"})
 	m.requestsBy = newChildren(func(l requestLabels) prometheus.Counter {
 		return m.requests.WithLabelValues(l.mode, l.kind, l.source)
 	})
@@ -140,7 +148,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.inferenceBy = [2]prometheus.Observer{m.inference.WithLabelValues("sticky"), m.inference.WithLabelValues("random")}
 	m.followupsBy = [2]prometheus.Counter{m.followups.WithLabelValues("broken"), m.followups.WithLabelValues("kept")}
 	reg.MustRegister(m.requests, m.failovers, m.identityRejected, m.decisionErrors, m.storeErrors, m.decisionSeconds, m.upstreamResponses,
-		m.loadSyncFailures, m.indexErrors, m.redisUp, m.redisOpens, m.inference, m.followups, m.migrations, m.oom, m.gpu, m.reportErrors, m.outcomes)
+		m.loadSyncFailures, m.indexErrors, m.redisUp, m.redisOpens, m.inference, m.followups, m.migrations, m.oom, m.gpu, m.reportErrors, m.outcomes, m.content)
 	return m
 }
 
@@ -183,6 +191,10 @@ func (m *Metrics) DecisionFailed(id identity.Identity, reason string) {
 
 // Reported counts one outcome report by its result.
 func (m *Metrics) Reported(result string) { m.outcomes.WithLabelValues(result).Inc() }
+
+// Content counts one decision whose placement was open, by what its body
+// did.
+func (m *Metrics) Content(result string) { m.content.WithLabelValues(result).Inc() }
 
 // Response records how a decided request was answered (r: how it ended,
 // when it had response headers).

@@ -40,6 +40,7 @@ func envoy(cfg config.Config, replicas []string) xds.Spec {
 		Pool:               limits(cfg, ""),
 		DefaultVersion:     e.DefaultVersion,
 		TLS:                upstreamTLS(cfg.TLS),
+		BodyLimit:          cfg.Content.MaxBodyBytes,
 	}
 	for _, in := range cfg.Instances {
 		s.Instances = append(s.Instances, xds.Instance{

@@ -42,6 +42,9 @@ type Plan struct {
 	Envoy xds.Spec
 	// Scrape is how the instances' engines are read ([engines]).
 	Scrape Scrape
+	// Content is how prompts are cut and indexed ([content]); the
+	// decider's part is Policy.Content.
+	Content Content
 
 	// What tether's own process runs with, which serve reads once at its
 	// start (every key of it is restart-only, config's reload tags).
@@ -54,6 +57,28 @@ type Plan struct {
 	// Audit is [audit] as it stands: its sink is opened, and its keys read
 	// from the environment, at the start (audit/sinks).
 	Audit config.Audit
+}
+
+// Content is how prompts are cut into blocks and how much of them the
+// index keeps per instance ([content]).
+type Content struct {
+	Enabled    bool
+	BlockBytes int
+	// CacheBlocks is an instance's index capacity in blocks when its
+	// engine publishes none (content.cache_tokens).
+	CacheBlocks int
+}
+
+func content(c config.Content) Content {
+	ct := Content{Enabled: c.Enabled, BlockBytes: c.BlockBytes}
+	ct.CacheBlocks = ct.IndexBlocks(c.CacheTokens)
+	return ct
+}
+
+// IndexBlocks is the index capacity, in blocks, of a KV cache of tokens
+// (CharsPerToken characters a token).
+func (c Content) IndexBlocks(tokens int) int {
+	return max(tokens*config.CharsPerToken/c.BlockBytes, 1)
 }
 
 // Listen is where tether's servers listen ([server], [xds]).
@@ -126,6 +151,7 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 			Interval: e.ScrapeInterval.D, Timeout: e.ScrapeTimeout.D,
 			Staleness: e.Staleness.D, MaxBody: e.MaxBodyBytes,
 		},
+		Content: content(cfg.Content),
 		Listen: Listen{ExtProc: srv.ExtProcAddr, Admin: srv.AdminAddr, XDS: cfg.XDS.Addr},
 		Drain:  Drain{Delay: srv.DrainDelay.D, Timeout: srv.DrainTimeout.D},
 		Store: Store{
@@ -174,6 +200,9 @@ type Deps struct {
 	Now func() time.Time
 	// Rand is random routing's source; nil: the plan's (RandomSeed).
 	Rand func() uint64
+	// Contents is the prefix index cache-aware placement reads ([content]);
+	// nil: none, whatever the policy says.
+	Contents affinity.Contents
 }
 
 // NewDecider is the decider of p over fl: the one constructor serve and
@@ -195,6 +224,9 @@ func NewDecider(p Plan, fl affinity.Fleet, d Deps) *affinity.Decider {
 	}
 	if f := failOpen(p.Envoy); f != nil {
 		opts = append(opts, affinity.WithFailOpen(f))
+	}
+	if d.Contents != nil {
+		opts = append(opts, affinity.WithContents(d.Contents))
 	}
 	return affinity.New(d.Store, fl, p.Policy, opts...)
 }

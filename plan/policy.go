@@ -46,6 +46,7 @@ func policy(cfg config.Config) (affinity.Policy, error) {
 		},
 		TierHeader: r.TierHeader,
 		Fallback:   affinity.Fallback(r.FallbackPolicy),
+		Content:    contentPolicy(cfg.Content),
 	}
 	for _, v := range cfg.Versions {
 		p.Versions = append(p.Versions, affinity.VersionWeight{Name: v.Name, Weight: v.Weight, Canary: v.Canary})
@@ -130,3 +131,13 @@ var (
 		"": "", config.PriorityNormal: affinity.Normal, config.PriorityHigh: affinity.High,
 	}
 )
+
+// contentPolicy is [content]'s part of the decision: the shortest match
+// in whole blocks (at least one).
+func contentPolicy(c config.Content) affinity.ContentPolicy {
+	return affinity.ContentPolicy{
+		Enabled:   c.Enabled,
+		MinBlocks: max((c.MinMatchBytes+c.BlockBytes-1)/c.BlockBytes, 1),
+		Slack:     c.Slack,
+	}
+}

@@ -115,6 +115,7 @@ func TestPolicy(t *testing.T) {
 		Saturation:      affinity.Saturation{InFlight: 8, QueueDepth: 0, Waiting: 7, KVUsage: 0.9, Stale: config.DefaultStaleness},
 		TierHeader:      "x-tier",
 		Fallback:        affinity.Gradual,
+		Content:         affinity.ContentPolicy{MinBlocks: 4, Slack: config.DefaultContentSlack},
 	}
 	opts := cmp.Options{
 		cmpopts.IgnoreUnexported(affinity.Policy{}),
@@ -167,6 +168,7 @@ func TestPolicyDefaults(t *testing.T) {
 			KVUsage: config.DefaultKVUsage, Stale: config.DefaultStaleness},
 		TierHeader: config.DefaultTierHeader,
 		Fallback:   affinity.Gradual,
+		Content:    affinity.ContentPolicy{MinBlocks: config.DefaultMinMatchBytes / config.DefaultBlockBytes, Slack: config.DefaultContentSlack},
 	}
 	if d := cmp.Diff(want, p, cmpopts.IgnoreUnexported(affinity.Policy{})); d != "" {
 		t.Errorf("policy (-want +got):\n%s", d)

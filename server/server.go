@@ -32,6 +32,7 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/metrics"
 	"github.com/tetherproxy/tether/plan"
+	"github.com/tetherproxy/tether/prefix"
 	"github.com/tetherproxy/tether/reload"
 	"github.com/tetherproxy/tether/replicas"
 	"github.com/tetherproxy/tether/store"
@@ -160,8 +161,21 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	metrics.NewInstances(reg, fleetView{fleet: rt.Fleet(), load: load, breaker: breaker})
 	// The decider tether-lab simulate --config builds too, on the memory
 	// store (lab/simulator's TestSimulateDecidesAsServe).
-	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{Store: metrics.NewStore(reg, st), Load: load, Breaker: breaker})
-	rt.OnApply(func(p plan.Plan) { decider.SetPolicy(p.Policy) })
+	// The prefix index cache-aware placement reads ([content]), kept at
+	// each instance's KV-cache capacity.
+	index := prefix.NewIndex(start.Content.CacheBlocks)
+	metrics.NewPrefix(reg, index)
+	caps := &capacities{index: index, load: load, instances: rt.Fleet().All, stale: start.Scrape.Staleness, interval: start.Scrape.Interval}
+	caps.content.Store(&start.Content)
+	hasher, err := prefix.NewHasher(start.Content.BlockBytes, 0)
+	if err != nil {
+		return err
+	}
+	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{Store: metrics.NewStore(reg, st), Load: load, Breaker: breaker, Contents: index})
+	rt.OnApply(func(p plan.Plan) {
+		decider.SetPolicy(p.Policy)
+		caps.content.Store(&p.Content)
+	})
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "tether_failopen_overrides_total",
 		Help: "New sessions bound elsewhere than where Envoy's fail-open pool would send them: " +
@@ -172,6 +186,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	// Tickets always: envoy.outcomes may change live, and Envoy keeps the
 	// ticket only where the filters it is sent need it.
 	eo.Tickets, eo.Instances = extproc.NewTickets(secret), rt.Fleet()
+	eo.Prompts = hasher
 	processor := extproc.New(ids, decider, rec, eo)
 
 	gs := grpc.NewServer(append(extprocServerOptions(), creds...)...)
@@ -213,6 +228,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	watchers.Go(func() { loadSync.Run(wctx) })
 	poller := newPoller(start.Scrape, replica, rt.Fleet(), load, st, reg, log)
 	watchers.Go(func() { poller.Run(wctx) })
+	watchers.Go(func() { caps.run(wctx) })
 	circuits := &replicas.CircuitShare{Replica: replica, Breaker: breaker, Store: st, Index: st, Mover: decider,
 		Known: func(in string) bool { _, ok := rt.Fleet().Lookup(in); return ok }, Recorder: brec, Log: log}
 	watchers.Go(func() { circuits.Run(wctx) })

@@ -344,9 +344,10 @@ func (b *builder) routes(defaultVersion string) *routev3.RouteConfiguration {
 	return &routev3.RouteConfiguration{
 		Name: RouteName,
 		VirtualHosts: []*routev3.VirtualHost{{
-			Name:                 "llm",
-			Domains:              []string{"*"},
-			ResponseHeadersToAdd: b.debugHeaders(),
+			Name:                   "llm",
+			Domains:                []string{"*"},
+			ResponseHeadersToAdd:   b.debugHeaders(),
+			RequestBodyBufferLimit: b.bodyLimit(),
 			Routes: []*routev3.Route{
 				{
 					Name: "tether",
@@ -464,6 +465,10 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 		GrpcService:      b.tetherService(),
 		FailureModeAllow: true,
 		MessageTimeout:   durationpb.New(b.spec.MessageTimeout),
+		// The handler may ask for one request's body (cache-aware
+		// placement), and for nothing else.
+		AllowModeOverride:    true,
+		AllowedOverrideModes: []*extprocv3.ProcessingMode{b.bodyOverride()},
 		ProcessingMode: &extprocv3.ProcessingMode{
 			RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
 			ResponseHeaderMode:  extprocv3.ProcessingMode_SKIP,
@@ -485,6 +490,35 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 		f.GrpcService.InitialMetadata = []*corev3.HeaderValue{{Key: b.spec.ApartMarker, Value: "1"}}
 	}
 	return f
+}
+
+// bodyLimit is the virtual host's body buffer (Spec.BodyLimit), nil for
+// Envoy's default.
+func (b *builder) bodyLimit() *wrapperspb.UInt64Value {
+	if b.spec.BodyLimit <= 0 {
+		return nil
+	}
+	return wrapperspb.UInt64(uint64(b.spec.BodyLimit))
+}
+
+// bodyOverride is the one processing mode the handler may switch a
+// request to: the filter's own (f.ProcessingMode) with the request body
+// buffered, partially when it is over the limit (extproc's readBody).
+// Envoy compares the override with this list ignoring the request header
+// mode, field by field, so it must be written out whole.
+func (b *builder) bodyOverride() *extprocv3.ProcessingMode {
+	m := &extprocv3.ProcessingMode{
+		RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
+		ResponseHeaderMode:  extprocv3.ProcessingMode_SKIP,
+		RequestBodyMode:     extprocv3.ProcessingMode_BUFFERED_PARTIAL,
+		ResponseBodyMode:    extprocv3.ProcessingMode_NONE,
+		RequestTrailerMode:  extprocv3.ProcessingMode_SKIP,
+		ResponseTrailerMode: extprocv3.ProcessingMode_SKIP,
+	}
+	if b.inline() {
+		m.ResponseHeaderMode = extprocv3.ProcessingMode_SEND
+	}
+	return m
 }
 
 // debugHeaders copy the decision the routing reply wrote in the dynamic

@@ -65,6 +65,10 @@ type Spec struct {
 	// TLS is how Envoy reaches tether's gRPC servers; nil: plaintext (or,
 	// with the ADS server off, a transport socket configured elsewhere).
 	TLS *UpstreamTLS
+	// BodyLimit is the most of a request's body Envoy buffers when the
+	// ext_proc handler asks for it (its request_body_buffer_limit); 0:
+	// Envoy's own (the connection's buffer limit, 1 MiB by default).
+	BodyLimit int
 }
 
 // DebugHeader is a response header Envoy fills from a dynamic metadata

@@ -1,0 +1,66 @@
+package config
+
+// Content is cache-aware placement ([content]): the requests whose
+// placement is open (a new session, one placed again, an anonymous
+// request) are placed by what the instances' KV caches hold of their
+// prompt, read from the request's body, which Envoy sends only for them.
+type Content struct {
+	// Enabled turns it on.
+	Enabled bool `toml:"enabled"`
+	// BlockBytes is the size of a prompt block the index keeps.
+	BlockBytes int `toml:"block_bytes" reload:"restart"`
+	// MinMatchBytes is the shortest prefix match that decides.
+	MinMatchBytes int `toml:"min_match_bytes"`
+	// Slack is how many requests in flight beyond its bounded-load share
+	// an instance may take for what its cache holds.
+	Slack int `toml:"slack"`
+	// MaxBodyBytes is the most of a body Envoy buffers for tether; a
+	// longer body is placed by identity.
+	MaxBodyBytes int `toml:"max_body_bytes"`
+	// CacheTokens is an instance's KV-cache capacity in tokens when its
+	// engine publishes none.
+	CacheTokens int `toml:"cache_tokens"`
+}
+
+// Defaults and bounds of [content].
+const (
+	DefaultBlockBytes    = 256
+	DefaultMinMatchBytes = 1024
+	DefaultContentSlack  = 2
+	// DefaultContentBodyBytes is Envoy's own default buffer (a connection's
+	// per_connection_buffer_limit_bytes).
+	DefaultContentBodyBytes = 1 << 20
+	MaxContentBodyBytes     = 64 << 20
+	// DefaultCacheTokens: what a Llama 3.1 8B engine on one 80 GB GPU
+	// holds with vLLM's default gpu_memory_utilization of 0.9 (about 0.5
+	// million tokens at 128 KiB each), rounded down.
+	DefaultCacheTokens = 400_000
+	// CharsPerToken turns an engine's capacity in tokens into bytes of
+	// prompt: about four characters a token for English text with the
+	// tokenizers of current models.
+	CharsPerToken = 4
+)
+
+func defaultContent() Content {
+	return Content{BlockBytes: DefaultBlockBytes, MinMatchBytes: DefaultMinMatchBytes, Slack: DefaultContentSlack,
+		MaxBodyBytes: DefaultContentBodyBytes, CacheTokens: DefaultCacheTokens}
+}
+
+func (c *Config) validateContent(bad reporter) {
+	ct := c.Content
+	if n := ct.BlockBytes; n < 16 || n > 1<<16 {
+		bad("content.block_bytes", n, "want 16 to 65536")
+	}
+	if n := ct.MinMatchBytes; n < 0 || n > MaxContentBodyBytes {
+		bad("content.min_match_bytes", n, "want 0 to 67108864")
+	}
+	if n := ct.Slack; n < 0 || n > 10000 {
+		bad("content.slack", n, "want 0 to 10000")
+	}
+	if n := ct.MaxBodyBytes; n < 1024 || n > MaxContentBodyBytes {
+		bad("content.max_body_bytes", n, "want 1024 to 67108864")
+	}
+	if n := ct.CacheTokens; n < 1 || n > 1<<40 {
+		bad("content.cache_tokens", n, "want 1 to 1099511627776")
+	}
+}

@@ -1,0 +1,50 @@
+package server
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/tetherproxy/tether/affinity"
+	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/plan"
+	"github.com/tetherproxy/tether/prefix"
+)
+
+// capacities keeps each instance's share of the prefix index at what its
+// KV cache holds: the capacity its engine publishes (vllm:cache_config_info,
+// sglang:max_total_num_tokens, in any replica's reading), else
+// content.cache_tokens. It reads them every interval until ctx ends.
+type capacities struct {
+	index     *prefix.Index
+	load      *affinity.Load
+	instances func() []fleet.Instance
+	content   atomic.Pointer[plan.Content] // [content] as it stands (live)
+	stale     time.Duration
+	interval  time.Duration
+}
+
+func (c *capacities) run(ctx context.Context) {
+	t := time.NewTicker(c.interval)
+	defer t.Stop()
+	for {
+		c.apply(time.Now())
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (c *capacities) apply(now time.Time) {
+	ct := c.content.Load()
+	readings := c.load.Engines(c.stale)
+	for _, in := range c.instances() {
+		blocks := ct.CacheBlocks
+		if r, ok := readings[in.Name]; ok && r.CacheTokens > 0 {
+			blocks = ct.IndexBlocks(r.CacheTokens)
+		}
+		c.index.SetCapacity(in.Name, blocks, now)
+	}
+}

@@ -16,7 +16,8 @@ package affinity
 //     ContentPolicy.MinBlocks blocks whose load passes the gate: its
 //     requests in flight below its weighted share of the candidates' by the
 //     bounded-load factor (1+ε), plus ContentPolicy.Slack, its engine not
-//     saturated, and for a session, its active sessions under their bound;
+//     saturated, and for a session, its active sessions under their bound
+//     (bounded load's, or kv_sessions when that is more);
 //     on a tie, the fewer requests in flight;
 //  3. moves the decision there (a session's binding with one Replace),
 //     or keeps the identity placement when no candidate qualifies, so a
@@ -177,7 +178,7 @@ func (l *Load) gate(cands []fleet.Instance, depth []int, p *Policy, sessions boo
 		if flight[i] >= ceil((1+p.Epsilon)*float64(totalFlight+1)*share)+p.Content.Slack {
 			continue
 		}
-		if sessions && active[i] >= ceil((1+p.Epsilon)*float64(totalActive+1)*share) {
+		if sessions && active[i] >= max(ceil((1+p.Epsilon)*float64(totalActive+1)*share), in.KVSessions) {
 			continue
 		}
 		if l.saturatedLocked(in.Name, p.Saturation) {

@@ -31,7 +31,9 @@ func (a *answers) Decide(context.Context, affinity.Request) (affinity.Decision, 
 	return affinity.Decision{Instance: chosen, Mode: affinity.Sticky, Kind: affinity.KindHit}, nil
 }
 
-func (a *answers) Refine(_ context.Context, d affinity.Decision, _ []uint64) affinity.Decision { return d }
+func (a *answers) Refine(_ context.Context, d affinity.Decision, _ []uint64) affinity.Decision {
+	return d
+}
 
 func (a *answers) Finish(_ affinity.Decision, ans fleet.Outcome) {
 	a.mu.Lock()
@@ -119,7 +121,9 @@ func (r refusing) Decide(context.Context, affinity.Request) (affinity.Decision, 
 }
 func (refusing) Finish(affinity.Decision, fleet.Outcome) {}
 
-func (refusing) Refine(_ context.Context, d affinity.Decision, _ []uint64) affinity.Decision { return d }
+func (refusing) Refine(_ context.Context, d affinity.Decision, _ []uint64) affinity.Decision {
+	return d
+}
 
 // TestRefusals: the two errors that must not fall to Envoy's default route
 // (it would change the session's model, or its instance against the

@@ -122,6 +122,10 @@ type Options struct {
 	// routes by identity and asks Envoy for the body, and the reply to the
 	// body routes where the decider's Refine places it. nil: never a body.
 	Prompts Prompts
+	// MaxBody is the longest body read (content.max_body_bytes): Envoy
+	// bounds what it buffers, but sends a body that arrived whole before
+	// the headers reply in one piece, whatever its length.
+	MaxBody int
 }
 
 // Debug response headers.
@@ -309,7 +313,7 @@ func (s *Server) onRequestBody(ctx context.Context, msg *extprocv3.HttpBody, ex 
 	ex.body = false
 	d := ex.decision
 	defer func() { ex.audit(ex.decision) }()
-	if !msg.GetEndOfStream() {
+	if !msg.GetEndOfStream() || s.opts.MaxBody > 0 && len(msg.GetBody()) > s.opts.MaxBody {
 		// BUFFERED_PARTIAL sends what fit in Envoy's buffer.
 		s.rec.Content(ContentOverLimit)
 		return rerouteTo(nil, nil)

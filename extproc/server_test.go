@@ -349,7 +349,9 @@ type goneDecider struct{}
 
 func (goneDecider) Finish(affinity.Decision, fleet.Outcome) {}
 
-func (goneDecider) Refine(_ context.Context, d affinity.Decision, _ []uint64) affinity.Decision { return d }
+func (goneDecider) Refine(_ context.Context, d affinity.Decision, _ []uint64) affinity.Decision {
+	return d
+}
 
 func (goneDecider) Decide(context.Context, affinity.Request) (affinity.Decision, error) {
 	return affinity.Decision{}, context.Canceled

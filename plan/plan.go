@@ -145,6 +145,7 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 			OOMHeader:     r.OOMHeader,
 			GPUHeader:     r.GPUUtilizationHeader,
 			DebugHeaders:  srv.DebugHeaders,
+			MaxBody:       cfg.Content.MaxBodyBytes,
 		},
 		Envoy: envoy(cfg, o.ExtProc),
 		Scrape: Scrape{
@@ -152,8 +153,8 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 			Staleness: e.Staleness.D, MaxBody: e.MaxBodyBytes,
 		},
 		Content: content(cfg.Content),
-		Listen: Listen{ExtProc: srv.ExtProcAddr, Admin: srv.AdminAddr, XDS: cfg.XDS.Addr},
-		Drain:  Drain{Delay: srv.DrainDelay.D, Timeout: srv.DrainTimeout.D},
+		Listen:  Listen{ExtProc: srv.ExtProcAddr, Admin: srv.AdminAddr, XDS: cfg.XDS.Addr},
+		Drain:   Drain{Delay: srv.DrainDelay.D, Timeout: srv.DrainTimeout.D},
 		Store: Store{
 			URL: cfg.Redis.URL, Timeout: cfg.Redis.Timeout.D, Cache: cfg.Redis.Cache, CacheSize: cfg.Redis.CacheSize,
 			CacheTTL: cfg.Redis.CacheTTL.D, CacheFlushInterval: cfg.Redis.CacheFlushInterval.D,

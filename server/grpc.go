@@ -5,6 +5,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+
+	"github.com/tetherproxy/tether/config"
 )
 
 // The ext_proc server's transport, for what Envoy does to it: one
@@ -12,9 +14,10 @@ import (
 // each carrying a new stream of a few small messages per HTTP request,
 // for as long as Envoy runs.
 const (
-	// Flow control windows, fixed. A message is under a kilobyte, so a
-	// stream never comes near 64 KB, and 1 MB per connection is room for
-	// the streams of a burst. Fixed windows also turn off gRPC's
+	// Flow control windows, fixed. A message is under a kilobyte (but a
+	// request body tether asks for, [content]), so a stream seldom comes
+	// near 64 KB, and 1 MB per connection is room for the streams of a
+	// burst; a body goes through in a few window updates. Fixed windows also turn off gRPC's
 	// bandwidth-delay estimation, which pings the peer while data keeps
 	// arriving: on a connection that is never quiet, a ping and its
 	// acknowledgement for nothing to gain (BENCHMARKS.md).
@@ -33,6 +36,11 @@ const (
 	// after a minute of silence, and give it 20 s to answer.
 	idlePing    = time.Minute
 	pingTimeout = 20 * time.Second
+
+	// maxMessage is the largest message tether reads: a request body of
+	// content.max_body_bytes' bound, with room for the message around it
+	// (gRPC's default is 4 MiB).
+	maxMessage = config.MaxContentBodyBytes + 64<<10
 )
 
 // extprocServerOptions are the ext_proc gRPC server's options, apart from
@@ -42,6 +50,7 @@ func extprocServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.StaticStreamWindowSize(streamWindow),
 		grpc.StaticConnWindowSize(connWindow),
+		grpc.MaxRecvMsgSize(maxMessage),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: pingMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: idlePing, Timeout: pingTimeout}),
 	}

@@ -344,10 +344,9 @@ func (b *builder) routes(defaultVersion string) *routev3.RouteConfiguration {
 	return &routev3.RouteConfiguration{
 		Name: RouteName,
 		VirtualHosts: []*routev3.VirtualHost{{
-			Name:                   "llm",
-			Domains:                []string{"*"},
-			ResponseHeadersToAdd:   b.debugHeaders(),
-			RequestBodyBufferLimit: b.bodyLimit(),
+			Name:                 "llm",
+			Domains:              []string{"*"},
+			ResponseHeadersToAdd: b.debugHeaders(),
 			Routes: []*routev3.Route{
 				{
 					Name: "tether",
@@ -445,6 +444,9 @@ func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.List
 	return &listenerv3.Listener{
 		Name:    ListenerName,
 		Address: addr,
+		// The body Envoy buffers for tether is bounded by the connection's
+		// buffer (HTTP/1.1 streams take it as theirs).
+		PerConnectionBufferLimitBytes: b.connectionLimit(),
 		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
 			Name:       "envoy.filters.network.http_connection_manager",
 			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: b.any(m)},
@@ -492,13 +494,13 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	return f
 }
 
-// bodyLimit is the virtual host's body buffer (Spec.BodyLimit), nil for
+// connectionLimit is the listener's buffer (Spec.BodyLimit), nil for
 // Envoy's default.
-func (b *builder) bodyLimit() *wrapperspb.UInt64Value {
+func (b *builder) connectionLimit() *wrapperspb.UInt32Value {
 	if b.spec.BodyLimit <= 0 {
 		return nil
 	}
-	return wrapperspb.UInt64(uint64(b.spec.BodyLimit))
+	return wrapperspb.UInt32(uint32(b.spec.BodyLimit))
 }
 
 // bodyOverride is the one processing mode the handler may switch a

@@ -1,0 +1,180 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tetherproxy/tether/internal/testenv"
+)
+
+// document is a long shared text (a system prompt or a retrieved
+// document), n words.
+func document(seed, n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "d%d-w%d ", seed, i)
+	}
+	return b.String()
+}
+
+// chatBody is a chat request: the document as system prompt, then the
+// turns (user, assistant, user, ...).
+func chatBody(doc string, turns ...string) []byte {
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	msgs := []message{{"system", doc}}
+	for i, t := range turns {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		msgs = append(msgs, message{role, t})
+	}
+	b, err := json.Marshal(map[string]any{"model": "v1", "messages": msgs, "max_tokens": 4})
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// post sends body through Envoy with headers h (k, v pairs).
+func post(t *testing.T, p *proxy, body []byte, h ...string) answer {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, p.url+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(h); i += 2 {
+		req.Header.Set(h[i], h[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	return answer{status: resp.StatusCode, instance: resp.Header.Get("x-instance"),
+		decision: resp.Header.Get("x-tether-decision"), tethered: resp.Header.Get("x-tether-instance")}
+}
+
+// TestContentPlacementThroughEnvoy: with [content] on, Envoy sends tether
+// the body of a new session's or an anonymous caller's request only
+// (mode_override), tether re-routes it from its reply to the body
+// (clear_route_cache) to the instance holding its prompt's prefix, and a
+// hit stays header-only. Bad bodies go where identity placed them,
+// counted, and never fail the request.
+func TestContentPlacementThroughEnvoy(t *testing.T) {
+	rds := testenv.RedisServer(t)
+	inst := startFleet(t, 4)
+	cfg := baseConfig(rds.URL(), inst)
+	cfg.Content.Enabled = true
+	cfg.Content.MaxBodyBytes = 64 << 10
+	tt := startTether(t, cfg)
+	px := startEnvoy(t, cfg, tt.extproc)
+	content := func(result string) float64 {
+		return tt.metric(t, "tether_content_decisions_total", fmt.Sprintf("result=%q", result))
+	}
+
+	doc := document(1, 1500) // about 12 KB
+	first := post(t, px, chatBody(doc, "what does it say?"), "x-session-id", "content-s0")
+	if first.status != 200 || first.decision != "bind" || first.instance != first.tethered {
+		t.Fatalf("first session: %+v", first)
+	}
+	home := first.instance
+
+	// New sessions opening with the same document go where it is cached,
+	// whichever instance their identity hashes to.
+	for i := 1; i <= 6; i++ {
+		a := post(t, px, chatBody(doc, fmt.Sprintf("question %d?", i)), "x-session-id", fmt.Sprintf("content-s%d", i))
+		if a.status != 200 || a.decision != "bind" || a.instance != home || a.tethered != home {
+			t.Fatalf("session %d: %+v, want bound on %s, where the document is", i, a, home)
+		}
+	}
+	placed := content("placed")
+	if placed < 6 {
+		t.Errorf("tether_content_decisions_total{result=\"placed\"} = %v, want at least 6", placed)
+	}
+	// Their follow-ups are hits, answered from the headers: no body asked.
+	before := placed + content("identity")
+	for i := 1; i <= 6; i++ {
+		a := post(t, px, chatBody(doc, fmt.Sprintf("question %d?", i), "an answer", "and then?"), "x-session-id", fmt.Sprintf("content-s%d", i))
+		if a.status != 200 || a.decision != "hit" || a.instance != home {
+			t.Fatalf("session %d follow-up: %+v", i, a)
+		}
+	}
+	if after := content("placed") + content("identity"); after != before {
+		t.Errorf("hits asked for %v bodies, want none", after-before)
+	}
+
+	// An anonymous caller's requests are placed by content each time:
+	// the document's instance, then its own follow-up there too.
+	other := document(2, 1500)
+	anon := post(t, px, chatBody(other, "summarise"))
+	if anon.status != 200 || anon.decision != "anonymous" {
+		t.Fatalf("anonymous: %+v", anon)
+	}
+	for i := range 5 {
+		a := post(t, px, chatBody(other, "summarise", "a summary", fmt.Sprintf("more on point %d", i)))
+		if a.status != 200 || a.instance != anon.instance {
+			t.Fatalf("anonymous follow-up %d went to %s, its first turn to %s", i, a.instance, anon.instance)
+		}
+	}
+
+	// Bad bodies: placed by identity, counted by reason, the request
+	// answered by the instance whatever tether thought of its body.
+	for _, c := range []struct {
+		result string
+		body   []byte
+		header []string
+	}{
+		{"not_json", []byte("model=v1&prompt=" + doc[:2000]), nil},
+		{"not_prompt", []byte(`{"model":"v1","input":"` + doc[:2000] + `"}`), nil},
+		{"bad_messages", []byte(`{"model":"v1","messages":[]}`), nil},
+		{"short", chatBody("hi", "there"), nil},
+		{"over_limit", chatBody(document(3, 12000), "too long"), nil},
+		{"encoded", gzipped(t, chatBody(doc, "zipped")), []string{"content-encoding", "gzip"}},
+	} {
+		was := content(c.result)
+		h := append([]string{"x-session-id", "bad-" + c.result}, c.header...)
+		a := post(t, px, c.body, h...)
+		if a.status == 0 || a.decision != "bind" || a.instance != a.tethered {
+			t.Errorf("%s: %+v, want the identity placement's answer", c.result, a)
+		}
+		if got := content(c.result); got != was+1 {
+			all := map[string]float64{}
+			for _, r := range []string{"placed", "identity", "incomplete", "over_limit", "not_json", "short", "encoded"} {
+				all[r] = content(r)
+			}
+			t.Errorf("%s counted %v times, want once (%v)", c.result, got-was, all)
+		}
+	}
+	// The one that fit the limit but was long: answered, not refused.
+	if a := post(t, px, chatBody(document(4, 12000), "still long"), "x-session-id", "long-2"); a.status != 200 {
+		t.Errorf("a body over max_body_bytes: status %d, want the instance's 200", a.status)
+	}
+}
+
+func gzipped(t *testing.T, b []byte) []byte {
+	var out bytes.Buffer
+	w := gzip.NewWriter(&out)
+	if _, err := w.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
+}

@@ -296,11 +296,12 @@ type wireReading struct {
 	H, Q       *float64 `json:",omitempty"` // prefix-cache hits, queries (tokens)
 	P          float64
 	HR, QR, PR *float64 `json:",omitempty"` // rates, when known
+	C          int      `json:",omitempty"` // KV-cache capacity (tokens), when published
 	At         int64    // Unix milliseconds
 }
 
 func encodeReading(e fleet.EngineReading) string {
-	w := wireReading{W: e.Waiting, R: e.Running, P: e.Preemptions, At: e.At.UnixMilli()}
+	w := wireReading{W: e.Waiting, R: e.Running, P: e.Preemptions, C: e.CacheTokens, At: e.At.UnixMilli()}
 	if e.KVKnown {
 		w.KV = &e.KVUsage
 	}
@@ -321,7 +322,7 @@ func decodeReading(s string) (fleet.EngineReading, error) {
 	if err := json.Unmarshal([]byte(s), &w); err != nil {
 		return fleet.EngineReading{}, fmt.Errorf("not an engine reading: %w", err)
 	}
-	e := fleet.EngineReading{Waiting: w.W, Running: w.R, Preemptions: w.P, At: time.UnixMilli(w.At)}
+	e := fleet.EngineReading{Waiting: w.W, Running: w.R, Preemptions: w.P, CacheTokens: w.C, At: time.UnixMilli(w.At)}
 	if w.KV != nil {
 		e.KVUsage, e.KVKnown = *w.KV, true
 	}
@@ -332,7 +333,7 @@ func decodeReading(s string) (fleet.EngineReading, error) {
 		e.HitRate, e.QueryRate, e.PreemptionRate, e.RatesKnown = *w.HR, *w.QR, *w.PR, true
 	}
 	if e.Waiting < 0 || e.Running < 0 || e.KVUsage < 0 || e.KVUsage > 1 || e.PrefixHits < 0 || e.PrefixQueries < 0 ||
-		e.Preemptions < 0 || e.HitRate < 0 || e.QueryRate < 0 || e.PreemptionRate < 0 || w.At <= 0 {
+		e.Preemptions < 0 || e.HitRate < 0 || e.QueryRate < 0 || e.PreemptionRate < 0 || e.CacheTokens < 0 || w.At <= 0 {
 		return fleet.EngineReading{}, fmt.Errorf("engine reading out of range: %s", s)
 	}
 	return e, nil

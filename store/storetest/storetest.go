@@ -622,7 +622,7 @@ var cases = []testCase{
 		at := func(d time.Duration) time.Time { return e.now.Add(d).Truncate(time.Millisecond) }
 		old := fleet.EngineReading{Waiting: 1, Running: 2, At: at(-time.Second)}
 		newer := fleet.EngineReading{Waiting: 7, Running: 3, KVUsage: 0.5, KVKnown: true, PrefixHits: 10, PrefixQueries: 40,
-			PrefixKnown: true, Preemptions: 2, HitRate: 1.5, QueryRate: 4, PreemptionRate: 0.25, RatesKnown: true, At: at(0)}
+			PrefixKnown: true, Preemptions: 2, HitRate: 1.5, QueryRate: 4, PreemptionRate: 0.25, RatesKnown: true, CacheTokens: 465_000, At: at(0)}
 		sync := func(replica string, engine map[string]fleet.EngineReading) fleet.LoadState {
 			e.t.Helper()
 			st, err := e.s.SyncLoad(e.ctx, fleet.LoadReport{Replica: replica, Engine: engine}, in, reportTTL, e.now)

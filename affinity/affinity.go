@@ -36,6 +36,7 @@ const (
 	KindDegraded  Kind = "degraded"  // the store failed: placed by rendezvous hashing without it
 	KindFailover  Kind = "failover"  // the session's instance was out (breaker open): rebound down the fallback ladder
 	KindFallback  Kind = "fallback"  // the session's instance was out and its rung is random: routed at random, binding kept
+	KindExpired   Kind = "expired"   // the session idled past its instance's cache horizon: placed again by content and load
 )
 
 // ErrNoInstance means the fleet has no healthy instance.
@@ -327,6 +328,10 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		kind = KindMoved
 	case mode == Adaptive && c.priority != High && d.load.Saturated(in.Name, p.Saturation):
 		kind = KindSpilled
+	case res.Origin == bindings.Found && p.Content.Enabled && d.contents != nil && d.pastHorizon(in.Name, res.Idle):
+		// Its instance kept nothing of it: content and load place it
+		// again (Refine), and it stays when they say nothing better.
+		return Decision{Instance: in, Mode: mode, Kind: KindExpired}, nil
 	default:
 		return Decision{Instance: in, Mode: mode, Kind: kind}, nil
 	}

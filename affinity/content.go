@@ -44,6 +44,9 @@ type Contents interface {
 	Match(chain []uint64, names []string, depth []int) int
 	// Record notes that chain was sent to instance.
 	Record(instance string, chain []uint64, now time.Time)
+	// Horizon is how long a prefix nobody sends survives on instance, as
+	// the index measured it from its own evictions (ok false: none yet).
+	Horizon(instance string) (time.Duration, bool)
 }
 
 // WithContents gives the decider the prefix index cache-aware placement
@@ -66,20 +69,20 @@ type ContentPolicy struct {
 // contentKinds are the decisions whose placement is open: the request's
 // instance was just chosen by identity, and what the caches hold may
 // choose better.
-var contentKinds = map[Kind]bool{KindBind: true, KindRebind: true, KindMoved: true, KindAnonymous: true}
+var contentKinds = map[Kind]bool{KindBind: true, KindRebind: true, KindMoved: true, KindAnonymous: true, KindExpired: true}
 
 // Refine places dec by the prompt's chained block hashes (see the file's
 // comment) and returns the decision the request goes with. It returns dec
 // unchanged (apart from ByContent) when dec's placement is not open, the
 // chain is empty, or no candidate holds enough of it under the gate. A
 // store error keeps dec: the request goes where identity placed it.
-func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) Decision {
+func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) (out Decision) {
 	p := d.policy.Load()
 	if !dec.Content || len(chain) == 0 || d.contents == nil {
 		return dec
 	}
 	now := d.now()
-	defer func() { d.contents.Record(dec.Instance.Name, chain, now) }()
+	defer func() { d.contents.Record(out.Instance.Name, chain, now) }()
 	cands := d.contentCandidates(p, dec)
 	if len(cands) == 0 {
 		return dec
@@ -97,34 +100,52 @@ func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) Deci
 		depth = make([]int, len(cands))
 	}
 	dec.Matched = d.contents.Match(chain, names, depth)
-	if dec.Matched < max(p.Content.MinBlocks, 1) {
-		dec.Matched = 0
-		return dec
+	i := -1
+	if dec.Matched >= max(p.Content.MinBlocks, 1) {
+		i = d.load.gate(cands, depth, p, dec.Key != "", dec.Instance.Name, max(p.Content.MinBlocks, 1))
 	}
-	i := d.load.gate(cands, depth, p, dec.Key != "", max(p.Content.MinBlocks, 1))
 	if i < 0 {
 		dec.Matched = 0
+		if dec.Kind == KindExpired {
+			// Nothing holds it: its cache is gone wherever it goes, so
+			// bounded load places it, off an instance that is full.
+			return d.moveTo(ctx, dec, d.place(dec.Key, cands, p), now, true)
+		}
 		return dec
 	}
-	target := cands[i]
 	dec.Matched = depth[i]
-	if target.Name == dec.Instance.Name {
-		dec.ByContent = true
-		return dec
-	}
-	if dec.Probe {
-		// The identity choice probes a half-open instance: it keeps it.
+	dec = d.moveTo(ctx, dec, cands[i], now, false)
+	dec.ByContent = dec.Instance.Name == cands[i].Name
+	return dec
+}
+
+// moveTo moves dec to target: its session's binding with one Replace
+// (reserved is true when target was reserved by place), the request in
+// flight, the breaker's probe. On a store error, or a probe it cannot
+// take, dec stays as it is.
+func (d *Decider) moveTo(ctx context.Context, dec Decision, target fleet.Instance, now time.Time, reserved bool) Decision {
+	if target.Name == dec.Instance.Name || dec.Probe {
+		// Where it is; or the identity choice probes a half-open
+		// instance, and keeps it.
+		if reserved {
+			d.load.unreserve(target.Name, false, "")
+		}
 		return dec
 	}
 	var probe bool
 	if d.breaker != nil {
 		var ok bool
 		if probe, ok = d.breaker.TryBegin(target.Name); !ok {
+			if reserved {
+				d.load.unreserve(target.Name, false, "")
+			}
 			return dec
 		}
 	}
 	if dec.Key != "" {
-		d.load.reserveName(target.Name)
+		if !reserved {
+			d.load.reserveName(target.Name)
+		}
 		nb, err := d.store.Replace(ctx, dec.Key, dec.Instance.Name,
 			bindings.Binding{Instance: target.Name, Version: target.Version, Since: now}, dec.lifetime)
 		moved := err == nil && nb.Instance == target.Name
@@ -138,8 +159,40 @@ func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) Deci
 	}
 	d.load.End(dec.Instance.Name, dec.At, 0, false)
 	d.load.Begin(target.Name, dec.At)
-	dec.Instance, dec.Probe, dec.ByContent = target, probe, true
+	dec.Instance, dec.Probe = target, probe
 	return dec
+}
+
+// pastHorizon says whether a session idle this long has nothing left
+// cached on instance.
+func (d *Decider) pastHorizon(instance string, idle time.Duration) bool {
+	if idle <= 0 {
+		return false
+	}
+	h, ok := d.Horizon(instance)
+	return ok && idle > h
+}
+
+// Horizon is how long a prefix nobody sends survives in instance's KV
+// cache: the capacity its engine publishes over the rate its engine fills
+// the cache with prompt tokens it had to compute (looked up less found in
+// its prefix cache, from vLLM's and SGLang's counters), the time an LRU
+// cache takes to turn over; without such a reading, what the prefix index
+// measured of its own evictions. ok false: neither knows (nothing is ever
+// past it).
+func (d *Decider) Horizon(instance string) (time.Duration, bool) {
+	p := d.policy.Load()
+	if r, ok := d.load.Engine(instance, p.Saturation.Stale); ok && r.CacheTokens > 0 && r.RatesKnown {
+		fill := r.QueryRate - r.HitRate
+		if fill <= 0 {
+			return 0, false // nothing new comes in: nothing is evicted
+		}
+		return time.Duration(float64(r.CacheTokens) / fill * float64(time.Second)), true
+	}
+	if d.contents == nil {
+		return 0, false
+	}
+	return d.contents.Horizon(instance)
 }
 
 // contentCandidates is where dec's request may go by content: the healthy
@@ -156,8 +209,10 @@ func (d *Decider) contentCandidates(p *Policy, dec Decision) []fleet.Instance {
 // gate returns the index in cands of the instance holding the longest
 // prefix (depth, at least minBlocks) whose load passes (see the file's
 // comment), -1 when none does. sessions says the request binds a session,
-// so the instance's active sessions must also be under their bound.
-func (l *Load) gate(cands []fleet.Instance, depth []int, p *Policy, sessions bool, minBlocks int) int {
+// so the instance's active sessions must also be under their bound; own
+// is the instance the request is counted on already (in flight, and its
+// session bound there), which the gate leaves out of its load.
+func (l *Load) gate(cands []fleet.Instance, depth []int, p *Policy, sessions bool, own string, minBlocks int) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var flightBuf, activeBuf [64]int
@@ -166,6 +221,12 @@ func (l *Load) gate(cands []fleet.Instance, depth []int, p *Policy, sessions boo
 	for _, in := range cands {
 		f := max(l.state.InFlight[in.Name]+l.localFlight(in.Name), 0)
 		a := l.activeLocked(in.Name)
+		if in.Name == own {
+			f = max(f-1, 0)
+			if sessions {
+				a = max(a-1, 0)
+			}
+		}
 		flight, active = append(flight, f), append(active, a)
 		totalFlight, totalActive, weight = totalFlight+f, totalActive+a, weight+in.Weight
 	}

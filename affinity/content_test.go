@@ -116,3 +116,42 @@ func TestContentOffAsksForNothing(t *testing.T) {
 		t.Error("content asked for with ContentPolicy off")
 	}
 }
+
+func TestSessionPastItsInstanceHorizonIsPlacedAgain(t *testing.T) {
+	ctx := context.Background()
+	d, x, _, clk := contentDecider(t, 4, 2)
+	dec, err := d.Decide(ctx, session("h1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec = d.Refine(ctx, dec, chainOf(9, 20))
+	d.Finish(dec, fleet.Outcome{Answered: true})
+	home := dec.Instance.Name
+	if h, ok := d.Horizon(home); ok {
+		t.Fatalf("a horizon (%v) before any reading or eviction", h)
+	}
+	// Its engine holds 1,000 tokens and computes 100 new ones a second:
+	// an idle prefix survives 10 s there.
+	d.Load().SetEngine(home, fleet.EngineReading{CacheTokens: 1000, QueryRate: 110, HitRate: 10, RatesKnown: true, At: clk.now()})
+	if h, ok := d.Horizon(home); !ok || h != 10*time.Second {
+		t.Fatalf("horizon %v (%v), want 10s", h, ok)
+	}
+	clk.add(5 * time.Second)
+	d.Load().SetEngine(home, fleet.EngineReading{CacheTokens: 1000, QueryRate: 110, HitRate: 10, RatesKnown: true, At: clk.now()})
+	hit, _ := d.Decide(ctx, session("h1"))
+	if hit.Kind != affinity.KindHit || hit.Content {
+		t.Fatalf("5 s idle, within the horizon: %s (content %v)", hit.Kind, hit.Content)
+	}
+	d.Finish(hit, fleet.Outcome{Answered: true})
+	clk.add(20 * time.Second)
+	d.Load().SetEngine(home, fleet.EngineReading{CacheTokens: 1000, QueryRate: 110, HitRate: 10, RatesKnown: true, At: clk.now()})
+	exp, _ := d.Decide(ctx, session("h1"))
+	if exp.Kind != affinity.KindExpired || !exp.Content || exp.Instance.Name != home {
+		t.Fatalf("20 s idle, past the horizon: %s on %s (content %v), want expired on %s", exp.Kind, exp.Instance.Name, exp.Content, home)
+	}
+	// The index still holds its prompt on its instance: it stays.
+	if got := d.Refine(ctx, exp, chainOf(9, 25)); got.Instance.Name != home || !got.ByContent {
+		t.Errorf("refined to %s (by content %v), want its own instance, which the index says holds it", got.Instance.Name, got.ByContent)
+	}
+	_ = x
+}

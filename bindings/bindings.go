@@ -106,6 +106,11 @@ type Result struct {
 	// (a renewal places the same conversation again). Replace keeps it. A
 	// binding stored before the store kept counts starts from 0.
 	Requests int
+	// Idle is how long the session had gone unused before this request
+	// (Found only; 0 when the store cannot tell). A store that serves
+	// hits from a replica's cache counts from the last use that replica
+	// saw, so it may say longer than it was.
+	Idle time.Duration
 }
 
 // Session is one stored session, for operators (tether sessions show)

@@ -61,7 +61,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"stage"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_requests_total",
-			Help: "Routing decisions by mode (sticky, adaptive, random), decision (hit, bind, rebind, moved, migrated, drained, spilled, random, anonymous, degraded) and identity source.",
+			Help: "Routing decisions by mode (sticky, adaptive, random), decision (hit, bind, rebind, moved, migrated, drained, spilled, random, anonymous, degraded, failover, fallback, expired) and identity source.",
 		}, []string{"mode", "decision", "source"}),
 		identityRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_identity_rejected_total",

@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tetherproxy/tether/prefix"
@@ -12,19 +14,25 @@ type PrefixView interface {
 	Stats() []prefix.Stat
 }
 
+// HorizonView is the cache horizon the decision uses (affinity.Decider).
+type HorizonView interface {
+	Horizon(instance string) (time.Duration, bool)
+}
+
 // Prefix exports the prefix index cache-aware placement reads: per
 // instance, what this replica has indexed as sent there, its bound, its
-// evictions and the cache horizon they measure.
+// evictions, and the cache horizon the decision uses.
 type Prefix struct {
 	view                                  PrefixView
+	horizons                              HorizonView
 	blocks, capacity, evictions, horizon *prometheus.Desc
 }
 
-// NewPrefix registers the prefix-index metrics, reading view.
-func NewPrefix(reg prometheus.Registerer, view PrefixView) *Prefix {
+// NewPrefix registers the prefix-index metrics, reading view and horizons.
+func NewPrefix(reg prometheus.Registerer, view PrefixView, horizons HorizonView) *Prefix {
 	label := []string{"upstream"}
 	p := &Prefix{
-		view: view,
+		view: view, horizons: horizons,
 		blocks: prometheus.NewDesc("tether_prefix_index_blocks",
 			"Prompt blocks this replica has indexed as held by the instance's KV cache (what it sent there, least recently sent evicted first).", label, nil),
 		capacity: prometheus.NewDesc("tether_prefix_index_capacity_blocks",
@@ -32,7 +40,7 @@ func NewPrefix(reg prometheus.Registerer, view PrefixView) *Prefix {
 		evictions: prometheus.NewDesc("tether_prefix_index_evictions_total",
 			"Blocks the index evicted for the instance, as its cache would have.", label, nil),
 		horizon: prometheus.NewDesc("tether_cache_horizon_seconds",
-			"How long a prefix nobody sends survives in the instance's KV cache, from the blocks the index evicted (a moving mean); absent until one was.", label, nil),
+			"How long a prefix nobody sends survives in the instance's KV cache: its engine's published capacity over the rate it computes new prompt tokens, else the index's own evictions (a moving mean); absent while neither knows. A session idle longer is placed again (decision expired).", label, nil),
 	}
 	reg.MustRegister(p)
 	return p
@@ -52,8 +60,8 @@ func (p *Prefix) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(p.blocks, prometheus.GaugeValue, float64(s.Blocks), s.Instance)
 		ch <- prometheus.MustNewConstMetric(p.capacity, prometheus.GaugeValue, float64(s.Capacity), s.Instance)
 		ch <- prometheus.MustNewConstMetric(p.evictions, prometheus.CounterValue, float64(s.Evictions), s.Instance)
-		if s.Horizon > 0 {
-			ch <- prometheus.MustNewConstMetric(p.horizon, prometheus.GaugeValue, s.Horizon.Seconds(), s.Instance)
+		if h, ok := p.horizons.Horizon(s.Instance); ok {
+			ch <- prometheus.MustNewConstMetric(p.horizon, prometheus.GaugeValue, h.Seconds(), s.Instance)
 		}
 	}
 }

@@ -164,7 +164,6 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	// The prefix index cache-aware placement reads ([content]), kept at
 	// each instance's KV-cache capacity.
 	index := prefix.NewIndex(start.Content.CacheBlocks)
-	metrics.NewPrefix(reg, index)
 	caps := &capacities{index: index, load: load, instances: rt.Fleet().All, stale: start.Scrape.Staleness, interval: start.Scrape.Interval}
 	caps.content.Store(&start.Content)
 	hasher, err := prefix.NewHasher(start.Content.BlockBytes, 0)
@@ -176,6 +175,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		decider.SetPolicy(p.Policy)
 		caps.content.Store(&p.Content)
 	})
+	metrics.NewPrefix(reg, index, decider)
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "tether_failopen_overrides_total",
 		Help: "New sessions bound elsewhere than where Envoy's fail-open pool would send them: " +

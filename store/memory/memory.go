@@ -58,6 +58,7 @@ type entry struct {
 	b        bindings.Binding
 	move     bindings.Move
 	expires  time.Time // lastUse + Idle of the last call that touched it
+	lastUse  time.Time
 	requests int       // the session's request count (Result.Requests)
 }
 
@@ -166,7 +167,8 @@ func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Resu
 	e, ok := s.live(key, now)
 	switch {
 	case ok && (l.Lifetime.Max == 0 || now.Sub(e.b.Since) < l.Lifetime.Max):
-		e.expires = now.Add(idle)
+		res.Idle = max(now.Sub(e.lastUse), 0)
+		e.expires, e.lastUse = now.Add(idle), now
 		e.requests++
 		s.bindings[key] = e
 		s.expireAt(key, e.expires)
@@ -174,11 +176,11 @@ func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Resu
 	case ok:
 		// The same conversation placed again: it keeps counting.
 		res.Origin, res.Previous, res.Requests = bindings.Renewed, e.b, e.requests+1
-		s.put(key, entry{b: l.Candidate, expires: now.Add(idle), requests: res.Requests})
+		s.put(key, entry{b: l.Candidate, expires: now.Add(idle), lastUse: now, requests: res.Requests})
 		res.Binding = l.Candidate
 	default:
 		res.Requests = 1
-		s.put(key, entry{b: l.Candidate, expires: now.Add(idle), requests: 1})
+		s.put(key, entry{b: l.Candidate, expires: now.Add(idle), lastUse: now, requests: 1})
 		res.Binding = l.Candidate
 	}
 	for _, a := range l.Aliases {
@@ -204,7 +206,7 @@ func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Bind
 	e, ok := s.live(key, now)
 	if ok && e.b.Instance != old {
 		// Someone else moved it first: keep theirs, count this as a use.
-		e.expires = now.Add(lt.Idle)
+		e.expires, e.lastUse = now.Add(lt.Idle), now
 		s.bindings[key] = e
 		s.expireAt(key, e.expires)
 		return e.b, nil
@@ -215,7 +217,7 @@ func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Bind
 	if ok {
 		n = e.requests
 	}
-	s.put(key, entry{b: next, expires: now.Add(lt.Idle), requests: n})
+	s.put(key, entry{b: next, expires: now.Add(lt.Idle), lastUse: now, requests: n})
 	return next, nil
 }
 

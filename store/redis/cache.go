@@ -241,10 +241,10 @@ func (c *hitCache) lookup(l bindings.Lookup, aliases []string) (res bindings.Res
 		return res, false, epoch
 	}
 	e.requests++
+	res = bindings.Result{Key: l.Key, Binding: e.b, Origin: bindings.Found, Requests: e.requests, Idle: max(now.Sub(e.lastHit), 0)}
 	if now.After(e.lastHit) {
 		e.lastHit = now
 	}
-	res = bindings.Result{Key: l.Key, Binding: e.b, Origin: bindings.Found, Requests: e.requests}
 	sh.mu.Unlock()
 	c.hits.Add(1)
 	c.enqueue(l.Key, res.Binding, now, idle, aliases)
@@ -585,9 +585,13 @@ local function int(v)
   if v and string.match(v, '^%d+$') then return tonumber(v) end
   return nil
 end
-local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'x', 'e', 'l', 'n')
+local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'x', 'e', 'l', 'n', 'u')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then
   return {0}
+end
+local u = int(cur[7])
+if not u or tonumber(ARGV[5]) > u then
+  redis.call('HSET', KEYS[1], 'u', ARGV[5])
 end
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[4])

@@ -438,6 +438,9 @@ func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Resu
 	switch r.out {
 	case bindings.Found:
 		res.Move = r.move
+		if r.idle > 0 {
+			res.Idle = time.Duration(r.idle) * time.Millisecond
+		}
 	case bindings.Renewed:
 		res.Previous = r.prev
 	}

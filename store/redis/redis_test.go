@@ -311,10 +311,10 @@ func TestSyncLoadSkipsBadValues(t *testing.T) {
 
 func TestParseReplies(t *testing.T) {
 	ok := func(out int64) []any {
-		return []any{out, "a", "1000", "v1", "", "", "", "", "", "", "", "", "", int64(2), "900", "2000", ""}
+		return []any{out, "a", "1000", "v1", "", "", "", "", "", "", "", "", "", int64(2), "900", "2000", "", int64(40)}
 	}
 	bound := func(out int64) []any {
-		return []any{out, "a", "1000", "v1", "", "", "b", "900", "v0", "2000", "2000", "", "1", int64(1), "1000", "2000", "2000"}
+		return []any{out, "a", "1000", "v1", "", "", "b", "900", "v0", "2000", "2000", "", "1", int64(1), "1000", "2000", "2000", int64(-1)}
 	}
 	with := func(res []any, i int, v any) []any { res = slices.Clone(res); res[i] = v; return res }
 	bind := []struct {
@@ -344,6 +344,7 @@ func TestParseReplies(t *testing.T) {
 		{"long", append(ok(1), "x"), true},
 		{"damaged refresh fields count as due", with(ok(1), 14, "soon"), false},
 		{"refresh field not a string", with(ok(1), 15, int64(1)), true},
+		{"idle not an integer", with(ok(1), 17, "40"), true},
 		{"instance not a string", with(ok(1), 1, int64(1)), true},
 		{"empty instance", with(ok(1), 1, ""), true},
 		{"since not a number", with(ok(1), 2, "soon"), true},
@@ -685,11 +686,12 @@ func TestOneRoundTripPerCall(t *testing.T) {
 
 	// Hits within Idle/4 of the bind: index entry and links are fresh. The
 	// script reads the alias link (GET) and the binding (HMGET),
-	// refreshes the binding's TTL (PEXPIRE) and counts the request
-	// (HINCRBY); nothing is written to the aliases' keys, however many
-	// requests carry them.
+	// refreshes the binding's TTL (PEXPIRE), counts the request
+	// (HINCRBY) and notes its use (HSET u, for how long a session idled);
+	// nothing is written to the aliases' keys, however many requests carry
+	// them.
 	const n = 20
-	commands(fmt.Sprint(n, " hits"), map[string]int64{"evalsha": n, "get": n, "hmget": n, "pexpire": n, "hincrby": n}, func() {
+	commands(fmt.Sprint(n, " hits"), map[string]int64{"evalsha": n, "get": n, "hmget": n, "pexpire": n, "hincrby": n, "hset": n}, func() {
 		for i := range n {
 			k := strconv.Itoa(i % 5)
 			call(look(k, time.Duration(i)*100*time.Millisecond, "t"+k, "u"+k), bindings.Found, 1)
@@ -702,7 +704,7 @@ func TestOneRoundTripPerCall(t *testing.T) {
 	// A hit whose refresh is due: the script, then the index entry and the
 	// links, new ones included, in one pipeline.
 	commands("a due hit", map[string]int64{
-		"evalsha": 2, "get": 1, "hmget": 1, "hset": 2, "pexpire": 2, "hincrby": 1, // get-or-bind
+		"evalsha": 2, "get": 1, "hmget": 1, "hset": 3, "pexpire": 2, "hincrby": 1, // get-or-bind
 		"zscore": 1, "zadd": 1, "pttl": 1, // index; the key's TTL is extended
 		"set": 3, // links
 		// Each link written is published on the invalidation channel: a
@@ -715,9 +717,9 @@ func TestOneRoundTripPerCall(t *testing.T) {
 	call(look("new0", lt.Idle/4+time.Second), bindings.Found, 2)
 
 	// A key that is an alias: one round trip finds the link (GET), the
-	// second the session; nothing but the count is written while the
-	// session's refresh is not due.
-	commands("an alias hit", map[string]int64{"evalsha": 2, "get": 1, "hmget": 1, "pexpire": 1, "hincrby": 1}, func() {
+	// second the session; nothing but the count and the use is written
+	// while the session's refresh is not due.
+	commands("an alias hit", map[string]int64{"evalsha": 2, "get": 1, "hmget": 1, "pexpire": 1, "hincrby": 1, "hset": 1}, func() {
 		call(look("t1", time.Second, "u1"), bindings.Found, 2)
 	})
 

@@ -30,6 +30,9 @@ type bindReply struct {
 	// x, e, l are the binding's refresh bookkeeping after the call (0:
 	// absent or damaged), for the hit cache.
 	x, e, l int64
+	// idle is, on a hit, how long the session had gone unused (ms; -1
+	// unknown).
+	idle int64
 }
 
 func parseBindReply(res []any) (bindReply, error) {
@@ -42,7 +45,7 @@ func parseBindReply(res []any) (bindReply, error) {
 		}
 		return bad()
 	}
-	if len(res) != 17 {
+	if len(res) != 18 {
 		return bad()
 	}
 	out, ok := res[0].(int64)
@@ -90,6 +93,9 @@ func parseBindReply(res []any) (bindReply, error) {
 		fields[i], _ = strconv.ParseInt(v, 10, 64) // damaged: 0, due
 	}
 	r.x, r.e, r.l = fields[0], fields[1], fields[2]
+	if r.idle, ok = res[17].(int64); !ok {
+		return bad()
+	}
 	return r, nil
 }
 

@@ -12,7 +12,8 @@ package redis
 // move-to-version, mo move-off-instance, and the refresh bookkeeping: x
 // when the session's index entry was last written, e that entry's expiry
 // (its score), l the expiry of the alias links last written for the
-// session. s, x, e and l are unix milliseconds on the callers' clock.
+// session, u the session's last use (a request, or a hit written back).
+// s, x, e, l and u are unix milliseconds on the callers' clock.
 //
 // A binding without an instance or an integer s is damaged: it counts as
 // absent and is overwritten, so a bad record heals instead of failing
@@ -55,8 +56,10 @@ package redis
 // instance, whose index the entry leaves); index expiry is empty unless
 // the caller must write the index entry with that score, link expiry empty
 // unless it must write the request's alias links to expire then. The
-// last three are the binding's x, e and l after the call (empty when
-// absent): the hit cache serves a hit only while none would be due.
+// next three are the binding's x, e and l after the call (empty when
+// absent): the hit cache serves a hit only while none would be due. The
+// last is, on a hit, how long the session had gone unused (ms: now less
+// u, the last use; -1 when u is absent or later), -1 on a bind.
 const getOrBindSrc = `
 if ARGV[6] == '1' then
   local to = redis.call('GET', KEYS[2])
@@ -69,7 +72,7 @@ local function int(v)
   return nil
 end
 local now, reach = tonumber(ARGV[3]), tonumber(ARGV[3]) + tonumber(ARGV[4]) + tonumber(ARGV[9])
-local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l', 'mv', 'mo', 'f', 'n')
+local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'x', 'e', 'l', 'mv', 'mo', 'f', 'n', 'u')
 local s = int(cur[2])
 -- Up to 15 digits: HINCRBY fails past 2^63, and Lua numbers are exact to 2^53.
 local n = nil
@@ -78,6 +81,10 @@ local outcome = 2
 if cur[1] and cur[1] ~= '' and s then
   local max = tonumber(ARGV[5])
   if max == 0 or now - s < max then
+    local idle = -1
+    local u = int(cur[11])
+    if u and now >= u then idle = now - u end
+    redis.call('HSET', KEYS[1], 'u', ARGV[3])
     redis.call('PEXPIRE', KEYS[1], ARGV[4])
     if n then
       n = redis.call('HINCRBY', KEYS[1], 'n', 1)
@@ -100,14 +107,14 @@ if cur[1] and cur[1] ~= '' and s then
     local nx, ne, nl = cur[4] or '', cur[5] or '', cur[6] or ''
     if ie ~= '' then nx, ne = ARGV[3], ie end
     if le ~= '' then nl = le end
-    return {1, cur[1], cur[2], cur[3] or '', cur[7] or '', cur[8] or '', '', '', '', ie, le, cur[9] or '', '', n, nx, ne, nl}
+    return {1, cur[1], cur[2], cur[3] or '', cur[7] or '', cur[8] or '', '', '', '', ie, le, cur[9] or '', '', n, nx, ne, nl, idle}
   end
   outcome = 3
 end
 -- A renewal places the same conversation again: it keeps counting.
 if outcome == 3 then n = (n or 0) + 1 else n = 1 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'i', ARGV[1], 's', ARGV[3], 'v', ARGV[2], 'x', ARGV[3], 'e', ARGV[7], 'n', n)
+redis.call('HSET', KEYS[1], 'i', ARGV[1], 's', ARGV[3], 'v', ARGV[2], 'x', ARGV[3], 'e', ARGV[7], 'n', n, 'u', ARGV[3])
 local le = ''
 if ARGV[10] == '1' then
   le = ARGV[7]
@@ -121,7 +128,7 @@ local prev = {cur[1] or '', '', '', ''}
 if outcome == 3 then
   prev = {cur[1], cur[2], cur[3] or '', cur[9] or ''}
 end
-return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], ARGV[7], le, '', prev[4], n, ARGV[3], ARGV[7], le}
+return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], ARGV[7], le, '', prev[4], n, ARGV[3], ARGV[7], le, -1}
 `
 
 // replaceSrc: KEYS[1] binding. ARGV[1] old instance, [2] next instance,
@@ -158,7 +165,7 @@ if cur[1] and cur[1] ~= '' and int(cur[2]) and cur[1] ~= ARGV[1] then
   return {0, cur[1], cur[2], cur[3] or '', ie, '', cur[7] or ''}
 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'i', ARGV[2], 's', ARGV[4], 'v', ARGV[3], 'x', ARGV[4], 'e', ARGV[6])
+redis.call('HSET', KEYS[1], 'i', ARGV[2], 's', ARGV[4], 'v', ARGV[3], 'x', ARGV[4], 'e', ARGV[6], 'u', ARGV[4])
 if ARGV[9] ~= '0' then
   redis.call('HSET', KEYS[1], 'f', ARGV[9])
 end

@@ -123,7 +123,7 @@ func (e *env) lookup(l bindings.Lookup, want bindings.Result) {
 	if err != nil {
 		e.t.Fatalf("GetOrBind(%q, %s): %v", l.Key, l.Candidate.Instance, err)
 	}
-	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(bindings.Result{}, "Requests")); diff != "" {
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(bindings.Result{}, "Requests", "Idle")); diff != "" {
 		e.t.Errorf("GetOrBind(%q, aliases %q, %s) (-want +got):\n%s", l.Key, l.Aliases, l.Candidate.Instance, diff)
 	}
 }
@@ -281,6 +281,20 @@ var cases = []testCase{
 		e.advance(e.idle + e.idle/3)
 		d := e.bind("d")
 		e.getOrBind(e.key("k"), d, e.lt(), d, bindings.Created)
+	}},
+	{"a hit says how long the session was idle", func(e *env) {
+		a := e.bind("a")
+		e.getOrBind(e.key("k"), a, e.lt(), a, bindings.Created)
+		for _, d := range []time.Duration{e.idle / 3, e.idle / 4, 0, e.idle / 2} {
+			e.advance(d)
+			got, err := e.s.GetOrBind(e.ctx, e.look(e.key("k"), e.bind("b")))
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			if got.Origin != bindings.Found || got.Idle < d-time.Millisecond || got.Idle > d+time.Millisecond {
+				e.t.Errorf("after %v unused: %v, idle %v", d, got.Origin, got.Idle)
+			}
+		}
 	}},
 	{"max exceeded renews", func(e *env) {
 		lt := bindings.Lifetime{Idle: time.Hour, Max: 10 * time.Minute}

@@ -29,6 +29,7 @@ var flaws = map[string]string{
 	"max-always":      "max_zero_is_no_limit",
 	"replace-always":  "replace_keeps_a_binding_another_caller_moved",
 	"found-candidate": "second_caller_finds_the_first_binding",
+	"idle-from-bind":  "a_hit_says_how_long_the_session_was_idle",
 	"shared-key":      "keys_are_isolated",
 	"accept-bad":      "bad_input_is_an_error,_not_a_binding",
 	"no-alias":        "alias_links_and_follows",
@@ -116,6 +117,7 @@ type fakeEntry struct {
 	// Idle/4 ago, with the request's idle (the Redis store's old bug).
 	indexed, indexUntil time.Time
 	requests            int
+	lastUse             time.Time
 }
 
 // index records an index write at now under "index-last-idle".
@@ -266,13 +268,16 @@ func (s *fakeStore) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.
 			refresh := func(e *fakeEntry) {}
 			if s.flaw != "no-refresh" {
 				refresh = func(e *fakeEntry) {
+					if s.flaw != "idle-from-bind" {
+						e.lastUse = now
+					}
 					e.expires = now.Add(lt.Idle)
 					if now.Sub(e.indexed) >= lt.Idle/4 {
 						e.index(now, lt.Idle)
 					}
 				}
 			}
-			r := bindings.Result{Key: key, Binding: e.b, Origin: bindings.Found, Move: e.move, Requests: s.use(key, refresh)}
+			r := bindings.Result{Key: key, Binding: e.b, Origin: bindings.Found, Move: e.move, Idle: now.Sub(e.lastUse), Requests: s.use(key, refresh)}
 			if s.flaw == "found-candidate" {
 				r.Binding = c
 			}
@@ -281,7 +286,7 @@ func (s *fakeStore) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.
 		out = bindings.Renewed
 	}
 	s.pause("racy")
-	stored := fakeEntry{b: c, expires: now.Add(lt.Idle), requests: 1}
+	stored := fakeEntry{b: c, expires: now.Add(lt.Idle), requests: 1, lastUse: now}
 	if out == bindings.Renewed && s.flaw != "renew-resets" {
 		stored.requests = e.requests + 1
 	}

@@ -688,7 +688,7 @@ const burstIndexBase = 1 << 40
 
 // shapeOf is the shape of a generated conversation (exact path).
 func shapeOf(c workload.Conversation, apps []workload.App) shape {
-	s := shape{index: c.Index, kind: c.Kind, identity: c.Identity}
+	s := shape{index: c.Index, kind: c.Kind, identity: c.Identity, doc: c.Document}
 	for i, a := range apps {
 		if a.Name == c.App {
 			s.app = i

@@ -461,6 +461,10 @@ func (r *runner) buildRouter() error {
 		r.router = &leastRequestRouter{instances: r.instances, rng: rng}
 	case Oracle:
 		r.router = newOracleRouter(r.instances, r.bound.system, func() int64 { return r.now }, rng)
+	case GIEPrefix:
+		r.router = newGIERouter(r.instances, o.Cache.CapacityTokens, func() int64 { return r.now }, rng)
+	case SGLangCacheAware:
+		r.router = newSGLangRouter(r.instances, func() int64 { return r.now }, rng)
 	default:
 		return fmt.Errorf("simulate: unknown policy %q", o.Policy)
 	}

@@ -109,6 +109,9 @@ type blockModel struct {
 	timeScale   float64
 	cacheConfig emulator.CacheConfig
 	cache       *runCache
+	// docs replaces cache when the workload has shared documents
+	// (chain.go); nil otherwise.
+	docs        *chainCache
 	system      []int // per application: its system prompt's full blocks
 	prefillFree int64
 	prefillGPU  time.Duration
@@ -133,7 +136,12 @@ func (m *blockModel) cost(c *conversation, arrived int64, inFlight int) emulator
 	// Prefills run one at a time; this one looks the cache up when it
 	// starts.
 	start := max(arrived, m.prefillFree)
-	cached := m.cache.match(a, conv, lookup, start) * emulator.BlockSize
+	var cached int
+	if m.docs != nil {
+		cached = m.docs.match(c, lookup, start) * emulator.BlockSize
+	} else {
+		cached = m.cache.match(a, conv, lookup, start) * emulator.BlockSize
+	}
 	prefill := p.Prefill(promptTokens-cached, cached)
 	prefillEnd := start + int64(m.scale(prefill))
 	m.prefillFree = prefillEnd
@@ -142,7 +150,11 @@ func (m *blockModel) cost(c *conversation, arrived int64, inFlight int) emulator
 	decode := time.Duration(max(out-1, 0)) * step
 	decodeEnd := prefillEnd + int64(m.scale(decode))
 
-	m.cache.store(a, conv, blocks, promptBlocks, prefillEnd, decodeEnd, c.session != "", c.sessionKey)
+	if m.docs != nil {
+		m.docs.store(c, blocks, promptBlocks, prefillEnd, decodeEnd)
+	} else {
+		m.cache.store(a, conv, blocks, promptBlocks, prefillEnd, decodeEnd, c.session != "", c.sessionKey)
+	}
 
 	m.prefillGPU += prefill
 	m.decodeGPU += float64(decode) / float64(batch)
@@ -155,6 +167,11 @@ func (m *blockModel) cost(c *conversation, arrived int64, inFlight int) emulator
 }
 
 func (m *blockModel) reset() {
+	m.prefillFree = 0
+	if m.docs != nil {
+		m.docs.reset(m.cacheConfig)
+		return
+	}
 	st := m.cache.stats
 	m.cache = newRunCache(m.cacheConfig, m.system)
 	m.cache.stats.Evictions, m.cache.stats.ConversationEvictions, m.cache.stats.ReleasedBlocks = st.Evictions, st.ConversationEvictions, st.ReleasedBlocks
@@ -170,8 +187,15 @@ func (m *blockModel) stats() emulator.ModelStats {
 		Profile:           m.profile.Name,
 		Estimate:          m.profile.Estimate,
 		TimeScale:         m.timeScale,
-		Cache:             m.cache.cacheStats(),
+		Cache:             m.cacheStats(),
 		PrefillGPUSeconds: m.prefillGPU.Seconds(),
 		DecodeGPUSeconds:  m.decodeGPU / 1e9,
 	}
+}
+
+func (m *blockModel) cacheStats() emulator.CacheStats {
+	if m.docs != nil {
+		return m.docs.cacheStats()
+	}
+	return m.cache.cacheStats()
 }

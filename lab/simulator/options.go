@@ -330,9 +330,9 @@ func (o Options) generatedConfig() config.Config {
 }
 
 // engineOf is the engine the generated instances name: vLLM for the
-// adaptive policy, which reads it, none otherwise.
+// policies that read its metrics (adaptive, GIE's scorers), none otherwise.
 func engineOf(p Policy) string {
-	if p == Adaptive {
+	if p == Adaptive || p == GIEPrefix {
 		return "vllm"
 	}
 	return ""

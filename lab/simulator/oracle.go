@@ -143,6 +143,9 @@ func lookupBlocks(promptTokens int) int {
 
 func (m *blockModel) cachedPrefix(c *conversation, now int64) int {
 	lookup := lookupBlocks(c.history + c.shape.turns[c.turn].userTokens)
+	if m.docs != nil {
+		return m.docs.match(c, lookup, max(now, m.prefillFree))
+	}
 	return m.cache.match(c.shape.app, c.shape.index, lookup, max(now, m.prefillFree))
 }
 
@@ -170,10 +173,13 @@ func (m *textModel) cachedPrefix(c *conversation, now int64) int {
 // turn's prompt and answer; its application's system prompt is repeated
 // once any request of the application has been priced.
 type boundTally struct {
-	system  []int  // per application: its system prompt's full blocks
-	seen    []bool // per application: a request of it has been priced
-	tokens  int64  // repeated prompt tokens, OK requests
-	current int    // repeated tokens of the request being sent
+	system []int  // per application: its system prompt's full blocks
+	seen   []bool // per application: a request of it has been priced
+	// docs are the (application, document) pairs a request has carried:
+	// their blocks up to the document's end are repeated after that.
+	docs    map[[2]int]bool
+	tokens  int64 // repeated prompt tokens, OK requests
+	current int   // repeated tokens of the request being sent
 }
 
 func newBoundTally(system []int) boundTally {
@@ -182,7 +188,7 @@ func newBoundTally(system []int) boundTally {
 
 // price notes c's current turn, priced now: its repeated tokens are those
 // of the blocks sent before, and its application's system prompt has been
-// sent. A fan-out request after the turn's first (again) repeats its
+// sent, and so has its shared document (with this application's). A fan-out request after the turn's first (again) repeats its
 // whole prompt.
 func (b *boundTally) price(c *conversation, again bool) {
 	a := c.shape.app
@@ -197,6 +203,16 @@ func (b *boundTally) price(c *conversation, again bool) {
 	lookup := lookupBlocks(c.history + c.shape.turns[c.turn].userTokens)
 	if again {
 		seen = lookup
+	}
+	if d := c.shape.doc; d >= 0 {
+		key := [2]int{a, d}
+		if b.docs[key] {
+			seen = max(seen, c.docEnd)
+		}
+		if b.docs == nil {
+			b.docs = map[[2]int]bool{}
+		}
+		b.docs[key] = true
 	}
 	b.current = min(lookup, seen) * emulator.BlockSize
 	b.seen[a] = true

@@ -43,7 +43,20 @@ func TestOracleBounds(t *testing.T) {
 			// caches as they are: a policy that leaves a cache for a later
 			// turn can pass it by a hair (sticky and ring hash did by 0.05
 			// points under the conversation cap), never by more.
+			//
+			// Not so against the peers' content-reading routers on the
+			// field's mix: they send a new conversation where its system
+			// prompt was sent, where the oracle ranks a cached system prompt
+			// after the load (see oracleRouter), and under the conversation
+			// cap a system prompt no kept conversation holds is freed. On 8
+			// instances GIE's scorer hit 44.2% and SGLang's 41.5% against the
+			// oracle's 41.2% (16 instances: 45.2%, 43.9%, 43.3%). The oracle
+			// stays their bound where a whole shared prefix is the prize
+			// (TestSharedDocumentsRegime).
 			for p, h := range hit {
+				if p == GIEPrefix || p == SGLangCacheAware {
+					continue
+				}
 				if h > hit[Oracle]+0.002 {
 					t.Errorf("%s: hit rate %.4f above the oracle's %.4f by more than 0.2 points", p, h, hit[Oracle])
 				}

@@ -45,9 +45,10 @@ const (
 )
 
 // Policies lists the policies of a run without a configuration, in the
-// order of the bench's quality table, then the oracle.
+// order of the bench's quality table, then the peers' content-reading
+// routers, then the oracle.
 func Policies() []Policy {
-	return []Policy{RoundRobin, LeastRequest, RingHash, Random, Sticky, Adaptive, Oracle}
+	return []Policy{RoundRobin, LeastRequest, RingHash, Random, Sticky, Adaptive, GIEPrefix, SGLangCacheAware, Oracle}
 }
 
 // ConfigPolicies lists the policies of a run with a configuration: Envoy's
@@ -89,6 +90,10 @@ func (p Policy) Label() string {
 		return "Envoy round robin"
 	case LeastRequest:
 		return "Envoy least request"
+	case GIEPrefix:
+		return "GIE prefix scorer"
+	case SGLangCacheAware:
+		return "SGLang cache_aware"
 	case Oracle:
 		return "oracle (longest cached prefix)"
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/lab/loadgen"
+	"github.com/tetherproxy/tether/lab/workload"
 )
 
 // RegimeFigures are the figures a Scenario's changes call for. Counts of
@@ -171,6 +172,27 @@ const (
 	regimeDuration = 40 * time.Minute
 )
 
+// SharedDocumentsKVTokens is each instance's KV cache in the
+// shared-documents regime: 12,288 tokens, two documents of the mean
+// length (6,000 tokens) at most. The 200 documents hold about 1.2 M
+// tokens, so 64 instances keep at most two thirds of them (786 k tokens)
+// even were no document cached twice and nothing else cached.
+const SharedDocumentsKVTokens = 12288
+
+// sharedDocuments is the shared-documents regime's traffic on the
+// caller's seed and applications: KindDocs conversations only
+// (workload.DefaultDocs: 200 documents of 4,000–8,000 tokens, Zipf s = 1,
+// 2–4 questions of 20–100 tokens), half the callers anonymous (the rest
+// 30% session id, 10% bearer token, 10% device and user), in caches of
+// SharedDocumentsKVTokens (the conversation cap the caller's).
+func sharedDocuments(o Options) Options {
+	o.Workload.Mix = workload.Mix{Docs: 1}
+	o.Workload.Identities = workload.IdentityMix{Session: 0.3, Token: 0.1, Device: 0.1, Anonymous: 0.5}
+	o.Workload.Docs = workload.Docs{}
+	o.Cache.CapacityTokens = SharedDocumentsKVTokens
+	return o
+}
+
 // KVPressureTarget is the kv-pressure regime's active conversations over
 // the fleet's KV capacity in conversations.
 const KVPressureTarget = 1.5
@@ -233,6 +255,8 @@ func Regimes() []Regime {
 				o.Scenario.Outage = Outage{At: 15 * time.Minute, For: time.Minute}
 				return o, nil
 			}},
+		{"shared-documents", fmt.Sprintf("questions about %d long shared documents (%d–%d tokens, Zipf s = %g), half the callers anonymous, each KV cache %d tokens: the fleet's caches hold a fraction of the documents", workload.DefaultDocs().Count, workload.DefaultDocs().Tokens.Min, workload.DefaultDocs().Tokens.Max, workload.DefaultDocs().Skew, SharedDocumentsKVTokens),
+			func(o Options) (Options, error) { return sharedDocuments(steady(o)), nil }},
 		{"day", "a day in the life: one hour after the warmup with the autoscaler, an upgrade from minute 25, a failure every ten minutes and a burst at minute 50",
 			func(o Options) (Options, error) {
 				o.Duration = regimeWarmup + time.Hour

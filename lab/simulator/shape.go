@@ -35,6 +35,10 @@ type shape struct {
 	app      int // index in the configuration's Apps
 	identity workload.Identity
 	turns    []turnShape
+	// doc is the shared document a KindDocs conversation opens with (its
+	// first user message: the document, then the tag and the question),
+	// -1 for the other kinds.
+	doc int
 }
 
 // turnShape is one request of a shape.
@@ -52,11 +56,17 @@ type shapes struct {
 	weights  []float64
 	total    float64
 	longInst int // words of the long-text instruction
+	// The shared documents (when the mix draws them): popularity weights
+	// and their sum, and each one's length in tokens.
+	docWeights []float64
+	docTotal   float64
+	docTokens  []int
 }
 
 // Mirrors of lab/workload's unexported constants (see shape).
 const (
 	wlStreamConversations = 0x636f6e7665727361 // "conversa"
+	wlStreamDocs          = 0x646f63756d656e74 // "document"
 	wlLongInstruction     = "Summarise the following document in a few paragraphs, then list its key figures:"
 )
 
@@ -72,6 +82,15 @@ func newShapes(cfg workload.Config) *shapes {
 		s.weights = append(s.weights, a.Weight)
 		s.total += a.Weight
 	}
+	if cfg.Mix.Docs > 0 {
+		s.mix = append(s.mix, cfg.Mix.Docs)
+		s.docWeights, s.docTotal = workload.DocWeights(cfg.Docs)
+		for k := range cfg.Docs.Count {
+			// A document's length is the first draw of its own stream.
+			rng := rand.New(rand.NewPCG(wlSplitmix(cfg.Seed^wlStreamDocs), wlSplitmix(uint64(k))))
+			s.docTokens = append(s.docTokens, wlDraw(rng, cfg.Docs.Tokens))
+		}
+	}
 	return s
 }
 
@@ -80,7 +99,7 @@ func (s *shapes) at(n uint64) shape {
 	cfg := &s.cfg
 	src := rand.NewPCG(wlSplitmix(cfg.Seed), wlSplitmix(n^wlStreamConversations))
 	rng := rand.New(src)
-	sh := shape{index: n}
+	sh := shape{index: n, doc: -1}
 	sh.kind = workload.Kinds()[wlPick(rng.Float64(), s.mix)]
 	sh.app = wlPick(rng.Float64()*s.total, s.weights)
 	sh.identity = wlIdentity(rng, workload.IdentityKinds()[wlPick(rng.Float64(), s.ids)])
@@ -114,6 +133,21 @@ func (s *shapes) at(n uint64) shape {
 				t.think = wlThink(rng, cfg.ThinkTime)
 			}
 			t.maxTokens = wlDraw(rng, cfg.MultiTurnOutput)
+		}
+	case workload.KindDocs:
+		sh.doc = wlPick(rng.Float64()*s.docTotal, s.docWeights)
+		sh.turns = make([]turnShape, wlDraw(rng, cfg.Docs.Turns))
+		for i := range sh.turns {
+			t := &sh.turns[i]
+			q := wlDraw(rng, cfg.Docs.QuestionTokens)
+			user(i == 0, 0, q)
+			t.userTokens = q
+			if i == 0 {
+				t.userTokens += s.docTokens[sh.doc]
+			} else {
+				t.think = wlThink(rng, cfg.ThinkTime)
+			}
+			t.maxTokens = wlDraw(rng, cfg.Docs.Output)
 		}
 	}
 	return sh

@@ -44,6 +44,10 @@ func TestShapesMatchWorkload(t *testing.T) {
 			LongTokens: workload.Range{Min: 1, Max: 20}, SingleTokens: workload.Range{Min: 1, Max: 3},
 			TurnTokens: workload.Range{Min: 1, Max: 5}, Turns: workload.Range{Min: 2, Max: 30},
 		}, 2000},
+		{"docs", workload.Config{
+			Seed: 5, Mix: workload.Mix{MultiTurn: 0.3, Single: 0.2, Docs: 0.5},
+			Docs: workload.Docs{Count: 30, Tokens: workload.Range{Min: 20, Max: 300}, Skew: 0.8},
+		}, 1000},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -55,7 +59,7 @@ func TestShapesMatchWorkload(t *testing.T) {
 			apps := g.Config().Apps
 			for n := range uint64(tt.n) {
 				c := g.At(n)
-				want := shape{index: n, kind: c.Kind, identity: c.Identity}
+				want := shape{index: n, kind: c.Kind, identity: c.Identity, doc: c.Document}
 				for i, a := range apps {
 					if a.Name == c.App {
 						want.app = i

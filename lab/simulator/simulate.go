@@ -168,6 +168,11 @@ type conversation struct {
 	sessionKey uint64
 	// salt identifies the conversation's own KV blocks (blockModel).
 	salt uint64
+	// The prompt's block chain (chain.go): the system prompt's full
+	// blocks, the end of the shared document's (sysBlocks without one),
+	// and the hashes so far.
+	sysBlocks, docEnd int
+	hashes            []uint64
 	// request and ringHash/hashed are the routers' view of the headers.
 	request  affinity.Request
 	ringHash uint64
@@ -403,7 +408,17 @@ func (r *runner) buildFleet() error {
 			}
 			in.model = &textModel{name: in.Name, gpu: gpu, cfg: emulator.GPUConfig{Profile: o.Profile, TimeScale: o.TimeScale, Cache: o.Cache}}
 		} else {
-			in.model = &blockModel{profile: o.Profile, timeScale: o.TimeScale, cacheConfig: o.Cache, cache: newRunCache(o.Cache, system), system: system}
+			m := &blockModel{profile: o.Profile, timeScale: o.TimeScale, cacheConfig: o.Cache, system: system}
+			if o.Workload.Mix.Docs > 0 {
+				kv, err := emulator.NewKVCache(o.Cache)
+				if err != nil {
+					return fmt.Errorf("simulate: %w", err)
+				}
+				m.docs = &chainCache{kv: kv}
+			} else {
+				m.cache = newRunCache(o.Cache, system)
+			}
+			in.model = m
 		}
 		r.instances = append(r.instances, in)
 	}
@@ -446,6 +461,10 @@ func (r *runner) buildRouter() error {
 		r.router = &leastRequestRouter{instances: r.instances, rng: rng}
 	case Oracle:
 		r.router = newOracleRouter(r.instances, r.bound.system, func() int64 { return r.now }, rng)
+	case GIEPrefix:
+		r.router = newGIERouter(r.instances, o.Cache.CapacityTokens, func() int64 { return r.now }, rng)
+	case SGLangCacheAware:
+		r.router = newSGLangRouter(r.instances, func() int64 { return r.now }, rng)
 	default:
 		return fmt.Errorf("simulate: unknown policy %q", o.Policy)
 	}
@@ -672,6 +691,10 @@ func (r *runner) arrive(ctx context.Context, burst bool) error {
 	_, c.identified = envoyHash(c.headers)
 	c.salt = wlSplitmix(r.salt + n)
 	c.history = r.apps[c.shape.app].SystemTokens
+	c.sysBlocks, c.docEnd = r.bound.system[c.shape.app], r.bound.system[c.shape.app]
+	if d := c.shape.doc; d >= 0 {
+		c.docEnd = (c.history + r.shapes.docTokens[d]) / emulator.BlockSize
+	}
 	c.calls = make([]call, r.opts.Scenario.fanOut())
 	for j := range c.calls {
 		c.calls[j] = call{conv: c, sub: j}
@@ -688,7 +711,7 @@ const burstIndexBase = 1 << 40
 
 // shapeOf is the shape of a generated conversation (exact path).
 func shapeOf(c workload.Conversation, apps []workload.App) shape {
-	s := shape{index: c.Index, kind: c.Kind, identity: c.Identity}
+	s := shape{index: c.Index, kind: c.Kind, identity: c.Identity, doc: c.Document}
 	for i, a := range apps {
 		if a.Name == c.App {
 			s.app = i

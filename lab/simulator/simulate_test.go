@@ -106,6 +106,35 @@ func TestFastMatchesText(t *testing.T) {
 			t.Errorf("no capacity evictions: the case is not exercised")
 		}
 	})
+	// Shared documents: the fast path keys blocks by the chain
+	// (chain.go) through emulator.KVCache; the exact path hashes the text.
+	for _, p := range []Policy{Sticky, RoundRobin, Oracle} {
+		t.Run("documents "+string(p), func(t *testing.T) {
+			o := docsOptions(p)
+			fast := run(t, o)
+			o.Exact = true
+			if diff := cmp.Diff(run(t, o), fast, ignoreRunFields); diff != "" {
+				t.Errorf("fast path differs from emulator.GPU on the text (-exact +fast):\n%s", diff)
+			}
+			if fast.Summary.ByKind[workload.KindDocs].OK < 100 || fast.Summary.CachedTokens == 0 {
+				t.Errorf("too little traffic to compare: %+v", fast.Summary.ByKind[workload.KindDocs])
+			}
+		})
+	}
+}
+
+// docsOptions is a small run of shared documents beside chats, half the
+// callers anonymous, in small caches (capacity evictions and the cap).
+func docsOptions(p Policy) Options {
+	return Options{
+		Policy: p, Rate: 8, Duration: 40 * time.Second, ThinkScale: 0.2, Seed: 2, Instances: 4,
+		Cache: emulator.CacheConfig{CapacityTokens: 6_000, MaxConversations: 6},
+		Workload: workload.Config{
+			Seed: 2, Mix: workload.Mix{MultiTurn: 0.2, Single: 0.2, Docs: 0.6},
+			Identities: workload.IdentityMix{Session: 0.3, Token: 0.1, Device: 0.1, Anonymous: 0.5},
+			Docs:       workload.Docs{Count: 12, Tokens: workload.Range{Min: 300, Max: 1500}},
+		},
+	}
 }
 
 func TestStickyContinuity(t *testing.T) {

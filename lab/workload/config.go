@@ -24,10 +24,15 @@ const (
 	KindMultiTurn Kind = "multiturn"
 	// KindSingle is one short query.
 	KindSingle Kind = "single"
+	// KindDocs is a few short questions about one of a set of long
+	// documents shared by many callers (Config.Docs): the first user
+	// message carries the document, then the question. Conversations on
+	// the same document (and application) share its KV blocks.
+	KindDocs Kind = "docs"
 )
 
 // Kinds lists the kinds in the order of Mix's fields.
-func Kinds() []Kind { return []Kind{KindLong, KindMultiTurn, KindSingle} }
+func Kinds() []Kind { return []Kind{KindLong, KindMultiTurn, KindSingle, KindDocs} }
 
 // IdentityKind says which identifiers a conversation's requests carry.
 type IdentityKind string
@@ -69,6 +74,8 @@ const (
 	MaxThinkTime = time.Hour
 	// MaxApps bounds the number of applications.
 	MaxApps = 64
+	// MaxDocs bounds the number of shared documents (Docs.Count).
+	MaxDocs = 100000
 	// MinSystemTokens is the shortest system prompt: the preamble that names
 	// the application plus a few words.
 	MinSystemTokens = 16
@@ -122,6 +129,41 @@ type Config struct {
 	LongOutput      Range
 	MultiTurnOutput Range
 	SingleOutput    Range
+
+	// Docs shapes the KindDocs conversations (only drawn when Mix.Docs is
+	// above zero). Zero fields: DefaultDocs's.
+	Docs Docs
+}
+
+// Docs are the shared documents of KindDocs conversations and the
+// questions asked about them.
+type Docs struct {
+	// Count is the number of documents; each is drawn from the seed and
+	// its index alone, so every conversation on it carries the same text.
+	Count int `json:"count"`
+	// Tokens is the length of a document, drawn once per document.
+	Tokens Range `json:"tokens"`
+	// Skew is the exponent s of the documents' popularity: document k
+	// (from 0) is picked with a weight 1/(k+1)^s (Zipf). 0 would mean
+	// uniform, so the zero value means DefaultDocs's; set a tiny value
+	// for nearly uniform.
+	Skew float64 `json:"skew"`
+	// Turns is the number of questions of a conversation (at least 1).
+	Turns Range `json:"turns"`
+	// QuestionTokens is the length of each question.
+	QuestionTokens Range `json:"question_tokens"`
+	// Output is the answer length of each question (max_tokens).
+	Output Range `json:"output"`
+}
+
+// DefaultDocs are 200 documents of 4,000 to 8,000 tokens, Zipf-popular
+// (s = 1: the ten most read take half the conversations), each read by
+// conversations of 2 to 4 questions of 20 to 100 tokens.
+func DefaultDocs() Docs {
+	return Docs{
+		Count: 200, Tokens: Range{4000, 8000}, Skew: 1,
+		Turns: Range{2, 4}, QuestionTokens: Range{20, 100}, Output: Range{50, 200},
+	}
 }
 
 // Mix gives the share of each kind of conversation; the shares are in
@@ -130,6 +172,9 @@ type Mix struct {
 	Long      float64 `json:"long"`
 	MultiTurn float64 `json:"multiturn"`
 	Single    float64 `json:"single"`
+	// Docs is the share of KindDocs conversations (none in the field's
+	// mix).
+	Docs float64 `json:"docs,omitempty"`
 }
 
 // IdentityMix gives the share of each identity kind; the shares are in
@@ -237,6 +282,21 @@ func (c Config) WithDefaults() Config {
 	if c.ThinkTime == 0 {
 		c.ThinkTime = d.ThinkTime
 	}
+	dd := DefaultDocs()
+	if c.Docs.Count == 0 {
+		c.Docs.Count = dd.Count
+	}
+	if c.Docs.Skew == 0 {
+		c.Docs.Skew = dd.Skew
+	}
+	for _, r := range []struct{ got, def *Range }{
+		{&c.Docs.Tokens, &dd.Tokens}, {&c.Docs.Turns, &dd.Turns},
+		{&c.Docs.QuestionTokens, &dd.QuestionTokens}, {&c.Docs.Output, &dd.Output},
+	} {
+		if *r.got == (Range{}) {
+			*r.got = *r.def
+		}
+	}
 	return c
 }
 
@@ -265,10 +325,20 @@ func (c Config) Validate() error {
 		{"long_output", c.LongOutput, 1, MaxOutputTokens},
 		{"multiturn_output", c.MultiTurnOutput, 1, MaxOutputTokens},
 		{"single_output", c.SingleOutput, 1, MaxOutputTokens},
+		{"docs.tokens", c.Docs.Tokens, 1, MaxMessageTokens},
+		{"docs.turns", c.Docs.Turns, 1, MaxTurns},
+		{"docs.question_tokens", c.Docs.QuestionTokens, 1, MaxMessageTokens},
+		{"docs.output", c.Docs.Output, 1, MaxOutputTokens},
 	} {
 		if err := r.r.check(r.min, r.max); err != nil {
 			return fmt.Errorf("workload: %s %v: %w", r.name, r.r, err)
 		}
+	}
+	if c.Docs.Count < 1 || c.Docs.Count > MaxDocs {
+		return fmt.Errorf("workload: docs.count %d: want 1 to %d", c.Docs.Count, MaxDocs)
+	}
+	if s := c.Docs.Skew; math.IsNaN(s) || math.IsInf(s, 0) || s < 0 || s > 10 {
+		return fmt.Errorf("workload: docs.skew %v: want 0 (the default, %v) up to 10", s, DefaultDocs().Skew)
 	}
 	if c.ThinkTime < 0 || c.ThinkTime > MaxThinkTime {
 		return fmt.Errorf("workload: think_time %v: want 0 (the default, %v) up to %v", c.ThinkTime, DefaultThinkTime, MaxThinkTime)
@@ -391,15 +461,26 @@ func indexOf(names []string, name string) int {
 	return -1
 }
 
-func (Mix) names() []string { return []string{"long", "multiturn", "single"} }
+func (Mix) names() []string { return []string{"long", "multiturn", "single", "docs"} }
 
-func (m Mix) shares() []float64 { return []float64{m.Long, m.MultiTurn, m.Single} }
+func (m Mix) shares() []float64 { return []float64{m.Long, m.MultiTurn, m.Single, m.Docs} }
 
-// String gives the mix in the form ParseMix reads.
-func (m Mix) String() string { return formatShares(m.names(), m.shares()) }
+// String gives the mix in the form ParseMix reads (without docs when it
+// has none, as before the kind existed).
+func (m Mix) String() string {
+	if m.Docs == 0 {
+		return formatShares(m.names()[:3], m.shares()[:3])
+	}
+	return formatShares(m.names(), m.shares())
+}
 
 // Validate checks that every share is in [0, 1] and that they sum to 1.
-func (m Mix) Validate() error { return checkShares("mix", m.names(), m.shares()) }
+func (m Mix) Validate() error {
+	if m.Docs == 0 {
+		return checkShares("mix", m.names()[:3], m.shares()[:3])
+	}
+	return checkShares("mix", m.names(), m.shares())
+}
 
 func (IdentityMix) names() []string { return []string{"session", "token", "device", "anonymous"} }
 
@@ -419,7 +500,7 @@ func ParseMix(s string) (Mix, error) {
 	if err != nil {
 		return Mix{}, err
 	}
-	return Mix{Long: v[0], MultiTurn: v[1], Single: v[2]}, nil
+	return Mix{Long: v[0], MultiTurn: v[1], Single: v[2], Docs: v[3]}, nil
 }
 
 // ParseIdentityMix parses "session=0.55,token=0.2,device=0.15,anonymous=0.1"

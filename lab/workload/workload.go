@@ -43,6 +43,7 @@ package workload
 import (
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -67,6 +68,10 @@ type Conversation struct {
 	Identity Identity
 	// Turns are the requests, in order: one for KindLong and KindSingle.
 	Turns []Turn
+	// Document is the index of the shared document a KindDocs
+	// conversation's first user message carries (before its tag and
+	// question), -1 for the other kinds.
+	Document int
 }
 
 // Identity is who a conversation's requests say they come from.
@@ -131,7 +136,13 @@ type Generator struct {
 	cfg     Config
 	systems []string // system prompt of each app
 	weights []float64
-	next    uint64
+	// The shared documents (only when Mix.Docs > 0): their texts, token
+	// counts and popularity weights.
+	docs       []string
+	docTokens  []int
+	docWeights []float64
+	docTotal   float64
+	next       uint64
 }
 
 // New validates cfg, fills in its defaults and returns its generator.
@@ -145,7 +156,46 @@ func New(cfg Config) (*Generator, error) {
 		g.systems[i] = systemPrompt(cfg.Seed, a)
 		g.weights[i] = a.Weight
 	}
+	if cfg.Mix.Docs > 0 {
+		d := cfg.Docs
+		g.docWeights, g.docTotal = DocWeights(d)
+		for k := range d.Count {
+			text, n := document(cfg.Seed, k, d.Tokens)
+			g.docs = append(g.docs, text)
+			g.docTokens = append(g.docTokens, n)
+		}
+	}
 	return g, nil
+}
+
+// DocWeights returns the popularity weights of the documents, 1/(k+1)^s,
+// and their sum (added in index order).
+func DocWeights(d Docs) ([]float64, float64) {
+	w := make([]float64, d.Count)
+	total := 0.0
+	for k := range w {
+		w[k] = 1 / math.Pow(float64(k+1), d.Skew)
+		total += w[k]
+	}
+	return w, total
+}
+
+// Document returns shared document k's text and length in tokens; false
+// when the configuration draws no documents (Mix.Docs is zero) or k is
+// out of range.
+func (g *Generator) Document(k int) (string, int, bool) {
+	if k < 0 || k >= len(g.docs) {
+		return "", 0, false
+	}
+	return g.docs[k], g.docTokens[k], true
+}
+
+// document draws shared document k of a seed: its length, then its
+// words, from a stream of its own.
+func document(seed uint64, k int, tokens Range) (string, int) {
+	rng := rand.New(rand.NewPCG(splitmix(seed^streamDocs), splitmix(uint64(k))))
+	n := draw(rng, tokens)
+	return userText(rng, "", "", n), n
 }
 
 // Config returns the configuration with its defaults filled in.
@@ -171,8 +221,8 @@ func (g *Generator) SystemPrompt(app string) (string, bool) {
 // multi-turn ones. A replay divides a request rate by it to get the rate
 // of new conversations.
 func (g *Generator) MeanRequestsPerConversation() float64 {
-	m, t := g.cfg.Mix, g.cfg.Turns
-	return m.Long + m.Single + m.MultiTurn*float64(t.Min+t.Max)/2
+	m, t, d := g.cfg.Mix, g.cfg.Turns, g.cfg.Docs.Turns
+	return m.Long + m.Single + m.MultiTurn*float64(t.Min+t.Max)/2 + m.Docs*float64(d.Min+d.Max)/2
 }
 
 // Next returns the next conversation of the stream: At(0), At(1), ...
@@ -188,9 +238,10 @@ func (g *Generator) At(n uint64) Conversation {
 	cfg := &g.cfg
 	rng := rand.New(rand.NewPCG(splitmix(cfg.Seed), splitmix(n^streamConversations)))
 	c := Conversation{
-		ID:    fmt.Sprintf("s%d-c%d", cfg.Seed, n),
-		Index: n,
-		Kind:  Kinds()[pick(rng.Float64(), cfg.Mix.shares())],
+		ID:       fmt.Sprintf("s%d-c%d", cfg.Seed, n),
+		Index:    n,
+		Kind:     Kinds()[pick(rng.Float64(), cfg.Mix.shares())],
+		Document: -1,
 	}
 	app := pick(rng.Float64()*sum(g.weights), g.weights)
 	c.App, c.System, c.SystemTokens = cfg.Apps[app].Name, g.systems[app], cfg.Apps[app].SystemTokens
@@ -217,6 +268,26 @@ func (g *Generator) At(n uint64) Conversation {
 			}
 			t.MaxTokens = draw(rng, cfg.MultiTurnOutput)
 		}
+	case KindDocs:
+		// The document first (shared text, so shared KV blocks), then the
+		// tag and the question: the conversation's own blocks start
+		// after the document.
+		d := pick(rng.Float64()*g.docTotal, g.docWeights)
+		c.Document = d
+		c.Turns = make([]Turn, draw(rng, cfg.Docs.Turns))
+		for i := range c.Turns {
+			t := &c.Turns[i]
+			q := draw(rng, cfg.Docs.QuestionTokens)
+			if i == 0 {
+				t.User = g.docs[d] + "\n" + userText(rng, tag, "", q)
+				t.UserTokens = g.docTokens[d] + q
+			} else {
+				t.User = userText(rng, "", "", q)
+				t.UserTokens = q
+				t.Think = think(rng, cfg.ThinkTime)
+			}
+			t.MaxTokens = draw(rng, cfg.Docs.Output)
+		}
 	}
 	return c
 }
@@ -225,6 +296,7 @@ func (g *Generator) At(n uint64) Conversation {
 const (
 	streamConversations = 0x636f6e7665727361 // "conversa"
 	streamApps          = 0x6170706c69636174 // "applicat"
+	streamDocs          = 0x646f63756d656e74 // "document"
 )
 
 // longInstruction opens the user message of a long-text request.

@@ -451,3 +451,49 @@ func TestParseMix(t *testing.T) {
 		t.Errorf("ParseIdentityMix with an unknown name: %v", err)
 	}
 }
+
+// TestDocsShareTheDocument checks KindDocs conversations: on the same
+// document they share the system prompt's and the document's full blocks
+// and nothing after them; on different documents only the system prompt's.
+func TestDocsShareTheDocument(t *testing.T) {
+	apps := []App{{Name: "only", SystemTokens: 100}}
+	docs := Docs{Count: 5, Tokens: Range{50, 90}, Skew: 1, Turns: Range{1, 3}, QuestionTokens: Range{3, 9}, Output: Range{5, 10}}
+	g, err := New(Config{Seed: 4, Apps: apps, Mix: Mix{Docs: 1}, Docs: docs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type owner struct {
+		id  string
+		doc int
+	}
+	seen := map[emulator.BlockHash]owner{}
+	counts := make([]int, docs.Count)
+	for n := range uint64(300) {
+		c := g.At(n)
+		if c.Kind != KindDocs || c.Document < 0 || c.Document >= docs.Count {
+			t.Fatalf("%s: kind %s, document %d", c.ID, c.Kind, c.Document)
+		}
+		counts[c.Document]++
+		text, tokens, ok := g.Document(c.Document)
+		if !ok || !strings.HasPrefix(c.Turns[0].User, text+"\n["+c.ID+"]") {
+			t.Fatalf("%s: first message does not open with document %d then the tag", c.ID, c.Document)
+		}
+		if got := emulator.CountTokens(c.Turns[0].User); got != c.Turns[0].UserTokens || got <= tokens {
+			t.Fatalf("%s: first message has %d tokens, says %d, document %d", c.ID, got, c.Turns[0].UserTokens, tokens)
+		}
+		msgs, err := c.Messages(0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sys, shared := 100/emulator.BlockSize, (100+tokens)/emulator.BlockSize
+		for i, b := range blocks(msgs, "") {
+			if o, ok := seen[b]; ok && i >= sys && (i >= shared || o.doc != c.Document) {
+				t.Fatalf("%s (document %d) and %s (document %d) share block %d", c.ID, c.Document, o.id, o.doc, i)
+			}
+			seen[b] = owner{c.ID, c.Document}
+		}
+	}
+	if counts[0] <= counts[docs.Count-1] {
+		t.Errorf("document popularity %v: want the first more read than the last (Zipf)", counts)
+	}
+}

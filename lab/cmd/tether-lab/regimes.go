@@ -105,7 +105,7 @@ var (
 // regimeColumns are the columns a regime's table adds to the common ones.
 func regimeColumns(name string) []regimeColumn {
 	switch name {
-	case "steady", "kv-pressure":
+	case "steady", "kv-pressure", "shared-documents":
 		return []regimeColumn{colQueued, colContinuity, colLost}
 	case "autoscale":
 		return []regimeColumn{colMoved, colDisplaced, colLost}

@@ -302,6 +302,13 @@ func (o Options) generatedConfig() config.Config {
 		c.Routing.Mode = config.ModeRandom
 	case Adaptive:
 		c.Routing.AdaptiveSticky = 1
+	case CacheAware:
+		// The product's [content] defaults, in the simulator's blocks: one
+		// index block is one emulator block (16 tokens, 64 bytes at four
+		// characters a token), every cache the emulator's capacity.
+		c.Content.Enabled = true
+		c.Content.BlockBytes = emulator.BlockSize * config.CharsPerToken
+		c.Content.CacheTokens = o.Cache.CapacityTokens
 	}
 	if o.Scenario.Upgrade != (Upgrade{}) {
 		// Sessions keep their model: a conversation does not change
@@ -332,7 +339,7 @@ func (o Options) generatedConfig() config.Config {
 // engineOf is the engine the generated instances name: vLLM for the
 // policies that read its metrics (adaptive, GIE's scorers), none otherwise.
 func engineOf(p Policy) string {
-	if p == Adaptive || p == GIEPrefix {
+	if p == Adaptive || p == GIEPrefix || p == CacheAware {
 		return "vllm"
 	}
 	return ""

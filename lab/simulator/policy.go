@@ -14,6 +14,7 @@ import (
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/plan"
+	"github.com/tetherproxy/tether/prefix"
 	"github.com/tetherproxy/tether/replicas"
 	"github.com/tetherproxy/tether/ringhash"
 	"github.com/tetherproxy/tether/store/memory"
@@ -33,6 +34,13 @@ const (
 	// use), with the instances' readings taken as tether's poller takes
 	// them from vLLM's /metrics (engines.scrape_interval, 1 s).
 	Adaptive Policy = "adaptive"
+	// CacheAware is tether's sticky mode with cache-aware placement
+	// ([content] on): a new session, an anonymous request, or a session
+	// idle past its instance's cache horizon is placed by what the
+	// instances' caches hold of its prompt (affinity.Decider.Refine over
+	// prefix.Index, the production code), with vLLM's readings every
+	// second as tether's poller takes them.
+	CacheAware Policy = "cache-aware"
 	// Tether is the policy of Options.Config, as `tether serve` runs it:
 	// its rules, versions, bounded load, saturation thresholds,
 	// lifetimes and fallback.
@@ -48,7 +56,7 @@ const (
 // order of the bench's quality table, then the peers' content-reading
 // routers, then the oracle.
 func Policies() []Policy {
-	return []Policy{RoundRobin, LeastRequest, RingHash, Random, Sticky, Adaptive, GIEPrefix, SGLangCacheAware, Oracle}
+	return []Policy{RoundRobin, LeastRequest, RingHash, Random, Sticky, Adaptive, CacheAware, GIEPrefix, SGLangCacheAware, Oracle}
 }
 
 // ConfigPolicies lists the policies of a run with a configuration: Envoy's
@@ -82,6 +90,8 @@ func (p Policy) Label() string {
 		return "tether random"
 	case Adaptive:
 		return "tether adaptive"
+	case CacheAware:
+		return "tether cache-aware"
 	case Tether:
 		return "tether (config)"
 	case RingHash:
@@ -183,6 +193,9 @@ type tetherRouter struct {
 	pool      *ringhash.Ring
 	poolIndex []int
 	rng       *rand.Rand
+	// prompts is the prefix index the decider places open decisions by
+	// (Refine, with the prompt's chain); nil without [content].
+	prompts *prefix.Index
 	// trace, when set (tests), sees every call on the decider; decided
 	// numbers the decisions for it.
 	trace   func(deciderCall)
@@ -229,8 +242,16 @@ func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRo
 	// syncEvery of virtual time), over the configured instances.
 	all := p.Instances
 	t.sync = &replicas.LoadSync{Replica: "simulate", View: load, Store: store, Instances: func() []fleet.Instance { return all }}
+	var contents affinity.Contents
+	if p.Content.Enabled {
+		// One index block is one emulator block (16 tokens): the plan's
+		// block size is 64 bytes at plan's 4 characters a token.
+		t.prompts = prefix.NewIndex(p.Content.CacheBlocks)
+		contents = t.prompts
+	}
 	d := plan.NewDecider(p, fl, plan.Deps{
-		Store: store,
+		Contents: contents,
+		Store:    store,
 		// The load view reads active sessions from the store as tether's
 		// does, so bounded-load placement sees sessions expire.
 		Load:    load,
@@ -323,6 +344,10 @@ func (t *tetherRouter) route(ctx context.Context, k *call) (int, affinity.Kind, 
 	}
 	if err != nil {
 		return 0, "", fmt.Errorf("simulate: decide: %w", err)
+	}
+	if d.Content {
+		// What tether does with the body Envoy then sends.
+		d = t.decider.Refine(ctx, d, c.chain())
 	}
 	k.decision, k.decided = d, t.decided
 	if t.trace != nil {

@@ -249,8 +249,13 @@ type instance struct {
 	epoch      int
 	deaths     int
 	// flights are the requests it holds, for its engine's readings (kept
-	// only for instances with an engine).
-	flights []flight
+	// only for instances with an engine); queried and hits add up the
+	// prompt tokens it looked up in its prefix cache and found there
+	// (vLLM's prefix_cache_queries and prefix_cache_hits), and last is
+	// its previous reading, for the rates tether's tracker takes.
+	flights       []flight
+	queried, hits float64
+	last          *fleet.EngineReading
 	// base is its model's figures when the warmup ended.
 	base emulator.ModelStats
 }
@@ -287,7 +292,14 @@ func (in *instance) reading(now time.Time) fleet.EngineReading {
 	in.flights = live
 	if capacity := in.model.stats().Cache.CapacityTokens; capacity > 0 {
 		r.KVUsage = min(held/float64(capacity), 1)
+		r.CacheTokens = capacity // vllm:cache_config_info
 	}
+	r.PrefixQueries, r.PrefixHits, r.PrefixKnown = in.queried, in.hits, true
+	if p := in.last; p != nil && now.After(p.At) && r.PrefixQueries >= p.PrefixQueries {
+		dt := now.Sub(p.At).Seconds()
+		r.QueryRate, r.HitRate, r.RatesKnown = (r.PrefixQueries-p.PrefixQueries)/dt, (r.PrefixHits-p.PrefixHits)/dt, true
+	}
+	in.last = &r
 	return r
 }
 
@@ -446,7 +458,7 @@ func (r *runner) buildRouter() error {
 	o := r.opts
 	rng := rand.New(rand.NewPCG(o.Seed, 0x726f75746572)) // "router"
 	switch o.Policy {
-	case Sticky, Random, Adaptive, Tether:
+	case Sticky, Random, Adaptive, CacheAware, Tether:
 		r.decisions = map[string]int{}
 		t, err := newTetherRouter(r.plan, func() int64 { return r.now }, rng)
 		if err != nil {
@@ -788,6 +800,8 @@ func (r *runner) sendCall(ctx context.Context, k *call) (bool, error) {
 	prompt := c.history + t.userTokens
 	if in.Engine != "" {
 		in.flights = append(in.flights, flight{start: r.now + int64(cost.Queued), end: finish, prompt: prompt, complete: t.maxTokens})
+		in.queried += float64(prompt)
+		in.hits += float64(min(max(cost.CachedTokens, 0), prompt))
 	}
 	if finish > r.deadline {
 		r.cancelled++

@@ -16,7 +16,7 @@ type PrefixView interface {
 // instance, what this replica has indexed as sent there, its bound, its
 // evictions and the cache horizon they measure.
 type Prefix struct {
-	view                                  PrefixView
+	view                                 PrefixView
 	blocks, capacity, evictions, horizon *prometheus.Desc
 }
 

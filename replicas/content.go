@@ -290,35 +290,6 @@ type ContentRecord struct {
 	Chain    []uint64
 }
 
-// ContentBatch is one message: the records of Replica.
-type ContentBatch struct {
-	Replica string
-	Records []ContentRecord
-}
-
-// EncodeContent appends b's message to dst.
-func EncodeContent(dst []byte, b ContentBatch) []byte {
-	dst = appendContentHeader(dst, b.Replica)
-	for _, r := range b.Records {
-		dst = appendContentRecord(dst, r.Instance, r.At, r.Chain)
-	}
-	return dst
-}
-
-// DecodeContent reads one message. A message that does not decode whole
-// gives an error and no records: nothing of a corrupt message is applied.
-func DecodeContent(msg []byte) (ContentBatch, error) {
-	replica, rest, err := decodeContentHeader(msg)
-	if err != nil {
-		return ContentBatch{}, err
-	}
-	recs, err := decodeContentRecords(rest)
-	if err != nil {
-		return ContentBatch{}, err
-	}
-	return ContentBatch{Replica: replica, Records: recs}, nil
-}
-
 func contentHeaderSize(replica string) int {
 	return 1 + uvarintLen(uint64(len(replica))) + len(replica)
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tetherproxy/tether/internal/testenv"
 )
@@ -177,4 +178,106 @@ func gzipped(t *testing.T, b []byte) []byte {
 		t.Fatal(err)
 	}
 	return out.Bytes()
+}
+
+// TestContentSharedByReplicas: two tether replicas behind one Envoy, one
+// Redis, [content] on. Anonymous callers open with a long document, and
+// their follow-ups land on whichever replica Envoy picks: every one goes
+// to the instance the first turn went to, because the replica that placed
+// it shared the prompt's blocks (replicas.ContentShare, <prefix>content)
+// and the other indexed them. Sessions opening with one of the documents
+// are bound there by either replica and are hits on the other.
+func TestContentSharedByReplicas(t *testing.T) {
+	rds := testenv.RedisServer(t)
+	inst := startFleet(t, 6)
+	cfg := baseConfig(rds.URL(), inst)
+	cfg.Content.Enabled = true
+	cfg.Content.MaxBodyBytes = 64 << 10
+	// What is tested is what each replica knows of the caches, not the
+	// load gate: back-to-back follow-ups on one instance reach its slack
+	// (2) before their finishes (and the other replica's, a load sync
+	// later) are counted, and would then be placed by identity.
+	cfg.Content.Slack = 1000
+	a, b := startTether(t, cfg), startTether(t, cfg)
+	px := startEnvoy(t, cfg, a.extproc, b.extproc)
+	applied := func() float64 {
+		return a.metric(t, "tether_content_share_records_total", `result="applied"`) +
+			b.metric(t, "tether_content_share_records_total", `result="applied"`)
+	}
+	placed := func(p *tether) float64 {
+		return p.metric(t, "tether_content_decisions_total", `result="placed"`)
+	}
+	// waitApplied waits until the replicas together applied n records of
+	// each other's: a record is shared about 20 ms after its decision.
+	waitApplied := func(n float64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for applied() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("the replicas applied %v of each other's records, want %v", applied(), n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	const docs, follows = 8, 6
+	homes := map[int]string{}
+	recorded := 0.0
+	for d := range docs {
+		doc := document(100+d, 1500) // about 12 KB
+		first := post(t, px, chatBody(doc, "summarise"))
+		if first.status != 200 || first.decision != "anonymous" {
+			t.Fatalf("document %d, first turn: %+v", d, first)
+		}
+		homes[d] = first.instance
+		recorded++
+		waitApplied(recorded)
+		for i := range follows {
+			f := post(t, px, chatBody(doc, "summarise", "a summary", fmt.Sprintf("and point %d?", i)))
+			if f.status != 200 || f.instance != homes[d] {
+				for n, p := range map[string]*tether{"A": a, "B": b} {
+					t.Logf("replica %s: placed %v identity %v; share published %v applied %v; index blocks on %s: %v, capacity %v", n,
+						placed(p), p.metric(t, "tether_content_decisions_total", `result="identity"`),
+						p.metric(t, "tether_content_share_records_total", `result="published"`),
+						p.metric(t, "tether_content_share_records_total", `result="applied"`), homes[d],
+						p.metric(t, "tether_prefix_index_blocks", fmt.Sprintf("upstream=%q", homes[d])),
+						p.metric(t, "tether_prefix_index_capacity_blocks", fmt.Sprintf("upstream=%q", homes[d])))
+				}
+				t.Fatalf("document %d, follow-up %d: %+v, its first turn went to %s", d, i, f, homes[d])
+			}
+			recorded++
+			waitApplied(recorded)
+		}
+	}
+	// Both replicas placed follow-ups by content: each used what the other
+	// shared, not only its own records.
+	pa, pb := placed(a), placed(b)
+	if pa == 0 || pb == 0 || pa+pb < docs*follows {
+		t.Errorf("placed by content: replica A %v, B %v; want both > 0, %d in all", pa, pb, docs*follows)
+	}
+	t.Logf("%d documents, %d follow-ups each, all on their first turn's instance; placed by content: A %v, B %v",
+		docs, follows, pa, pb)
+
+	// A session opening with a document is bound where it is, by either
+	// replica, and its next turn is a hit, on either.
+	for s := range 6 {
+		d := s % docs
+		doc := document(100+d, 1500)
+		h := []string{"x-session-id", fmt.Sprintf("shared-s%d", s)}
+		first := post(t, px, chatBody(doc, "hello"), h...)
+		if first.status != 200 || first.decision != "bind" || first.instance != homes[d] {
+			t.Fatalf("session %d: %+v, want bound on %s, where its document is", s, first, homes[d])
+		}
+		for i := range 3 {
+			f := post(t, px, chatBody(doc, "hello", "hi", fmt.Sprintf("turn %d", i)), h...)
+			if f.status != 200 || f.decision != "hit" || f.instance != homes[d] {
+				t.Fatalf("session %d, turn %d: %+v", s, i, f)
+			}
+		}
+	}
+	for _, p := range []*tether{a, b} {
+		if bad := p.metric(t, "tether_content_share_bad_messages_total"); bad != 0 {
+			t.Errorf("bad content-share messages: %v", bad)
+		}
+	}
 }

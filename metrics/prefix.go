@@ -23,8 +23,8 @@ type HorizonView interface {
 // instance, what this replica has indexed as sent there, its bound, its
 // evictions, and the cache horizon the decision uses.
 type Prefix struct {
-	view                                  PrefixView
-	horizons                              HorizonView
+	view                                 PrefixView
+	horizons                             HorizonView
 	blocks, capacity, evictions, horizon *prometheus.Desc
 }
 

@@ -1,6 +1,6 @@
 // Package replicas keeps tether's replicas in step. Each replica decides
 // on its own, from its own view, and nothing on the request path waits
-// for another replica; four things bring the views together, all through
+// for another replica; five things bring the views together, all through
 // the binding store, and all in this package or named here:
 //
 //   - The load sync (LoadSync, load.go): every second a replica publishes
@@ -14,13 +14,18 @@
 //   - The engine scrape shards (Shards, shards.go): one replica at a time
 //     scrapes each shard of the fleet's engines, by a lease in the store
 //     (Leases); the readings travel with the load sync.
+//   - The content share (ContentShare, content.go): the prefix index's
+//     records (which prompt blocks went to which instance) are published
+//     to the other replicas, who record them on their own index, so
+//     cache-aware placement decides alike on every replica (ContentBus).
 //   - The hit cache's invalidation: a replica that serves sticky hits from
 //     its own cache (store/redis, cache.go) drops a session when any
 //     replica changes its binding, by a message every binding change
 //     publishes atomically with it. It lives with the Redis store, whose
 //     scripts publish it; nothing outside the store sees it.
 //
-// The contracts the store keeps for them (LoadSyncer, Circuits, Leases)
+// The contracts the store keeps for them (LoadSyncer, Circuits, Leases,
+// ContentBus)
 // are declared here, where they are used; store/memory and store/redis
 // implement them, and store/storetest holds both to them.
 package replicas

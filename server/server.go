@@ -170,7 +170,16 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{Store: metrics.NewStore(reg, st), Load: load, Breaker: breaker, Contents: index})
+	// What the index records is shared with the other replicas
+	// (replicas.ContentShare, run below with the other loops). It runs
+	// whether or not [content] is enabled: enabled is live, and a replica
+	// with it off records nothing (it publishes nothing) but keeps taking
+	// in the others' records, so turning it on finds the index as warm as
+	// theirs. Its cost while nobody records is one idle subscription.
+	known := func(in string) bool { _, ok := rt.Fleet().Lookup(in); return ok }
+	contents := replicas.NewContentShare(replica, index, st, known, log)
+	metrics.NewContentShare(reg, contents)
+	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{Store: metrics.NewStore(reg, st), Load: load, Breaker: breaker, Contents: contents})
 	rt.OnApply(func(p plan.Plan) {
 		decider.SetPolicy(p.Policy)
 		caps.content.Store(&p.Content)
@@ -230,8 +239,9 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	watchers.Go(func() { poller.Run(wctx) })
 	watchers.Go(func() { caps.run(wctx) })
 	circuits := &replicas.CircuitShare{Replica: replica, Breaker: breaker, Store: st, Index: st, Mover: decider,
-		Known: func(in string) bool { _, ok := rt.Fleet().Lookup(in); return ok }, Recorder: brec, Log: log}
+		Known: known, Recorder: brec, Log: log}
 	watchers.Go(func() { circuits.Run(wctx) })
+	watchers.Go(func() { contents.Run(wctx) })
 	if opts.ConfigPath != "" {
 		watchers.Go(func() {
 			if err := rt.WatchFile(wctx, opts.ConfigPath, opts.Overrides); err != nil {

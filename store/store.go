@@ -2,7 +2,7 @@
 // in-process memory store for "embedded", a Redis store for anything else.
 // Each package that uses the store declares the interface it needs, where
 // it uses it: the decision (affinity.Store), the replicas' sync
-// (replicas.LoadSyncer, Circuits, Leases), the admin API
+// (replicas.LoadSyncer, Circuits, Leases, ContentBus), the admin API
 // (admin.SessionIndex, admin.Checker), the session-length metrics
 // (metrics.Counts). Store here is all of them together, which is what the
 // server wires; the types they speak are in package bindings.
@@ -32,6 +32,7 @@ type Store interface {
 	replicas.LoadSyncer // SyncLoad, SetDrained
 	replicas.Circuits   // the instance breaker's shared circuits
 	replicas.Leases     // who scrapes which engines
+	replicas.ContentBus // the prefix index's records, between replicas
 
 	// The session index (admin.SessionIndex; replicas.CircuitShare reads
 	// Bound).

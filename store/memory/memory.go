@@ -605,3 +605,12 @@ func (s *Store) housekeep(now time.Time) {
 		s.nextSweep = max(2*(len(s.bindings)+len(s.links)), minFullSweep)
 	}
 }
+
+// PublishContent implements replicas.ContentBus: a process has one prefix
+// index, and the memory store no other replica to share it with, so it
+// sends nothing.
+func (s *Store) PublishContent(context.Context, []byte) error { return nil }
+
+// SubscribeContent implements replicas.ContentBus: nothing is ever
+// published to it, so it waits for ctx to end.
+func (s *Store) SubscribeContent(ctx context.Context, _ func([]byte)) { <-ctx.Done() }

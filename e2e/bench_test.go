@@ -41,6 +41,7 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("tables: %d overhead, %d quality, %d hot spot, %d churn rows", len(rep.Overhead), len(rep.Quality), len(rep.Hotspot), len(rep.Churn))
 	}
 	checkOverhead(t, rep)
+	checkBodies(t, rep)
 	for _, c := range rep.Churn {
 		// The killed instance answers nothing while it is down, and the
 		// rest of the fleet takes its traffic.
@@ -88,7 +89,7 @@ func TestBenchSmoke(t *testing.T) {
 		}
 	}
 	md := rep.Markdown(bench.Meta{Command: "test", Commit: "test", Machine: "test"}, charts)
-	for _, want := range []string{"### Overhead", "| configuration | one connection p50 |", "Redis commands per hit", "#### Overhead goals"} {
+	for _, want := range []string{"### Overhead", "| configuration | one connection p50 |", "Redis commands per hit", "#### Overhead goals", "#### With a chat body"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}
@@ -165,6 +166,38 @@ func checkOverhead(t *testing.T, rep *bench.Report) {
 	}
 	for _, g := range goals {
 		t.Logf("goal %s, %s: %s %s (reached %v)", g.Path, g.What, g.Target(), g.Figure(), g.Reached)
+	}
+}
+
+// checkBodies checks the overhead rows with a chat body: each size through
+// Envoy alone, tether with content off and on, nothing failing, and tether
+// asking for the body of every request only with content on, placing
+// most by prefix (every body shares its document).
+func checkBodies(t *testing.T, rep *bench.Report) {
+	t.Helper()
+	sc := bench.Smoke
+	if len(rep.Bodies) != 3*len(sc.BodySizes) {
+		t.Fatalf("%d body rows for %d sizes", len(rep.Bodies), len(sc.BodySizes))
+	}
+	for i, b := range rep.Bodies {
+		name := []string{"Envoy alone", "tether sticky, content off", "tether sticky, content on"}[i%3]
+		if b.Name != name || b.BodyBytes != sc.BodySizes[i/3] || b.OnPath != (i%3 != 0) || b.Content != (i%3 == 2) {
+			t.Errorf("body row %d: %s, %d bytes, on path %v, content %v", i, b.Name, b.BodyBytes, b.OnPath, b.Content)
+		}
+		if b.Failed != 0 || b.Dropped != 0 || b.Serial != sc.BodySerial || b.SerialP50 <= 0 || b.SerialP99 < b.SerialP50 ||
+			b.P50 <= 0 || b.P99 < b.P50 || b.Throughput <= 0 || b.Requests <= 0 || b.EnvoyCPUPerRequest <= 0 || b.OnPath != (b.TetherCPUPerRequest > 0) {
+			t.Errorf("body row %+v", b)
+		}
+		if b.OnPath && b.Decisions < int(b.Requests) {
+			t.Errorf("%s: %d decisions for %d requests", b.Name, b.Decisions, b.Requests)
+		}
+		// Incomplete: a request the closed loop cancelled at its end, one
+		// per connection at most.
+		read, placed, cut := b.BodiesRead(), int(b.ContentResults["placed"]), int(b.ContentResults["incomplete"])
+		if b.Content && (read < int(b.Requests) || placed < read/2 || cut > sc.OverheadWorkers || placed+int(b.ContentResults["identity"])+cut != read) ||
+			!b.Content && read != 0 {
+			t.Errorf("%s, %d bytes: %d requests, bodies read %d: %v", b.Name, b.BodyBytes, b.Requests, read, b.ContentResults)
+		}
 	}
 }
 

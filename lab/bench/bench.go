@@ -3,7 +3,8 @@
 // writes the results into BENCHMARKS.md with charts. Three scenarios:
 //
 //   - overhead: what Envoy + tether adds to Envoy alone, on a zero-latency
-//     backend;
+//     backend, with tiny requests and with chat bodies of several sizes
+//     that tether carries (content off) or reads (content on, body.go);
 //   - quality: the field's traffic mix against eight emulated A100s in two
 //     zones, routed by Envoy round robin, Envoy ring hash, tether random,
 //     tether sticky and tether adaptive;
@@ -36,6 +37,14 @@ type Scale struct {
 	OverheadRate     float64
 	OverheadDuration time.Duration
 	OverheadWorkers  int
+	// Overhead with a chat body (body.go): each of BodySizes (bytes)
+	// through Envoy alone, tether with content off and with it on;
+	// BodySerial requests on one connection, then the open loop at
+	// OverheadRate and the closed loop on OverheadWorkers connections for
+	// BodyDuration each.
+	BodySizes    []int
+	BodySerial   int
+	BodyDuration time.Duration
 	// Quality and churn: the workload replay.
 	Rate       float64       // requests per second, follow-up turns included
 	Duration   time.Duration // per policy
@@ -63,6 +72,7 @@ type Scale struct {
 // sessions push it over; the fleet as a whole has room.
 var Full = Scale{
 	Name: "full", OverheadSerial: 4000, OverheadRate: 300, OverheadDuration: 10 * time.Second, OverheadWorkers: 32,
+	BodySizes: []int{1 << 10, 32 << 10, 400 << 10}, BodySerial: 2000, BodyDuration: 5 * time.Second,
 	Rate: 6, Duration: 90 * time.Second, ThinkScale: 0.2, TimeScale: 1,
 	HotDuration: 60 * time.Second, HotRate: 5, HotDocTokens: 2000, HotTimeScale: 1,
 	ScrapeInterval: config.DefaultScrapeInterval,
@@ -81,6 +91,9 @@ var Full = Scale{
 // second overload one instance by 1.75×.
 var Smoke = Scale{
 	Name: "smoke", OverheadSerial: 200, OverheadRate: 100, OverheadDuration: 2 * time.Second, OverheadWorkers: 32,
+	// One body size, briefly: the smoke run proves the rows work, in a
+	// few seconds.
+	BodySizes: []int{32 << 10}, BodySerial: 30, BodyDuration: 300 * time.Millisecond,
 	Rate: 8, Duration: 8 * time.Second, ThinkScale: 0.02, TimeScale: 0.05,
 	HotDuration: 2 * time.Second, HotRate: 35, HotDocTokens: 2000, HotTimeScale: 0.25,
 	// The hot phase lasts a second: tether must see it well within.
@@ -144,9 +157,11 @@ type Report struct {
 	Started  time.Time
 	Scale    Scale
 	Overhead []OverheadRow
-	Quality  []QualityRow
-	Hotspot  []HotspotRow
-	Churn    []ChurnRow
+	// Bodies are the overhead rows with a chat body (body.go).
+	Bodies  []BodyRow
+	Quality []QualityRow
+	Hotspot []HotspotRow
+	Churn   []ChurnRow
 	// Saturation is what the adaptive policy ran with.
 	Saturation Saturation
 }
@@ -170,7 +185,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	r := &Report{Started: time.Now(), Scale: opts.Scale, Saturation: opts.Saturation}
 	want := func(s string) bool { return len(opts.Only) == 0 || opts.Only[s] }
 	if want("overhead") {
-		if r.Overhead, err = runOverhead(ctx, opts, dir); err != nil {
+		if r.Overhead, r.Bodies, err = runOverhead(ctx, opts, dir); err != nil {
 			return r, fmt.Errorf("overhead: %w", err)
 		}
 	}
@@ -219,6 +234,7 @@ type policy struct {
 	offPath bool // tether only serves Envoy's configuration
 	floor   bool // Envoy's ext_proc filter calls the ext_proc floor (floor.go), not tether
 	headers bool // the instances send the emulator-only load headers
+	content bool // edit turns [content] on
 	edit    func(*config.Config)
 }
 

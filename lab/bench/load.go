@@ -29,6 +29,17 @@ func send(ctx context.Context, client *http.Client, url, s string) error {
 	return sendAs(ctx, client, url, soakCaller{session: s})
 }
 
+// request sends the i-th request of worker w of a loop (a schedule's n-th
+// arrival is worker n%64's request n/64; a serial run is worker 2000's).
+type request func(ctx context.Context, client *http.Client, url string, w, i int) error
+
+// tiny is the tiny request for session(w, i).
+func tiny(session func(w, i int) string) request {
+	return func(ctx context.Context, client *http.Client, url string, w, i int) error {
+		return send(ctx, client, url, session(w, i))
+	}
+}
+
 // session names: ten requests per session, so sticky routing sees nine
 // hits for each new binding.
 func sessionFor(worker, i int) string { return fmt.Sprintf("ovh-%d-%d", worker, i/10) }
@@ -38,7 +49,7 @@ func sessionFor(worker, i int) string { return fmt.Sprintf("ovh-%d-%d", worker, 
 // counted as dropped) and returns the latencies of the successful ones,
 // each measured from the moment it was due, so a sender that falls behind
 // shows as latency rather than hiding it.
-func fixedRate(ctx context.Context, client *http.Client, url string, rate float64, d time.Duration) (lat []time.Duration, failed, dropped int, err error) {
+func fixedRate(ctx context.Context, client *http.Client, url string, rate float64, d time.Duration, req request) (lat []time.Duration, failed, dropped int, err error) {
 	const maxInFlight = 512
 	var mu sync.Mutex
 	err = pace.Schedule{Rate: rate, For: d, MaxInFlight: maxInFlight}.Run(ctx, func(a pace.Arrival) func() {
@@ -47,7 +58,7 @@ func fixedRate(ctx context.Context, client *http.Client, url string, rate float6
 			return nil
 		}
 		return func() {
-			err := send(ctx, client, url, sessionFor(a.N%64, a.N/64))
+			err := req(ctx, client, url, a.N%64, a.N/64)
 			took := time.Since(a.Due)
 			mu.Lock()
 			defer mu.Unlock()
@@ -62,9 +73,9 @@ func fixedRate(ctx context.Context, client *http.Client, url string, rate float6
 }
 
 // closedLoop runs workers that each send as fast as answers come back,
-// the i-th request of worker w for session(w, i), for d or until limit
+// the i-th request of worker w being req(w, i), for d or until limit
 // requests were sent, and returns the requests completed and failed.
-func closedLoop(ctx context.Context, client *http.Client, url string, workers int, d time.Duration, limit int64, session func(w, i int) string) (ok, failed int64) {
+func closedLoop(ctx context.Context, client *http.Client, url string, workers int, d time.Duration, limit int64, req request) (ok, failed int64) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var okN, failN, sent atomic.Int64
@@ -74,7 +85,7 @@ func closedLoop(ctx context.Context, client *http.Client, url string, workers in
 		go func(w int) {
 			defer wg.Done()
 			for i := 0; ctx.Err() == nil && sent.Add(1) <= limit; i++ {
-				if err := send(ctx, client, url, session(w, i)); err != nil {
+				if err := req(ctx, client, url, w, i); err != nil {
 					if ctx.Err() == nil {
 						failN.Add(1)
 					}
@@ -89,15 +100,15 @@ func closedLoop(ctx context.Context, client *http.Client, url string, workers in
 }
 
 // serial sends n requests one after another (on client, which should hold
-// one connection), for at most d, and returns the latencies of the
-// successful ones. Sessions change every ten requests, as in fixedRate.
-func serial(ctx context.Context, client *http.Client, url string, n int, d time.Duration) (lat []time.Duration, failed int) {
+// one connection), for at most d, each req(2000, i), and returns the
+// latencies of the successful ones.
+func serial(ctx context.Context, client *http.Client, url string, n int, d time.Duration, req request) (lat []time.Duration, failed int) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	lat = make([]time.Duration, 0, n)
 	for i := 0; i < n && ctx.Err() == nil; i++ {
 		t0 := time.Now()
-		if err := send(ctx, client, url, sessionFor(2000, i)); err != nil {
+		if err := req(ctx, client, url, 2000, i); err != nil {
 			if ctx.Err() == nil {
 				failed++
 			}

@@ -62,15 +62,17 @@ const serialTimeout = 2 * time.Minute
 // configuration but is not on the request path), Envoy's ext_proc filter
 // calling the ext_proc floor (the bound), Envoy + tether random,
 // Envoy + tether sticky with redis-server, and sticky again with each other
-// way outcomes reach tether (envoy.outcomes; the default is access_log).
-func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, error) {
+// way outcomes reach tether (envoy.outcomes; the default is access_log);
+// then the same instances with a chat body of each of Scale.BodySizes
+// (body.go).
+func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, []BodyRow, error) {
 	fleet := newSimFleet(func(string) (emulator.LatencyModel, error) { return emulator.Fixed(0), nil })
 	defer fleet.close()
 	var instances []config.Instance
 	for i := 0; i < 4; i++ {
 		in, err := fleet.add(fmt.Sprintf("zero-%d", i), "z")
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		instances = append(instances, in)
 	}
@@ -81,11 +83,12 @@ func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, 
 		fmt.Fprintf(opts.Log, "overhead: %s\n", p.name)
 		row, err := overheadOnce(ctx, opts, dir, p, instances, sc)
 		if err != nil {
-			return rows, fmt.Errorf("%s: %w", p.name, err)
+			return rows, nil, fmt.Errorf("%s: %w", p.name, err)
 		}
 		rows = append(rows, row)
 	}
-	return rows, nil
+	bodies, err := runBodies(ctx, opts, dir, instances)
+	return rows, bodies, err
 }
 
 func overheadOnce(ctx context.Context, opts Options, dir string, p policy, instances []config.Instance, sc Scale) (OverheadRow, error) {
@@ -99,16 +102,17 @@ func overheadOnce(ctx context.Context, opts Options, dir string, p policy, insta
 	client := newLoadClient()
 	defer client.CloseIdleConnections()
 	// Warm connections and bindings.
-	closedLoop(ctx, client, url, 4, 500*time.Millisecond, hitLoopMax, func(w, i int) string { return sessionFor(1000+w, i) })
+	closedLoop(ctx, client, url, 4, 500*time.Millisecond, hitLoopMax, tiny(func(w, i int) string { return sessionFor(1000+w, i) }))
 
 	// One connection, one request at a time.
 	one := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1}}
 	defer one.CloseIdleConnections()
-	lat, failed := serial(ctx, one, url, sc.OverheadSerial, serialTimeout)
+	// Sessions change every ten requests, in this loop and the next.
+	lat, failed := serial(ctx, one, url, sc.OverheadSerial, serialTimeout, tiny(sessionFor))
 	sortDurations(lat)
 	row.Serial, row.SerialP50, row.SerialP99, row.Failed = len(lat), percentile(lat, 0.5), percentile(lat, 0.99), failed
 
-	lat, failed, dropped, err := fixedRate(ctx, client, url, sc.OverheadRate, sc.OverheadDuration)
+	lat, failed, dropped, err := fixedRate(ctx, client, url, sc.OverheadRate, sc.OverheadDuration, tiny(sessionFor))
 	if err != nil {
 		return row, err
 	}
@@ -175,7 +179,7 @@ func hitLoop(ctx context.Context, st *stack, client *http.Client, sc Scale, row 
 		return err
 	}
 	t0 := time.Now()
-	ok, bad := closedLoop(ctx, client, url, sc.OverheadWorkers, sc.OverheadDuration, hitLoopMax, hitSession)
+	ok, bad := closedLoop(ctx, client, url, sc.OverheadWorkers, sc.OverheadDuration, hitLoopMax, tiny(hitSession))
 	took := time.Since(t0)
 	cpu1, err := st.cpu()
 	if err != nil {

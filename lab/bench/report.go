@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -260,6 +261,91 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 		}
 		w("\n")
 	}
+	if len(r.Bodies) > 0 {
+		r.bodyMarkdown(w)
+	}
+}
+
+// bodyMarkdown writes the tables of the rows with a chat body, each
+// compared with Envoy alone carrying the same body.
+func (r *Report) bodyMarkdown(w func(string, ...any)) {
+	sc := r.Scale
+	base := map[int]BodyRow{}
+	for _, b := range r.Bodies {
+		if _, ok := base[b.BodyBytes]; !ok && !b.OnPath {
+			base[b.BodyBytes] = b
+		}
+	}
+	w("#### With a chat body\n\n")
+	w("The same four instances, each request an OpenAI chat completion (`POST /v1/chat/completions`, compact JSON:\n")
+	w("a system message holding a document, the same in every request, then a user question that differs in each,\n")
+	w("`max_tokens` 1) of the size shown, sent anonymously (no session id, token or device), so that every\n")
+	w("request's placement is open. \"tether sticky, content off\" decides on the headers and Envoy carries the\n")
+	w("body past it; \"content on\" (`content.enabled = true`) asks Envoy for every body (ext_proc\n")
+	w("`mode_override`, `BUFFERED_PARTIAL`), parses and hashes the prompt and places the request on the instance\n")
+	w("holding its longest prefix. The three configurations run side by side, each body size through each in\n")
+	w("turn; \"added\" is over Envoy alone with the same body. Throughput: %d connections in a closed loop for %s;\n",
+		sc.OverheadWorkers, sc.BodyDuration)
+	w("latency on one connection: %d requests one after another; open loop: for %s at the rate shown, half of\n", sc.BodySerial, sc.BodyDuration)
+	w("what Envoy alone answered with the body in the closed loop and at most %.0f/s, timed from each request's\n", sc.OverheadRate)
+	w("scheduled send (past Envoy alone's own rate every configuration would only queue). The\n")
+	w("instances (in the bench's process) read each body too. Bodies read: tether_content_decisions_total over\n")
+	w("the closed loop, by result.\n\n")
+	w("| configuration | body | one connection p50 | p99 | added p50 | added p99 | open loop rate | p50 | p99 | added p50 | added p99 | failed | dropped |\n")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, b := range r.Bodies {
+		e := base[b.BodyBytes]
+		w("| %s | %s | %s | %s | %s | %s | %.0f/s | %s | %s | %s | %s | %d | %d |\n", b.Name, bodySize(b.BodyBytes),
+			ms2(b.SerialP50), ms2(b.SerialP99), ms2(b.SerialP50-e.SerialP50), ms2(b.SerialP99-e.SerialP99),
+			b.Rate, ms2(b.P50), ms2(b.P99), ms2(b.P50-e.P50), ms2(b.P99-e.P99), b.Failed, b.Dropped)
+	}
+	w("\n")
+	w("| configuration | body | requests | throughput | vs Envoy alone | Envoy CPU per request | tether CPU per request | bodies read |\n")
+	w("|---|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, b := range r.Bodies {
+		ratio := 0.0
+		if e := base[b.BodyBytes]; e.Throughput > 0 {
+			ratio = b.Throughput / e.Throughput
+		}
+		tether, read := "–", "–"
+		if b.OnPath {
+			tether = us(b.TetherCPUPerRequest)
+			read = fmt.Sprintf("%d of %d", b.BodiesRead(), b.Decisions)
+			if t := topResults(b.ContentResults); t != "" {
+				read += " (" + t + ")"
+			}
+		}
+		w("| %s | %s | %d | %.0f/s | %.2f | %s | %s | %s |\n", b.Name, bodySize(b.BodyBytes), b.Requests, b.Throughput, ratio,
+			us(b.EnvoyCPUPerRequest), tether, read)
+	}
+	w("\n")
+}
+
+// bodySize is a body's size in KiB, "32 KB (32768 B)", or in bytes
+// under 1 KiB.
+func bodySize(n int) string {
+	if n < 1<<10 {
+		return fmt.Sprintf("%d B", n)
+	}
+	return fmt.Sprintf("%.0f KB (%d B)", float64(n)/(1<<10), n)
+}
+
+// topResults renders content results by count, "placed 990, short 10".
+func topResults(by map[string]float64) string {
+	type kv struct {
+		k string
+		v float64
+	}
+	var all []kv
+	for k, v := range by {
+		all = append(all, kv{k, v})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].v > all[j].v || (all[i].v == all[j].v && all[i].k < all[j].k) })
+	var parts []string
+	for _, e := range all {
+		parts = append(parts, fmt.Sprintf("%s %.0f", e.k, e.v))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds()) }

@@ -93,7 +93,7 @@ func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) (out
 	for _, in := range cands {
 		names = append(names, in.Name)
 	}
-	depth := depthBuf[:0]
+	var depth []int
 	if len(cands) <= len(depthBuf) {
 		depth = depthBuf[:len(cands)]
 	} else {

@@ -41,11 +41,6 @@ const (
 	ReasonShort Reason = "short"
 )
 
-// Reasons lists every reason, for counters that start at zero.
-func Reasons() []Reason {
-	return []Reason{ReasonNotJSON, ReasonNotPrompt, ReasonBadMessages, ReasonShort}
-}
-
 // Defaults of Hasher.
 const (
 	// DefaultBlockBytes is the block size: 256 bytes, about 64 tokens of

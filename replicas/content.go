@@ -128,7 +128,9 @@ func (c *ContentShare) Match(chain []uint64, names []string, depth []int) int {
 
 // Horizon is the index's own (ContentIndex): what it measured of its
 // evictions, every replica's records included.
-func (c *ContentShare) Horizon(instance string) (time.Duration, bool) { return c.index.Horizon(instance) }
+func (c *ContentShare) Horizon(instance string) (time.Duration, bool) {
+	return c.index.Horizon(instance)
+}
 
 // Record records chain on the index and queues it for the other replicas.
 // It never waits for them: a record the buffer has no room for is dropped

@@ -285,7 +285,7 @@ func bodyOnce(ctx context.Context, st *stack, p policy, b chatBody, sc Scale, ra
 	req := b.request()
 	client := newLoadClient()
 	defer client.CloseIdleConnections()
-	closedLoop(ctx, client, url, 4, min(bodyWarm, sc.BodyDuration), hitLoopMax, req)
+	closedLoop(ctx, client, url, 4, min(bodyWarm, sc.BodyDuration), req)
 
 	var d0, c0 map[string]float64
 	var err error
@@ -299,7 +299,7 @@ func bodyOnce(ctx context.Context, st *stack, p policy, b chatBody, sc Scale, ra
 		return row, err
 	}
 	t0 := time.Now()
-	ok, bad := closedLoop(ctx, client, url, sc.OverheadWorkers, sc.BodyDuration, hitLoopMax, req)
+	ok, bad := closedLoop(ctx, client, url, sc.OverheadWorkers, sc.BodyDuration, req)
 	took := time.Since(t0)
 	cpu1, err := st.cpu()
 	if err != nil {

@@ -73,9 +73,10 @@ func fixedRate(ctx context.Context, client *http.Client, url string, rate float6
 }
 
 // closedLoop runs workers that each send as fast as answers come back,
-// the i-th request of worker w being req(w, i), for d or until limit
+// the i-th request of worker w being req(w, i), for d or until hitLoopMax
 // requests were sent, and returns the requests completed and failed.
-func closedLoop(ctx context.Context, client *http.Client, url string, workers int, d time.Duration, limit int64, req request) (ok, failed int64) {
+func closedLoop(ctx context.Context, client *http.Client, url string, workers int, d time.Duration, req request) (ok, failed int64) {
+	const limit = hitLoopMax
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var okN, failN, sent atomic.Int64

@@ -102,7 +102,7 @@ func overheadOnce(ctx context.Context, opts Options, dir string, p policy, insta
 	client := newLoadClient()
 	defer client.CloseIdleConnections()
 	// Warm connections and bindings.
-	closedLoop(ctx, client, url, 4, 500*time.Millisecond, hitLoopMax, tiny(func(w, i int) string { return sessionFor(1000+w, i) }))
+	closedLoop(ctx, client, url, 4, 500*time.Millisecond, tiny(func(w, i int) string { return sessionFor(1000+w, i) }))
 
 	// One connection, one request at a time.
 	one := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1}}
@@ -179,7 +179,7 @@ func hitLoop(ctx context.Context, st *stack, client *http.Client, sc Scale, row 
 		return err
 	}
 	t0 := time.Now()
-	ok, bad := closedLoop(ctx, client, url, sc.OverheadWorkers, sc.OverheadDuration, hitLoopMax, tiny(hitSession))
+	ok, bad := closedLoop(ctx, client, url, sc.OverheadWorkers, sc.OverheadDuration, tiny(hitSession))
 	took := time.Since(t0)
 	cpu1, err := st.cpu()
 	if err != nil {

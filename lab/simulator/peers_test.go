@@ -116,7 +116,9 @@ func TestSGLangBalanceGate(t *testing.T) {
 		}
 	}
 	before := r.balanced
-	r.route(t.Context(), k)
+	if _, _, err := r.route(t.Context(), k); err != nil {
+		t.Fatal(err)
+	}
 	if r.balanced != before+1 {
 		t.Errorf("200 vs 135 (ratio 1.48): want a balanced decision")
 	}

@@ -59,7 +59,7 @@ type entry struct {
 	move     bindings.Move
 	expires  time.Time // lastUse + Idle of the last call that touched it
 	lastUse  time.Time
-	requests int       // the session's request count (Result.Requests)
+	requests int // the session's request count (Result.Requests)
 }
 
 // link is an alias: a weaker key that leads to a session key.

@@ -44,17 +44,18 @@ func TestOracleBounds(t *testing.T) {
 			// turn can pass it by a hair (sticky and ring hash did by 0.05
 			// points under the conversation cap), never by more.
 			//
-			// Not so against the peers' content-reading routers on the
-			// field's mix: they send a new conversation where its system
-			// prompt was sent, where the oracle ranks a cached system prompt
-			// after the load (see oracleRouter), and under the conversation
-			// cap a system prompt no kept conversation holds is freed. On 8
-			// instances GIE's scorer hit 44.2% and SGLang's 41.5% against the
-			// oracle's 41.2% (16 instances: 45.2%, 43.9%, 43.3%). The oracle
-			// stays their bound where a whole shared prefix is the prize
-			// (TestSharedDocumentsRegime).
+			// Not so against the content-reading routers (tether
+			// cache-aware and the peers'): they send a new conversation where
+			// its system prompt was sent, where the oracle ranks a cached
+			// system prompt after the load (see oracleRouter), and under the
+			// conversation cap a system prompt no kept conversation holds is
+			// freed. On 8 instances GIE's scorer hit 44.2%, SGLang's 41.5%
+			// and tether cache-aware 44.5% against the oracle's 41.2% (16
+			// instances: 45.2%, 43.9%, 45.7%, 43.3%); with the chats,
+			// tether cache-aware passed it by 0.4 and 1.4 points. They are
+			// held to the infinite-cache bound above.
 			for p, h := range hit {
-				if p == GIEPrefix || p == SGLangCacheAware {
+				if p == GIEPrefix || p == SGLangCacheAware || p == CacheAware {
 					continue
 				}
 				if h > hit[Oracle]+0.002 {

@@ -16,7 +16,9 @@ package affinity
 //     ContentPolicy.MinBlocks blocks whose load passes the gate: its
 //     requests in flight below its weighted share of the candidates' by the
 //     bounded-load factor (1+ε), plus ContentPolicy.Slack, its engine not
-//     saturated, and for a session, its active sessions under their bound
+//     saturated by its queue (its KV cache's use is no gate: a cache full of
+//     prompts is what this placement wants), and for a session, its active
+//     sessions under their bound
 //     (bounded load's, or kv_sessions when that is more);
 //     on a tie, the fewer requests in flight;
 //  3. moves the decision there (a session's binding with one Replace),
@@ -230,6 +232,10 @@ func (l *Load) gate(cands []fleet.Instance, depth []int, p *Policy, sessions boo
 		flight, active = append(flight, f), append(active, a)
 		totalFlight, totalActive, weight = totalFlight+f, totalActive+a, weight+in.Weight
 	}
+	// A cache full of prompts is what placement by content wants: the KV
+	// cache's use is no gate here (its queue and requests in flight are).
+	sat := p.Saturation
+	sat.KVUsage = 0
 	best := -1
 	for i, in := range cands {
 		if depth[i] < minBlocks || best >= 0 && (depth[i] < depth[best] || depth[i] == depth[best] && flight[i] >= flight[best]) {
@@ -242,7 +248,7 @@ func (l *Load) gate(cands []fleet.Instance, depth []int, p *Policy, sessions boo
 		if sessions && active[i] >= max(ceil((1+p.Epsilon)*float64(totalActive+1)*share), in.KVSessions) {
 			continue
 		}
-		if l.saturatedLocked(in.Name, p.Saturation) {
+		if l.saturatedLocked(in.Name, sat) {
 			continue
 		}
 		best = i

@@ -166,6 +166,9 @@ func TestContentPlacementThroughEnvoy(t *testing.T) {
 	if a := post(t, px, chatBody(document(4, 12000), "still long"), "x-session-id", "long-2"); a.status != 200 {
 		t.Errorf("a body over max_body_bytes: status %d, want the instance's 200", a.status)
 	}
+	// Every request moved by its body ended on the instance it went to:
+	// the reply to the body's ticket replaced the headers reply's.
+	waitFor(t, 10*time.Second, "no request left in flight", func() bool { return tt.metric(t, "tether_instance_in_flight") == 0 })
 }
 
 func gzipped(t *testing.T, b []byte) []byte {

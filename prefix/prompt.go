@@ -146,8 +146,12 @@ func (c *chainer) messages(v *fastjson.Value) error {
 		content := m.Get("content")
 		switch {
 		case content == nil || content.Type() == fastjson.TypeNull:
-			// An assistant turn of tool calls only: its calls are the turn.
-			raw = m.Get("tool_calls").MarshalTo(raw[:0])
+			// An assistant turn of tool calls only: its calls are the turn
+			// (none: an empty turn).
+			raw = raw[:0]
+			if calls := m.Get("tool_calls"); calls != nil {
+				raw = calls.MarshalTo(raw)
+			}
 			c.field(raw)
 		case content.Type() == fastjson.TypeString:
 			c.field(content.GetStringBytes())

@@ -94,13 +94,35 @@ func TestBodyOnlyWhenPlacementIsOpen(t *testing.T) {
 	if m := over[1].GetRequestBody().GetResponse(); m != nil {
 		t.Errorf("a body over the limit re-routed: %v", m)
 	}
+	// A stream that ends before its body (a client gone mid-body, an
+	// Envoy that ignores the override): the headers reply's route stood.
+	cut := exchange(t, c, reqHeaders(":path", "/v1/chat/completions", "x-session-id", "s4"))
+	if cut[0].GetModeOverride() == nil {
+		t.Fatal("a new session's body was not asked for")
+	}
 	gz := exchange(t, c, reqHeaders(":path", "/v1/chat/completions", "x-session-id", "s3", "content-encoding", "gzip"))
 	if gz[0].GetModeOverride() != nil {
 		t.Error("a compressed body was asked for")
 	}
+	waitUntil(t, func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return rec.content[extproc.ContentIncomplete] == 1
+	})
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if rec.content[extproc.ContentPlaced] != 1 || rec.content[extproc.ContentOverLimit] != 1 || rec.content[extproc.ContentEncoded] != 1 {
-		t.Errorf("content results %v, want placed, over_limit and encoded once each", rec.content)
+		t.Errorf("content results %v, want placed, over_limit, encoded and incomplete once each", rec.content)
+	}
+}
+
+// waitUntil polls cond for up to five seconds: a stream's end reaches the
+// server after the client has closed it.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5s")
+		}
 	}
 }

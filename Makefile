@@ -84,7 +84,7 @@ lint: ## gofmt, go mod tidy, golangci-lint in each module (.golangci.yml: go vet
 	@scripts/deadcode.sh
 
 .PHONY: bench
-bench: build ## Benchmark suite through real Envoy and redis-server (~19 min): writes BENCHMARKS.md and docs/bench/*.png
+bench: build ## Benchmark suite through real Envoy and redis-server (~25 min): writes BENCHMARKS.md and docs/bench/*.png
 	@scripts/tools.sh envoy redis
 	bin/tether-lab bench --envoy $(ENVOY_BIN) --scale full --out BENCHMARKS.md --charts docs/bench
 

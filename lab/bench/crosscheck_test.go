@@ -4,9 +4,11 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/lab/simulator"
 )
 
@@ -87,5 +89,46 @@ func TestCrossCheckChurnSimulates(t *testing.T) {
 	}
 	if c := (&Report{Churn: rows}).ChurnCrossCheck(); c.Rows != 8 {
 		t.Errorf("cross-check over %d rows, want 8", c.Rows)
+	}
+}
+
+// The documents scenario is the shared-documents regime's on the bench's
+// fleet, rate and duration, the same for every policy: the replay, the
+// fleet's caches and the cache-aware row's [content] all come from it.
+func TestDocsSimOptions(t *testing.T) {
+	opts := Options{Scale: Full, Seed: 3}
+	regime := simulator.SharedDocuments(simOptions(opts, simulator.Sticky))
+	for name, p := range docsSimPolicies {
+		o := docsSimOptions(opts, p)
+		if o.Policy != p || o.Rate != Full.DocsRate || o.Duration != Full.DocsDuration || o.Instances != 8 {
+			t.Errorf("%s: policy %s, rate %g, duration %v, %d instances", name, o.Policy, o.Rate, o.Duration, o.Instances)
+		}
+		if diff := cmp.Diff(regime.Workload, o.Workload); diff != "" {
+			t.Errorf("%s: workload (-regime +documents):\n%s", name, diff)
+		}
+		if o.Cache != regime.Cache || o.Cache.CapacityTokens != simulator.SharedDocumentsKVTokens {
+			t.Errorf("%s: cache %+v, want the regime's %+v", name, o.Cache, regime.Cache)
+		}
+	}
+	var c config.Config
+	policyCacheAware(regime).edit(&c)
+	if !c.Content.Enabled || c.Content.CacheTokens != simulator.SharedDocumentsKVTokens || c.Content != simulator.CacheAwareContent(regime.Cache) {
+		t.Errorf("cache-aware [content] %+v", c.Content)
+	}
+}
+
+func TestDocumentsMarkdown(t *testing.T) {
+	r := &Report{Started: time.Unix(0, 0), Scale: Smoke, Documents: []QualityRow{
+		{Policy: "Envoy ring hash", HitRate: 0.13, Sim: Sim{Ran: true, HitRate: 0.12}},
+		{Policy: "tether cache-aware", HitRate: 0.57, Sim: Sim{Ran: true, HitRate: 0.58},
+			ContentResults: map[string]float64{"placed": 90, "short": 10}},
+	}}
+	md := r.Markdown(Meta{Command: "cmd", Commit: "abc", Machine: "m"}, nil)
+	for _, want := range []string{"### Routing quality: shared documents", "caches hold 12288 tokens each", "`block_bytes = 64`",
+		"| Envoy ring hash | 13.0% |", "| – | 12.0% | +1.0 |", "| 100: placed 90, short 10 | 58.0% | -1.0 |",
+		"Every policy is within 3 points of the simulator's hit rate (the widest gap +1.0 points)."} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q", want)
+		}
 	}
 }

@@ -35,14 +35,24 @@ type QualityRow struct {
 	Decisions int
 	Spilled   float64
 	Spread    Spread
+	// ContentResults counts the bodies tether asked Envoy for, by result
+	// of tether_content_decisions_total (placed, identity, short, …): none
+	// unless the row runs [content] (the documents scenario's).
+	ContentResults map[string]float64
 	// Sim is the simulator's figures for the policy (crossCheckQuality).
 	Sim Sim
 }
 
-// a100Fleet starts eight emulated A100 instances, four in each of two zones.
+// a100Fleet starts n emulated A100 instances in two zones in turn.
 func a100Fleet(sc Scale, n int) (*simFleet, []config.Instance, error) {
+	return a100FleetCache(sc, n, emulator.CacheConfig{})
+}
+
+// a100FleetCache is a100Fleet with each KV cache configured as cache
+// (zero fields: the profile's capacity, the emulator's conversation cap).
+func a100FleetCache(sc Scale, n int, cache emulator.CacheConfig) (*simFleet, []config.Instance, error) {
 	f := newSimFleet(func(string) (emulator.LatencyModel, error) {
-		return emulator.NewGPU(emulator.GPUConfig{Profile: emulator.ProfileA100(), TimeScale: sc.TimeScale})
+		return emulator.NewGPU(emulator.GPUConfig{Profile: emulator.ProfileA100(), TimeScale: sc.TimeScale, Cache: cache})
 	})
 	var out []config.Instance
 	for i := 0; i < n; i++ {
@@ -123,10 +133,16 @@ func replay(ctx context.Context, opts Options, url string, instances []config.In
 
 // replayFor runs the workload against url at the scale's rate for d.
 func replayFor(ctx context.Context, opts Options, d time.Duration, url string, instances []config.Instance) (*loadgen.Result, error) {
+	return replayWorkload(ctx, opts, workload.Config{Seed: opts.Seed}, opts.Scale.Rate, d, url, instances)
+}
+
+// replayWorkload runs w against url at rate for d, streamed, with the
+// scale's think times and loadgen's drain (as simOptions simulates it).
+func replayWorkload(ctx context.Context, opts Options, w workload.Config, rate float64, d time.Duration, url string, instances []config.Instance) (*loadgen.Result, error) {
 	return loadgen.Run(ctx, loadgen.Options{
 		Target:     url,
-		Workload:   workload.Config{Seed: opts.Seed},
-		Rate:       opts.Scale.Rate,
+		Workload:   w,
+		Rate:       rate,
 		Duration:   d,
 		Drain:      30 * time.Second,
 		ThinkScale: opts.Scale.ThinkScale,

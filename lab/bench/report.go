@@ -14,6 +14,8 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/lab/simulator"
+	"github.com/tetherproxy/tether/lab/workload"
 )
 
 // Markers delimit the part of BENCHMARKS.md a run rewrites; the rest of
@@ -108,6 +110,9 @@ func (r *Report) Markdown(m Meta, charts []string) string {
 			w("%s\n\n", v)
 		}
 	}
+	if len(r.Documents) > 0 {
+		r.documentsMarkdown(w)
+	}
 	for _, c := range charts {
 		w("![%s](%s)\n\n", strings.TrimSuffix(filepath.Base(c), ".png"), c)
 	}
@@ -179,6 +184,46 @@ func churnPreamble(s Scale) string {
 		"\"moved\" when another instance than the previous turn's served it. The simulator's columns: the same\n"+
 		"workload, fleet and schedule in virtual time (lab/simulator, its events fail, restore and add), each\n"+
 		"request counted in the phase it ended in, as here.", s.Duration)
+}
+
+func documentsPreamble(s Scale) string {
+	o := simulator.SharedDocuments(simulator.Options{})
+	d := workload.DefaultDocs()
+	return fmt.Sprintf("The simulator's shared-documents regime through Envoy: questions about %d shared documents of\n"+
+		"%d–%d tokens (Zipf s = %g), half the callers anonymous, on eight emulated A100s in two zones whose KV\n"+
+		"caches hold %d tokens each, as the regime's (emulated time ×%g); %g requests/s for %s (think times\n"+
+		"×%g), streamed answers, caches emptied between policies and not warmed first. Tether cache-aware is\n"+
+		"tether sticky with `[content] enabled = true` (the simulator's blocks: `block_bytes = %d`,\n"+
+		"`cache_tokens` the caches'): its reply to the headers of a request whose placement is open asks Envoy\n"+
+		"for the body, and its reply to the body places the request by what the instances' caches hold of the\n"+
+		"prompt. Bodies read: tether_content_decisions_total by result, from tether's /metrics. The\n"+
+		"simulator's columns: the same scenario in virtual time (`tether-lab simulate --regime\n"+
+		"shared-documents` on the bench's fleet, rate and duration, no warmup).",
+		d.Count, d.Tokens.Min, d.Tokens.Max, d.Skew, o.Cache.CapacityTokens, s.TimeScale, s.DocsRate, s.DocsDuration,
+		s.ThinkScale, simulator.CacheAwareContent(o.Cache).BlockBytes)
+}
+
+// documentsMarkdown writes the documents table and its cross-check.
+func (r *Report) documentsMarkdown(w func(string, ...any)) {
+	w("### Routing quality: shared documents, bodies read on demand\n\n")
+	w("%s\n\n", documentsPreamble(r.Scale))
+	w("| policy | KV hit rate | TTFT p50 | TTFT p99 | session continuity | GPU busy | requests | failed | bodies read | simulator's hit rate | bench − simulator (points) |\n")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n")
+	for _, q := range r.Documents {
+		bodies := "–"
+		if q.ContentResults != nil {
+			bodies = fmt.Sprintf("%d", q.BodiesRead())
+			if t := topResults(q.ContentResults); t != "" {
+				bodies += ": " + t
+			}
+		}
+		w("| %s | %.1f%% | %s | %s | %.1f%% | %.0f%% | %d | %d | %s | %s |\n", q.Policy, 100*q.HitRate,
+			ms(q.TTFTP50), ms(q.TTFTP99), 100*q.Continuity, 100*q.GPUBusy, q.Requests, q.Failed, bodies, simCells(q.HitRate, q.Sim))
+	}
+	w("\n")
+	if v := r.DocumentsCrossCheck().verdict("policy"); v != "" {
+		w("%s\n\n", v)
+	}
 }
 
 // overheadMarkdown writes the overhead tables and the goals block.

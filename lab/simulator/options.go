@@ -303,12 +303,7 @@ func (o Options) generatedConfig() config.Config {
 	case Adaptive:
 		c.Routing.AdaptiveSticky = 1
 	case CacheAware:
-		// The product's [content] defaults, in the simulator's blocks: one
-		// index block is one emulator block (16 tokens, 64 bytes at four
-		// characters a token), every cache the emulator's capacity.
-		c.Content.Enabled = true
-		c.Content.BlockBytes = emulator.BlockSize * config.CharsPerToken
-		c.Content.CacheTokens = o.Cache.CapacityTokens
+		c.Content = CacheAwareContent(o.Cache)
 	}
 	if o.Scenario.Upgrade != (Upgrade{}) {
 		// Sessions keep their model: a conversation does not change
@@ -364,4 +359,17 @@ func zoneName(i int) string {
 		return "zone-" + string(rune('a'+i))
 	}
 	return fmt.Sprintf("zone-%d", i)
+}
+
+// CacheAwareContent is the [content] of the CacheAware policy on caches
+// configured as cache: the product's defaults, in the simulator's blocks:
+// one index block is one emulator block (16 tokens, 64 bytes at four
+// characters a token), every cache cache.CapacityTokens (filled in). The bench's
+// cache-aware row runs tether with it, so that both decide alike.
+func CacheAwareContent(cache emulator.CacheConfig) config.Content {
+	c := config.Default().Content
+	c.Enabled = true
+	c.BlockBytes = emulator.BlockSize * config.CharsPerToken
+	c.CacheTokens = cache.CapacityTokens
+	return c
 }

@@ -179,13 +179,14 @@ const (
 // even were no document cached twice and nothing else cached.
 const SharedDocumentsKVTokens = 12288
 
-// sharedDocuments is the shared-documents regime's traffic on the
-// caller's seed and applications: KindDocs conversations only
+// SharedDocuments is the shared-documents regime's traffic and caches on
+// the caller's seed and applications (its duration and warmup the
+// caller's too; the bench's documents run replays it through Envoy): KindDocs conversations only
 // (workload.DefaultDocs: 200 documents of 4,000–8,000 tokens, Zipf s = 1,
 // 2–4 questions of 20–100 tokens), half the callers anonymous (the rest
 // 30% session id, 10% bearer token, 10% device and user), in caches of
 // SharedDocumentsKVTokens (the conversation cap the caller's).
-func sharedDocuments(o Options) Options {
+func SharedDocuments(o Options) Options {
 	o.Workload.Mix = workload.Mix{Docs: 1}
 	o.Workload.Identities = workload.IdentityMix{Session: 0.3, Token: 0.1, Device: 0.1, Anonymous: 0.5}
 	o.Workload.Docs = workload.Docs{}
@@ -256,7 +257,7 @@ func Regimes() []Regime {
 				return o, nil
 			}},
 		{"shared-documents", fmt.Sprintf("questions about %d long shared documents (%d–%d tokens, Zipf s = %g), half the callers anonymous, each KV cache %d tokens: the fleet's caches hold a fraction of the documents", workload.DefaultDocs().Count, workload.DefaultDocs().Tokens.Min, workload.DefaultDocs().Tokens.Max, workload.DefaultDocs().Skew, SharedDocumentsKVTokens),
-			func(o Options) (Options, error) { return sharedDocuments(steady(o)), nil }},
+			func(o Options) (Options, error) { return SharedDocuments(steady(o)), nil }},
 		{"day", "a day in the life: one hour after the warmup with the autoscaler, an upgrade from minute 25, a failure every ten minutes and a burst at minute 50",
 			func(o Options) (Options, error) {
 				o.Duration = regimeWarmup + time.Hour

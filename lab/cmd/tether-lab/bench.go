@@ -56,10 +56,10 @@ marked section of --out and the charts go to --charts.`,
 			sel := map[string]bool{}
 			for _, s := range only {
 				switch s {
-				case "overhead", "quality", "hotspot", "churn":
+				case "overhead", "quality", "hotspot", "churn", "documents":
 					sel[s] = true
 				default:
-					return fmt.Errorf("--only %q: want overhead, quality, hotspot or churn", s)
+					return fmt.Errorf("--only %q: want overhead, quality, hotspot, churn or documents", s)
 				}
 			}
 			if sat.Waiting < 0 || !(sat.KVUsage >= 0 && sat.KVUsage <= 1) || sat.Waiting == 0 && sat.KVUsage == 0 {
@@ -113,10 +113,10 @@ marked section of --out and the charts go to --charts.`,
 	f.StringVar(&redisBin, "redis-server", "", "redis-server binary (default: from PATH)")
 	f.StringVar(&out, "out", "BENCHMARKS.md", "file whose marked section the results replace")
 	f.StringVar(&charts, "charts", "docs/bench", "directory for PNG charts")
-	f.StringVar(&scale, "scale", "full", "full (about 16 minutes) or smoke (about a minute and a half)")
+	f.StringVar(&scale, "scale", "full", "full (about 25 minutes) or smoke (about a minute and a half)")
 	f.Uint64Var(&seed, "seed", 1, "workload seed")
 	f.StringVar(&profiles, "cpuprofile", "", "directory for a CPU profile of each tether the run starts (tether serve --cpuprofile), named after its configuration")
-	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, hotspot, churn")
+	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, hotspot, churn, documents")
 	f.IntVar(&sat.Waiting, "adaptive-waiting", sat.Waiting, "routing.saturation_waiting of the tether adaptive policy (0: off)")
 	f.Float64Var(&sat.KVUsage, "adaptive-kv-usage", sat.KVUsage, "routing.saturation_kv_usage of the tether adaptive policy (0: off)")
 	f.IntVar(&sat.InFlight, "adaptive-inflight", sat.InFlight, "routing.saturation_inflight of the header-signals adaptive policy (0: off)")

@@ -172,9 +172,11 @@ type exchange struct {
 	observed bool
 	ticket   string
 	// body: the headers reply asked for the body, not yet arrived; the
-	// decision's audit waits for it (audit).
-	body  bool
-	audit func(affinity.Decision)
+	// decision's audit waits for it, with what it records of the request
+	// (audit).
+	body            bool
+	requestID, user string
+	id              identity.Identity
 }
 
 // Process serves one HTTP request's stream.
@@ -261,14 +263,13 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	}
 	s.rec.Decision(id, d, time.Since(start))
 	ex.decided, ex.decision = true, d
-	ex.audit = func(affinity.Decision) {}
-	if s.opts.Auditor != nil {
-		requestID, user := h.Get("x-request-id"), h.Get(s.opts.UserHeader)
-		ex.audit = func(d affinity.Decision) { s.opts.Auditor.Audit(requestID, user, id, d, start) }
-	}
-	ex.body = d.Content && s.opts.Prompts != nil && s.wantBody(h)
-	if !ex.body {
-		ex.audit(d)
+	ex.body = d.Content && s.opts.Prompts != nil && s.wantBody(h, msg.GetEndOfStream())
+	switch {
+	case s.opts.Auditor == nil:
+	case ex.body: // audited where the body places it
+		ex.requestID, ex.user, ex.id = h.Get("x-request-id"), h.Get(s.opts.UserHeader), id
+	default:
+		s.opts.Auditor.Audit(h.Get("x-request-id"), h.Get(s.opts.UserHeader), id, d, start)
 	}
 	if d.Err != nil {
 		s.warn.Warn().Err(d.Err).Str("session", id.Key).Msg("binding store failed; placed by rendezvous hashing")
@@ -284,13 +285,24 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 }
 
 // wantBody says whether a request whose placement is open may have its
-// body read: not a compressed one (counted), nor one that has none.
-func (s *Server) wantBody(h headers) bool {
+// body read: not one that has none (its headers end the stream), nor a
+// compressed one (counted).
+func (s *Server) wantBody(h headers, end bool) bool {
+	if end || h.Get("content-length") == "0" {
+		return false
+	}
 	if enc := h.Get("content-encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
 		s.rec.Content(ContentEncoded)
 		return false
 	}
-	return h.Get("content-length") != "0"
+	return true
+}
+
+// audit records the decision of a request that waited for its body.
+func (s *Server) audit(ex *exchange) {
+	if s.opts.Auditor != nil {
+		s.opts.Auditor.Audit(ex.requestID, ex.user, ex.id, ex.decision, ex.start)
+	}
 }
 
 // bodyMissed ends the wait for a body that did not come: the request went
@@ -299,7 +311,7 @@ func (s *Server) bodyMissed(ex *exchange) {
 	if ex.body {
 		ex.body = false
 		s.rec.Content(ContentIncomplete)
-		ex.audit(ex.decision)
+		s.audit(ex)
 	}
 }
 
@@ -312,7 +324,7 @@ func (s *Server) onRequestBody(ctx context.Context, msg *extprocv3.HttpBody, ex 
 	}
 	ex.body = false
 	d := ex.decision
-	defer func() { ex.audit(ex.decision) }()
+	defer s.audit(ex)
 	if !msg.GetEndOfStream() || s.opts.MaxBody > 0 && len(msg.GetBody()) > s.opts.MaxBody {
 		// BUFFERED_PARTIAL sends what fit in Envoy's buffer.
 		s.rec.Content(ContentOverLimit)

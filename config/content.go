@@ -31,9 +31,10 @@ const (
 	// per_connection_buffer_limit_bytes).
 	DefaultContentBodyBytes = 1 << 20
 	MaxContentBodyBytes     = 64 << 20
-	// DefaultCacheTokens: what a Llama 3.1 8B engine on one 80 GB GPU
-	// holds with vLLM's default gpu_memory_utilization of 0.9 (about 0.5
-	// million tokens at 128 KiB each), rounded down.
+	// DefaultCacheTokens: our arithmetic, not a measurement, for a Llama
+	// 3.1 8B engine on one 80 GB GPU with vLLM's default
+	// gpu_memory_utilization of 0.9 (about 0.5 million tokens at 128 KiB
+	// each), rounded down.
 	DefaultCacheTokens = 400_000
 	// CharsPerToken turns an engine's capacity in tokens into bytes of
 	// prompt: about four characters a token for English text with the

@@ -122,18 +122,20 @@ func TestContentBus(t *testing.T) {
 	}
 }
 
-// TestContentShareRedisCost measures what sharing the prefix index costs
-// Redis per content decision: N decisions' records published through a
-// real redis-server to two subscribed replicas, the server's CPU (INFO
-// cpu, used_cpu_user + used_cpu_sys) before and after over N. Each
-// decision is published alone (a quiet fleet: one record per 20 ms
-// message), the most it costs; at load, records share messages.
-func TestContentShareRedisCost(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a measurement")
-	}
+// BenchmarkContentShareRedisCost measures what sharing the prefix index
+// costs Redis per content decision: N decisions' records published
+// through a real redis-server to two subscribed replicas, the server's CPU
+// (INFO cpu, used_cpu_user + used_cpu_sys) before and after over N,
+// reported as redis-µs/decision. Each decision is published alone (a quiet
+// fleet: one record per 20 ms message), the most it costs; at load,
+// records share messages. A benchmark, not a test: it measures, and
+// TestContentBus holds the delivery.
+//
+//	go test -run XXX -bench ContentShareRedisCost -benchtime 1x ./store/redis/
+func BenchmarkContentShareRedisCost(b *testing.B) {
+	t := b
 	r := testenv.RedisServer(t)
-	ctx, cancel := context.WithCancel(t.Context())
+	ctx, cancel := context.WithCancel(b.Context())
 	pub := openCached(t, r.URL(), urlOptions)
 	var subs []*replicas.ContentShare
 	runs := sync.WaitGroup{}
@@ -189,7 +191,8 @@ func TestContentShareRedisCost(t *testing.T) {
 		}
 		took := time.Since(start)
 		cpu := redisCPU(t, ctx, r.Client()) - before
-		t.Logf("%-6s prompt (%4d blocks, a %6d-byte message, 2 subscribers): Redis CPU %6.1f µs per decision (%d decisions in %v)",
+		b.ReportMetric(cpu.Seconds()*1e6/float64(tc.n), tc.name+"-redis-µs/decision")
+		b.Logf("%-6s prompt (%4d blocks, a %6d-byte message, 2 subscribers): Redis CPU %6.1f µs per decision (%d decisions in %v)",
 			tc.name, tc.blocks, bus.last.Load(), cpu.Seconds()*1e6/float64(tc.n), tc.n, took.Round(time.Millisecond))
 	}
 }
@@ -206,7 +209,7 @@ func (b *sizedBus) PublishContent(ctx context.Context, msg []byte) error {
 }
 
 // redisCPU reads used_cpu_user + used_cpu_sys of INFO cpu.
-func redisCPU(t *testing.T, ctx context.Context, c goredis.UniversalClient) time.Duration {
+func redisCPU(t testing.TB, ctx context.Context, c goredis.UniversalClient) time.Duration {
 	t.Helper()
 	info, err := c.Info(ctx, "cpu").Result()
 	if err != nil {

@@ -64,15 +64,13 @@ type Plan struct {
 type Content struct {
 	Enabled    bool
 	BlockBytes int
-	// CacheBlocks is an instance's index capacity in blocks when its
-	// engine publishes none (content.cache_tokens).
-	CacheBlocks int
+	// CacheTokens is an instance's KV-cache capacity when its engine
+	// publishes none (content.cache_tokens).
+	CacheTokens int
 }
 
 func content(c config.Content) Content {
-	ct := Content{Enabled: c.Enabled, BlockBytes: c.BlockBytes}
-	ct.CacheBlocks = ct.IndexBlocks(c.CacheTokens)
-	return ct
+	return Content{Enabled: c.Enabled, BlockBytes: c.BlockBytes, CacheTokens: c.CacheTokens}
 }
 
 // IndexBlocks is the index capacity, in blocks, of a KV cache of tokens

@@ -81,9 +81,6 @@ func NewHasher(blockBytes, maxBlocks int) (*Hasher, error) {
 	return &Hasher{blockBytes: blockBytes, maxBlocks: maxBlocks}, nil
 }
 
-// BlockBytes is the size of a block.
-func (h *Hasher) BlockBytes() int { return h.blockBytes }
-
 // Chain returns the chained hashes of the full blocks of the prompt body
 // carries (an OpenAI-style chat or completions request), appended to dst,
 // or the reason it has none.

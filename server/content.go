@@ -14,7 +14,8 @@ import (
 // capacities keeps each instance's share of the prefix index at what its
 // KV cache holds: the capacity its engine publishes (vllm:cache_config_info,
 // sglang:max_total_num_tokens, in any replica's reading), else
-// content.cache_tokens. It reads them every interval until ctx ends.
+// content.cache_tokens; an instance that left the fleet has its share
+// dropped. It reads them every interval until ctx ends.
 type capacities struct {
 	index     *prefix.Index
 	load      *affinity.Load
@@ -40,11 +41,18 @@ func (c *capacities) run(ctx context.Context) {
 func (c *capacities) apply(now time.Time) {
 	ct := c.content.Load()
 	readings := c.load.Engines(c.stale)
+	fleet := map[string]bool{}
 	for _, in := range c.instances() {
-		blocks := ct.CacheBlocks
+		fleet[in.Name] = true
+		blocks := ct.IndexBlocks(ct.CacheTokens)
 		if r, ok := readings[in.Name]; ok && r.CacheTokens > 0 {
 			blocks = ct.IndexBlocks(r.CacheTokens)
 		}
 		c.index.SetCapacity(in.Name, blocks, now)
+	}
+	for _, st := range c.index.Stats() {
+		if !fleet[st.Instance] && st.Blocks > 0 {
+			c.index.Forget(st.Instance)
+		}
 	}
 }

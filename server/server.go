@@ -163,7 +163,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	// store (lab/simulator's TestSimulateDecidesAsServe).
 	// The prefix index cache-aware placement reads ([content]), kept at
 	// each instance's KV-cache capacity.
-	index := prefix.NewIndex(start.Content.CacheBlocks)
+	index := prefix.NewIndex(start.Content.IndexBlocks(start.Content.CacheTokens))
 	caps := &capacities{index: index, load: load, instances: rt.Fleet().All, stale: start.Scrape.Staleness, interval: start.Scrape.Interval}
 	caps.content.Store(&start.Content)
 	hasher, err := prefix.NewHasher(start.Content.BlockBytes, 0)

@@ -246,7 +246,7 @@ func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRo
 	if p.Content.Enabled {
 		// One index block is one emulator block (16 tokens): the plan's
 		// block size is 64 bytes at plan's 4 characters a token.
-		t.prompts = prefix.NewIndex(p.Content.CacheBlocks)
+		t.prompts = prefix.NewIndex(p.Content.IndexBlocks(p.Content.CacheTokens))
 		contents = t.prompts
 	}
 	d := plan.NewDecider(p, fl, plan.Deps{

@@ -204,7 +204,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		if req.GetObservabilityMode() {
 			// An observing filter's stream: it reports how a request
 			// another stream decided ended, and reads no reply.
-			if s.observe(req, &ex); ex.finished {
+			if s.observe(req, &ex) {
 				return nil // nothing more to hear: close, not wait for Envoy's deferred close
 			}
 			continue
@@ -375,17 +375,18 @@ func (s *Server) metadata(ex *exchange, d *affinity.Decision) *structpb.Struct {
 // headers bring the ticket (in the forwarded dynamic metadata), the
 // response headers how the request ended, redeemed at once; a stream that
 // ends before them is redeemed as unanswered (Process). Anything else is
-// ignored, and a stream is redeemed once.
-func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) {
+// ignored, and a stream is redeemed once. It reports whether this message
+// redeemed the stream's observation.
+func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) bool {
 	if ex.finished {
-		return
+		return false // a stream that decided and finished: not an observer's
 	}
 	if !ex.observed {
 		ex.observed, ex.ticket = true, ticketOf(req.GetMetadataContext().GetFilterMetadata()[MetadataNamespace])
 	}
 	r, ok := req.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
 	if !ok {
-		return
+		return false
 	}
 	ex.finished = true
 	h := headers(r.ResponseHeaders.GetHeaders().GetHeaders())
@@ -396,6 +397,7 @@ func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) {
 		overloaded: h.Get("x-envoy-overloaded") == "true",
 		headers:    h,
 	})
+	return true
 }
 
 // marked reports whether a stream carries ApartMarker.

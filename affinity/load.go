@@ -18,7 +18,7 @@ import (
 // not usable, call NewLoad.
 type Load struct {
 	mu     sync.Mutex
-	flight map[string]*flights            // requests in flight, as this replica counted them
+	flight map[string]*Flights            // requests in flight, as this replica counted them
 	queue  map[string]queueReading        // last queue depth an instance reported here
 	engine map[string]fleet.EngineReading // the engine readings this replica scraped
 	// Sessions this replica placed (+) or moved away (-) that the last
@@ -45,7 +45,7 @@ type queueReading struct {
 // the others'.
 func NewLoad() *Load {
 	return &Load{
-		flight: map[string]*flights{}, queue: map[string]queueReading{}, engine: map[string]fleet.EngineReading{}, now: time.Now,
+		flight: map[string]*Flights{}, queue: map[string]queueReading{}, engine: map[string]fleet.EngineReading{}, now: time.Now,
 		pending: map[string]int{}, placed: map[string]int{}, syncing: map[string]int{},
 		state: fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]fleet.EngineReading{}},
 	}
@@ -54,7 +54,7 @@ func NewLoad() *Load {
 // Begin counts a request sent to instance, decided at at.
 func (l *Load) Begin(instance string, at time.Time) {
 	l.mu.Lock()
-	l.flightsOf(instance).add(at, 1)
+	l.flightsOf(instance).Add(at, 1)
 	l.mu.Unlock()
 }
 
@@ -68,17 +68,17 @@ func (l *Load) Begin(instance string, at time.Time) {
 // (known false when it did not).
 func (l *Load) End(instance string, at time.Time, queue int, known bool) {
 	l.mu.Lock()
-	l.flightsOf(instance).add(at, -1)
+	l.flightsOf(instance).Add(at, -1)
 	if known {
 		l.queue[instance] = queueReading{depth: queue, at: l.now()}
 	}
 	l.mu.Unlock()
 }
 
-func (l *Load) flightsOf(instance string) *flights {
+func (l *Load) flightsOf(instance string) *Flights {
 	f := l.flight[instance]
 	if f == nil {
-		f = &flights{now: l.now}
+		f = NewFlights(l.now)
 		l.flight[instance] = f
 	}
 	return f
@@ -87,7 +87,7 @@ func (l *Load) flightsOf(instance string) *flights {
 // localFlight is this replica's count for instance (may be negative).
 func (l *Load) localFlight(instance string) int {
 	if f := l.flight[instance]; f != nil {
-		return f.sum()
+		return f.Sum()
 	}
 	return 0
 }
@@ -97,7 +97,7 @@ func (l *Load) localFlight(instance string) int {
 func (l *Load) localFlights() map[string]int {
 	out := make(map[string]int, len(l.flight))
 	for in, f := range l.flight {
-		if n, live := f.count(); !live {
+		if n, live := f.Count(); !live {
 			delete(l.flight, in)
 		} else if n != 0 {
 			out[in] = n
@@ -116,15 +116,21 @@ const FlightHorizon = 15 * time.Minute
 // minute, and drops them when that minute leaves the horizon.
 const flightSlots = int(FlightHorizon/time.Minute) + 1
 
-// flights is one instance's requests in flight, by the minute they were
-// decided in.
-type flights struct {
+// Flights counts requests in flight by the minute they were decided in,
+// and drops them when that minute leaves the horizon: one instance's in
+// Load, the requests a replica routed whose end it awaits in extproc. It
+// is not safe for concurrent use.
+type Flights struct {
 	now    func() time.Time
 	minute [flightSlots]int64 // the minute (Unix) each slot counts
 	n      [flightSlots]int
 }
 
-func (f *flights) add(at time.Time, n int) {
+// NewFlights returns an empty count on the clock now.
+func NewFlights(now func() time.Time) *Flights { return &Flights{now: now} }
+
+// Add counts n requests decided at at (negative: ended).
+func (f *Flights) Add(at time.Time, n int) {
 	m := at.Unix() / 60
 	if now := f.now().Unix() / 60; m <= now-int64(flightSlots)+1 || m > now+1 {
 		return // past the horizon (or from a clock far ahead): counts nowhere
@@ -136,13 +142,14 @@ func (f *flights) add(at time.Time, n int) {
 	f.n[i] += n
 }
 
-func (f *flights) sum() int {
-	n, _ := f.count()
+// Sum is the requests within the horizon.
+func (f *Flights) Sum() int {
+	n, _ := f.Count()
 	return n
 }
 
-// count is the requests within the horizon; live is false when no slot is.
-func (f *flights) count() (n int, live bool) {
+// Count is the requests within the horizon; live is false when no slot is.
+func (f *Flights) Count() (n int, live bool) {
 	now := f.now().Unix() / 60
 	for i, m := range f.minute {
 		if m > now-int64(flightSlots)+1 && m != 0 {
@@ -434,6 +441,13 @@ func (l *Load) Apply(st fleet.LoadState) {
 	defer l.mu.Unlock()
 	l.state = st
 	clear(l.syncing)
+}
+
+// Replicas is how many other replicas the last sync found live.
+func (l *Load) Replicas() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state.Replicas
 }
 
 func orEmpty[V any](m map[string]V) map[string]V {

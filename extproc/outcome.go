@@ -74,7 +74,17 @@ func (s *Server) redeem(o observation) {
 		o.elapsed = max(now.Sub(t.at), 0)
 	}
 	s.rec.Reported(ReportApplied)
+	if s.opts.Tickets.own(t.id) {
+		s.pending.add(t.at, true, -1)
+	}
 	s.finish(t.decision(in), o)
+}
+
+// end finishes a decision of this process's whose request ended without
+// an answer on its routing stream.
+func (s *Server) end(d affinity.Decision) {
+	s.pending.add(d.At, false, -1)
+	s.decider.Finish(d, fleet.Outcome{})
 }
 
 // finish reads o against the decision d its request was routed by, and

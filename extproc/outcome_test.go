@@ -61,6 +61,7 @@ type apartWorld struct {
 	breaker *fleet.Breaker
 	rec     *recorded
 	secret  []byte
+	srv     *extproc.Server
 }
 
 func newApartWorld(t *testing.T, instances []fleet.Instance) *apartWorld {
@@ -81,6 +82,7 @@ func newApartWorld(t *testing.T, instances []fleet.Instance) *apartWorld {
 		ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop(),
 		Tickets: extproc.NewTickets(w.secret), Instances: fl,
 	})
+	w.srv = srv
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -250,6 +252,60 @@ func TestApartDecisionFinishedByItsReport(t *testing.T) {
 	if w.rec.outcomes[extproc.ReportApplied] != 1 || len(w.rec.responses) != 1 || w.rec.responses[0] != "gpu-a:200" {
 		t.Fatalf("recorded %v, responses %v", w.rec.outcomes, w.rec.responses)
 	}
+}
+
+// TestPendingUntilItsEndIsHeard: the server awaits the end of each
+// request it routed (what a stop waits for): apart until its own ticket
+// comes back, not another replica's; inline until its stream ends.
+func TestPendingUntilItsEndIsHeard(t *testing.T) {
+	w := newApartWorld(t, oneGPU)
+	pending := func(what string, apart, stream int) {
+		t.Helper()
+		// A stream's end runs after the client has seen it close.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			a, s := w.srv.Pending()
+			if a == apart && s == stream {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: pending %d apart, %d on their stream; want %d, %d", what, a, s, apart, stream)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	pending("at start", 0, 0)
+	mine, _ := w.route(t, true, "x-session-id", "s1")
+	pending("routed apart", 1, 0)
+	// Another replica of the deployment (its own issuer) routed this one.
+	in, _ := fleet.New(oneGPU).Lookup("gpu-a")
+	theirs := extproc.NewTickets(w.secret).Issue(affinity.Decision{Instance: in, At: time.Now()})
+	w.accessLog(t, logEntry(theirs, 200, "127.0.0.1:9001"))
+	pending("another replica's ticket heard", 1, 0)
+	w.accessLog(t, logEntry(mine, 200, "127.0.0.1:9001"), logEntry(mine, 200, "127.0.0.1:9001"))
+	pending("its own ticket heard, twice", 0, 0)
+
+	// Inline: pending while the routing stream is open.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := extprocv3.NewExternalProcessorClient(w.conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(reqHeaders("x-session-id", "s2")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	pending("inline, stream open", 0, 1)
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err == nil {
+		t.Fatal("a second reply on the routing stream")
+	}
+	pending("inline, stream ended", 0, 0)
 }
 
 // TestInlineStreamHasNoTicket: a stream without the marker is served

@@ -143,8 +143,9 @@ type Server struct {
 	opts    Options
 	// warn logs per-request trouble (a store outage fails every request)
 	// at most a few lines a second; the metrics count every one.
-	warn zerolog.Logger
-	seen seenTickets // outcomes applied lately, against duplicates
+	warn    zerolog.Logger
+	seen    seenTickets // outcomes applied lately, against duplicates
+	pending *pending    // requests routed here whose end is still to come
 	// What the replies share: the routing header's mutation per instance,
 	// and the response phase's reply without debug headers.
 	routes *routes
@@ -155,7 +156,7 @@ type Server struct {
 func New(ids Identifier, decider Decider, rec Recorder, opts Options) *Server {
 	warn := opts.Logger.Sample(&zerolog.BurstSampler{Burst: 5, Period: time.Second})
 	return &Server{ids: ids, decider: decider, rec: rec, opts: opts, warn: warn,
-		routes: newRoutes(opts.ClusterHeader), plain: annotateResponse()}
+		routes: newRoutes(opts.ClusterHeader), plain: annotateResponse(), pending: newPending()}
 }
 
 // exchange is what one stream (one HTTP request) remembers between phases.
@@ -188,7 +189,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		switch {
 		case ex.finished, ex.apart && ex.decided: // apart: its report finishes it (redeem)
 		case ex.decided: // the stream ended before the instance answered
-			s.decider.Finish(ex.decision, fleet.Outcome{})
+			s.end(ex.decision)
 		case ex.observed:
 			s.redeem(observation{ticket: ex.ticket, none: true}) // the request ended before an answer
 		}
@@ -224,7 +225,16 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			return status.Error(codes.InvalidArgument, "processing request carries no known phase")
 		}
 		if err := stream.Send(resp); err != nil {
-			ex.apart = false // Envoy never had the ticket: no report will bring it back
+			if _, headers := req.Request.(*extprocv3.ProcessingRequest_RequestHeaders); headers && ex.apart {
+				// Envoy never had the ticket: no report will bring it
+				// back, and the stream's end ends the decision. (A later
+				// reply's failure leaves Envoy the headers reply's ticket.)
+				ex.apart = false
+				if ex.decided {
+					s.pending.add(ex.decision.At, true, -1)
+					s.pending.add(ex.decision.At, false, 1)
+				}
+			}
 			return err
 		}
 	}
@@ -235,7 +245,7 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	if ex.decided && !ex.finished && !ex.apart {
 		// A second request-headers message on one stream (Envoy sends one):
 		// the first decision ends unanswered, so its in-flight count does too.
-		s.decider.Finish(ex.decision, fleet.Outcome{})
+		s.end(ex.decision)
 	}
 	start := time.Now()
 	*ex = exchange{start: start, apart: ex.apart}
@@ -263,6 +273,7 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	}
 	s.rec.Decision(id, d, time.Since(start))
 	ex.decided, ex.decision = true, d
+	s.pending.add(d.At, ex.apart, 1)
 	ex.body = d.Content && s.opts.Prompts != nil && s.wantBody(h, msg.GetEndOfStream())
 	switch {
 	case s.opts.Auditor == nil:
@@ -378,8 +389,8 @@ func (s *Server) metadata(ex *exchange, d *affinity.Decision) *structpb.Struct {
 // ignored, and a stream is redeemed once. It reports whether this message
 // redeemed the stream's observation.
 func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) bool {
-	if ex.finished {
-		return false // a stream that decided and finished: not an observer's
+	if ex.finished || ex.decided {
+		return false // a stream that decided: not an observer's
 	}
 	if !ex.observed {
 		ex.observed, ex.ticket = true, ticketOf(req.GetMetadataContext().GetFilterMetadata()[MetadataNamespace])
@@ -417,6 +428,7 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *
 	s.bodyMissed(ex)
 	if ex.decided && !ex.finished && !ex.apart {
 		h := headers(msg.GetHeaders().GetHeaders())
+		s.pending.add(ex.decision.At, false, -1)
 		s.finish(ex.decision, observation{
 			status: statusOf(h.Get(":status")), upstream: up,
 			overloaded: h.Get("x-envoy-overloaded") == "true", headers: h, elapsed: time.Since(ex.start),

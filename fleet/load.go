@@ -54,4 +54,6 @@ type LoadState struct {
 	// Engine is the newest engine reading of each instance any other live
 	// replica reported (absent: none).
 	Engine map[string]EngineReading
+	// Replicas is how many other replicas are live (their reports stand).
+	Replicas int
 }

@@ -265,10 +265,10 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	if d := start.Drain.Delay; d > 0 && runErr == nil {
 		runErr = lameDuck(d, errc, log)
 	}
+	log.Info().Dur("timeout", start.Drain.Timeout).Msg("draining ext_proc streams")
+	settle(gs, processor, load, start.Drain.Timeout, log)
 	stopWatch()
 	watchers.Wait()
-	log.Info().Dur("timeout", start.Drain.Timeout).Msg("draining ext_proc streams")
-	stopGRPC(gs, start.Drain.Timeout)
 	if xs != nil {
 		stopStreams() // ADS streams never end by themselves
 		stopGRPC(xs, time.Second)
@@ -356,6 +356,42 @@ func lameDuck(d time.Duration, errc <-chan error, log zerolog.Logger) error {
 			}
 		}
 	}
+}
+
+// settleEvery is how often settle looks at what is still to come.
+const settleEvery = 10 * time.Millisecond
+
+// settle stops the ext_proc server once every request this replica
+// routed has ended, bounded by timeout. It serves on meanwhile: a request's
+// end may come on an access-log stream Envoy opens only then (a worker
+// opens its stream at its first entry). Envoy holds streams open that end
+// no request (each worker's access-log stream, for as long as Envoy runs),
+// so the server stops, cutting what is open, as soon as nothing is
+// pending: no request whose end comes on its routing stream, and no
+// request whose end is reported apart, unless another replica is live
+// (Envoy takes its access-log streams there when this one's are cut, and
+// any replica hears a ticket's report).
+func settle(gs *grpc.Server, p interface{ Pending() (apart, stream int) }, others interface{ Replicas() int }, timeout time.Duration, log zerolog.Logger) {
+	defer gs.Stop()
+	settled := func() bool {
+		apart, stream := p.Pending()
+		return stream == 0 && (apart == 0 || others.Replicas() > 0)
+	}
+	began := time.Now()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(settleEvery)
+	defer tick.Stop()
+	for !settled() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			apart, stream := p.Pending()
+			log.Warn().Int("apart", apart).Int("stream", stream).Msg("drain timeout: the ends of requests still pending are not heard here")
+			return
+		}
+	}
+	log.Info().Dur("waited", time.Since(began)).Int("other_replicas", others.Replicas()).Msg("every request's end heard (or left to another replica)")
 }
 
 // stopGRPC lets open streams finish, then cuts them after timeout.

@@ -318,6 +318,7 @@ func (s *Store) SyncLoad(ctx context.Context, r fleet.LoadReport, instances []st
 
 	s.expire(now)
 	st := fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]fleet.EngineReading{}}
+	st.Replicas = len(s.reports) - 1 // r's own stands
 	for _, in := range instances {
 		st.Active[in] = s.active(in)
 		for name, rep := range s.reports {

@@ -300,6 +300,7 @@ func TestSyncLoadSkipsBadValues(t *testing.T) {
 		Queue:    map[string]int{"b": 3},
 		Drained:  map[string]bool{"b": true},
 		Engine:   map[string]fleet.EngineReading{},
+		Replicas: 1,
 	}
 	if diff := cmp.Diff(want, st); diff != "" {
 		t.Errorf("SyncLoad (-want +got):\n%s", diff)
@@ -427,7 +428,7 @@ func TestParseReplies(t *testing.T) {
 			t.Errorf("parseLoadReply %s (%v): err = %v, skipped %q; want error: %v, %d skipped", tt.name, tt.res, err, skipped, tt.wantErr, tt.skipped)
 		}
 		if tt.name == "good" {
-			want := fleet.LoadState{Active: map[string]int{"a": 3}, InFlight: map[string]int{"a": 2}, Queue: map[string]int{"a": 4}, Drained: map[string]bool{"a": true}, Engine: map[string]fleet.EngineReading{}}
+			want := fleet.LoadState{Active: map[string]int{"a": 3}, InFlight: map[string]int{"a": 2}, Queue: map[string]int{"a": 4}, Drained: map[string]bool{"a": true}, Engine: map[string]fleet.EngineReading{}, Replicas: 1}
 			if diff := cmp.Diff(want, st); diff != "" {
 				t.Errorf("parseLoadReply (-want +got):\n%s", diff)
 			}

@@ -201,6 +201,7 @@ func parseLoadReply(res []any, r fleet.LoadReport, instances []string) (st fleet
 		st.Active[in] = int(n)
 		listed[in] = true
 	}
+	st.Replicas = len(others) / 2
 	queue := func(in string, q int) {
 		if cur, seen := st.Queue[in]; listed[in] && (!seen || q > cur) {
 			st.Queue[in] = q

@@ -608,28 +608,32 @@ var cases = []testCase{
 	{"sync load sums the other replicas", func(e *env) {
 		in := []string{"a", "b", "c"}
 		none := map[string]int{}
-		check := func(what string, st fleet.LoadState, inFlight, queue map[string]int) {
+		// others is how many other replicas' reports stand.
+		check := func(what string, st fleet.LoadState, others int, inFlight, queue map[string]int) {
 			e.t.Helper()
-			want := fleet.LoadState{Active: map[string]int{"a": 0, "b": 0, "c": 0}, InFlight: inFlight, Queue: queue, Drained: map[string]bool{}, Engine: map[string]fleet.EngineReading{}}
+			want := fleet.LoadState{Active: map[string]int{"a": 0, "b": 0, "c": 0}, InFlight: inFlight, Queue: queue, Drained: map[string]bool{},
+				Engine: map[string]fleet.EngineReading{}, Replicas: others}
 			if diff := cmp.Diff(want, st); diff != "" {
 				e.t.Errorf("%s (-want +got):\n%s", what, diff)
 			}
 		}
 		// "z" is not listed: it is left out.
 		check("r1 alone", e.sync("r1", map[string]int{"a": 2, "b": 1, "z": 9}, map[string]int{"a": 5}, in...),
-			none, map[string]int{"a": 5})
+			0, none, map[string]int{"a": 5})
 		check("r2 sees r1", e.sync("r2", map[string]int{"a": 3}, map[string]int{"a": 7, "b": 1}, in...),
-			map[string]int{"a": 2, "b": 1}, map[string]int{"a": 7, "b": 1})
+			1, map[string]int{"a": 2, "b": 1}, map[string]int{"a": 7, "b": 1})
 		check("r1 sees r2", e.sync("r1", map[string]int{"a": 2, "b": 1, "z": 9}, map[string]int{"a": 5}, in...),
-			map[string]int{"a": 3}, map[string]int{"a": 7, "b": 1})
+			1, map[string]int{"a": 3}, map[string]int{"a": 7, "b": 1})
 		// A new report replaces the last one.
 		e.skew(reportTTL / 2)
 		check("r2 again", e.sync("r2", map[string]int{"a": 4}, nil, in...),
-			map[string]int{"a": 2, "b": 1}, map[string]int{"a": 5})
+			1, map[string]int{"a": 2, "b": 1}, map[string]int{"a": 5})
 		// r1's report (from the start) has expired; r2's (from ttl/2) has not.
 		e.skew(reportTTL/2 + time.Second)
-		check("r1 expired", e.sync("r2", map[string]int{"a": 4}, nil, in...), none, none)
-		check("r1 back", e.sync("r1", nil, nil, in...), map[string]int{"a": 4}, none)
+		check("r1 expired", e.sync("r2", map[string]int{"a": 4}, nil, in...), 0, none, none)
+		// A replica that reports nothing still counts as one.
+		check("r1 back", e.sync("r1", nil, nil, in...), 1, map[string]int{"a": 4}, none)
+		check("r2 sees r1 back", e.sync("r2", nil, nil, in...), 1, none, none)
 	}},
 	{"sync load shares the newest engine reading", func(e *env) {
 		in := []string{"a", "b"}

@@ -463,6 +463,11 @@ func (s *fakeStore) SyncLoad(ctx context.Context, r fleet.LoadReport, instances 
 	s.reports[r.Replica] = fakeReport{r: r, expires: now.Add(ttl)}
 	st := fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: maps.Clone(s.drained),
 		Engine: map[string]fleet.EngineReading{}}
+	for name, rep := range s.reports {
+		if name != r.Replica && (now.Before(rep.expires) || s.flaw == "report-forever") {
+			st.Replicas++
+		}
+	}
 	for _, in := range instances {
 		st.Active[in] = 0
 		for key, e := range s.m {

@@ -87,6 +87,38 @@ type Policy struct {
 	draws versionDraws // filled by SetPolicy
 }
 
+// Headers are the request headers the decision reads by policy (besides
+// the identity's and the fail-open pool's hash, which are the decider's
+// inputs, and the path): the canary header, each rule's header, and the
+// tier header when a rule matches on tiers. What Envoy must send for it
+// (forward_rules).
+func (p *Policy) Headers() []string {
+	var out []string
+	if p.CanaryHeader != "" {
+		out = append(out, p.CanaryHeader)
+	}
+	tiers := false
+	for _, r := range p.Rules {
+		if r.Header != "" {
+			out = append(out, r.Header)
+		}
+		tiers = tiers || len(r.Tiers) > 0
+	}
+	if tiers && p.TierHeader != "" {
+		out = append(out, p.TierHeader)
+	}
+	return out
+}
+
+// OpensPlacement reports whether a decision under p may leave its
+// placement open to the request's body (Decision.Content): content
+// placement is on and some request is not routed at random (the policy's
+// mode, or a rule's, binds).
+func (p *Policy) OpensPlacement() bool {
+	binds := func(m Mode) bool { return m == Sticky || m == Adaptive }
+	return p.Content.Enabled && (binds(p.Mode) || slices.ContainsFunc(p.Rules, func(r Rule) bool { return binds(r.Mode) }))
+}
+
 // fallback is p.Fallback with its default.
 func (p *Policy) fallback() Fallback {
 	if p.Fallback == "" {

@@ -369,7 +369,10 @@ func chat(t *testing.T, p *proxy, h map[string]string) answer {
 	return a
 }
 
-func tryChat(p *proxy, h map[string]string) (answer, error) {
+func tryChat(p *proxy, h map[string]string) (answer, error) { return tryChatWith(client, p, h) }
+
+// tryChatWith is tryChat on client c.
+func tryChatWith(c *http.Client, p *proxy, h map[string]string) (answer, error) {
 	body := `{"model":"llama-3.1-8b","messages":[{"role":"user","content":"hello there"}],"max_tokens":8}`
 	req, err := http.NewRequest(http.MethodPost, p.url+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
@@ -379,7 +382,7 @@ func tryChat(p *proxy, h map[string]string) (answer, error) {
 	for k, v := range h {
 		req.Header.Set(k, v)
 	}
-	resp, err := client.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return answer{}, err
 	}

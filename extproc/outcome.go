@@ -97,7 +97,7 @@ func (s *Server) finish(d affinity.Decision, o observation) {
 		return
 	}
 	if o.headers == nil {
-		o.headers = headers(nil)
+		o.headers = headers{}
 	}
 	peer := o.upstream.elsewhere(d.Instance.Address)
 	// Envoy's own replies that never reached an instance say nothing

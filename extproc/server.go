@@ -134,6 +134,38 @@ const (
 	HeaderDecision = "x-tether-decision"
 )
 
+// The headers the handler reads by their own names, besides those Options
+// name and those its Identifier and Decider read.
+const (
+	HeaderPath            = ":path"              // the path routing rules match on
+	HeaderRequestID       = "x-request-id"       // logs and the audit
+	HeaderContentLength   = "content-length"     // a body to ask for (Options.Prompts)
+	HeaderContentEncoding = "content-encoding"   // a body it could read
+	HeaderStatus          = ":status"            // how the request ended
+	HeaderOverloaded      = "x-envoy-overloaded" // Envoy's circuit breaker turned it away
+)
+
+// RequestHeaders are the request headers the handler reads itself (its
+// Identifier and Decider read their own): the path, the request id, the
+// user header for the audit and, when it may ask for a body (bodies:
+// Prompts set and a policy that places by content), what says whether the
+// body is there and readable. Envoy need send no other for it
+// (forward_rules).
+func (o Options) RequestHeaders(bodies bool) []string {
+	out := []string{HeaderPath, HeaderRequestID, o.UserHeader}
+	if bodies {
+		out = append(out, HeaderContentLength, HeaderContentEncoding)
+	}
+	return out
+}
+
+// ResponseHeaders are the response headers the handler reads, on the
+// routing stream's response phase or an observing filter's stream: the
+// status, Envoy's overload mark and the instances' reports.
+func (o Options) ResponseHeaders() []string {
+	return []string{HeaderStatus, HeaderOverloaded, o.QueueHeader, o.OOMHeader, o.GPUHeader}
+}
+
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
@@ -146,6 +178,10 @@ type Server struct {
 	warn    zerolog.Logger
 	seen    seenTickets // outcomes applied lately, against duplicates
 	pending *pending    // requests routed here whose end is still to come
+	// read, when set (tests), hears the name of every header the handler
+	// reads (headers.Get): what Envoy must send (RequestHeaders,
+	// ResponseHeaders).
+	read func(name string)
 	// What the replies share: the routing header's mutation per instance,
 	// and the response phase's reply without debug headers.
 	routes *routes
@@ -249,10 +285,10 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	}
 	start := time.Now()
 	*ex = exchange{start: start, apart: ex.apart}
-	h := headers(msg.GetHeaders().GetHeaders())
+	h := s.headers(msg)
 	var hi identity.Headers = h // boxed once for both
 	id := s.ids.Extract(hi)
-	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(":path"), Headers: hi})
+	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(HeaderPath), Headers: hi})
 	if err != nil {
 		ex.failure = failureReason(err)
 		s.rec.DecisionFailed(id, ex.failure)
@@ -278,9 +314,9 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	switch {
 	case s.opts.Auditor == nil:
 	case ex.body: // audited where the body places it
-		ex.requestID, ex.user, ex.id = h.Get("x-request-id"), h.Get(s.opts.UserHeader), id
+		ex.requestID, ex.user, ex.id = h.Get(HeaderRequestID), h.Get(s.opts.UserHeader), id
 	default:
-		s.opts.Auditor.Audit(h.Get("x-request-id"), h.Get(s.opts.UserHeader), id, d, start)
+		s.opts.Auditor.Audit(h.Get(HeaderRequestID), h.Get(s.opts.UserHeader), id, d, start)
 	}
 	if d.Err != nil {
 		s.warn.Warn().Err(d.Err).Str("session", id.Key).Msg("binding store failed; placed by rendezvous hashing")
@@ -299,10 +335,10 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 // body read: not one that has none (its headers end the stream), nor a
 // compressed one (counted).
 func (s *Server) wantBody(h headers, end bool) bool {
-	if end || h.Get("content-length") == "0" {
+	if end || h.Get(HeaderContentLength) == "0" {
 		return false
 	}
-	if enc := h.Get("content-encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+	if enc := h.Get(HeaderContentEncoding); enc != "" && !strings.EqualFold(enc, "identity") {
 		s.rec.Content(ContentEncoded)
 		return false
 	}
@@ -400,12 +436,12 @@ func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) bool {
 		return false
 	}
 	ex.finished = true
-	h := headers(r.ResponseHeaders.GetHeaders().GetHeaders())
+	h := s.headers(r.ResponseHeaders)
 	s.redeem(observation{
 		ticket:     ex.ticket,
-		status:     statusOf(h.Get(":status")),
+		status:     statusOf(h.Get(HeaderStatus)),
 		upstream:   upstreamOf(req.GetAttributes()),
-		overloaded: h.Get("x-envoy-overloaded") == "true",
+		overloaded: h.Get(HeaderOverloaded) == "true",
 		headers:    h,
 	})
 	return true
@@ -427,11 +463,11 @@ func ticketOf(md *structpb.Struct) string {
 func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *exchange) *extprocv3.ProcessingResponse {
 	s.bodyMissed(ex)
 	if ex.decided && !ex.finished && !ex.apart {
-		h := headers(msg.GetHeaders().GetHeaders())
+		h := s.headers(msg)
 		s.pending.add(ex.decision.At, false, -1)
 		s.finish(ex.decision, observation{
-			status: statusOf(h.Get(":status")), upstream: up,
-			overloaded: h.Get("x-envoy-overloaded") == "true", headers: h, elapsed: time.Since(ex.start),
+			status: statusOf(h.Get(HeaderStatus)), upstream: up,
+			overloaded: h.Get(HeaderOverloaded) == "true", headers: h, elapsed: time.Since(ex.start),
 		})
 		ex.finished = true
 	}
@@ -557,7 +593,7 @@ func failureReason(err error) string {
 // requestID is Envoy's x-request-id for logs, cut short: a client can send
 // its own, of any length.
 func requestID(h headers) string {
-	id := h.Get("x-request-id")
+	id := h.Get(HeaderRequestID)
 	if len(id) > 64 {
 		id = id[:64]
 	}
@@ -565,11 +601,23 @@ func requestID(h headers) string {
 }
 
 // headers reads Envoy's header list without copying it into a map: a
-// request has a dozen headers and identity asks for a handful.
-type headers []*corev3.HeaderValue
+// request has a dozen headers and identity asks for a handful. Every
+// header the handler reads, it reads here.
+type headers struct {
+	list []*corev3.HeaderValue
+	read func(name string) // Server.read
+}
+
+// headers is the view of msg's headers.
+func (s *Server) headers(msg *extprocv3.HttpHeaders) headers {
+	return headers{list: msg.GetHeaders().GetHeaders(), read: s.read}
+}
 
 func (hs headers) Get(name string) string {
-	for _, h := range hs {
+	if hs.read != nil {
+		hs.read(name)
+	}
+	for _, h := range hs.list {
 		if h.GetKey() == name {
 			if raw := h.GetRawValue(); len(raw) > 0 {
 				return string(raw)

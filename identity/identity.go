@@ -116,6 +116,13 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// Headers are the request headers Extract reads, with the defaults of
+// the names c leaves unset: what Envoy must send for it (forward_rules).
+func (c Config) Headers() []string {
+	c.setDefaults()
+	return []string{c.SessionHeader, c.AuthHeader, c.DeviceHeader, c.UserHeader, c.UserAgent, c.AcceptLanguage, c.ForwardedFor}
+}
+
 // Extractor turns headers into an Identity.
 type Extractor struct {
 	cfg     Config

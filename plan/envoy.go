@@ -2,6 +2,7 @@ package plan
 
 import (
 	"reflect"
+	"slices"
 
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/extproc"
@@ -49,6 +50,32 @@ func envoy(cfg config.Config, replicas []string) xds.Spec {
 		})
 	}
 	return s
+}
+
+// forwarded are the headers Envoy sends tether (xds.Spec.RequestHeaders
+// and ResponseHeaders, the ext_proc filters' forward_rules): exactly those
+// the handler reads under p, each reader naming its own. The request's:
+// the identity's, the fail-open pool's hash (the decider hashes a new
+// session as Envoy's pool would), the policy's (canary, rules, tier) and
+// the handler's own (path, request id, the audit's user and, when
+// [content] on may leave a placement open to the body, whether the body
+// can be read). The response's: the
+// status, Envoy's overload mark and the instances' reports. Each list is
+// sorted, once each. extproc's TestForwardedHeadersAreRead holds them to
+// what the handler reads.
+func forwarded(p Plan) (request, response []string) {
+	request = slices.Concat(p.Identity.Headers(), p.Policy.Headers(), p.ExtProc.RequestHeaders(p.Policy.OpensPlacement()))
+	for _, h := range p.Envoy.HashPolicy {
+		request = append(request, h.Name)
+	}
+	return names(request), names(p.ExtProc.ResponseHeaders())
+}
+
+// names is list sorted, without repeats or empty names.
+func names(list []string) []string {
+	list = slices.DeleteFunc(slices.Clone(list), func(n string) bool { return n == "" })
+	slices.Sort(list)
+	return slices.Compact(list)
 }
 
 // responseAttributes are what the ext_proc handler reads in the response

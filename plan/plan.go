@@ -130,7 +130,7 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 		return Plan{}, err
 	}
 	r, e, srv := cfg.Routing, cfg.Engines, cfg.Server
-	return Plan{
+	p := Plan{
 		Instances:  Instances(cfg),
 		Policy:     pol,
 		Breaker:    fleet.BreakerConfig{Threshold: r.FailureThreshold, Window: r.FailureWindow.D, Cooldown: r.FailureCooldown.D},
@@ -159,7 +159,9 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 		},
 		TLS:   cfg.TLS,
 		Audit: cfg.Audit,
-	}, nil
+	}
+	p.Envoy.RequestHeaders, p.Envoy.ResponseHeaders = forwarded(p)
+	return p, nil
 }
 
 func identityConfig(id config.Identity) identity.Config {

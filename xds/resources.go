@@ -483,8 +483,10 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	if b.inline() {
 		f.ProcessingMode.ResponseHeaderMode = extprocv3.ProcessingMode_SEND
 		f.ResponseAttributes = b.spec.ResponseAttributes
+		f.ForwardRules = forwardRules(b.spec.RequestHeaders, b.spec.ResponseHeaders)
 		return f
 	}
+	f.ForwardRules = forwardRules(b.spec.RequestHeaders)
 	f.MetadataOptions = &extprocv3.MetadataOptions{
 		ReceivingNamespaces: &extprocv3.MetadataOptions_MetadataNamespaces{Untyped: []string{b.spec.MetadataNamespace}},
 	}
@@ -492,6 +494,35 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 		f.GrpcService.InitialMetadata = []*corev3.HeaderValue{{Key: b.spec.ApartMarker, Value: "1"}}
 	}
 	return f
+}
+
+// forwardRules limits the headers a filter sends tether to the names
+// given (an exact match each, in the order given, once), for each phase
+// it sends. nil, for no names, sends every header.
+//
+// Envoy checks every entry of the header map against the rules, the
+// pseudo-headers too, and for the request and the response phase alike
+// (MutationUtils::headersToProto in
+// source/extensions/filters/http/ext_proc/mutation_utils.cc, called by
+// Filter::buildHeaderRequest in ext_proc.cc; an empty allowed list allows
+// all): a pseudo-header the handler reads (:path, :status) must be listed,
+// and the ones it does not (:method, :authority, :scheme) stay in Envoy.
+func forwardRules(names ...[]string) *extprocv3.HeaderForwardingRules {
+	var patterns []*matcherv3.StringMatcher
+	seen := map[string]bool{}
+	for _, list := range names {
+		for _, n := range list {
+			if n == "" || seen[n] {
+				continue
+			}
+			seen[n] = true
+			patterns = append(patterns, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: n}})
+		}
+	}
+	if len(patterns) == 0 {
+		return nil
+	}
+	return &extprocv3.HeaderForwardingRules{AllowedHeaders: &matcherv3.ListStringMatcher{Patterns: patterns}}
 }
 
 // connectionLimit is the listener's buffer (Spec.BodyLimit), nil for
@@ -559,6 +590,9 @@ func (b *builder) observeFilter() *extprocv3.ExternalProcessor {
 		FailureModeAllow:   true,
 		ObservabilityMode:  true,
 		ResponseAttributes: b.spec.ResponseAttributes,
+		// The request headers it sends carry the ticket in their metadata:
+		// tether reads none of the headers themselves.
+		ForwardRules: forwardRules(b.spec.ResponseHeaders),
 		// tether closes the stream once it has the response headers; this
 		// bounds it when a request ends otherwise.
 		DeferredCloseTimeout: durationpb.New(time.Second),

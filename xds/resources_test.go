@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -487,4 +489,69 @@ func TestValidTLSBuilds(t *testing.T) {
 	if accepted < 10 {
 		t.Fatalf("only %d of the combinations are valid: the test checks too little", accepted)
 	}
+}
+
+// TestForwardRules: each ext_proc filter lets through the headers of the
+// phases it sends tether, once each and in the spec's order: the routing
+// filter the request's (and, inline, the response's too), the observing
+// filter the response's alone. A spec that names none sends every header.
+func TestForwardRules(t *testing.T) {
+	base := spec(t, loadConfig(t, "testdata/fleet.toml"))
+	base.RequestHeaders = []string{":path", "x-session-id", "x-queue-depth"}
+	base.ResponseHeaders = []string{":status", "x-queue-depth"}
+	for _, c := range []struct {
+		outcomes, name string
+		want           []string
+	}{
+		{xds.OutcomesAccessLog, "envoy.filters.http.ext_proc", base.RequestHeaders},
+		{xds.OutcomesInline, "envoy.filters.http.ext_proc", []string{":path", "x-session-id", "x-queue-depth", ":status"}},
+		{xds.OutcomesObserve, "envoy.filters.http.ext_proc", base.RequestHeaders},
+		{xds.OutcomesObserve, xds.ObserveFilterName, base.ResponseHeaders},
+	} {
+		s := base
+		s.Outcomes = c.outcomes
+		if diff := cmp.Diff(c.want, allowed(t, s, c.name)); diff != "" {
+			t.Errorf("outcomes %s, %s (-want +got):\n%s", c.outcomes, c.name, diff)
+		}
+	}
+	none := base
+	none.RequestHeaders, none.ResponseHeaders, none.Outcomes = nil, nil, xds.OutcomesObserve
+	for _, name := range []string{"envoy.filters.http.ext_proc", xds.ObserveFilterName} {
+		if got := allowed(t, none, name); got != nil {
+			t.Errorf("%s: no names given, forward_rules allow %v", name, got)
+		}
+	}
+}
+
+// allowed is what the filter named name lets through (nil: no
+// forward_rules, every header).
+func allowed(t *testing.T, s xds.Spec, name string) []string {
+	t.Helper()
+	r, err := xds.Build(s, xds.Static)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hcm := &hcmv3.HttpConnectionManager{}
+	if err := r.Listener.GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range hcm.GetHttpFilters() {
+		if f.GetName() != name {
+			continue
+		}
+		ep := &extprocv3.ExternalProcessor{}
+		if err := f.GetTypedConfig().UnmarshalTo(ep); err != nil {
+			t.Fatal(err)
+		}
+		if err := ep.ValidateAll(); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range ep.GetForwardRules().GetAllowedHeaders().GetPatterns() {
+			out = append(out, m.GetExact())
+		}
+		return out
+	}
+	t.Fatalf("no filter %s", name)
+	return nil
 }

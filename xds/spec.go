@@ -22,6 +22,14 @@ type Spec struct {
 	// ResponseAttributes are the attributes Envoy sends tether with the
 	// response headers (the ext_proc handler's names).
 	ResponseAttributes []string
+	// RequestHeaders are the request headers the ext_proc handler reads:
+	// the routing filter sends tether these alone (its forward_rules).
+	// Empty: every header.
+	RequestHeaders []string
+	// ResponseHeaders are the response headers it reads: the routing
+	// filter's response phase (outcomes inline) and the observing filter
+	// send these alone. Empty: every header.
+	ResponseHeaders []string
 	// Outcomes is how tether hears how each request ended (Outcomes*).
 	Outcomes string
 	// OutcomeFlush is how long Envoy's access log may hold entries to send

@@ -2,6 +2,8 @@ package extproc_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +25,8 @@ import (
 // TestRepliesAreEachRequests: replies to one instance share its routing
 // header's mutation, never a request's own part. Concurrent requests of
 // one session, over gRPC, each get the instance's routing header and a
-// ticket of their own; the response phase's reply is the same for all.
+// ticket of their own, and tether ends each such stream once it has
+// replied; the response phase's reply (inline) is the same for all.
 func TestRepliesAreEachRequests(t *testing.T) {
 	secret := []byte("0123456789abcdef")
 	ids, err := identity.New(identity.Config{Secret: secret})
@@ -43,34 +46,47 @@ func TestRepliesAreEachRequests(t *testing.T) {
 	const n = 40
 	got := make([][]*extprocv3.ProcessingResponse, n)
 	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			s, err := c.Process(metadata.AppendToOutgoingContext(ctx, extproc.ApartMarker, "1"))
+	// stream runs one request's stream: its messages, each answered; an
+	// apart stream (its end reported apart) is ended by tether after the
+	// request headers' reply.
+	stream := func(i int, apart bool, msgs ...*extprocv3.ProcessingRequest) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if apart {
+			ctx = metadata.AppendToOutgoingContext(ctx, extproc.ApartMarker, "1")
+		}
+		s, err := c.Process(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for _, m := range msgs {
+			if err := s.Send(m); err != nil {
+				t.Error(err)
+				return
+			}
+			r, err := s.Recv()
 			if err != nil {
 				t.Error(err)
 				return
 			}
-			for _, m := range []*extprocv3.ProcessingRequest{reqHeaders("x-session-id", "conv-1"), respHeaders(":status", "200")} {
-				if err := s.Send(m); err != nil {
-					t.Error(err)
-					return
-				}
-				r, err := s.Recv()
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				got[i] = append(got[i], r)
-			}
-			_ = s.CloseSend()
+			got[i] = append(got[i], r)
+		}
+		if _, err := s.Recv(); apart && !errors.Is(err, io.EOF) {
+			t.Errorf("request %d: after the reply the stream ended with %v, want tether to end it (EOF)", i, err)
+		}
+		_ = s.CloseSend()
+	}
+	for i := range n {
+		wg.Go(func() {
+			stream(i, true, reqHeaders("x-session-id", "conv-1"))
+			stream(i, false, reqHeaders("x-session-id", "conv-1"), respHeaders(":status", "200"))
 		})
 	}
 	wg.Wait()
 	tickets := map[string]bool{ticket(first[0]): true}
 	for i, rs := range got {
-		if len(rs) != 2 {
+		if len(rs) != 3 {
 			t.Fatalf("request %d: %d replies", i, len(rs))
 		}
 		if diff := cmp.Diff(route, rs[0].GetRequestHeaders(), protocmp.Transform()); diff != "" {
@@ -81,7 +97,7 @@ func TestRepliesAreEachRequests(t *testing.T) {
 			t.Errorf("request %d: ticket %q missing or another request's", i, tk)
 		}
 		tickets[tk] = true
-		if diff := cmp.Diff(first[1], rs[1], protocmp.Transform()); diff != "" {
+		if diff := cmp.Diff(first[1], rs[2], protocmp.Transform()); diff != "" {
 			t.Errorf("request %d: response-phase reply (-first +got):\n%s", i, diff)
 		}
 	}

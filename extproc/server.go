@@ -273,6 +273,13 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			}
 			return err
 		}
+		if ex.apart && !ex.body {
+			// Reported apart, the filter sends nothing after the request
+			// headers (or the body they asked for): the stream is done.
+			// Ending it now frees it on both sides at once, without
+			// waiting for Envoy to close it.
+			return nil
+		}
 	}
 }
 

@@ -19,9 +19,8 @@ type Redis struct {
 	Timeout Duration `toml:"timeout"`
 	// Cache serves a sticky hit from what the replica already knows,
 	// without a round trip, kept true across replicas by an invalidation
-	// channel (see store/redis cache.go). A standalone Redis only: on a
-	// Cluster or Sentinel tether keeps one round trip per hit and says so
-	// at start and in /readyz.
+	// channel (see store/redis cache.go), on a standalone Redis, a
+	// Sentinel's master or a Cluster.
 	Cache bool `toml:"cache"`
 	// CacheSize is the most sessions a replica caches.
 	CacheSize int `toml:"cache_size"`

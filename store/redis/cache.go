@@ -13,6 +13,18 @@ package redis
 // and drops the entry. A link written for an alias is published too: the
 // alias's own binding, if cached, must no longer be served.
 //
+// The channel is classic pub/sub, which reaches every subscriber on every
+// deployment: behind a Sentinel the subscription follows the master (a
+// failover breaks it, the cache is flushed and the store subscribes to the
+// new master; a subscription still on the old master, now a replica, hears
+// what the new one publishes, as Redis replicates PUBLISH), and on a
+// Cluster a PUBLISH on the node that holds the session reaches the
+// subscribers of every node over the cluster bus. Sharded pub/sub (Redis 7
+// SPUBLISH) would spare the other nodes that message, at the cost of one
+// subscription per shard, kept in step with the slot map; a message costs
+// each node about what a PING does, and only changes publish (binds,
+// moves, marks, forgets: not hits), so the broadcast stays.
+//
 // When the subscription drops, or a PING on it is not answered within a
 // ping interval, the whole cache is flushed and nothing is served or
 // stored from it until the store has subscribed again. A lookup that
@@ -66,9 +78,8 @@ const (
 
 // CacheOptions tune the hit cache. The zero value is off.
 type CacheOptions struct {
-	// Enabled caches sticky hits. Only a standalone Redis supports it (the
-	// invalidation channel is one server's); on a Cluster or Sentinel the
-	// store keeps one round trip per hit and says why (Store.Hits).
+	// Enabled caches sticky hits, on a standalone Redis, a Sentinel's
+	// master or a Cluster.
 	Enabled bool
 	// Size is the most sessions cached (default DefaultCacheSize).
 	Size int

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/internal/testenv"
@@ -105,24 +104,14 @@ func TestCacheOptionsValidate(t *testing.T) {
 	}
 }
 
-// TestCacheOnlyStandalone: a client that is no *goredis.Client (a
-// Cluster) keeps one round trip per hit and says so.
-func TestCacheOnlyStandalone(t *testing.T) {
+// TestCacheOff: with the cache off every hit is a round trip, and the
+// store says why.
+func TestCacheOff(t *testing.T) {
 	_, mc := miniClient(t)
-	s := newStoreT(t, mc, cachedOptions())
+	s := newStoreT(t, mc, testOptions)
 	t.Cleanup(func() { _ = s.Close() })
-	if mode, _ := s.Hits(); mode != HitsCached || s.Health().Hits != HitsCached {
-		t.Errorf("standalone: hits %q, health %q; want %q", mode, s.Health().Hits, HitsCached)
-	}
-	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = cc.Close() })
-	s2, err := New(cc, cachedOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s2.Close() })
-	if mode, why := s2.Hits(); mode != HitsOneRoundTrip || !strings.Contains(why, "Cluster") || s2.cache != nil || s2.channel != "" {
-		t.Errorf("cluster: hits %q (%q), cache %v, channel %q; want %q", mode, why, s2.cache != nil, s2.channel, HitsOneRoundTrip)
+	if mode, why := s.Hits(); mode != HitsOneRoundTrip || !strings.Contains(why, "cache = false") || s.cache != nil {
+		t.Errorf("cache off: hits %q (%q), cache %v; want %q", mode, why, s.cache != nil, HitsOneRoundTrip)
 	}
 }
 
@@ -187,8 +176,14 @@ func TestCachedHitSendsNothing(t *testing.T) {
 // and does not hold a shared machine to them.
 func TestCacheFollowsMoves(t *testing.T) {
 	r := testenv.RedisServer(t)
-	a := openCached(t, r.URL(), cachedOptions())
-	b := openCached(t, r.URL(), cachedOptions())
+	followMoves(t, openCached(t, r.URL(), cachedOptions()), openCached(t, r.URL(), cachedOptions()))
+}
+
+// followMoves: b, which caches the sessions a binds, follows a stream of
+// a's moves within a fifth of the cache's TTL (through the invalidation
+// channel, not the TTL), and a's marks too.
+func followMoves(t *testing.T, a, b *Store) {
+	t.Helper()
 	ctx := t.Context()
 	lt := bindings.Lifetime{Idle: time.Hour}
 	const n = 500

@@ -72,7 +72,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis open %q: %w", redact(rawURL), err)
 	}
-	s, err := newStore(ctx, client, opts, func(msg string) string { return scrub(msg, rawURL) }, co.standalone != nil)
+	s, err := newStore(ctx, client, opts, func(msg string) string { return scrub(msg, rawURL) })
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("redis open %q: %w", redact(rawURL), safeErr(err, rawURL))

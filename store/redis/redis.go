@@ -41,8 +41,7 @@
 // SCRIPT FLUSH, a call refused with NOSCRIPT is sent again with EVAL once,
 // which caches the script again.
 //
-//   - With the hit cache (Options.Cache, standalone Redis only; see
-//     cache.go), a hit whose refresh is not due and that the replica has
+//   - With the hit cache (Options.Cache; see cache.go), a hit whose refresh is not due and that the replica has
 //     cached is NO round trip: its refresh and count are written back
 //     later, in a batch. Every other case below is unchanged.
 //   - A hit whose refresh is not due is ONE round trip: the get-or-bind
@@ -183,10 +182,10 @@ type Options struct {
 	// held, from the goroutine whose call changed the state: keep it short
 	// (set a gauge) and do not call the Store from it.
 	OnGuard func(open bool)
-	// Cache serves sticky hits without a round trip (cache.go). On by
-	// default for a standalone Redis; a Cluster or Sentinel keeps one
-	// round trip per hit (Store.Hits says which, and why). A store with
-	// the cache on must be closed: it runs two goroutines.
+	// Cache serves sticky hits without a round trip (cache.go), on a
+	// standalone Redis, behind a Sentinel and on a Cluster alike (Store.Hits
+	// says whether it is on). A store with the cache on must be closed: it
+	// runs two goroutines.
 	Cache CacheOptions
 }
 
@@ -215,9 +214,8 @@ type Store struct {
 
 	getOrBind, replace, index, show, mark, prune, syncLoad *goredis.Script
 
-	// channel is where the scripts publish a changed binding's key ("" when
-	// the deployment cannot cache hits: a Cluster or Sentinel); cache is
-	// nil when this store does not cache them; hits and hitsWhy say so
+	// channel is where the scripts publish a changed binding's key; cache
+	// is nil when this store does not cache hits; hits and hitsWhy say so
 	// (Hits).
 	channel       string
 	origin        string // this store's name in its messages, random
@@ -239,20 +237,13 @@ type Store struct {
 // per-call timeout the client must have ContextTimeoutEnabled; otherwise
 // go-redis ignores context deadlines and a slow Redis would hold requests
 // for its read timeout.
-//
-// The hit cache (Options.Cache) works on a *goredis.Client of a standalone
-// Redis only: a Sentinel's failover client is one too, so do not enable
-// it on one (Open tells them apart).
 func New(client goredis.UniversalClient, opts Options) (*Store, error) {
-	_, standalone := client.(*goredis.Client)
-	return newStore(context.Background(), client, opts, nil, standalone)
+	return newStore(context.Background(), client, opts, nil)
 }
 
 // newStore builds the store and checks Redis (see New). redact removes
 // secrets from the error texts Health reports (nil: none).
-// standalone says the client talks to one standalone server, where the
-// hit cache's invalidation channel works.
-func newStore(ctx context.Context, client goredis.UniversalClient, opts Options, redact func(string) string, standalone bool) (*Store, error) {
+func newStore(ctx context.Context, client goredis.UniversalClient, opts Options, redact func(string) string) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redis store: nil client")
 	}
@@ -281,16 +272,12 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options,
 	s.fleet = s.prefix + "{fleet}:"
 	s.origin = newOrigin()
 	s.hits, s.hitsWhy = HitsOneRoundTrip, "cache off ([redis] cache = false)"
-	if standalone {
-		// Published whether or not this replica caches: another replica
-		// on the same Redis may.
-		s.channel = s.prefix + "invalidate"
-		if opts.Cache.Enabled {
-			s.cache = newHitCache(s, opts.Cache.withDefaults())
-			s.hits, s.hitsWhy = HitsCached, ""
-		}
-	} else if opts.Cache.Enabled {
-		s.hitsWhy = "a Redis Cluster or Sentinel: no invalidation channel for a hit cache"
+	// Published whether or not this replica caches: another replica on the
+	// same Redis may.
+	s.channel = s.prefix + "invalidate"
+	if opts.Cache.Enabled {
+		s.cache = newHitCache(s, opts.Cache.withDefaults())
+		s.hits, s.hitsWhy = HitsCached, ""
 	}
 	bc := guardConfig{redact: redact}
 	if cc, ok := client.(*goredis.ClusterClient); ok {

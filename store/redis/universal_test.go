@@ -82,9 +82,9 @@ func TestOpenSentinelURL(t *testing.T) {
 	}
 	defer s.Close()
 	getOrBindTwice(t, s, 10)
-	// A Sentinel has no hit cache: one round trip per hit, said so.
-	if mode, why := s.Hits(); mode != HitsOneRoundTrip || why == "" || s.cache != nil || s.Health().Hits != HitsOneRoundTrip {
-		t.Errorf("sentinel: hits %q (%q), cache %v; want %q", mode, why, s.cache != nil, HitsOneRoundTrip)
+	// Behind a Sentinel hits are cached as on a standalone Redis.
+	if mode, why := s.Hits(); mode != HitsCached || why != "" || s.cache == nil || s.Health().Hits != HitsCached {
+		t.Errorf("sentinel: hits %q (%q), cache %v; want %q", mode, why, s.cache != nil, HitsCached)
 	}
 
 	// The bindings are on the master the sentinel named.

@@ -2,6 +2,7 @@ package extproc_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"testing"
 	"time"
@@ -144,4 +145,48 @@ func BenchmarkExchangeGRPC(b *testing.B) {
 			benchExchange(b, serve(b, exchangeServer(b, m.mode)), exchangeMsgs())
 		})
 	}
+}
+
+// BenchmarkExchangeApartGRPC is a routing stream whose end is reported
+// apart, over loopback gRPC, as Envoy runs it: the request headers, their
+// reply, then Envoy closes its side (it expects nothing more) and the
+// stream ends.
+func BenchmarkExchangeApartGRPC(b *testing.B) {
+	secret := []byte("0123456789abcdef")
+	ids, err := identity.New(identity.Config{Secret: secret})
+	if err != nil {
+		b.Fatal(err)
+	}
+	instances := fleet.New(two)
+	dec := affinity.New(memory.New(), instances, affinity.Policy{
+		Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Minute, Max: time.Hour},
+	})
+	c := serve(b, extproc.New(ids, dec, &recorded{}, extproc.Options{
+		ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop(),
+		Tickets: extproc.NewTickets(secret), Instances: instances,
+	}))
+	ctx := metadata.AppendToOutgoingContext(context.Background(), extproc.ApartMarker, "1")
+	req := reqHeaders("x-session-id", "conv-1", ":path", "/v1/chat/completions")
+	b.ReportAllocs()
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			s, err := c.Process(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Send(req); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.Recv(); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.CloseSend(); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.Recv(); !errors.Is(err, io.EOF) {
+				b.Fatalf("the stream ended with %v, want EOF", err)
+			}
+		}
+	})
 }

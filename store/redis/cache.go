@@ -457,7 +457,11 @@ func (c *hitCache) subscribe(ctx context.Context) {
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		ps := c.s.client.Subscribe(ctx, c.s.channel)
+		// A read in progress does not see ctx end: closing the
+		// subscription ends it, so Close does not wait for the ping.
+		unwatch := context.AfterFunc(ctx, func() { _ = ps.Close() })
 		err := c.receive(ctx, ps)
+		unwatch()
 		c.setReady(false)
 		_ = ps.Close()
 		if ctx.Err() != nil {

@@ -45,7 +45,11 @@ func (s *Store) SubscribeContent(ctx context.Context, on func(msg []byte)) {
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		ps := s.client.Subscribe(ctx, s.contentChannel())
+		// A read in progress does not see ctx end: closing the
+		// subscription ends it, so a stop does not wait for the ping.
+		unwatch := context.AfterFunc(ctx, func() { _ = ps.Close() })
 		worked := s.receiveContent(ctx, ps, on)
+		unwatch()
 		_ = ps.Close()
 		if ctx.Err() != nil {
 			return

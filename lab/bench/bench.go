@@ -2,9 +2,11 @@
 // real redis-server and tether side by side with emulated GPU instances, and
 // writes the results into BENCHMARKS.md with charts. The scenarios:
 //
-//   - overhead: what Envoy + tether adds to Envoy alone, on a zero-latency
-//     backend, with tiny requests and with chat bodies of several sizes
-//     that tether carries (content off) or reads (content on, body.go);
+//   - overhead: what Envoy + tether adds to Envoy alone and to the ext_proc
+//     floor, the cheapest router (floor.go), on a zero-latency backend,
+//     with tiny requests carrying the bench's headers or the OpenAI Python
+//     client's, and with chat bodies of several sizes that tether carries
+//     (content off) or reads (content on, body.go);
 //   - quality: the field's traffic mix against eight emulated A100s in two
 //     zones, routed by Envoy round robin, Envoy ring hash, tether random,
 //     tether sticky and tether adaptive;

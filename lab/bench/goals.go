@@ -7,13 +7,19 @@ import (
 )
 
 // The overhead goals: what tether on the path of every request may cost
-// beside Envoy alone.
+// beside Envoy alone, and beside the ext_proc floor (floor.go), the least
+// a router behind the same Envoy filter costs.
 const (
 	GoalAddedP50        = 300 * time.Microsecond
 	GoalAddedP99        = time.Millisecond
 	GoalThroughputRatio = 0.75
 	GoalCPUPerHit       = 50 * time.Microsecond // tether + redis-server
 	GoalRedisPerHit     = 0.0                   // commands per sticky hit
+	// Over the floor: the p50 tether adds to it, its throughput and
+	// Envoy's CPU per request as shares of the floor's.
+	GoalP50OverFloor      = 100 * time.Microsecond
+	GoalThroughputVsFloor = 0.90
+	GoalEnvoyCPUVsFloor   = 1.10
 )
 
 // Goal is one overhead goal for one configuration, with the figure the run
@@ -99,41 +105,76 @@ func addedGoal(path, what string, value, limit float64) Goal {
 }
 
 // OverheadGoals evaluates the overhead goals for every configuration with
-// tether on the request path, against the first configuration without it
-// (Envoy alone); nil when the run has no such pair. Where the run has the
-// ext_proc floor, each latency and throughput goal carries the floor's
-// figure as its bound.
+// tether on the request path against Envoy alone with the same client's
+// headers; nil when the run has no such pair. Where the run has the
+// ext_proc floor with those headers, each latency and throughput goal
+// carries the floor's figure as its bound, and the goals over the floor
+// follow.
 func (r *Report) OverheadGoals() []Goal {
-	var base, floor *OverheadRow
+	var goals []Goal
+	for _, o := range r.Overhead {
+		if !o.OnPath {
+			continue
+		}
+		base, floor := r.overheadPeers(o.Client)
+		if base == nil {
+			continue
+		}
+		bounds := map[string]float64{}
+		if floor != nil {
+			for _, g := range r.goalsOf(*floor, *base) {
+				bounds[g.What] = g.Value
+			}
+		}
+		for _, g := range r.goalsOf(o, *base) {
+			g.Bound, g.HasBound = bounds[g.What]
+			goals = append(goals, g)
+		}
+		if floor != nil {
+			goals = append(goals, r.floorGoals(o, *floor)...)
+		}
+	}
+	return goals
+}
+
+// overheadPeers are the first rows of Envoy alone and of the ext_proc
+// floor whose requests carried client's headers; nil where there is none.
+func (r *Report) overheadPeers(client string) (base, floor *OverheadRow) {
 	for i := range r.Overhead {
 		o := &r.Overhead[i]
 		switch {
+		case o.Client != client:
 		case o.Floor && floor == nil:
 			floor = o
 		case !o.OnPath && !o.Floor && base == nil:
 			base = o
 		}
 	}
-	if base == nil {
-		return nil
+	return base, floor
+}
+
+// floorGoals are o's goals over the floor with the same headers: the p50
+// it adds (below zero, tether was the faster: reached), its throughput,
+// and Envoy's CPU per request, left out when the floor's was not measured.
+func (r *Report) floorGoals(o, floor OverheadRow) []Goal {
+	goals := []Goal{
+		newGoal(o.Name, "added p50 over the floor, one connection", millis(o.SerialP50-floor.SerialP50), millis(GoalP50OverFloor), true, "ms"),
+		newGoal(o.Name, fmt.Sprintf("added p50 over the floor, at %.0f requests/s", r.Scale.OverheadRate), millis(o.P50-floor.P50), millis(GoalP50OverFloor), true, "ms"),
+		newGoal(o.Name, "throughput vs the floor", ratio(o.Throughput, floor.Throughput), GoalThroughputVsFloor, false, "×"),
 	}
-	bounds := map[string]float64{}
-	if floor != nil {
-		for _, g := range r.goalsOf(*floor, *base) {
-			bounds[g.What] = g.Value
-		}
-	}
-	var goals []Goal
-	for _, o := range r.Overhead {
-		if !o.OnPath {
-			continue
-		}
-		for _, g := range r.goalsOf(o, *base) {
-			g.Bound, g.HasBound = bounds[g.What]
-			goals = append(goals, g)
-		}
+	if floor.EnvoyCPUPerRequest > 0 {
+		goals = append(goals, newGoal(o.Name, "Envoy CPU per request vs the floor",
+			ratio(float64(o.EnvoyCPUPerRequest), float64(floor.EnvoyCPUPerRequest)), GoalEnvoyCPUVsFloor, true, "×"))
 	}
 	return goals
+}
+
+// ratio is a/b, 0 without b.
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
 }
 
 // goalsOf is o's goals over base: latency and throughput, and for a row
@@ -148,12 +189,8 @@ func (r *Report) goalsOf(o, base OverheadRow) []Goal {
 		addedGoal(o.Name, "added p50, "+rate, msOf(o.P50-base.P50), msOf(GoalAddedP50)),
 		addedGoal(o.Name, "added p99, "+rate, msOf(o.P99-base.P99), msOf(GoalAddedP99)),
 	}
-	ratio := 0.0
-	if base.Throughput > 0 {
-		ratio = o.Throughput / base.Throughput
-	}
 	goals = append(goals, newGoal(o.Name, fmt.Sprintf("throughput at %d connections vs Envoy alone", r.Scale.OverheadWorkers),
-		ratio, GoalThroughputRatio, false, "×"))
+		ratio(o.Throughput, base.Throughput), GoalThroughputRatio, false, "×"))
 	if o.Store {
 		goals = append(goals,
 			newGoal(o.Name, "tether + redis-server CPU per sticky hit", usOf(o.TetherCPUPerRequest+o.RedisCPUPerRequest), usOf(GoalCPUPerHit), true, "µs"),

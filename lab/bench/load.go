@@ -24,19 +24,53 @@ func newLoadClient() *http.Client {
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 256}}
 }
 
-// send posts one tiny request for session s.
-func send(ctx context.Context, client *http.Client, url, s string) error {
-	return sendAs(ctx, client, url, soakCaller{session: s})
+// send posts one tiny request for session s, with the client's headers
+// beside the bench's own.
+func send(ctx context.Context, client *http.Client, url, s string, c clientHeaders) error {
+	return sendAs(ctx, client, url, soakCaller{session: s}, c.h)
 }
+
+// clientHeaders is what a kind of client sends with every request beside
+// the bench's own headers (content type and session id; Go adds host,
+// user agent, content length and accept-encoding), keys in canonical
+// form; the zero value adds nothing.
+type clientHeaders struct {
+	name string // "" for the bench's own client
+	h    http.Header
+}
+
+// openAIPython is what the official OpenAI Python client (openai-python
+// 2.x over httpx, with its default timeout, on Linux x86-64) sends with a
+// chat completion: its platform headers (x-stainless-*), user agent, API
+// key, accept, connection and accept-encoding; with content type, host
+// and content length, 17 headers, and 18 with the session id an
+// application adds (default_headers). The key is the bench's own, made
+// up.
+var openAIPython = clientHeaders{name: "OpenAI Python client's headers", h: http.Header{
+	"Accept":                      {"application/json"},
+	"Accept-Encoding":             {"gzip, deflate"},
+	"Authorization":               {"Bearer sk-bench-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKL"},
+	"Connection":                  {"keep-alive"},
+	"User-Agent":                  {"OpenAI/Python 2.54.0"},
+	"X-Stainless-Arch":            {"x64"},
+	"X-Stainless-Async":           {"false"},
+	"X-Stainless-Lang":            {"python"},
+	"X-Stainless-Os":              {"Linux"},
+	"X-Stainless-Package-Version": {"2.54.0"},
+	"X-Stainless-Read-Timeout":    {"600"},
+	"X-Stainless-Retry-Count":     {"0"},
+	"X-Stainless-Runtime":         {"CPython"},
+	"X-Stainless-Runtime-Version": {"3.12.7"},
+}}
 
 // request sends the i-th request of worker w of a loop (a schedule's n-th
 // arrival is worker n%64's request n/64; a serial run is worker 2000's).
 type request func(ctx context.Context, client *http.Client, url string, w, i int) error
 
-// tiny is the tiny request for session(w, i).
-func tiny(session func(w, i int) string) request {
+// tiny is the tiny request for session(w, i), with c's headers.
+func tiny(c clientHeaders, session func(w, i int) string) request {
 	return func(ctx context.Context, client *http.Client, url string, w, i int) error {
-		return send(ctx, client, url, session(w, i))
+		return send(ctx, client, url, session(w, i), c)
 	}
 }
 

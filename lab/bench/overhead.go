@@ -10,12 +10,17 @@ import (
 	"time"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/lab/emulator"
 )
 
 // OverheadRow is one configuration of the overhead scenario.
 type OverheadRow struct {
 	Name string
+	// Client names the headers the requests carry beside the bench's own
+	// ("": none; load.go); rows compare with the Envoy alone and floor
+	// rows of the same Client.
+	Client string
 	// OnPath: tether is on the request path (ext_proc); Store: it keeps
 	// sessions in redis-server (sticky); Floor: the ext_proc floor is
 	// (floor.go), in the bench's own process.
@@ -63,8 +68,9 @@ const serialTimeout = 2 * time.Minute
 // calling the ext_proc floor (the bound), Envoy + tether random,
 // Envoy + tether sticky with redis-server, and sticky again with each other
 // way outcomes reach tether (envoy.outcomes; the default is access_log);
-// then the same instances with a chat body of each of Scale.BodySizes
-// (body.go).
+// Envoy alone, the floor and sticky again with the OpenAI Python client's
+// headers; then the same instances with a chat body of each of
+// Scale.BodySizes (body.go).
 func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, []BodyRow, error) {
 	fleet := newSimFleet(func(string) (emulator.LatencyModel, error) { return emulator.Fixed(0), nil })
 	defer fleet.close()
@@ -78,10 +84,21 @@ func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, 
 	}
 	sc := opts.Scale
 	var rows []OverheadRow
-	for _, p := range []policy{{name: "Envoy alone", edit: envoyOnly("round_robin"), offPath: true}, policyFloor, policyRandom, policySticky,
-		stickyOutcomes("observe"), stickyOutcomes("inline")} {
+	alone := policy{name: "Envoy alone", edit: envoyOnly("round_robin"), offPath: true}
+	for _, r := range []struct {
+		p policy
+		c clientHeaders
+	}{
+		{alone, clientHeaders{}}, {policyFloor, clientHeaders{}}, {policyRandom, clientHeaders{}}, {policySticky, clientHeaders{}},
+		{stickyOutcomes("observe"), clientHeaders{}}, {stickyOutcomes("inline"), clientHeaders{}},
+		{alone, openAIPython}, {policyFloor, openAIPython}, {policySticky, openAIPython},
+	} {
+		p := r.p
+		if r.c.name != "" {
+			p.name += ", " + r.c.name
+		}
 		fmt.Fprintf(opts.Log, "overhead: %s\n", p.name)
-		row, err := overheadOnce(ctx, opts, dir, p, instances, sc)
+		row, err := overheadOnce(ctx, opts, dir, p, r.c, instances, sc)
 		if err != nil {
 			return rows, nil, fmt.Errorf("%s: %w", p.name, err)
 		}
@@ -91,35 +108,40 @@ func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, 
 	return rows, bodies, err
 }
 
-func overheadOnce(ctx context.Context, opts Options, dir string, p policy, instances []config.Instance, sc Scale) (OverheadRow, error) {
+func overheadOnce(ctx context.Context, opts Options, dir string, p policy, c clientHeaders, instances []config.Instance, sc Scale) (OverheadRow, error) {
 	st, err := startStack(ctx, opts, dir, p, instances)
 	if err != nil {
 		return OverheadRow{}, err
 	}
 	defer st.close()
-	row := OverheadRow{Name: p.name, OnPath: !p.offPath && !p.floor, Store: p.store, Floor: p.floor}
+	row := OverheadRow{Name: p.name, Client: c.name, OnPath: !p.offPath && !p.floor, Store: p.store, Floor: p.floor}
 	url := st.envoy.URL()
 	client := newLoadClient()
 	defer client.CloseIdleConnections()
 	// Warm connections and bindings.
-	closedLoop(ctx, client, url, 4, 500*time.Millisecond, tiny(func(w, i int) string { return sessionFor(1000+w, i) }))
+	closedLoop(ctx, client, url, 4, 500*time.Millisecond, tiny(c, func(w, i int) string { return sessionFor(1000+w, i) }))
+	if st.floor != nil {
+		if err := checkFloorRoutes(ctx, client, url, st.floor.p, c); err != nil {
+			return row, err
+		}
+	}
 
 	// One connection, one request at a time.
 	one := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1}}
 	defer one.CloseIdleConnections()
 	// Sessions change every ten requests, in this loop and the next.
-	lat, failed := serial(ctx, one, url, sc.OverheadSerial, serialTimeout, tiny(sessionFor))
+	lat, failed := serial(ctx, one, url, sc.OverheadSerial, serialTimeout, tiny(c, sessionFor))
 	sortDurations(lat)
 	row.Serial, row.SerialP50, row.SerialP99, row.Failed = len(lat), percentile(lat, 0.5), percentile(lat, 0.99), failed
 
-	lat, failed, dropped, err := fixedRate(ctx, client, url, sc.OverheadRate, sc.OverheadDuration, tiny(sessionFor))
+	lat, failed, dropped, err := fixedRate(ctx, client, url, sc.OverheadRate, sc.OverheadDuration, tiny(c, sessionFor))
 	if err != nil {
 		return row, err
 	}
 	sortDurations(lat)
 	row.P50, row.P99, row.Failed, row.Dropped = percentile(lat, 0.5), percentile(lat, 0.99), row.Failed+failed, dropped
 
-	if err := hitLoop(ctx, st, client, sc, &row); err != nil {
+	if err := hitLoop(ctx, st, client, c, sc, &row); err != nil {
 		return row, err
 	}
 	return row, nil
@@ -131,10 +153,10 @@ func hitSession(w, _ int) string { return fmt.Sprintf("hit-%d", w) }
 // hitLoop binds one session per connection, measures what tether sends
 // redis-server with no load, then runs the closed loop and fills row's
 // throughput, CPU, Redis and decision figures.
-func hitLoop(ctx context.Context, st *stack, client *http.Client, sc Scale, row *OverheadRow) error {
+func hitLoop(ctx context.Context, st *stack, client *http.Client, c clientHeaders, sc Scale, row *OverheadRow) error {
 	url := st.envoy.URL()
 	for w := 0; w < sc.OverheadWorkers; w++ {
-		if err := send(ctx, client, url, hitSession(w, 0)); err != nil {
+		if err := send(ctx, client, url, hitSession(w, 0), c); err != nil {
 			return fmt.Errorf("bind hit session %d: %w", w, err)
 		}
 	}
@@ -179,7 +201,7 @@ func hitLoop(ctx context.Context, st *stack, client *http.Client, sc Scale, row 
 		return err
 	}
 	t0 := time.Now()
-	ok, bad := closedLoop(ctx, client, url, sc.OverheadWorkers, sc.OverheadDuration, tiny(hitSession))
+	ok, bad := closedLoop(ctx, client, url, sc.OverheadWorkers, sc.OverheadDuration, tiny(c, hitSession))
 	took := time.Since(t0)
 	cpu1, err := st.cpu()
 	if err != nil {
@@ -334,9 +356,37 @@ func topCommands(by map[string]float64, n int) string {
 }
 
 // policyFloor is Envoy's ext_proc filter, as tether generates it, calling
-// the ext_proc floor; requests go to the pool, round robin, as with Envoy
-// alone.
-var policyFloor = policy{name: "ext_proc floor (empty replies)", floor: true, edit: func(c *config.Config) { c.Envoy.PoolLB = "round_robin" }}
+// the ext_proc floor, which routes each request to an instance's cluster
+// (a request Envoy sent on without it would go to the pool, round robin,
+// as with Envoy alone).
+var policyFloor = policy{name: "ext_proc floor", floor: true, edit: func(c *config.Config) { c.Envoy.PoolLB = "round_robin" }}
+
+// floorProbes is how many sessions checkFloorRoutes sends a request for.
+const floorProbes = 16
+
+// checkFloorRoutes proves that the floor routes through this Envoy: the
+// request of each of floorProbes sessions is answered by the instance
+// (the emulator's answer header) whose cluster the floor named for it,
+// and together they reach more than one instance.
+func checkFloorRoutes(ctx context.Context, client *http.Client, url string, p *floorProcessor, c clientHeaders) error {
+	seen := map[string]bool{}
+	for i := 0; i < floorProbes; i++ {
+		session := fmt.Sprintf("route-%d", i)
+		h, err := postTiny(ctx, client, url, soakCaller{session: session}, c.h)
+		if err != nil {
+			return fmt.Errorf("routing check, session %s: %w", session, err)
+		}
+		name := h.Get(emulator.InstanceHeader)
+		if got, want := (fleet.Instance{Name: name}).Cluster(), p.clusterFor(session); got != want {
+			return fmt.Errorf("routing check: session %s answered by instance %q, the floor named %s", session, name, want)
+		}
+		seen[name] = true
+	}
+	if len(seen) < 2 {
+		return fmt.Errorf("routing check: %d sessions all answered by %v", floorProbes, seen)
+	}
+	return nil
+}
 
 // stickyOutcomes is sticky routing with envoy.outcomes set to mode.
 func stickyOutcomes(mode string) policy {

@@ -3,6 +3,7 @@ package bench
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,6 +130,64 @@ func TestOverheadGoals(t *testing.T) {
 	// Without Envoy alone there is nothing to compare with.
 	if g := (&Report{Overhead: []OverheadRow{sticky}}).OverheadGoals(); g != nil {
 		t.Errorf("goals without a baseline: %v", g)
+	}
+}
+
+// TestOverheadGoalsOverTheFloor: each row on the path is judged against
+// Envoy alone and the floor of its own headers; the floor's goals follow
+// its goals over Envoy alone, a row faster than the floor reaches the
+// latency goal, a row without Envoy alone of its headers has none, and
+// without the floor's Envoy CPU there is no CPU goal.
+func TestOverheadGoalsOverTheFloor(t *testing.T) {
+	ms, us := time.Millisecond, time.Microsecond
+	row := func(name, client string, onPath, floor bool, serial, p50 time.Duration, tput float64, envoy time.Duration) OverheadRow {
+		return OverheadRow{Name: name, Client: client, OnPath: onPath, Floor: floor, SerialP50: serial, SerialP99: 2 * serial,
+			P50: p50, P99: 2 * p50, Throughput: tput, EnvoyCPUPerRequest: envoy}
+	}
+	r := &Report{Scale: Full, Overhead: []OverheadRow{
+		row("alone", "", false, false, ms, ms, 1000, 40*us),
+		row("floor", "", false, true, 1400*us, 1500*us, 500, 100*us),
+		row("tether", "", true, false, 1500*us, 1610*us, 450, 110*us),
+		row("alone, client", "client", false, false, 2*ms, 2*ms, 900, 50*us),
+		row("floor, client", "client", false, true, 2600*us, 3*ms, 400, 120*us),
+		row("tether, client", "client", true, false, 2400*us, 3*ms, 352, 134*us),
+		row("tether, other client", "other", true, false, ms, ms, 1, us),
+	}}
+	type goal struct {
+		Path, What, Bound, Figure string
+		Reached                   bool
+	}
+	var got []goal
+	for _, g := range r.OverheadGoals() {
+		if g.Path == "tether, client" || strings.Contains(g.What, "floor") {
+			got = append(got, goal{g.Path, g.What, g.BoundFigure(), g.Figure(), g.Reached})
+		}
+	}
+	want := []goal{
+		{"tether", "added p50 over the floor, one connection", "–", "0.10 ms", true},
+		{"tether", "added p50 over the floor, at 300 requests/s", "–", "0.11 ms", false},
+		{"tether", "throughput vs the floor", "–", "0.90×", true},
+		{"tether", "Envoy CPU per request vs the floor", "–", "1.10×", true},
+		// Bounds from the floor with the same headers, over Envoy alone
+		// with them.
+		{"tether, client", "added p50, one connection", "0.60 ms", "0.40 ms", false},
+		{"tether, client", "added p99, one connection", "1.20 ms", "0.80 ms", true},
+		{"tether, client", "added p50, at 300 requests/s", "1.00 ms", "1.00 ms", false},
+		{"tether, client", "added p99, at 300 requests/s", "2.00 ms", "2.00 ms", false},
+		{"tether, client", "throughput at 32 connections vs Envoy alone", "0.44×", "0.39×", false},
+		{"tether, client", "added p50 over the floor, one connection", "–", "-0.20 ms", true},
+		{"tether, client", "added p50 over the floor, at 300 requests/s", "–", "0.00 ms", true},
+		{"tether, client", "throughput vs the floor", "–", "0.88×", false},
+		{"tether, client", "Envoy CPU per request vs the floor", "–", "1.12×", false},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("goals (-want +got):\n%s", d)
+	}
+	r.Overhead[1].EnvoyCPUPerRequest = 0
+	for _, g := range r.OverheadGoals() {
+		if g.Path == "tether" && strings.HasPrefix(g.What, "Envoy CPU") {
+			t.Errorf("a CPU goal over a floor whose CPU was not measured: %+v", g)
+		}
 	}
 }
 

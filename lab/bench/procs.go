@@ -20,6 +20,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/fleet"
 	"github.com/tetherproxy/tether/internal/launch"
 	"github.com/tetherproxy/tether/xds"
 )
@@ -45,7 +46,11 @@ func startStack(ctx context.Context, opts Options, dir string, p policy, instanc
 	s := &stack{}
 	var err error
 	if p.floor {
-		if s.floor, err = startFloor(); err != nil {
+		routes := floorRoutes{SessionHeader: cfg.Identity.SessionHeader, ClusterHeader: cfg.Routing.ClusterHeader}
+		for _, in := range cfg.Instances {
+			routes.Clusters = append(routes.Clusters, fleet.Instance{Name: in.Name}.Cluster())
+		}
+		if s.floor, err = startFloor(routes); err != nil {
 			return nil, err
 		}
 		cfg.Envoy.ExtProcEndpoints = []string{s.floor.addr}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -228,8 +229,14 @@ func (r *Report) documentsMarkdown(w func(string, ...any)) {
 
 // overheadMarkdown writes the overhead tables and the goals block.
 func (r *Report) overheadMarkdown(w func(string, ...any)) {
-	base := r.Overhead[0]
 	sc := r.Scale
+	// baseOf is Envoy alone with o's headers (the first row without).
+	baseOf := func(o OverheadRow) OverheadRow {
+		if b, _ := r.overheadPeers(o.Client); b != nil {
+			return *b
+		}
+		return r.Overhead[0]
+	}
 	w("### Overhead on a zero-latency backend\n\n")
 	w("Four instances that answer at once; Envoy runs one worker thread. \"Envoy alone\" has the same clusters\n")
 	w("with tether off the request path; \"added\" is over Envoy alone. Latency on one connection: %d requests\n", sc.OverheadSerial)
@@ -239,9 +246,23 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 	for _, o := range r.Overhead {
 		if o.Floor {
 			w(" %q is Envoy's ext_proc filter, configured as for tether, calling the\n", o.Name)
-			w("bench's own ext_proc server that answers every request with an empty reply on gRPC's default server: what\n")
-			w("a minimal Go ext_proc server adds, the bound tether's rows are read against. It runs in the bench's process,\n")
-			w("beside the load generator, so its CPU is not shown.")
+			w("bench's own ext_proc server, the least a router can do: it answers each request's headers with the routing\n")
+			w("header (`x-tether-cluster`, an instance's cluster chosen by the FNV-1a hash of the session id) and\n")
+			w("`clear_route_cache`, as tether's reply does, from replies built once per instance, on gRPC's default\n")
+			w("server; it sets no dynamic metadata, so the outcome access log, which logs only requests with tether's\n")
+			w("ticket, writes nothing. Before each of its runs the bench checks through Envoy that the requests of %d\n", floorProbes)
+			w("sessions are answered by the instance the floor named. It is the bound tether's rows are read against.\n")
+			w("It runs in the bench's process, beside the load generator, so its CPU is not shown.")
+			break
+		}
+	}
+	for _, o := range r.Overhead {
+		if o.Client == openAIPython.name {
+			w(" Rows named \"…, %s\" send, with the session id, the\n", openAIPython.name)
+			w("headers of the official OpenAI Python client: %s, content-type, host\n", headerNames(openAIPython.h))
+			w("and content-length; the other rows send the session id, content-type and what Go's client adds (host,\n")
+			w("user-agent, content-length, accept-encoding). Each row is compared with Envoy alone, and the floor, with\n")
+			w("the same headers.")
 			break
 		}
 	}
@@ -249,6 +270,7 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 	w("| configuration | one connection p50 | p99 | added p50 | added p99 | at %.0f/s p50 | p99 | added p50 | added p99 | failed | dropped |\n", sc.OverheadRate)
 	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, o := range r.Overhead {
+		base := baseOf(o)
 		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d |\n", o.Name,
 			ms2(o.SerialP50), ms2(o.SerialP99), ms2(o.SerialP50-base.SerialP50), ms2(o.SerialP99-base.SerialP99),
 			ms2(o.P50), ms2(o.P99), ms2(o.P50-base.P50), ms2(o.P99-base.P99), o.Failed, o.Dropped)
@@ -262,12 +284,12 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 	w("baseline of %s with no load (INFO itself left out); the commands of a hit in brackets. Hits, degraded\n", sc.OverheadDuration)
 	w("decisions (redis-server did not answer within `redis.timeout`, %s, and rendezvous hashing placed the\n", config.DefaultRedisTimeout)
 	w("request) and store errors: tether's /metrics over the loop.\n\n")
-	w("| configuration | requests | throughput | vs Envoy alone | Envoy CPU per request | tether CPU per request | redis-server CPU per request | Redis commands per hit | hits | degraded | store errors |\n")
-	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	w("| configuration | requests | throughput | vs Envoy alone | vs the floor | Envoy CPU per request | tether CPU per request | redis-server CPU per request | Redis commands per hit | hits | degraded | store errors |\n")
+	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, o := range r.Overhead {
-		ratio := 0.0
-		if base.Throughput > 0 {
-			ratio = o.Throughput / base.Throughput
+		vsFloor := "–"
+		if _, floor := r.overheadPeers(o.Client); floor != nil {
+			vsFloor = fmt.Sprintf("%.2f", ratio(o.Throughput, floor.Throughput))
 		}
 		tether, redis, cmds, hits, degraded, storeErr := "–", "–", "–", "–", "–", "–"
 		if o.OnPath {
@@ -282,8 +304,8 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 			}
 			hits = fmt.Sprintf("%.1f%%", 100*o.HitShare)
 		}
-		w("| %s | %d | %.0f/s | %.2f | %s | %s | %s | %s | %s | %s | %s |\n", o.Name, o.HitRequests, o.Throughput, ratio,
-			us(o.EnvoyCPUPerRequest), tether, redis, cmds, hits, degraded, storeErr)
+		w("| %s | %d | %.0f/s | %.2f | %s | %s | %s | %s | %s | %s | %s | %s |\n", o.Name, o.HitRequests, o.Throughput,
+			ratio(o.Throughput, baseOf(o).Throughput), vsFloor, us(o.EnvoyCPUPerRequest), tether, redis, cmds, hits, degraded, storeErr)
 	}
 	w("\n")
 	if goals := r.OverheadGoals(); len(goals) > 0 {
@@ -291,7 +313,9 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 		w("Each goal for each configuration with tether on the path, judged at the precision shown. One run on\n")
 		w("a shared machine: a goal missed here may be the machine's noise; compare runs before concluding.\n")
 		w("\"ext_proc floor\" is the same figure on the floor's row: a goal the floor misses too is one a minimal Go\n")
-		w("ext_proc server behind this Envoy does not reach on this machine.\n\n")
+		w("ext_proc router behind this Envoy does not reach on this machine. The goals \"over\" and \"vs the floor\"\n")
+		w("compare with the floor's row of the same headers: the median tether adds to it, its throughput and\n")
+		w("Envoy's CPU per request in the closed loop as shares of the floor's.\n\n")
 		w("| configuration | goal | target | ext_proc floor | measured | reached |\n")
 		w("|---|---|---:|---:|---:|---|\n")
 		for _, g := range goals {
@@ -348,10 +372,6 @@ func (r *Report) bodyMarkdown(w func(string, ...any)) {
 	w("| configuration | body | requests | throughput | vs Envoy alone | Envoy CPU per request | tether CPU per request | bodies read |\n")
 	w("|---|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, b := range r.Bodies {
-		ratio := 0.0
-		if e := base[b.BodyBytes]; e.Throughput > 0 {
-			ratio = b.Throughput / e.Throughput
-		}
 		tether, read := "–", "–"
 		if b.OnPath {
 			tether = us(b.TetherCPUPerRequest)
@@ -360,10 +380,21 @@ func (r *Report) bodyMarkdown(w func(string, ...any)) {
 				read += " (" + t + ")"
 			}
 		}
-		w("| %s | %s | %d | %.0f/s | %.2f | %s | %s | %s |\n", b.Name, bodySize(b.BodyBytes), b.Requests, b.Throughput, ratio,
+		w("| %s | %s | %d | %.0f/s | %.2f | %s | %s | %s |\n", b.Name, bodySize(b.BodyBytes), b.Requests, b.Throughput, ratio(b.Throughput, base[b.BodyBytes].Throughput),
 			us(b.EnvoyCPUPerRequest), tether, read)
 	}
 	w("\n")
+}
+
+// headerNames lists h's names in lower case, sorted: "accept,
+// user-agent".
+func headerNames(h http.Header) string {
+	names := make([]string, 0, len(h))
+	for k := range h {
+		names = append(names, strings.ToLower(k))
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
 }
 
 // bodySize is a body's size in KiB, "32 KB (32768 B)", or in bytes

@@ -259,7 +259,7 @@ func Soak(ctx context.Context, o SoakOptions) (*SoakReport, error) {
 	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	err = st.envoy.Poll(pctx, "an answer through Envoy for every kind of caller", func(ctx context.Context) error {
 		for i := 0; i < 20; i++ {
-			if err := sendAs(ctx, client, st.envoy.URL(), o.caller(i)); err != nil {
+			if err := sendAs(ctx, client, st.envoy.URL(), o.caller(i), nil); err != nil {
 				return err
 			}
 		}
@@ -347,7 +347,7 @@ func (l *soakLoad) run(ctx context.Context, client *http.Client, url string, o S
 		c := o.caller(a.N)
 		return func() {
 			defer l.inflight.Add(-1)
-			err := sendAs(ctx, client, url, c)
+			err := sendAs(ctx, client, url, c, nil)
 			took := time.Since(a.Due)
 			l.mu.Lock()
 			defer l.mu.Unlock()
@@ -397,10 +397,21 @@ type statusError int
 func (e statusError) Error() string { return fmt.Sprintf("status %d", int(e)) }
 
 // sendAs posts one tiny request as caller c.
-func sendAs(ctx context.Context, client *http.Client, url string, c soakCaller) error {
+func sendAs(ctx context.Context, client *http.Client, url string, c soakCaller, extra http.Header) error {
+	_, err := postTiny(ctx, client, url, c, extra)
+	return err
+}
+
+// postTiny posts one tiny request from caller c, with the extra headers
+// (canonical keys, shared: they are only read), and returns the answer's
+// headers.
+func postTiny(ctx context.Context, client *http.Client, url string, c soakCaller, extra http.Header) (http.Header, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(tinyBody))
 	if err != nil {
-		return err
+		return nil, err
+	}
+	for k, v := range extra {
+		req.Header[k] = v
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if c.session != "" {
@@ -411,14 +422,14 @@ func sendAs(ctx context.Context, client *http.Client, url string, c soakCaller) 
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return statusError(resp.StatusCode)
+		return nil, statusError(resp.StatusCode)
 	}
-	return nil
+	return resp.Header, nil
 }
 
 // sampleSoak reads tether's RSS, heap and goroutines, and redis-server's

@@ -26,7 +26,8 @@ func newBenchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Run the benchmark suite through real Envoy and redis-server; write BENCHMARKS.md and charts",
 		Long: `Runs four scenarios on this machine, all on loopback: the overhead of Envoy + tether over
-Envoy alone (tiny requests, then chat bodies of 1, 32 and 400 KB with cache-aware placement off and
+Envoy alone and over the cheapest ext_proc router (tiny requests with the bench's headers and with
+the OpenAI Python client's, then chat bodies of 1, 32 and 400 KB with cache-aware placement off and
 on), routing quality (KV-cache hit rate, latency, continuity, load spread, GPU cost) of
 Envoy round robin, Envoy ring hash, tether random, tether sticky and tether adaptive on eight
 emulated A100 instances, a hot spot (one tenant's burst behind one API key: tether sticky against

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/tetherproxy/tether/bindings"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/store/storetest"

@@ -39,7 +39,7 @@ type OverheadRow struct {
 	HitRequests int64   // requests answered in the hit loop
 	// CPU per request each process used in the hit loop, from
 	// /proc/<pid>/stat. Tether's is 0 where it is off the path, Redis's
-	// without redis-server, the floor's but on the floor's row.
+	// without redis-server, the floor's on every row but the floor's.
 	EnvoyCPUPerRequest, TetherCPUPerRequest, RedisCPUPerRequest, FloorCPUPerRequest time.Duration
 	// Redis commands per request in the hit loop (INFO commandstats) less
 	// what tether sends with no load over as long (Store rows only), in

@@ -32,7 +32,7 @@ func TestBenchSmoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	rep, err := bench.Run(ctx, bench.Options{
-		TetherBin: tetherBin, EnvoyBin: testenv.EnvoyBin(t), RedisBin: redisBin,
+		TetherBin: tetherBin, EnvoyBin: testenv.EnvoyBin(t), RedisBin: redisBin, LabBin: buildLab(t),
 		Scale: bench.Smoke, Seed: 7, Log: &log,
 	})
 	if err != nil {
@@ -114,6 +114,19 @@ func TestBenchSmoke(t *testing.T) {
 	t.Logf("smoke report:\n%s", md)
 }
 
+// buildLab builds tether-lab, whose `bench floor` the bench starts, in the
+// lab's module, as make build does.
+func buildLab(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "tether-lab")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/tether-lab")
+	build.Dir = "../lab"
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build tether-lab: %v\n%s", err, out)
+	}
+	return bin
+}
+
 // checkOverhead checks the overhead tables are filled and sane: every
 // figure there, positive where it must be, and a goals block with each
 // goal for each configuration on the path. Whether the goals are reached
@@ -133,10 +146,13 @@ func checkOverhead(t *testing.T, rep *bench.Report) {
 		if o.Floor && (o.OnPath || o.Store || o.Decisions < int(o.HitRequests)) {
 			t.Errorf("overhead %s: on tether's path %v, %d requests answered by the floor of %d", o.Name, o.OnPath, o.Decisions, o.HitRequests)
 		}
-		// CPU: Envoy's on every row, tether's where it is on the path.
-		// redis-server's may round to 0 when a hit sends it nothing.
-		if o.EnvoyCPUPerRequest <= 0 || o.OnPath != (o.TetherCPUPerRequest > 0) || o.RedisCPUPerRequest < 0 || (!o.Store && o.RedisCPUPerRequest != 0) {
-			t.Errorf("overhead %s: CPU per request: Envoy %v, tether %v, redis-server %v", o.Name, o.EnvoyCPUPerRequest, o.TetherCPUPerRequest, o.RedisCPUPerRequest)
+		// CPU: Envoy's on every row, tether's where it is on the path, the
+		// floor process's on its rows. redis-server's may round to 0 when
+		// a hit sends it nothing.
+		if o.EnvoyCPUPerRequest <= 0 || o.OnPath != (o.TetherCPUPerRequest > 0) || o.Floor != (o.FloorCPUPerRequest > 0) ||
+			o.RedisCPUPerRequest < 0 || (!o.Store && o.RedisCPUPerRequest != 0) {
+			t.Errorf("overhead %s: CPU per request: Envoy %v, tether %v, floor %v, redis-server %v",
+				o.Name, o.EnvoyCPUPerRequest, o.TetherCPUPerRequest, o.FloorCPUPerRequest, o.RedisCPUPerRequest)
 		}
 		// Every request of the hit loop had a decision, and every sticky
 		// decision was a hit or, when redis-server did not answer within

@@ -1,9 +1,10 @@
 // Package launch starts the servers that the tests and the lab run against:
 // Envoy (StartEnvoy), redis-server (StartRedis), `tether serve`
-// (StartTether) and any other program (Start). Every process keeps its
-// output for error reports, dies with its parent on Linux, is stopped with
-// SIGTERM and then SIGKILL within a bound, and is waited for by polling
-// with a deadline, never by a fixed sleep.
+// (StartTether) and any other program (Start; StartReady for one that logs
+// a ready line). Every process keeps its output for error reports, dies
+// with its parent on Linux, is stopped with SIGTERM and then SIGKILL
+// within a bound, and is waited for by polling with a deadline, never by a
+// fixed sleep.
 //
 // It never skips or fails a test: internal/testenv wraps it for tests;
 // lab/bench uses it directly.

@@ -165,6 +165,22 @@ func TestStartTetherFailsWhenItExits(t *testing.T) {
 	}
 }
 
+// TestStartReadyRefusesAReadyLineItCannotRead: a ready line whose fields
+// do not decode fails the start rather than leaving them empty.
+func TestStartReadyRefusesAReadyLineItCannotRead(t *testing.T) {
+	cmd := exec.Command("/bin/sh", "-c", `echo '{"message":"up","addr":7}' >&2; exec sleep 30`)
+	var ev struct{ Addr string }
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := launch.StartReady(ctx, "sh", cmd, nil, "up", &ev)
+	if err == nil {
+		p.Stop(time.Second)
+	}
+	if err == nil || !strings.Contains(err.Error(), "sh: ready line") {
+		t.Errorf("err = %v, want the ready line refused", err)
+	}
+}
+
 func TestStartRedis(t *testing.T) {
 	bin, err := exec.LookPath("redis-server")
 	testenv.Require(t, "redis-server", err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"sync"
@@ -41,43 +42,63 @@ func StartTether(ctx context.Context, o TetherOptions) (*Tether, error) {
 	if o.Bin == "" || o.Config == "" {
 		return nil, errors.New("start tether: TetherOptions needs Bin and Config")
 	}
-	if o.Log == nil {
-		o.Log = &syncbuf.Buffer{}
-	}
-	t := &Tether{}
-	var mu sync.Mutex
-	ready := false
 	cmd := exec.Command(o.Bin, append([]string{"serve", "--config", o.Config}, o.Args...)...)
 	cmd.Env = append(os.Environ(), o.Env...)
-	cmd.Stderr = &lineWriter{to: o.Log, line: func(line []byte) {
-		var ev struct{ Message, Extproc, Admin, XDS string }
-		if json.Unmarshal(line, &ev) != nil || ev.Message != readyMessage {
+	var ev struct{ Extproc, Admin, XDS string }
+	p, err := StartReady(ctx, "tether", cmd, o.Log, readyMessage, &ev)
+	if err != nil {
+		return nil, err
+	}
+	return &Tether{Proc: p, Extproc: ev.Extproc, Admin: ev.Admin, XDS: ev.XDS}, nil
+}
+
+// StartReady starts cmd under name, as Start does, and waits, bounded by
+// ctx, for the first JSON line on its standard error whose "message" is
+// message: a server's ready line, which carries the addresses it bound.
+// That line is decoded into v (field names match the line's keys without
+// regard to case) before StartReady returns; a process that exits first,
+// or is not ready in time, is killed and its output quoted.
+func StartReady(ctx context.Context, name string, cmd *exec.Cmd, log *syncbuf.Buffer, message string, v any) (*Proc, error) {
+	if log == nil {
+		log = &syncbuf.Buffer{}
+	}
+	var mu sync.Mutex
+	var ready []byte // the ready line, once seen
+	cmd.Stderr = &lineWriter{to: log, line: func(line []byte) {
+		var ev struct{ Message string }
+		if json.Unmarshal(line, &ev) != nil || ev.Message != message {
 			return
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		if !ready { // the first one counts: the fields are the caller's once StartTether returns
-			t.Extproc, t.Admin, t.XDS, ready = ev.Extproc, ev.Admin, ev.XDS, true
+		if ready == nil { // the first one counts
+			ready = bytes.Clone(line)
 		}
 	}}
-	p, err := Start("tether", cmd, o.Log)
+	p, err := Start(name, cmd, log)
 	if err != nil {
 		return nil, err
 	}
-	t.Proc = p
 	err = p.Poll(ctx, "its ready line", func(context.Context) error {
 		mu.Lock()
 		defer mu.Unlock()
-		if !ready {
+		if ready == nil {
 			return errors.New("no ready line yet")
 		}
 		return nil
 	})
+	if err == nil {
+		mu.Lock()
+		if err = json.Unmarshal(ready, v); err != nil {
+			err = fmt.Errorf("%s: ready line %s: %w", name, ready, err)
+		}
+		mu.Unlock()
+	}
 	if err != nil {
 		p.Kill()
 		return nil, err
 	}
-	return t, nil
+	return p, nil
 }
 
 // lineWriter copies what is written to it to to, and calls line for each

@@ -157,9 +157,12 @@ var DefaultSaturation = Saturation{Waiting: config.DefaultWaiting, KVUsage: conf
 // Options configure a run.
 type Options struct {
 	TetherBin, EnvoyBin, RedisBin string
-	Scale                         Scale
-	Seed                          uint64
-	Log                           io.Writer // progress lines
+	// LabBin is tether-lab, whose `bench floor` serves the ext_proc floor
+	// of the overhead scenario (floor.go).
+	LabBin string
+	Scale  Scale
+	Seed   uint64
+	Log    io.Writer // progress lines
 	// Only, when set, runs just these scenarios ("overhead", "quality",
 	// "hotspot", "churn", "documents").
 	Only map[string]bool

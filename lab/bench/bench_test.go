@@ -95,7 +95,7 @@ func TestWriteInto(t *testing.T) {
 func TestMarkdownHasEveryTable(t *testing.T) {
 	r := &Report{Started: time.Unix(0, 0), Scale: Smoke,
 		Overhead: []OverheadRow{{Name: "Envoy alone", P50: time.Millisecond, Throughput: 100},
-			{Name: "ext_proc floor", Floor: true, P50: 1500 * time.Microsecond, Throughput: 40},
+			{Name: "ext_proc floor", Floor: true, P50: 1500 * time.Microsecond, Throughput: 40, FloorCPUPerRequest: 90 * time.Microsecond},
 			{Name: "tether sticky", OnPath: true, Store: true, P50: 2 * time.Millisecond, Throughput: 50, TetherCPUPerRequest: 300 * time.Microsecond,
 				RedisCommands: map[string]float64{"get": 1}, RedisCommandsPerRequest: 1}},
 		Quality: []QualityRow{{Policy: "tether sticky", HitRate: 0.5}, {Policy: "Envoy ring hash"},
@@ -106,6 +106,7 @@ func TestMarkdownHasEveryTable(t *testing.T) {
 	}
 	md := r.Markdown(Meta{Command: "cmd", Commit: "abc", Machine: "m"}, []string{"docs/bench/x.png"})
 	for _, want := range []string{MarkerStart, MarkerEnd, "### Overhead", "| tether sticky | 0.00 ms", "| 2.00 ms |", "| 0.50 | 1.25 | 0 µs | 300 µs | 0 µs | 1.00 (GET 1.00) | 0.0% | 0 of 0 | 0 |",
+		"| ext_proc floor | 0 | 40/s | 0.40 | 1.00 | 0 µs | 90 µs | – |",
 		"#### Overhead goals", "| tether sticky | Redis commands per sticky hit | = 0.00 | – | 1.00 | no |",
 		"| tether sticky | added p50, at 100 requests/s | ≤ 0.30 ms | 0.50 ms | 1.00 ms | no |", "vs Envoy alone | ≥ 0.75× | 0.40× | 0.50× | no |",
 		"| tether sticky | throughput vs the floor | ≥ 0.90× | – | 1.25× | yes |", "| tether sticky | added p50 over the floor, at 100 requests/s | ≤ 0.10 ms | – | 0.50 ms | no |", "### Routing quality", "50.0%",

@@ -1,10 +1,13 @@
 package bench
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"sync/atomic"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -22,15 +25,44 @@ import (
 // header, from replies built once per cluster, on gRPC's default server,
 // and sets no dynamic metadata, so the outcome access log of tether's
 // configuration (which logs only requests that carry tether's ticket)
-// writes nothing for it. Its overhead row, with Envoy's filter configured
-// exactly as for tether, is what routing through a minimal Go ext_proc
-// server costs on the machine: what tether adds beyond it is its own work.
+// writes nothing for it. It runs as a process of its own, as tether does
+// (`tether-lab bench floor`, ServeFloor), so that it shares neither a Go
+// runtime nor a scheduler with the bench's load. Its overhead row, with
+// Envoy's filter configured exactly as for tether, is what routing
+// through a minimal Go ext_proc server costs on the machine: what tether
+// adds beyond it is its own work.
 
-// floorRoutes is what the floor routes by: the session header it hashes,
+// FloorRoutes is what the floor routes by: the session header it hashes,
 // the header Envoy routes on and the clusters to choose from.
-type floorRoutes struct {
+type FloorRoutes struct {
 	SessionHeader, ClusterHeader string
 	Clusters                     []string
+}
+
+// check refuses routes the floor cannot route by.
+func (r FloorRoutes) check() error {
+	if len(r.Clusters) == 0 || r.SessionHeader == "" || r.ClusterHeader == "" {
+		return fmt.Errorf("ext_proc floor: session header %q, cluster header %q, %d clusters: want both headers and a cluster",
+			r.SessionHeader, r.ClusterHeader, len(r.Clusters))
+	}
+	return nil
+}
+
+// pick is the index of the cluster for a session: the 32-bit FNV-1a hash
+// of its value modulo the clusters (a request without the header hashes
+// as empty).
+func (r FloorRoutes) pick(session []byte) int {
+	h := uint32(2166136261)
+	for _, b := range session {
+		h ^= uint32(b)
+		h *= 16777619
+	}
+	return int(h % uint32(len(r.Clusters)))
+}
+
+// clusterFor is the cluster the floor routes session to.
+func (r FloorRoutes) clusterFor(session string) string {
+	return r.Clusters[r.pick([]byte(session))]
 }
 
 // floorProcessor answers request headers with the reply of the cluster
@@ -40,18 +72,16 @@ type floorRoutes struct {
 // open.
 type floorProcessor struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	session  string
-	clusters []string
+	routes   FloorRoutes
 	replies  []*extprocv3.ProcessingResponse // one per cluster, alike
 	requests atomic.Int64
 }
 
-func newFloorProcessor(r floorRoutes) (*floorProcessor, error) {
-	if len(r.Clusters) == 0 || r.SessionHeader == "" || r.ClusterHeader == "" {
-		return nil, fmt.Errorf("ext_proc floor: session header %q, cluster header %q, %d clusters: want both headers and a cluster",
-			r.SessionHeader, r.ClusterHeader, len(r.Clusters))
+func newFloorProcessor(r FloorRoutes) (*floorProcessor, error) {
+	if err := r.check(); err != nil {
+		return nil, err
 	}
-	p := &floorProcessor{session: r.SessionHeader, clusters: r.Clusters}
+	p := &floorProcessor{routes: r}
 	// gRPC only reads a reply it sends, so each is shared by the requests
 	// routed to its cluster.
 	for _, c := range r.Clusters {
@@ -67,27 +97,10 @@ func newFloorProcessor(r floorRoutes) (*floorProcessor, error) {
 	return p, nil
 }
 
-// pick is the index of the cluster for a session: the 32-bit FNV-1a hash
-// of its value modulo the clusters (a request without the header hashes
-// as empty).
-func (p *floorProcessor) pick(session []byte) int {
-	h := uint32(2166136261)
-	for _, b := range session {
-		h ^= uint32(b)
-		h *= 16777619
-	}
-	return int(h % uint32(len(p.replies)))
-}
-
-// clusterFor is the cluster the floor routes session to.
-func (p *floorProcessor) clusterFor(session string) string {
-	return p.clusters[p.pick([]byte(session))]
-}
-
 // sessionOf is the value of the session header in hs, nil without it.
 func (p *floorProcessor) sessionOf(hs *extprocv3.HttpHeaders) []byte {
 	for _, h := range hs.GetHeaders().GetHeaders() {
-		if h.GetKey() == p.session {
+		if h.GetKey() == p.routes.SessionHeader {
 			if raw := h.GetRawValue(); len(raw) > 0 {
 				return raw
 			}
@@ -110,7 +123,7 @@ func (p *floorProcessor) Process(s extprocv3.ExternalProcessor_ProcessServer) er
 		var reply *extprocv3.ProcessingResponse
 		switch r := req.GetRequest().(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
-			reply = p.replies[p.pick(p.sessionOf(r.RequestHeaders))]
+			reply = p.replies[p.routes.pick(p.sessionOf(r.RequestHeaders))]
 			p.requests.Add(1)
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
 			reply = empty
@@ -123,32 +136,68 @@ func (p *floorProcessor) Process(s extprocv3.ExternalProcessor_ProcessServer) er
 	}
 }
 
-// floorServer is a running ext_proc floor on loopback.
-type floorServer struct {
-	addr string
-	gs   *grpc.Server
-	done chan error
-	p    *floorProcessor
+// FloorReady is what a floor that is serving tells its caller: its
+// ext_proc gRPC address and its admin address (host:port each), where
+// GET /requests answers with FloorCount.
+type FloorReady struct{ Extproc, Admin string }
+
+// FloorCount is the floor's admin answer: the request headers it has
+// answered, the proof that Envoy called it rather than failing open.
+type FloorCount struct {
+	Requests int64 `json:"requests"`
 }
 
-func startFloor(r floorRoutes) (*floorServer, error) {
+// ServeFloor serves the floor for r, its ext_proc gRPC server on extproc
+// and its admin endpoint on admin (loopback host:port each, port 0 for
+// any), calls ready once both listen, and stops them, streams and all,
+// when ctx ends.
+func ServeFloor(ctx context.Context, r FloorRoutes, extproc, admin string, ready func(FloorReady)) error {
 	p, err := newFloorProcessor(r)
+	if err != nil {
+		return err
+	}
+	glis, err := listenLoopback(extproc)
+	if err != nil {
+		return fmt.Errorf("ext_proc floor: %w", err)
+	}
+	alis, err := listenLoopback(admin)
+	if err != nil {
+		_ = glis.Close()
+		return fmt.Errorf("ext_proc floor admin: %w", err)
+	}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, p)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /requests", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(FloorCount{Requests: p.requests.Load()})
+	})
+	hs := &http.Server{Handler: mux}
+	done := make(chan error, 2)
+	go func() { done <- gs.Serve(glis) }()
+	go func() { done <- hs.Serve(alis) }()
+	ready(FloorReady{Extproc: glis.Addr().String(), Admin: alis.Addr().String()})
+	select {
+	case <-ctx.Done():
+		err = nil
+	case err = <-done: // a server that stops on its own
+		err = fmt.Errorf("ext_proc floor: %w", err)
+	}
+	// Envoy keeps its streams open: they end with the server, not before.
+	gs.Stop()
+	_ = hs.Close()
+	return err
+}
+
+// listenLoopback listens on addr, which must be on loopback: the floor
+// answers anyone who reaches it.
+func listenLoopback(addr string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, err
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("ext_proc floor: %w", err)
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return nil, fmt.Errorf("%s: want a loopback address", addr)
 	}
-	f := &floorServer{addr: lis.Addr().String(), gs: grpc.NewServer(), done: make(chan error, 1), p: p}
-	extprocv3.RegisterExternalProcessorServer(f.gs, p)
-	go func() { f.done <- f.gs.Serve(lis) }()
-	return f, nil
-}
-
-// stop ends the server and its streams; Serve's own error, once stopped,
-// says nothing.
-func (f *floorServer) stop() {
-	f.gs.Stop()
-	_ = <-f.done
+	return net.Listen("tcp", addr)
 }

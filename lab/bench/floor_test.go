@@ -15,13 +15,37 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 )
 
-var testFloorRoutes = floorRoutes{SessionHeader: "x-session-id", ClusterHeader: "x-tether-cluster",
+var testFloorRoutes = FloorRoutes{SessionHeader: "x-session-id", ClusterHeader: "x-tether-cluster",
 	Clusters: []string{"inst-a", "inst-b", "inst-c", "inst-d"}}
 
-// floorStream is a client stream of a started floor, closed with the test.
-func floorStream(t *testing.T, f *floorServer) extprocv3.ExternalProcessor_ProcessClient {
+// serveFloor serves the floor for r on loopback, as `tether-lab bench
+// floor` does, until the test ends, and returns its addresses.
+func serveFloor(t *testing.T, r FloorRoutes) FloorReady {
 	t.Helper()
-	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan FloorReady, 1), make(chan error, 1)
+	go func() { done <- ServeFloor(ctx, r, "127.0.0.1:0", "127.0.0.1:0", func(f FloorReady) { ready <- f }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("floor: %v", err)
+		}
+	})
+	select {
+	case f := <-ready:
+		return f
+	case err := <-done:
+		t.Fatalf("floor: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("floor not ready")
+	}
+	return FloorReady{}
+}
+
+// floorStream is a client stream of a serving floor, closed with the test.
+func floorStream(t *testing.T, f FloorReady) extprocv3.ExternalProcessor_ProcessClient {
+	t.Helper()
+	conn, err := grpc.NewClient(f.Extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,13 +84,10 @@ func routeReply(cluster string) *extprocv3.ProcessingResponse {
 // clear_route_cache, the same cluster for the same session on any stream
 // (raw_value or value), and every cluster for some session; response
 // headers get an empty reply, and what it does not answer is refused
-// instead of leaving Envoy waiting.
+// instead of leaving Envoy waiting; its admin endpoint counts the request
+// headers it answered.
 func TestFloorRoutesEachRequest(t *testing.T) {
-	f, err := startFloor(testFloorRoutes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.stop()
+	f := serveFloor(t, testFloorRoutes)
 	s := floorStream(t, f)
 	exchange := func(s extprocv3.ExternalProcessor_ProcessClient, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 		t.Helper()
@@ -83,14 +104,14 @@ func TestFloorRoutesEachRequest(t *testing.T) {
 	// The hash, fixed: FNV-1a 32 of the session, modulo 4 (computed
 	// apart from this code).
 	for session, want := range map[string]string{"": "inst-b", "hit-0": "inst-d", "hit-1": "inst-a", "ovh-2000-0": "inst-a", "s": "inst-c"} {
-		if got := f.p.clusterFor(session); got != want {
+		if got := testFloorRoutes.clusterFor(session); got != want {
 			t.Errorf("cluster for session %q: %s, want %s", session, got, want)
 		}
 	}
 	used := map[string]int{}
 	for i := 0; i < 64; i++ {
 		session := sessionFor(i, 0)
-		want := f.p.clusterFor(session)
+		want := testFloorRoutes.clusterFor(session)
 		used[want]++
 		got := exchange(s, requestHeaders(&corev3.HeaderValue{Key: "x-session-id", RawValue: []byte(session)},
 			&corev3.HeaderValue{Key: "user-agent", RawValue: []byte("OpenAI/Python 2.54.0")}))
@@ -126,22 +147,29 @@ func TestFloorRoutesEachRequest(t *testing.T) {
 	if _, err := s.Recv(); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("a body: %v, want Unimplemented", err)
 	}
-	if n := f.p.requests.Load(); n != 66 {
-		t.Fatalf("%d request headers counted, want 66", n)
+	var c FloorCount
+	if err := getJSON(context.Background(), "http://"+f.Admin+"/requests", &c); err != nil || c.Requests != 66 {
+		t.Fatalf("admin: %+v, %v: want 66 request headers counted", c, err)
 	}
 }
 
 // TestFloorRefusesRoutesItCannotUse: without a cluster or a header to
-// route on the floor does not start.
+// route on, or off loopback, the floor does not start.
 func TestFloorRefusesRoutesItCannotUse(t *testing.T) {
-	for _, r := range []floorRoutes{
-		{SessionHeader: "x-session-id", ClusterHeader: "x-tether-cluster"},
-		{SessionHeader: "x-session-id", Clusters: []string{"inst-a"}},
-		{ClusterHeader: "x-tether-cluster", Clusters: []string{"inst-a"}},
+	for _, tc := range []struct {
+		r              FloorRoutes
+		extproc, admin string
+	}{
+		{FloorRoutes{SessionHeader: "x-session-id", ClusterHeader: "x-tether-cluster"}, "127.0.0.1:0", "127.0.0.1:0"},
+		{FloorRoutes{SessionHeader: "x-session-id", Clusters: []string{"inst-a"}}, "127.0.0.1:0", "127.0.0.1:0"},
+		{FloorRoutes{ClusterHeader: "x-tether-cluster", Clusters: []string{"inst-a"}}, "127.0.0.1:0", "127.0.0.1:0"},
+		{testFloorRoutes, "0.0.0.0:0", "127.0.0.1:0"},
+		{testFloorRoutes, "127.0.0.1:0", ":0"},
 	} {
-		if f, err := startFloor(r); err == nil {
-			f.stop()
-			t.Errorf("floor started on %+v", r)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // a floor that starts stops at once
+		if err := ServeFloor(ctx, tc.r, tc.extproc, tc.admin, func(FloorReady) { t.Errorf("floor started on %+v, %s, %s", tc.r, tc.extproc, tc.admin) }); err == nil {
+			t.Errorf("no error for %+v, %s, %s", tc.r, tc.extproc, tc.admin)
 		}
 	}
 }

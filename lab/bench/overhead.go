@@ -23,7 +23,7 @@ type OverheadRow struct {
 	Client string
 	// OnPath: tether is on the request path (ext_proc); Store: it keeps
 	// sessions in redis-server (sticky); Floor: the ext_proc floor is
-	// (floor.go), in the bench's own process.
+	// (floor.go), a process of its own.
 	OnPath, Store, Floor bool
 	// One connection, Serial requests one after another.
 	Serial               int
@@ -39,8 +39,8 @@ type OverheadRow struct {
 	HitRequests int64   // requests answered in the hit loop
 	// CPU per request each process used in the hit loop, from
 	// /proc/<pid>/stat. Tether's is 0 where it is off the path, Redis's
-	// without redis-server.
-	EnvoyCPUPerRequest, TetherCPUPerRequest, RedisCPUPerRequest time.Duration
+	// without redis-server, the floor's on every row but the floor's.
+	EnvoyCPUPerRequest, TetherCPUPerRequest, RedisCPUPerRequest, FloorCPUPerRequest time.Duration
 	// Redis commands per request in the hit loop (INFO commandstats) less
 	// what tether sends with no load over as long (Store rows only), in
 	// all and by command.
@@ -121,7 +121,7 @@ func overheadOnce(ctx context.Context, opts Options, dir string, p policy, c cli
 	// Warm connections and bindings.
 	closedLoop(ctx, client, url, 4, 500*time.Millisecond, tiny(c, func(w, i int) string { return sessionFor(1000+w, i) }))
 	if st.floor != nil {
-		if err := checkFloorRoutes(ctx, client, url, st.floor.p, c); err != nil {
+		if err := checkFloorRoutes(ctx, client, url, st.floor.routes, c); err != nil {
 			return row, err
 		}
 	}
@@ -194,7 +194,9 @@ func hitLoop(ctx context.Context, st *stack, client *http.Client, c clientHeader
 	}
 	var floor0 int64
 	if st.floor != nil {
-		floor0 = st.floor.p.requests.Load()
+		if floor0, err = st.floor.requests(ctx); err != nil {
+			return err
+		}
 	}
 	cpu0, err := st.cpu()
 	if err != nil {
@@ -220,6 +222,7 @@ func hitLoop(ctx context.Context, st *stack, client *http.Client, c clientHeader
 		row.TetherCPUPerRequest = perReq(cpu.Tether)
 	}
 	row.RedisCPUPerRequest = perReq(cpu.Redis)
+	row.FloorCPUPerRequest = perReq(cpu.Floor)
 	if st.rdb != nil {
 		r1, err := commandStats(ctx, st)
 		if err != nil {
@@ -228,7 +231,11 @@ func hitLoop(ctx context.Context, st *stack, client *http.Client, c clientHeader
 		row.RedisCommands, row.RedisCommandsPerRequest = commandsPerRequest(subCounts(r1, r0), took, idle, idleFor, ok)
 	}
 	if st.floor != nil {
-		row.Decisions = int(st.floor.p.requests.Load() - floor0)
+		floor1, err := st.floor.requests(ctx)
+		if err != nil {
+			return err
+		}
+		row.Decisions = int(floor1 - floor0)
 	}
 	if row.OnPath {
 		d1, e1, err := decisionsAndStoreErrors(ctx, st.tether.Admin)
@@ -368,7 +375,7 @@ const floorProbes = 16
 // request of each of floorProbes sessions is answered by the instance
 // (the emulator's answer header) whose cluster the floor named for it,
 // and together they reach more than one instance.
-func checkFloorRoutes(ctx context.Context, client *http.Client, url string, p *floorProcessor, c clientHeaders) error {
+func checkFloorRoutes(ctx context.Context, client *http.Client, url string, routes FloorRoutes, c clientHeaders) error {
 	seen := map[string]bool{}
 	for i := 0; i < floorProbes; i++ {
 		session := fmt.Sprintf("route-%d", i)
@@ -377,7 +384,7 @@ func checkFloorRoutes(ctx context.Context, client *http.Client, url string, p *f
 			return fmt.Errorf("routing check, session %s: %w", session, err)
 		}
 		name := h.Get(emulator.InstanceHeader)
-		if got, want := (fleet.Instance{Name: name}).Cluster(), p.clusterFor(session); got != want {
+		if got, want := (fleet.Instance{Name: name}).Cluster(), routes.clusterFor(session); got != want {
 			return fmt.Errorf("routing check: session %s answered by instance %q, the floor named %s", session, name, want)
 		}
 		seen[name] = true

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,8 +26,8 @@ import (
 	"github.com/tetherproxy/tether/xds"
 )
 
-// The processes of a stack: redis-server, tether and Envoy, started and
-// stopped through internal/launch.
+// The processes of a stack: redis-server, tether, the ext_proc floor and
+// Envoy, started and stopped through internal/launch.
 
 // stopTimeout bounds each process's stop, SIGTERM to exit.
 const stopTimeout = 10 * time.Second
@@ -37,7 +38,49 @@ type stack struct {
 	rdb    *goredis.Client // a client of redis; nil without it
 	tether *launch.Tether
 	envoy  *launch.Envoy
-	floor  *floorServer // nil unless the policy calls the ext_proc floor
+	floor  *floorProc // nil unless the policy calls the ext_proc floor
+}
+
+// floorProc is a running `tether-lab bench floor` and the routes it was
+// given.
+type floorProc struct {
+	*launch.Proc
+	FloorReady
+	routes FloorRoutes
+}
+
+// FloorReadyMessage is the message of the JSON line `tether-lab bench
+// floor` logs on standard error once it listens, with FloorReady's
+// fields.
+const FloorReadyMessage = "ext_proc floor ready"
+
+// startFloor runs `bin bench floor` (bin is tether-lab) for routes, on
+// loopback, and returns once it listens.
+func startFloor(ctx context.Context, bin string, routes FloorRoutes) (*floorProc, error) {
+	if bin == "" {
+		return nil, errors.New("ext_proc floor: Options needs LabBin, the tether-lab binary")
+	}
+	args := []string{"bench", "floor", "--session-header", routes.SessionHeader, "--cluster-header", routes.ClusterHeader}
+	for _, c := range routes.Clusters {
+		args = append(args, "--cluster", c)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	f := &floorProc{routes: routes}
+	var err error
+	if f.Proc, err = launch.StartReady(ctx, "ext_proc floor", exec.Command(bin, args...), nil, FloorReadyMessage, &f.FloorReady); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// requests is how many request headers the floor has answered.
+func (f *floorProc) requests(ctx context.Context) (int64, error) {
+	var c FloorCount
+	if err := getJSON(ctx, "http://"+f.Admin+"/requests", &c); err != nil {
+		return 0, fmt.Errorf("ext_proc floor: %w", err)
+	}
+	return c.Requests, nil
 }
 
 func startStack(ctx context.Context, opts Options, dir string, p policy, instances []config.Instance) (*stack, error) {
@@ -46,14 +89,14 @@ func startStack(ctx context.Context, opts Options, dir string, p policy, instanc
 	s := &stack{}
 	var err error
 	if p.floor {
-		routes := floorRoutes{SessionHeader: cfg.Identity.SessionHeader, ClusterHeader: cfg.Routing.ClusterHeader}
+		routes := FloorRoutes{SessionHeader: cfg.Identity.SessionHeader, ClusterHeader: cfg.Routing.ClusterHeader}
 		for _, in := range cfg.Instances {
 			routes.Clusters = append(routes.Clusters, fleet.Instance{Name: in.Name}.Cluster())
 		}
-		if s.floor, err = startFloor(routes); err != nil {
+		if s.floor, err = startFloor(ctx, opts.LabBin, routes); err != nil {
 			return nil, err
 		}
-		cfg.Envoy.ExtProcEndpoints = []string{s.floor.addr}
+		cfg.Envoy.ExtProcEndpoints = []string{s.floor.Extproc}
 	}
 	if p.store {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -82,15 +125,15 @@ func startStack(ctx context.Context, opts Options, dir string, p policy, instanc
 }
 
 // procCPU is the CPU time, in seconds, each process of a stack has used;
-// Redis is 0 without redis-server.
-type procCPU struct{ Envoy, Tether, Redis float64 }
+// Redis is 0 without redis-server, Floor without the ext_proc floor.
+type procCPU struct{ Envoy, Tether, Redis, Floor float64 }
 
 func (c procCPU) sub(d procCPU) procCPU {
-	return procCPU{Envoy: c.Envoy - d.Envoy, Tether: c.Tether - d.Tether, Redis: c.Redis - d.Redis}
+	return procCPU{Envoy: c.Envoy - d.Envoy, Tether: c.Tether - d.Tether, Redis: c.Redis - d.Redis, Floor: c.Floor - d.Floor}
 }
 
-// cpu reads the CPU time Envoy, tether and redis-server (when there is
-// one) have used.
+// cpu reads the CPU time Envoy, tether, redis-server and the ext_proc
+// floor (when there are) have used.
 func (s *stack) cpu() (procCPU, error) {
 	var c procCPU
 	var err error
@@ -103,6 +146,11 @@ func (s *stack) cpu() (procCPU, error) {
 	if s.redis != nil {
 		if c.Redis, err = cpuSeconds(s.redis.Pid()); err != nil {
 			return c, fmt.Errorf("redis-server cpu: %w", err)
+		}
+	}
+	if s.floor != nil {
+		if c.Floor, err = cpuSeconds(s.floor.Pid()); err != nil {
+			return c, fmt.Errorf("ext_proc floor cpu: %w", err)
 		}
 	}
 	return c, nil
@@ -122,7 +170,7 @@ func (s *stack) close() {
 		s.redis.Stop(stopTimeout)
 	}
 	if s.floor != nil {
-		s.floor.stop()
+		s.floor.Stop(stopTimeout)
 	}
 }
 

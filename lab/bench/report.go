@@ -246,13 +246,15 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 	for _, o := range r.Overhead {
 		if o.Floor {
 			w(" %q is Envoy's ext_proc filter, configured as for tether, calling the\n", o.Name)
-			w("bench's own ext_proc server, the least a router can do: it answers each request's headers with the routing\n")
+			w("bench's ext_proc floor, the least a router can do, in a process of its own as tether is (`tether-lab bench\n")
+			w("floor`): it answers each request's headers with the routing\n")
 			w("header (`x-tether-cluster`, an instance's cluster chosen by the FNV-1a hash of the session id) and\n")
 			w("`clear_route_cache`, as tether's reply does, from replies built once per instance, on gRPC's default\n")
 			w("server; it sets no dynamic metadata, so the outcome access log, which logs only requests with tether's\n")
 			w("ticket, writes nothing. Before each of its runs the bench checks through Envoy that the requests of %d\n", floorProbes)
 			w("sessions are answered by the instance the floor named. It is the bound tether's rows are read against.\n")
-			w("It runs in the bench's process, beside the load generator, so its CPU is not shown.")
+			w("Its CPU per request is in the column of tether's, and its own count of the requests it answered proves\n")
+			w("that Envoy called it rather than failing open.")
 			break
 		}
 	}
@@ -284,7 +286,7 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 	w("baseline of %s with no load (INFO itself left out); the commands of a hit in brackets. Hits, degraded\n", sc.OverheadDuration)
 	w("decisions (redis-server did not answer within `redis.timeout`, %s, and rendezvous hashing placed the\n", config.DefaultRedisTimeout)
 	w("request) and store errors: tether's /metrics over the loop.\n\n")
-	w("| configuration | requests | throughput | vs Envoy alone | vs the floor | Envoy CPU per request | tether CPU per request | redis-server CPU per request | Redis commands per hit | hits | degraded | store errors |\n")
+	w("| configuration | requests | throughput | vs Envoy alone | vs the floor | Envoy CPU per request | tether (or floor) CPU per request | redis-server CPU per request | Redis commands per hit | hits | degraded | store errors |\n")
 	w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, o := range r.Overhead {
 		vsFloor := "–"
@@ -292,6 +294,9 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 			vsFloor = fmt.Sprintf("%.2f", ratio(o.Throughput, floor.Throughput))
 		}
 		tether, redis, cmds, hits, degraded, storeErr := "–", "–", "–", "–", "–", "–"
+		if o.Floor {
+			tether = us(o.FloorCPUPerRequest)
+		}
 		if o.OnPath {
 			tether = us(o.TetherCPUPerRequest)
 			degraded, storeErr = fmt.Sprintf("%d of %d", o.Degraded, o.Decisions), fmt.Sprint(o.StoreErrors)

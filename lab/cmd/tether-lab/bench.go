@@ -8,8 +8,10 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/progress"
 	"github.com/tetherproxy/tether/lab/bench"
 )
@@ -51,6 +53,10 @@ marked section of --out and the charts go to --charts.`,
 			if redisBin, err = findRedisServer(redisBin); err != nil {
 				return err
 			}
+			self, err := os.Executable() // its `bench floor` serves the ext_proc floor
+			if err != nil {
+				return err
+			}
 			if len(only) > 0 && !cmd.Flags().Changed("out") {
 				return fmt.Errorf("--only makes a partial report, which would replace the full one in %s: give --out FILE", out)
 			}
@@ -75,7 +81,7 @@ marked section of --out and the charts go to --charts.`,
 				}
 			}
 			rep, err := bench.Run(cmd.Context(), bench.Options{
-				TetherBin: tetherBin, EnvoyBin: envoyBin, RedisBin: redisBin,
+				TetherBin: tetherBin, EnvoyBin: envoyBin, RedisBin: redisBin, LabBin: self,
 				Scale: sc, Seed: seed, Log: cmd.ErrOrStderr(), Only: sel, Saturation: sat,
 				CPUProfiles: profiles,
 			})
@@ -122,7 +128,37 @@ marked section of --out and the charts go to --charts.`,
 	f.Float64Var(&sat.KVUsage, "adaptive-kv-usage", sat.KVUsage, "routing.saturation_kv_usage of the tether adaptive policy (0: off)")
 	f.IntVar(&sat.InFlight, "adaptive-inflight", sat.InFlight, "routing.saturation_inflight of the header-signals adaptive policy (0: off)")
 	f.IntVar(&sat.QueueDepth, "adaptive-queue-depth", sat.QueueDepth, "routing.saturation_queue_depth of the header-signals adaptive policy (0: off)")
-	cmd.AddCommand(newBenchSoakCmd())
+	cmd.AddCommand(newBenchSoakCmd(), newBenchFloorCmd())
+	return cmd
+}
+
+// newBenchFloorCmd is `tether-lab bench floor`, the ext_proc floor the
+// overhead scenario starts as a process of its own; hidden, as only the
+// bench runs it.
+func newBenchFloorCmd() *cobra.Command {
+	var (
+		r              bench.FloorRoutes
+		extproc, admin string
+	)
+	cmd := &cobra.Command{
+		Use:    "floor",
+		Short:  "Serve the bench's ext_proc floor: route each request by a hash of its session header, keep nothing",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := zerolog.New(cmd.ErrOrStderr()).With().Timestamp().Logger()
+			// cmd.Context() ends on SIGINT/SIGTERM (see main).
+			return bench.ServeFloor(cmd.Context(), r, extproc, admin, func(f bench.FloorReady) {
+				log.Info().Str("extproc", f.Extproc).Str("admin", f.Admin).Msg(bench.FloorReadyMessage)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&extproc, "listen", "127.0.0.1:0", "loopback host:port of the ext_proc gRPC server")
+	f.StringVar(&admin, "admin", "127.0.0.1:0", "loopback host:port of the admin endpoint (GET /requests)")
+	f.StringVar(&r.SessionHeader, "session-header", config.DefaultSessionHeader, "header whose value the floor hashes")
+	f.StringVar(&r.ClusterHeader, "cluster-header", config.DefaultClusterHeader, "header the floor's reply sets to the cluster")
+	f.StringArrayVar(&r.Clusters, "cluster", nil, "cluster to route to (repeatable, at least one)")
 	return cmd
 }
 

@@ -109,6 +109,8 @@ func TestParseBad(t *testing.T) {
 		{"redis cache ttl long", "[redis]\ncache_ttl = \"1h\"", []string{"redis.cache_ttl", "1h0m0s"}},
 		{"redis cache flush zero", "[redis]\ncache_flush_interval = 0", []string{"redis.cache_flush_interval", "10ms to 1s"}},
 		{"redis cache flush above ttl", "[redis]\ncache_ttl = \"500ms\"\ncache_flush_interval = \"600ms\"", []string{"redis.cache_flush_interval", "below redis.cache_ttl 500ms"}},
+		{"redis cache write back below flush", "[redis]\ncache_write_back = \"100ms\"", []string{"redis.cache_write_back", "100ms", "redis.cache_flush_interval 200ms to half redis.cache_ttl, 15s"}},
+		{"redis cache write back above half ttl", "[redis]\ncache_ttl = \"10s\"", []string{"redis.cache_write_back", "15s", "to half redis.cache_ttl, 5s"}},
 		{"redis cache not a bool", "[redis]\ncache = \"yes\"", []string{"cache"}},
 		{"redis timeout above envoy's", "[redis]\ntimeout = \"300ms\"", []string{"redis.timeout", "envoy.message_timeout"}},
 		{"tiny max sticky", "[routing]\nmax_sticky_duration = 0.0001", []string{"routing.max_sticky_duration"}},

@@ -25,11 +25,17 @@ type Redis struct {
 	// CacheSize is the most sessions a replica caches.
 	CacheSize int `toml:"cache_size"`
 	// CacheTTL is the longest a cached binding is served after Redis last
-	// answered for it (a backstop: changes arrive by message).
+	// answered for it, a lookup or a write back (a backstop: changes
+	// arrive by message).
 	CacheTTL Duration `toml:"cache_ttl"`
-	// CacheFlushInterval is how often cached hits' idle refreshes and
-	// request counts are written back, in one pipeline.
+	// CacheFlushInterval is how often the write backs due are sent, in
+	// one pipeline.
 	CacheFlushInterval Duration `toml:"cache_flush_interval"`
+	// CacheWriteBack is how long a session's cached hits wait to be
+	// written back together (its idle refresh, its request count, its
+	// last use), from the first of them: Redis refreshes a busy session
+	// at most once per CacheWriteBack per replica.
+	CacheWriteBack Duration `toml:"cache_write_back"`
 }
 
 // Defaults of [redis].
@@ -38,8 +44,9 @@ const (
 	DefaultRedisTimeout = 10 * time.Millisecond
 	// The hit cache's defaults (store/redis DefaultCache*).
 	DefaultRedisCacheSize          = 100_000
-	DefaultRedisCacheTTL           = 10 * time.Second
+	DefaultRedisCacheTTL           = 30 * time.Second
 	DefaultRedisCacheFlushInterval = 200 * time.Millisecond
+	DefaultRedisCacheWriteBack     = 15 * time.Second
 	// Bounds of the hit cache's settings.
 	maxRedisCacheSize          = 10_000_000
 	minRedisCacheTTL           = 100 * time.Millisecond
@@ -50,7 +57,8 @@ const (
 
 func defaultRedis() Redis {
 	return Redis{URL: DefaultRedisURL, Timeout: Dur(DefaultRedisTimeout), Cache: true,
-		CacheSize: DefaultRedisCacheSize, CacheTTL: Dur(DefaultRedisCacheTTL), CacheFlushInterval: Dur(DefaultRedisCacheFlushInterval)}
+		CacheSize: DefaultRedisCacheSize, CacheTTL: Dur(DefaultRedisCacheTTL), CacheFlushInterval: Dur(DefaultRedisCacheFlushInterval),
+		CacheWriteBack: Dur(DefaultRedisCacheWriteBack)}
 }
 
 func (c *Config) validateRedis(bad reporter) {
@@ -81,6 +89,11 @@ func (c *Config) validateRedis(bad reporter) {
 		bad("redis.cache_flush_interval", r.CacheFlushInterval, fmt.Sprintf("want %v to %v", minRedisCacheFlushInterval, maxRedisCacheFlushInterval))
 	} else if r.CacheFlushInterval.D >= r.CacheTTL.D {
 		bad("redis.cache_flush_interval", r.CacheFlushInterval, "want below redis.cache_ttl "+r.CacheTTL.String())
+	} else if r.CacheWriteBack.D < r.CacheFlushInterval.D || r.CacheWriteBack.D > r.CacheTTL.D/2 {
+		// A busy session's write back is what keeps its entry fresh: it
+		// must come, a flush late, well before the entry's TTL runs out.
+		bad("redis.cache_write_back", r.CacheWriteBack, fmt.Sprintf("want redis.cache_flush_interval %v to half redis.cache_ttl, %v",
+			r.CacheFlushInterval, r.CacheTTL.D/2))
 	}
 }
 

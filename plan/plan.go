@@ -102,6 +102,7 @@ type Store struct {
 	CacheSize          int
 	CacheTTL           time.Duration
 	CacheFlushInterval time.Duration
+	CacheWriteBack     time.Duration
 }
 
 // Scrape is how often and how patiently tether reads the engines' metrics
@@ -155,7 +156,7 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 		Drain:   Drain{Delay: srv.DrainDelay.D, Timeout: srv.DrainTimeout.D},
 		Store: Store{
 			URL: cfg.Redis.URL, Timeout: cfg.Redis.Timeout.D, Cache: cfg.Redis.Cache, CacheSize: cfg.Redis.CacheSize,
-			CacheTTL: cfg.Redis.CacheTTL.D, CacheFlushInterval: cfg.Redis.CacheFlushInterval.D,
+			CacheTTL: cfg.Redis.CacheTTL.D, CacheFlushInterval: cfg.Redis.CacheFlushInterval.D, CacheWriteBack: cfg.Redis.CacheWriteBack.D,
 		},
 		TLS:   cfg.TLS,
 		Audit: cfg.Audit,

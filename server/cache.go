@@ -28,7 +28,7 @@ func registerHitCache(reg prometheus.Registerer, s *redisstore.Store) {
 			func(c redisstore.CacheStats) uint64 { return c.Flushes }),
 		counter("tether_redis_cache_malformed_messages_total", "Invalidation messages that named no binding, ignored.",
 			func(c redisstore.CacheStats) uint64 { return c.Malformed }),
-		counter("tether_redis_cache_writebacks_dropped_total", "Cached hits whose idle refresh and count were not written back: the queue was full.",
+		counter("tether_redis_cache_writebacks_dropped_total", "Hits whose write back found the queue full: each went to Redis instead (one round trip).",
 			func(c redisstore.CacheStats) uint64 { return c.Dropped }),
 		gauge("tether_redis_cache_entries", "Sessions in the replica's hit cache.",
 			func(c redisstore.CacheStats) float64 { return float64(c.Entries) }),

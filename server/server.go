@@ -95,7 +95,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	st, err := store.Open(ctx, p.Store.URL, store.Options{
 		Timeout: p.Store.Timeout, OnIndexError: rec.IndexError, OnGuard: rec.RedisGuard,
 		Cache: redisstore.CacheOptions{Enabled: p.Store.Cache, Size: p.Store.CacheSize,
-			TTL: p.Store.CacheTTL, FlushInterval: p.Store.CacheFlushInterval},
+			TTL: p.Store.CacheTTL, FlushInterval: p.Store.CacheFlushInterval, WriteBack: p.Store.CacheWriteBack},
 	})
 	if err != nil {
 		return fmt.Errorf("binding store: %w", err)

@@ -32,24 +32,43 @@ package redis
 // not store its answer, so a reply older than a change never outlives the
 // change's message.
 //
-// A cached hit queues its idle-timeout refresh and request count; a
-// background flush writes the queue back every FlushInterval in one
-// pipeline (the touch script, which writes only if the binding is still
-// the one cached, never shortens its TTL, and finds the index entry and
-// alias links due as a hit would). The queue holds at most QueueSize
-// sessions: past that a hit's write back is dropped and counted, and the
-// request never waits. A cached entry is served only while the session
-// would still be alive in Redis (its idle timeout, measured from its last
-// hit, less a margin that covers the flush) and younger than its max
-// lifetime, and at most TTL after Redis last answered for it.
+// A cached hit queues its session's write back (its idle-timeout refresh,
+// its request count and its last use), and the hits that follow add to
+// it: a session's write back is sent once WriteBack has passed since the
+// first hit it carries (less for a session whose idle timeout is short:
+// writeBack), by the flush that runs every FlushInterval. So Redis
+// refreshes a busy session at most once per WriteBack per replica, and
+// the hits between cost it nothing. One script call writes back up to
+// touchBatch sessions (the touch script, which writes a session only if
+// its binding is still the one cached, never shortens its TTL, and finds
+// the index entry and alias links due as a hit would). Its reply
+// revalidates the entry as a lookup would: the entry's age (TTL), its
+// request count and its last use are Redis's again.
+//
+// What a session cannot lose: it must not expire in Redis while its hits
+// are served from a cache. A hit is served only within a refresh period
+// (Idle/4) of the session's last index write (refreshDue), which Redis
+// made at a use that refreshed its TTL too; its write back is sent at
+// most writeBack (at most Idle/4) and a flush later, so within Idle/2 and
+// a flush of the use Redis last refreshed the session for. A hit whose
+// write back cannot be queued (QueueSize sessions wait) goes to Redis.
+// What it may lose: a replica that dies takes its queue with it, so up to
+// WriteBack of a session's last hits were never written: it expires up to
+// WriteBack early, and its count lacks those hits. The last use other
+// replicas read may be WriteBack old. A cached entry is served only while
+// the session would still be alive in Redis and younger than its max
+// lifetime, and at most TTL after Redis last answered for it (a lookup,
+// or a write back).
 
 import (
+	"container/heap"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -62,12 +81,17 @@ import (
 // Defaults of CacheOptions.
 const (
 	DefaultCacheSize          = 100_000
-	DefaultCacheTTL           = 10 * time.Second
+	DefaultCacheTTL           = 30 * time.Second
 	DefaultCacheFlushInterval = 200 * time.Millisecond
+	DefaultCacheWriteBack     = 15 * time.Second
 	DefaultCacheQueueSize     = 65_536
 	DefaultCachePingInterval  = time.Second
 	// cacheShards spreads the cache's lock.
 	cacheShards = 32
+	// touchBatch is the most sessions one touch script call writes back:
+	// a call holds Redis for about 6 µs a session, so a batch holds it for
+	// under a millisecond (BenchmarkWriteBackBatch).
+	touchBatch = 128
 )
 
 // Hit modes, for Health and /readyz.
@@ -86,11 +110,18 @@ type CacheOptions struct {
 	// TTL is the longest an entry is served after Redis last answered for
 	// it (default DefaultCacheTTL).
 	TTL time.Duration
-	// FlushInterval is how often cached hits' refreshes and counts are
-	// written back (default DefaultCacheFlushInterval).
+	// FlushInterval is how often the write backs due are sent (default
+	// DefaultCacheFlushInterval).
 	FlushInterval time.Duration
+	// WriteBack is how long a session's cached hits wait to be written
+	// back together, counted from the first of them (default
+	// DefaultCacheWriteBack; never less than FlushInterval, and at most a
+	// quarter of the session's idle timeout). Keep it well below TTL: its
+	// write back is what keeps a busy session's entry fresh.
+	WriteBack time.Duration
 	// QueueSize is the most sessions waiting for a write back (default
-	// DefaultCacheQueueSize); past it, write backs are dropped and counted.
+	// DefaultCacheQueueSize); past it, a hit that would queue another goes
+	// to Redis instead, and is counted (CacheStats.Dropped).
 	QueueSize int
 	// PingInterval is how often the subscription is checked with a PING;
 	// an unanswered one flushes the cache (default DefaultCachePingInterval).
@@ -108,6 +139,10 @@ func (o CacheOptions) withDefaults() CacheOptions {
 	if o.FlushInterval == 0 {
 		o.FlushInterval = DefaultCacheFlushInterval
 	}
+	if o.WriteBack == 0 {
+		o.WriteBack = DefaultCacheWriteBack
+	}
+	o.WriteBack = max(o.WriteBack, o.FlushInterval)
 	if o.QueueSize == 0 {
 		o.QueueSize = DefaultCacheQueueSize
 	}
@@ -126,6 +161,8 @@ func (o CacheOptions) Validate() error {
 		return fmt.Errorf("redis options: cache ttl must not be negative, got %v", o.TTL)
 	case o.FlushInterval < 0:
 		return fmt.Errorf("redis options: cache flush interval must not be negative, got %v", o.FlushInterval)
+	case o.WriteBack < 0:
+		return fmt.Errorf("redis options: cache write back must not be negative, got %v", o.WriteBack)
 	case o.QueueSize < 0:
 		return fmt.Errorf("redis options: cache queue size must not be negative, got %d", o.QueueSize)
 	case o.PingInterval < 0:
@@ -141,7 +178,7 @@ type CacheStats struct {
 	Flushes          uint64 // whole-cache flushes (subscription lost)
 	Malformed        uint64 // invalidation messages that named no binding
 	WriteBacks       uint64 // sessions written back
-	Dropped          uint64 // write backs dropped, the queue full
+	Dropped          uint64 // hits sent to Redis because the write-back queue was full
 	WriteBackErrors  uint64 // write-back pipelines that failed
 	Entries, Pending int    // cached sessions, write backs queued now
 	Subscribed       bool   // serving from the cache
@@ -167,6 +204,7 @@ type cacheShard struct {
 
 // touch is a queued write back of a session's cached hits.
 type touch struct {
+	key      string
 	instance string
 	since    int64 // the binding's Since, ms: the write back applies to this binding only
 	count    int
@@ -174,6 +212,23 @@ type touch struct {
 	at       time.Time
 	idle     time.Duration
 	aliases  []string
+	due      time.Time // local clock: sent by the first flush from then
+	pos      int       // in the cache's due heap
+}
+
+// dueHeap orders the queued write backs by due time.
+type dueHeap []*touch
+
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].pos = i; h[j].pos = j }
+func (h *dueHeap) Push(x any)        { t := x.(*touch); t.pos = len(*h); *h = append(*h, t) }
+func (h *dueHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return t
 }
 
 type hitCache struct {
@@ -183,8 +238,9 @@ type hitCache struct {
 	shards [cacheShards]cacheShard
 	perCap int
 	ready  atomic.Bool
-	qmu    sync.Mutex
+	qmu    sync.Mutex // taken inside a shard's lock, never around one
 	queue  map[string]*touch
+	due    dueHeap // queue's write backs, soonest due first
 	// inflight is the batch a flush is writing back, done closed when it
 	// has: a miss on one of its sessions waits for it, so that the count
 	// Redis returns includes the cached hits.
@@ -222,7 +278,7 @@ func (c *hitCache) close() {
 	c.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), OpTimeout)
 	defer cancel()
-	c.flush(ctx)
+	c.flush(ctx, c.takeAll)
 }
 
 func (c *hitCache) shard(key string) *cacheShard {
@@ -235,19 +291,18 @@ func (c *hitCache) lookup(l bindings.Lookup, aliases []string) (res bindings.Res
 	sh := c.shard(l.Key)
 	now := l.Candidate.Since
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	epoch = sh.epoch
 	e := sh.entries[l.Key]
 	if !c.ready.Load() || e == nil {
-		sh.mu.Unlock()
 		c.misses.Add(1)
 		return res, false, epoch
 	}
 	idle := l.Lifetime.Idle
 	if time.Since(e.fetched) >= c.opts.TTL || now.Sub(e.lastHit) >= idle-c.margin(idle) ||
 		(l.Lifetime.Max > 0 && now.Sub(e.b.Since) >= l.Lifetime.Max) || now.Before(e.b.Since) ||
-		refreshDue(e, now.UnixMilli(), idle, len(aliases) > 0) {
+		refreshDue(e, now.UnixMilli(), idle, len(aliases) > 0) || !c.enqueue(l.Key, e.b, now, idle, aliases) {
 		delete(sh.entries, l.Key)
-		sh.mu.Unlock()
 		c.misses.Add(1)
 		return res, false, epoch
 	}
@@ -256,10 +311,16 @@ func (c *hitCache) lookup(l bindings.Lookup, aliases []string) (res bindings.Res
 	if now.After(e.lastHit) {
 		e.lastHit = now
 	}
-	sh.mu.Unlock()
 	c.hits.Add(1)
-	c.enqueue(l.Key, res.Binding, now, idle, aliases)
 	return res, true, epoch
+}
+
+// writeBack is how long after a session's first queued hit its write back
+// is sent: Options.WriteBack, but at most a quarter of the idle timeout,
+// so that a session with a short one is refreshed in time and still
+// served from the cache.
+func (c *hitCache) writeBack(idle time.Duration) time.Duration {
+	return min(c.opts.WriteBack, idle/4)
 }
 
 // refreshDue applies getOrBindSrc's refresh rule to a cached entry: a
@@ -339,24 +400,29 @@ func (c *hitCache) setReady(ready bool) {
 	}
 }
 
-// enqueue queues the write back of a cached hit; a full queue drops it.
-func (c *hitCache) enqueue(key string, b bindings.Binding, now time.Time, idle time.Duration, aliases []string) {
+// enqueue queues the write back of a cached hit, called with key's
+// shard locked. It returns false when the queue is full: the hit must go
+// to Redis, which refreshes the session at once.
+func (c *hitCache) enqueue(key string, b bindings.Binding, now time.Time, idle time.Duration, aliases []string) bool {
 	c.qmu.Lock()
 	defer c.qmu.Unlock()
 	t := c.queue[key]
+	at := time.Now()
 	if t == nil {
 		if len(c.queue) >= c.opts.QueueSize {
 			c.dropped.Add(1)
-			return
+			return false
 		}
-		t = &touch{}
+		t = &touch{key: key, due: at.Add(c.writeBack(idle))}
 		c.queue[key] = t
+		heap.Push(&c.due, t)
 	}
 	t.instance, t.since, t.count = b.Instance, b.Since.UnixMilli(), t.count+1
-	t.now, t.at, t.idle = now.UnixMilli(), time.Now(), idle
+	t.now, t.at, t.idle = now.UnixMilli(), at, idle
 	if len(aliases) > 0 {
 		t.aliases = aliases
 	}
+	return true
 }
 
 // take removes key's queued write back, for a caller that sends it
@@ -366,6 +432,7 @@ func (c *hitCache) take(ctx context.Context, key string) (*touch, bool) {
 	t, ok := c.queue[key]
 	if ok {
 		delete(c.queue, key)
+		heap.Remove(&c.due, t.pos)
 	}
 	var wait chan struct{}
 	if _, busy := c.inflight[key]; busy {
@@ -381,6 +448,44 @@ func (c *hitCache) take(ctx context.Context, key string) (*touch, bool) {
 	return t, ok
 }
 
+// takeDue, takeAll and takeKeys remove and return queued write backs,
+// with qmu held: those due at now, all of them, those of keys.
+func (c *hitCache) takeDue(now time.Time) map[string]*touch {
+	var q map[string]*touch
+	for len(c.due) > 0 && !c.due[0].due.After(now) {
+		t := heap.Pop(&c.due).(*touch)
+		delete(c.queue, t.key)
+		if q == nil {
+			q = map[string]*touch{}
+		}
+		q[t.key] = t
+	}
+	return q
+}
+
+func (c *hitCache) takeAll(time.Time) map[string]*touch {
+	q := c.queue
+	c.queue, c.due = make(map[string]*touch, len(q)), nil
+	return q
+}
+
+func (c *hitCache) takeKeys(keys []string) func(time.Time) map[string]*touch {
+	return func(time.Time) map[string]*touch {
+		var q map[string]*touch
+		for _, k := range keys {
+			if t, ok := c.queue[k]; ok {
+				delete(c.queue, k)
+				heap.Remove(&c.due, t.pos)
+				if q == nil {
+					q = map[string]*touch{}
+				}
+				q[k] = t
+			}
+		}
+		return q
+	}
+}
+
 func (c *hitCache) flushLoop(ctx context.Context) {
 	tick := time.NewTicker(c.opts.FlushInterval)
 	defer tick.Stop()
@@ -390,24 +495,25 @@ func (c *hitCache) flushLoop(ctx context.Context) {
 			return
 		case <-tick.C:
 			fctx, cancel := context.WithTimeout(ctx, max(c.opts.FlushInterval, OpTimeout))
-			c.flush(fctx)
+			c.flush(fctx, c.takeDue)
 			cancel()
 		}
 	}
 }
 
-// flush writes back everything queued, in one pipeline, then the index
+// flush writes back the sessions take picks (those due, or those a caller
+// is about to read, or all on close) in one pipeline; then the index
 // entries and alias links found due.
-func (c *hitCache) flush(ctx context.Context) {
+func (c *hitCache) flush(ctx context.Context, take func(now time.Time) map[string]*touch) {
 	c.flushMu.Lock()
 	defer c.flushMu.Unlock()
+	sent := time.Now()
 	c.qmu.Lock()
-	q := c.queue
+	q := take(sent)
 	if len(q) == 0 {
 		c.qmu.Unlock()
 		return
 	}
-	c.queue = make(map[string]*touch, len(q))
 	c.inflight, c.done = q, make(chan struct{})
 	done := c.done
 	c.qmu.Unlock()
@@ -417,37 +523,76 @@ func (c *hitCache) flush(ctx context.Context) {
 		c.qmu.Unlock()
 		close(done)
 	}()
-	keys := make([]string, 0, len(q))
-	calls := make([]*scriptCall, 0, len(q))
-	for k, t := range q {
-		keys = append(keys, k)
-		calls = append(calls, c.s.touchCall(k, t))
+	ts := make([]*touch, 0, len(q))
+	for _, t := range q {
+		ts = append(ts, t)
 	}
+	calls := c.s.touchCalls(ts, touchBatch)
 	c.s.exec(ctx, calls, nil)
 	failed := false
 	for i, call := range calls {
-		t := q[keys[i]]
-		r, err := parseTouchReply(call.cmd)
+		batch := ts[i*touchBatch : min((i+1)*touchBatch, len(ts))]
+		res, err := call.cmd.Slice()
+		var rs []touchReply
+		if err == nil {
+			rs, err = parseTouchReply(res, len(batch))
+		}
 		if err != nil {
 			failed = true
 			continue
 		}
-		c.writeBacks.Add(1)
-		if !r.same {
-			c.drop(keys[i]) // moved meanwhile: its message is on its way
-			continue
-		}
-		aliases := t.aliases
-		if r.links == 0 {
-			aliases = nil
-		}
-		if r.index != 0 || len(aliases) > 0 {
-			c.s.refresh(ctx, keys[i], t.instance, "", t.now, r.index, aliases, r.links)
+		for j, t := range batch {
+			c.writeBacks.Add(1)
+			c.written(t, rs[j], sent)
+			aliases := t.aliases
+			if rs[j].links == 0 {
+				aliases = nil
+			}
+			if rs[j].same && (rs[j].index != 0 || len(aliases) > 0) {
+				c.s.refresh(ctx, t.key, t.instance, "", t.now, rs[j].index, aliases, rs[j].links)
+			}
 		}
 	}
 	if failed {
 		c.writeBackErrors.Add(1)
 		c.s.indexError(errors.New("redis cache write back: some sessions' refreshes failed"))
+	}
+}
+
+// written applies what Redis answered to a write back sent at sent. The
+// binding is no longer the one cached, or has a move pending: the entry
+// goes (the change's message is on its way). Otherwise Redis has just
+// answered for the binding, as a lookup would: the entry is as fresh as
+// a lookup's, with the session's count and last use as Redis keeps them
+// (other replicas' hits included) plus this replica's hits since.
+func (c *hitCache) written(t *touch, r touchReply, sent time.Time) {
+	if !r.same || r.moving {
+		c.drop(t.key)
+		return
+	}
+	sh := c.shard(t.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.entries[t.key]
+	if e == nil || e.b.Instance != t.instance || e.b.Since.UnixMilli() != t.since || !sent.After(e.fetched) {
+		return // gone, another binding, or fetched since: newer than this reply
+	}
+	e.fetched = sent
+	c.qmu.Lock()
+	since := 0 // hits queued since this write back was taken
+	if p := c.queue[t.key]; p != nil {
+		since = p.count
+	}
+	c.qmu.Unlock()
+	e.requests = r.requests + since
+	if u := time.UnixMilli(r.lastUse); r.lastUse > 0 && u.After(e.lastHit) {
+		e.lastHit = u
+	}
+	if r.index != 0 {
+		e.x, e.e = t.now, r.index
+	}
+	if r.links != 0 {
+		e.l = r.links
 	}
 }
 
@@ -586,91 +731,125 @@ func (c *hitCache) stats() CacheStats {
 	return st
 }
 
-// touchSrc: KEYS[1] binding. ARGV[1] instance, [2] since (the cached
-// binding's), [3] hits to count, [4] TTL ms left of the last hit's idle
-// timeout, [5] the last hit's now, [6] now + idle*5/4, [7] refresh period
-// ms, [8] margin ms, [9] idle ms, [10] '1' when the hits had alias links.
+// touchSrc: KEYS[k] the binding of the k-th session written back, and
+// ten arguments for each from ARGV[10(k-1)+1]: [1] instance, [2] since
+// (the cached binding's), [3] hits to count, [4] TTL ms left of the last
+// hit's idle timeout, [5] the last hit's now, [6] now + idle*5/4, [7]
+// refresh period ms, [8] margin ms, [9] idle ms, [10] '1' when the hits
+// had alias links.
 //
-// Writes back cached hits: only to the binding they were served from
-// (another one, or none, is left alone), never shortening its TTL. Replies
-// {1, index expiry, link expiry} like a hit of getOrBindSrc (each empty
-// unless due), or {0} when the binding is another.
+// Writes back each session's cached hits: only to the binding they were
+// served from (another one, or none, is left alone), never shortening its
+// TTL, never moving its last use back. Four commands a session: this is
+// what a busy session costs Redis per write back. Replies five values a
+// session: 0 and four empty strings when the binding is another; else 1
+// (2 when a move is pending), the index expiry and the link expiry to
+// write (each empty unless due, as getOrBindSrc says), the count n now and
+// the last use u it had before (-1 when absent).
 const touchSrc = `
 local function int(v)
   if v and string.match(v, '^%d+$') then return tonumber(v) end
   return nil
 end
-local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'x', 'e', 'l', 'n', 'u')
-if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then
-  return {0}
+local out = {}
+for k = 1, #KEYS do
+  local a = 10 * (k - 1)
+  local cur = redis.call('HMGET', KEYS[k], 'i', 's', 'x', 'e', 'l', 'n', 'u', 'mv', 'mo')
+  if cur[1] ~= ARGV[a + 1] or cur[2] ~= ARGV[a + 2] then
+    for _, v in ipairs({0, '', '', 0, -1}) do out[#out + 1] = v end
+  else
+    local now = tonumber(ARGV[a + 5])
+    local n = tonumber(ARGV[a + 3])
+    -- Up to 15 digits, as getOrBindSrc: Lua numbers are exact to 2^53.
+    if cur[6] and string.match(cur[6], '^%d+$') and #cur[6] <= 15 then n = n + tonumber(cur[6]) end
+    local set = {'n', n}
+    local u = int(cur[7])
+    if not u or now > u then
+      set[#set + 1] = 'u'
+      set[#set + 1] = ARGV[a + 5]
+    end
+    local reach = now + tonumber(ARGV[a + 9]) + tonumber(ARGV[a + 8])
+    local x, e, l = int(cur[3]), int(cur[4]), int(cur[5])
+    local ie, le = '', ''
+    if not x or not e or now - x >= tonumber(ARGV[a + 7]) or reach > e then
+      ie = ARGV[a + 6]
+      if e and e > tonumber(ARGV[a + 6]) then ie = cur[4] end
+      for _, v in ipairs({'x', ARGV[a + 5], 'e', ie}) do set[#set + 1] = v end
+    end
+    if ARGV[a + 10] == '1' and (ie ~= '' or not l or reach > l) then
+      le = ARGV[a + 6]
+      if l and l > tonumber(ARGV[a + 6]) then le = cur[5] end
+      set[#set + 1] = 'l'
+      set[#set + 1] = le
+    end
+    redis.call('HSET', KEYS[k], unpack(set))
+    if redis.call('PTTL', KEYS[k]) < tonumber(ARGV[a + 4]) then
+      redis.call('PEXPIRE', KEYS[k], ARGV[a + 4])
+    end
+    local st = 1
+    if (cur[8] and cur[8] ~= '') or (cur[9] and cur[9] ~= '') then st = 2 end
+    for _, v in ipairs({st, ie, le, n, u or -1}) do out[#out + 1] = v end
+  end
 end
-local u = int(cur[7])
-if not u or tonumber(ARGV[5]) > u then
-  redis.call('HSET', KEYS[1], 'u', ARGV[5])
-end
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-end
-if cur[6] and string.match(cur[6], '^%d+$') and #cur[6] <= 15 then
-  redis.call('HINCRBY', KEYS[1], 'n', ARGV[3])
-else
-  redis.call('HSET', KEYS[1], 'n', ARGV[3])
-end
-local now = tonumber(ARGV[5])
-local reach = now + tonumber(ARGV[9]) + tonumber(ARGV[8])
-local x, e, l = int(cur[3]), int(cur[4]), int(cur[5])
-local ie, le = '', ''
-if not x or not e or now - x >= tonumber(ARGV[7]) or reach > e then
-  ie = ARGV[6]
-  if e and e > tonumber(ARGV[6]) then ie = cur[4] end
-  redis.call('HSET', KEYS[1], 'x', ARGV[5], 'e', ie)
-end
-if ARGV[10] == '1' and (ie ~= '' or not l or reach > l) then
-  le = ARGV[6]
-  if l and l > tonumber(ARGV[6]) then le = cur[5] end
-  redis.call('HSET', KEYS[1], 'l', le)
-end
-return {1, ie, le}
+return out
 `
 
 var touchScript = goredis.NewScript(touchSrc)
 
-// touchCall is the write back of t for key.
-func (s *Store) touchCall(key string, t *touch) *scriptCall {
-	ttl := max(t.idle-time.Since(t.at), time.Millisecond)
-	return &scriptCall{sc: touchScript, keys: []string{s.bindingKey(key)},
-		args: []any{t.instance, t.since, t.count, millis(ttl), t.now, t.now + entryLifetime(t.idle),
-			refreshPeriod(t.idle), refreshMargin(t.idle), millis(t.idle), boolArg(len(t.aliases) > 0)}}
+// touchCalls are the write backs of ts, per sessions a call. All keys of
+// one call must share a slot on a Cluster: the hit cache runs on a
+// standalone Redis only.
+func (s *Store) touchCalls(ts []*touch, per int) []*scriptCall {
+	calls := make([]*scriptCall, 0, (len(ts)+per-1)/per)
+	for batch := range slices.Chunk(ts, per) {
+		c := &scriptCall{sc: touchScript, keys: make([]string, 0, len(batch)), args: make([]any, 0, 10*len(batch))}
+		for _, t := range batch {
+			ttl := max(t.idle-time.Since(t.at), time.Millisecond)
+			c.keys = append(c.keys, s.bindingKey(t.key))
+			c.args = append(c.args, t.instance, t.since, t.count, millis(ttl), t.now, t.now+entryLifetime(t.idle),
+				refreshPeriod(t.idle), refreshMargin(t.idle), millis(t.idle), boolArg(len(t.aliases) > 0))
+		}
+		calls = append(calls, c)
+	}
+	return calls
 }
 
+// touchReply is one session's part of a touchSrc reply.
 type touchReply struct {
-	same         bool
-	index, links int64
+	same, moving bool  // the binding written back is still there; it has a move pending
+	index, links int64 // as in bindReply
+	requests     int   // the session's count, these hits included
+	lastUse      int64 // the last use Redis knew of before (ms; -1 none)
 }
 
-func parseTouchReply(cmd *goredis.Cmd) (touchReply, error) {
-	res, err := cmd.Slice()
-	if err != nil {
-		return touchReply{}, err
+// parseTouchReply decodes the reply of a touch call for n sessions.
+func parseTouchReply(res []any, n int) ([]touchReply, error) {
+	bad := func() ([]touchReply, error) { return nil, fmt.Errorf("unexpected touch reply %v", res) }
+	if len(res) != 5*n {
+		return bad()
 	}
-	if len(res) == 1 {
-		return touchReply{}, nil
-	}
-	if len(res) != 3 {
-		return touchReply{}, fmt.Errorf("unexpected touch reply %v", res)
-	}
-	ie, _ := res[1].(string)
-	le, _ := res[2].(string)
-	r := touchReply{same: true}
-	if ie != "" {
-		if _, err := fmt.Sscan(ie, &r.index); err != nil {
-			return touchReply{}, fmt.Errorf("unexpected touch reply %v", res)
+	out := make([]touchReply, n)
+	for i := range out {
+		v := res[5*i : 5*i+5]
+		st, ok1 := v[0].(int64)
+		ie, ok2 := v[1].(string)
+		le, ok3 := v[2].(string)
+		reqs, ok4 := v[3].(int64)
+		u, ok5 := v[4].(int64)
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || st < 0 || st > 2 {
+			return bad()
 		}
-	}
-	if le != "" {
-		if _, err := fmt.Sscan(le, &r.links); err != nil {
-			return touchReply{}, fmt.Errorf("unexpected touch reply %v", res)
+		if st == 0 {
+			continue
 		}
+		r := touchReply{same: true, moving: st == 2, requests: int(reqs), lastUse: u}
+		if r.index, ok1 = expiry(ie); !ok1 {
+			return bad()
+		}
+		if r.links, ok1 = expiry(le); !ok1 {
+			return bad()
+		}
+		out[i] = r
 	}
-	return r, nil
+	return out, nil
 }

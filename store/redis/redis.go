@@ -41,9 +41,11 @@
 // SCRIPT FLUSH, a call refused with NOSCRIPT is sent again with EVAL once,
 // which caches the script again.
 //
-//   - With the hit cache (Options.Cache; see cache.go), a hit whose refresh is not due and that the replica has
-//     cached is NO round trip: its refresh and count are written back
-//     later, in a batch. Every other case below is unchanged.
+//   - With the hit cache (Options.Cache; see cache.go), a hit whose
+//     refresh is not due and that the replica has cached is NO round
+//     trip: its refresh, count and last use are written back later, with
+//     the session's other hits of the next CacheOptions.WriteBack, in a
+//     batch of sessions. Every other case below is unchanged.
 //   - A hit whose refresh is not due is ONE round trip: the get-or-bind
 //     script alone, and nothing else is sent.
 //   - A bind, or a hit whose refresh is due, is two: the script, then one
@@ -468,7 +470,7 @@ func (s *Store) getOrBindOnce(ctx context.Context, l bindings.Lookup, key string
 	}
 	calls := []*scriptCall{c}
 	if pending != nil {
-		calls = []*scriptCall{s.touchCall(key, pending), c}
+		calls = []*scriptCall{s.touchCalls([]*touch{pending}, 1)[0], c}
 	}
 	s.exec(ctx, calls, nil)
 	res, err := c.cmd.Slice()
@@ -500,7 +502,7 @@ func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Bind
 		// yet written back go first, so the count moves with the binding.
 		s.cache.drop(key)
 		if t, ok := s.cache.take(ctx, key); ok {
-			calls = []*scriptCall{s.touchCall(key, t), c}
+			calls = []*scriptCall{s.touchCalls([]*touch{t}, 1)[0], c}
 		}
 	}
 	s.exec(ctx, calls, nil)
@@ -876,13 +878,19 @@ func (s *Store) exec(ctx context.Context, calls []*scriptCall, extra func(goredi
 }
 
 // flushCache writes back the cached hits queued, for a call that reads
-// what they change (counts, TTLs, the index).
-func (s *Store) flushCache(ctx context.Context) {
-	if s.cache != nil {
-		ctx, cancel := s.opContext(ctx)
-		defer cancel()
-		s.cache.flush(ctx)
+// what they change (counts, TTLs, the index): those of keys, or all when
+// none is named.
+func (s *Store) flushCache(ctx context.Context, keys ...string) {
+	if s.cache == nil {
+		return
 	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	take := s.cache.takeAll
+	if len(keys) > 0 {
+		take = s.cache.takeKeys(keys)
+	}
+	s.cache.flush(ctx, take)
 }
 
 // Hits says how this store serves a sticky hit: HitsCached, or

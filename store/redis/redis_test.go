@@ -361,6 +361,31 @@ func TestParseReplies(t *testing.T) {
 			t.Errorf("parseBindReply %s (%v): err = %v, want error: %v", tt.name, tt.res, err, tt.wantErr)
 		}
 	}
+	touched := []any{int64(1), "", "", int64(7), int64(900), int64(0), "", "", int64(0), int64(-1), int64(2), "2000", "2100", int64(3), int64(-1)}
+	touch := []struct {
+		name string
+		res  []any
+		n    int
+		want []touchReply // nil: an error
+	}{
+		{"three sessions", touched, 3, []touchReply{
+			{same: true, requests: 7, lastUse: 900}, {}, {same: true, moving: true, index: 2000, links: 2100, requests: 3, lastUse: -1}}},
+		{"fewer than said", touched, 4, nil},
+		{"short", touched[:14], 3, nil},
+		{"status out of range", with(touched, 0, int64(3)), 3, nil},
+		{"status not an integer", with(touched, 0, "1"), 3, nil},
+		{"index expiry not a number", with(touched, 11, "soon"), 3, nil},
+		{"link expiry zero", with(touched, 12, "0"), 3, nil},
+		{"count not an integer", with(touched, 3, "7"), 3, nil},
+		{"last use not an integer", with(touched, 4, nil), 3, nil},
+		{"nil", nil, 1, nil},
+	}
+	for _, tt := range touch {
+		got, err := parseTouchReply(tt.res, tt.n)
+		if (err != nil) != (tt.want == nil) || !slices.Equal(got, tt.want) {
+			t.Errorf("parseTouchReply %s (%v): %+v, %v; want %+v", tt.name, tt.res, got, err, tt.want)
+		}
+	}
 	rep := []any{int64(1), "a", "1000", "v1", "2000", "b", "2"}
 	replace := []struct {
 		name    string

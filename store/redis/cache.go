@@ -527,11 +527,12 @@ func (c *hitCache) flush(ctx context.Context, take func(now time.Time) map[strin
 	for _, t := range q {
 		ts = append(ts, t)
 	}
-	calls := c.s.touchCalls(ts, touchBatch)
+	per := c.s.touchPer()
+	calls := c.s.touchCalls(ts, per)
 	c.s.exec(ctx, calls, nil)
 	failed := false
 	for i, call := range calls {
-		batch := ts[i*touchBatch : min((i+1)*touchBatch, len(ts))]
+		batch := ts[i*per : min((i+1)*per, len(ts))]
 		res, err := call.cmd.Slice()
 		var rs []touchReply
 		if err == nil {
@@ -796,9 +797,17 @@ return out
 
 var touchScript = goredis.NewScript(touchSrc)
 
-// touchCalls are the write backs of ts, per sessions a call. All keys of
-// one call must share a slot on a Cluster: the hit cache runs on a
-// standalone Redis only.
+// touchPer is how many sessions one touch call writes back: touchBatch,
+// but one on a Cluster, where a script's keys must share a hash slot and
+// each session's binding has a slot of its own (its key's hash tag).
+func (s *Store) touchPer() int {
+	if _, ok := s.client.(*goredis.ClusterClient); ok {
+		return 1
+	}
+	return touchBatch
+}
+
+// touchCalls are the write backs of ts, per sessions a call (touchPer).
 func (s *Store) touchCalls(ts []*touch, per int) []*scriptCall {
 	calls := make([]*scriptCall, 0, (len(ts)+per-1)/per)
 	for batch := range slices.Chunk(ts, per) {

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -70,5 +71,54 @@ func TestCacheFlushedWhenClusterSubscriptionDrops(t *testing.T) {
 	res, err := s.GetOrBind(ctx, l)
 	if err != nil || res.Binding.Instance != "z" {
 		t.Errorf("after the subscription returned: %+v, %v; want instance z from Redis", res, err)
+	}
+}
+
+// TestCacheWritesBackOnCluster: cached hits of many sessions, spread over
+// the masters, are written back (one session a call: a script's keys share
+// a slot) with their counts summed.
+func TestCacheWritesBackOnCluster(t *testing.T) {
+	t.Parallel()
+	c := testenv.RedisCluster(t)
+	opts := cachedOptions()
+	opts.Cache.FlushInterval = 10 * time.Minute // flushed by hand below
+	s := openCached(t, clusterURL(c), opts)
+	ctx := t.Context()
+	const sessions, hits = 40, 3
+	look := func(i int) bindings.Lookup {
+		return bindings.Lookup{Key: fmt.Sprint("wb/", i), Candidate: bindings.Binding{Instance: "a", Since: since}, Lifetime: bindings.Lifetime{Idle: time.Hour}}
+	}
+	for i := range sessions {
+		warm(t, s, look(i))
+	}
+	s.flushCache(ctx)
+	base := map[int]int{}
+	for i := range sessions {
+		n, err := c.Client().HGet(ctx, s.bindingKey(look(i).Key), "n").Int()
+		if err != nil {
+			t.Fatal(err)
+		}
+		base[i] = n
+	}
+	st0 := s.CacheStats()
+	for range hits {
+		for i := range sessions {
+			if _, err := s.GetOrBind(ctx, look(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if st := s.CacheStats(); st.Hits-st0.Hits != sessions*hits {
+		t.Fatalf("stats %+v after %+v; want %d cached hits", st, st0, sessions*hits)
+	}
+	s.flushCache(ctx)
+	if st := s.CacheStats(); st.WriteBackErrors != st0.WriteBackErrors || st.WriteBacks-st0.WriteBacks != sessions {
+		t.Errorf("stats %+v after %+v; want %d write backs and no error", st, st0, sessions)
+	}
+	for i := range sessions {
+		n, err := c.Client().HGet(ctx, s.bindingKey(look(i).Key), "n").Int()
+		if err != nil || n != base[i]+hits {
+			t.Errorf("session %d: count %d, %v in Redis; want %d", i, n, err, base[i]+hits)
+		}
 	}
 }

@@ -56,8 +56,8 @@ type Options struct {
 }
 
 // Run serves until ctx ends, then reports itself down while still serving
-// for server.drain_delay, drains open streams (bounded by
-// server.drain_timeout) and returns. It returns an error only when tether
+// for server.drain_delay, serves on until it has heard the end of every
+// request it routed (settle, bounded by server.drain_timeout) and returns. It returns an error only when tether
 // cannot start or a listener fails.
 //
 // cfg has passed config.Validate. Run hands it to reload, which keeps it in

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,11 +22,15 @@ import (
 const SentinelMaster = "mymaster"
 
 // Sentinel is one Redis master watched by one sentinel, both on loopback
-// TCP ports and private to one test. There is no replica: it tests finding
-// the master through Sentinel, not failover.
+// TCP ports and private to one test. RedisSentinel's has no replica: it
+// tests finding the master through Sentinel, not failover.
+// RedisSentinelWithReplica's has one, which Failover promotes.
 type Sentinel struct {
-	master, sentinel string
-	password         string
+	sentinel string
+	password string
+
+	mu              sync.Mutex
+	master, replica string // replica is "" without one
 }
 
 // RedisSentinel starts a master (with requirepass password, unless
@@ -37,6 +43,25 @@ type Sentinel struct {
 // A sentinel reaches its master over TCP, so both take random ports as
 // RedisCluster's nodes do.
 func RedisSentinel(t testing.TB, password string) *Sentinel {
+	t.Helper()
+	return startSentinel(t, password, false)
+}
+
+// RedisSentinelWithReplica is RedisSentinel with a replica of the master
+// too (masterauth password): it also waits until the replica is in sync
+// and the sentinel knows it as one it could promote, so Failover can run
+// at once. The sentinel's down-after-milliseconds is one second and it
+// reads its instances' INFO every 200 ms (SENTINEL DEBUG info-period), so
+// a failover takes about a second. Its hello period is Redis's default
+// (two seconds): after a failover the sentinel reconfigures the old
+// master as a replica of the new one about eight seconds later, as it
+// would in production (WaitDemoted).
+func RedisSentinelWithReplica(t testing.TB, password string) *Sentinel {
+	t.Helper()
+	return startSentinel(t, password, true)
+}
+
+func startSentinel(t testing.TB, password string, withReplica bool) *Sentinel {
 	t.Helper()
 	server := redisBin(t, "redis-server", "REDIS_SERVER_BIN")
 	dir, err := os.MkdirTemp("", "trs")
@@ -54,36 +79,67 @@ func RedisSentinel(t testing.TB, password string) *Sentinel {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 
+	// A node's args; replicaOf is "" for the master, else its address.
+	// Each node has a directory of its own: a replica writes its RDB file
+	// there.
+	node := func(name, replicaOf string) func(port int) ([]string, error) {
+		return func(port int) ([]string, error) {
+			ndir := filepath.Join(dir, name)
+			args := []string{
+				"--port", strconv.Itoa(port),
+				"--bind", "127.0.0.1",
+				"--dir", ndir,
+				"--save", "",
+				"--appendonly", "no",
+				"--daemonize", "no",
+				"--logfile", "",
+				// A replica's first sync (after Failover too) at once,
+				// not after the default 5 s wait for more replicas.
+				"--repl-diskless-sync-delay", "0",
+			}
+			if password != "" {
+				// masterauth too: after a failover the old master
+				// replicates from the new one.
+				args = append(args, "--requirepass", password, "--masterauth", password)
+			}
+			if replicaOf != "" {
+				host, port, _ := net.SplitHostPort(replicaOf)
+				args = append(args, "--replicaof", host, port)
+			}
+			return args, os.MkdirAll(ndir, 0o700)
+		}
+	}
 	s := &Sentinel{password: password}
-	mp, master, err := startOnFreePort(ctx, server, goredis.Options{Password: password}, func(port int) ([]string, error) {
-		args := []string{
-			"--port", strconv.Itoa(port),
-			"--bind", "127.0.0.1",
-			"--dir", dir,
-			"--save", "",
-			"--appendonly", "no",
-			"--daemonize", "no",
-			"--logfile", "",
-		}
-		if password != "" {
-			args = append(args, "--requirepass", password)
-		}
-		return args, nil
-	})
+	mp, master, err := startOnFreePort(ctx, server, goredis.Options{Password: password}, node("master", ""))
 	if err != nil {
 		t.Fatalf("redis sentinel: master: %v", err)
 	}
 	procs = append(procs, mp)
 	s.master = master
+	var rp *launch.Proc
+	if withReplica {
+		rp, s.replica, err = startOnFreePort(ctx, server, goredis.Options{Password: password}, node("replica", master))
+		if err != nil {
+			t.Fatalf("redis sentinel: replica: %v", err)
+		}
+		procs = append(procs, rp)
+	}
 	_, mport, _ := net.SplitHostPort(master)
 
 	// A sentinel needs a config file it can rewrite.
 	conf := filepath.Join(dir, "sentinel.conf")
+	down := 5000
+	if withReplica {
+		down = 1000
+	}
 	sp, sentinel, err := startOnFreePort(ctx, server, goredis.Options{}, func(port int) ([]string, error) {
 		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile \"\"\n"+
 			"sentinel monitor %s 127.0.0.1 %s 1\n"+
-			"sentinel down-after-milliseconds %s 5000\n",
-			port, dir, SentinelMaster, mport, SentinelMaster)
+			"sentinel down-after-milliseconds %s %d\n",
+			port, dir, SentinelMaster, mport, SentinelMaster, down)
+		if withReplica {
+			text += fmt.Sprintf("sentinel failover-timeout %s 10000\n", SentinelMaster)
+		}
 		if password != "" {
 			text += fmt.Sprintf("sentinel auth-pass %s %s\n", SentinelMaster, password)
 		}
@@ -95,8 +151,27 @@ func RedisSentinel(t testing.TB, password string) *Sentinel {
 	procs = append(procs, sp)
 	s.sentinel = sentinel
 
+	output := func() string {
+		out := "--- sentinel\n" + sp.Output() + "--- master\n" + mp.Output()
+		if rp != nil {
+			out += "--- replica\n" + rp.Output()
+		}
+		return out
+	}
 	if err := waitSentinel(ctx, sentinel, master); err != nil {
-		t.Fatalf("redis sentinel: %v\n--- sentinel\n%s--- master\n%s", err, sp.Output(), mp.Output())
+		t.Fatalf("redis sentinel: %v\n%s", err, output())
+	}
+	if withReplica {
+		// A plain client: SentinelClient has no Do.
+		c := goredis.NewClient(&goredis.Options{Addr: sentinel, ContextTimeoutEnabled: true})
+		err := c.Do(ctx, "SENTINEL", "DEBUG", "info-period", 200).Err()
+		_ = c.Close()
+		if err != nil {
+			t.Fatalf("redis sentinel: SENTINEL DEBUG (Redis 7.0 or later): %v", err)
+		}
+		if err := s.waitReplica(ctx, s.replica, master); err != nil {
+			t.Fatalf("redis sentinel: %v\n%s", err, output())
+		}
 	}
 	return s
 }
@@ -104,8 +179,20 @@ func RedisSentinel(t testing.TB, password string) *Sentinel {
 // Addr is the sentinel's host:port.
 func (s *Sentinel) Addr() string { return s.sentinel }
 
-// MasterAddr is the master's host:port.
-func (s *Sentinel) MasterAddr() string { return s.master }
+// MasterAddr is the master's host:port (the replica's after Failover).
+func (s *Sentinel) MasterAddr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.master
+}
+
+// ReplicaAddr is the replica's host:port (the old master's after
+// Failover); "" from RedisSentinel, which has none.
+func (s *Sentinel) ReplicaAddr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.replica
+}
 
 // URL is the store URL that finds the master through the sentinel:
 // redis+sentinel://host:port?master_name=mymaster[&password=…].
@@ -115,6 +202,121 @@ func (s *Sentinel) URL() string {
 		q.Set("password", s.password)
 	}
 	return "redis+sentinel://" + s.sentinel + "?" + q.Encode()
+}
+
+// Failover has the sentinel promote the replica (SENTINEL FAILOVER, as
+// for maintenance; the master is left running) and waits until the
+// sentinel names it as the master. It first waits (WAIT) until the
+// replica has every write the master took, so nothing is lost. The old
+// master is still a master when Failover returns: the sentinel
+// reconfigures it as a replica of the new one seconds later
+// (WaitDemoted). MasterAddr and ReplicaAddr swap; Failover returns the
+// new master's address.
+func (s *Sentinel) Failover(ctx context.Context) (string, error) {
+	s.mu.Lock()
+	old, next := s.master, s.replica
+	s.mu.Unlock()
+	if next == "" {
+		return "", fmt.Errorf("sentinel failover: no replica (RedisSentinelWithReplica has one)")
+	}
+	m := s.nodeClient(old)
+	err := m.Do(ctx, "WAIT", 1, 5000).Err()
+	_ = m.Close()
+	if err != nil {
+		return "", fmt.Errorf("sentinel failover: WAIT on the master: %w", err)
+	}
+	c := s.sentinelClient()
+	defer c.Close()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	// NOGOODSLAVE: the sentinel has not read the replica's INFO lately
+	// enough; it will.
+	for {
+		err := c.Failover(ctx, SentinelMaster).Err()
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "NOGOODSLAVE") {
+			return "", fmt.Errorf("sentinel failover: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("sentinel failover: %w (last: %v)", ctx.Err(), err)
+		case <-tick.C:
+		}
+	}
+	if err := waitSentinel(ctx, s.sentinel, next); err != nil {
+		return "", fmt.Errorf("sentinel failover: %w", err)
+	}
+	s.mu.Lock()
+	s.master, s.replica = next, old
+	s.mu.Unlock()
+	return next, nil
+}
+
+// WaitDemoted waits until the replica (the old master, after Failover)
+// replicates from the master, in sync, and the sentinel knows it as a
+// replica it could promote.
+func (s *Sentinel) WaitDemoted(ctx context.Context) error {
+	s.mu.Lock()
+	master, replica := s.master, s.replica
+	s.mu.Unlock()
+	if replica == "" {
+		return fmt.Errorf("sentinel: no replica (RedisSentinelWithReplica has one)")
+	}
+	return s.waitReplica(ctx, replica, master)
+}
+
+// waitReplica polls until the node at replica replicates from master with
+// its link up, and the sentinel lists it as a replica of master that is
+// not down, with its link to the master up.
+func (s *Sentinel) waitReplica(ctx context.Context, replica, master string) error {
+	node := s.nodeClient(replica)
+	defer node.Close()
+	c := s.sentinelClient()
+	defer c.Close()
+	mhost, mport, _ := net.SplitHostPort(master)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		why := ""
+		info, err := node.Info(ctx, "replication").Result()
+		switch {
+		case err != nil:
+			why = err.Error()
+		case !strings.Contains(info, "role:slave\r\n") || !strings.Contains(info, "master_host:"+mhost+"\r\n") ||
+			!strings.Contains(info, "master_port:"+mport+"\r\n") || !strings.Contains(info, "master_link_status:up\r\n"):
+			why = "the node's INFO replication:\n" + info
+		default:
+			why = "the sentinel does not list it as a replica in sync"
+			replicas, err := c.Replicas(ctx, SentinelMaster).Result()
+			if err != nil {
+				why = err.Error()
+			}
+			for _, r := range replicas {
+				if net.JoinHostPort(r["ip"], r["port"]) == replica && r["flags"] == "slave" &&
+					r["master-link-status"] == "ok" && net.JoinHostPort(r["master-host"], r["master-port"]) == master {
+					return nil
+				}
+			}
+			if err == nil {
+				why = fmt.Sprintf("the sentinel's replicas: %v", replicas)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not a replica of %s: %w; last: %s", replica, master, ctx.Err(), why)
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *Sentinel) sentinelClient() *goredis.SentinelClient {
+	return goredis.NewSentinelClient(&goredis.Options{Addr: s.sentinel, ContextTimeoutEnabled: true})
+}
+
+func (s *Sentinel) nodeClient(addr string) *goredis.Client {
+	return goredis.NewClient(&goredis.Options{Addr: addr, Password: s.password, ContextTimeoutEnabled: true})
 }
 
 // waitSentinel polls the sentinel until it names master as the master and

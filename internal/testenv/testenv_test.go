@@ -214,3 +214,45 @@ func TestRedisSentinel(t *testing.T) {
 		t.Errorf("URL() = %q, want %q", s.URL(), want)
 	}
 }
+
+func TestRedisSentinelFailover(t *testing.T) {
+	const password = "sentinel-test-password"
+	start := time.Now()
+	s := RedisSentinelWithReplica(t, password)
+	old, replica := s.MasterAddr(), s.ReplicaAddr()
+	t.Logf("master %s, replica %s behind sentinel %s ready in %v", old, replica, s.Addr(), time.Since(start))
+	ctx := t.Context()
+	c := goredis.NewFailoverClient(&goredis.FailoverOptions{
+		MasterName:            SentinelMaster,
+		SentinelAddrs:         []string{s.Addr()},
+		Password:              password,
+		ContextTimeoutEnabled: true,
+	})
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET through the sentinel: %v", err)
+	}
+	start = time.Now()
+	master, err := s.Failover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("failover to %s in %v", master, time.Since(start))
+	if master != replica || s.MasterAddr() != replica || s.ReplicaAddr() != old {
+		t.Fatalf("after Failover: returned %s, master %s, replica %s; want master %s, replica %s", master, s.MasterAddr(), s.ReplicaAddr(), replica, old)
+	}
+	// The write reached the new master before the failover.
+	m := goredis.NewClient(&goredis.Options{Addr: master, Password: password})
+	defer m.Close()
+	if v, err := m.Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Errorf("GET k on the new master = %q, %v; want \"v\"", v, err)
+	}
+	start = time.Now()
+	if err := s.WaitDemoted(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("old master a replica of the new one %v after the failover", time.Since(start))
+	if err := c.Set(ctx, "k", "w", 0).Err(); err != nil {
+		t.Errorf("SET through the sentinel after the failover: %v", err)
+	}
+}

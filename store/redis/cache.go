@@ -14,16 +14,15 @@ package redis
 // alias's own binding, if cached, must no longer be served.
 //
 // The channel is classic pub/sub, which reaches every subscriber on every
-// deployment: behind a Sentinel the subscription follows the master (a
-// failover breaks it, the cache is flushed and the store subscribes to the
-// new master; a subscription still on the old master, now a replica, hears
-// what the new one publishes, as Redis replicates PUBLISH), and on a
-// Cluster a PUBLISH on the node that holds the session reaches the
-// subscribers of every node over the cluster bus. Sharded pub/sub (Redis 7
-// SPUBLISH) would spare the other nodes that message, at the cost of one
-// subscription per shard, kept in step with the slot map; a message costs
-// each node about what a PING does, and only changes publish (binds,
-// moves, marks, forgets: not hits), so the broadcast stays.
+// deployment: behind a Sentinel the subscription follows the master (on a
+// failover the cache is flushed and the store subscribes to the new
+// master: watchSentinel), and on a Cluster a PUBLISH on the node that
+// holds the session reaches the subscribers of every node over the
+// cluster bus. Sharded pub/sub (Redis 7 SPUBLISH) would spare the other
+// nodes that message, at the cost of one subscription per shard, kept in
+// step with the slot map; a message costs each node about what a PING
+// does, and only changes publish (binds, moves, marks, forgets: not hits),
+// so the broadcast stays.
 //
 // When the subscription drops, or a PING on it is not answered within a
 // ping interval, the whole cache is flushed and nothing is served or
@@ -68,6 +67,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -249,6 +249,13 @@ type hitCache struct {
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
 	flushMu  sync.Mutex // one write back at a time
+	// sentinels, behind a Sentinel (from Open), are watched for failovers.
+	sentinels *sentinelWatch
+	// sub is the invalidation subscription (nil between two), which a
+	// master switch closes; switches counts those heard.
+	subMu    sync.Mutex
+	sub      *goredis.PubSub
+	switches uint64
 
 	hits, misses, invalidations, flushes, malformed atomic.Uint64
 	writeBacks, dropped, writeBackErrors            atomic.Uint64
@@ -263,16 +270,23 @@ func newHitCache(s *Store, opts CacheOptions) *hitCache {
 	return c
 }
 
-// start runs the subscriber and the flusher until close.
+// start runs the subscriber and the flusher until close, and behind a
+// Sentinel a watcher of each sentinel.
 func (c *hitCache) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stop = cancel
 	c.wg.Add(2)
 	go func() { defer c.wg.Done(); c.subscribe(ctx) }()
 	go func() { defer c.wg.Done(); c.flushLoop(ctx) }()
+	if w := c.sentinels; w != nil {
+		for _, o := range w.sentinels {
+			c.wg.Add(1)
+			go func() { defer c.wg.Done(); c.watchSentinel(ctx, o, w.master) }()
+		}
+	}
 }
 
-// close stops both goroutines and writes back what is queued.
+// close stops the goroutines and writes back what is queued.
 func (c *hitCache) close() {
 	c.stop()
 	c.wg.Wait()
@@ -602,13 +616,25 @@ func (c *hitCache) written(t *touch, r touchReply, sent time.Time) {
 func (c *hitCache) subscribe(ctx context.Context) {
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
+		c.subMu.Lock()
+		switches := c.switches
+		c.subMu.Unlock()
 		ps := c.s.client.Subscribe(ctx, c.s.channel)
+		c.subMu.Lock()
+		c.sub = ps
+		if c.switches != switches {
+			_ = ps.Close() // the master switched while it dialed: perhaps the old one
+		}
+		c.subMu.Unlock()
 		// A read in progress does not see ctx end: closing the
 		// subscription ends it, so Close does not wait for the ping.
 		unwatch := context.AfterFunc(ctx, func() { _ = ps.Close() })
 		err := c.receive(ctx, ps)
 		unwatch()
 		c.setReady(false)
+		c.subMu.Lock()
+		c.sub = nil
+		c.subMu.Unlock()
 		_ = ps.Close()
 		if ctx.Err() != nil {
 			return
@@ -655,6 +681,98 @@ func (c *hitCache) receive(ctx context.Context, ps *goredis.PubSub) error {
 		case *goredis.Pong:
 		case *goredis.Message:
 			c.invalidate(m.Payload)
+		}
+	}
+}
+
+// switched closes the invalidation subscription, after a sentinel
+// announced a new master: subscribe flushes the cache and subscribes
+// again, on the new master.
+func (c *hitCache) switched() {
+	c.subMu.Lock()
+	defer c.subMu.Unlock()
+	c.switches++
+	if c.sub != nil {
+		_ = c.sub.Close()
+	}
+}
+
+// watchSentinel follows one sentinel's +switch-master announcements for
+// master, and has the cache resubscribe on each (switched). The
+// subscription may be on the old master, which go-redis's failover client
+// leaves open (it closes the pooled connections only), and which still
+// answers PINGs: it does not hear the new master until the sentinel has
+// made it a replica, seconds later (when the old master can be reached at
+// all), and the messages published meanwhile would be lost without a
+// flush. The new subscription goes through the failover client, which asks
+// the sentinels for the master. Each sentinel the URL names is watched,
+// so the last switch heard comes after every one of them names the new
+// master. A watch that broke asks the sentinel for the master when it is
+// back: a switch it missed resubscribes too.
+func (c *hitCache) watchSentinel(ctx context.Context, opts *goredis.Options, master string) {
+	sc := goredis.NewSentinelClient(opts)
+	defer sc.Close()
+	last := "" // the master's address this sentinel last named
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		ps := sc.Subscribe(ctx, "+switch-master")
+		unwatch := context.AfterFunc(ctx, func() { _ = ps.Close() })
+		worked := c.followSwitches(ctx, sc, ps, master, &last)
+		unwatch()
+		_ = ps.Close()
+		if worked {
+			backoff = 50 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// followSwitches reads one subscription to a sentinel's +switch-master
+// until it fails or a PING goes unanswered; it reports whether it had
+// subscribed.
+func (c *hitCache) followSwitches(ctx context.Context, sc *goredis.SentinelClient, ps *goredis.PubSub, master string, last *string) bool {
+	pinged, worked := false, false
+	for {
+		msg, err := ps.ReceiveTimeout(ctx, c.opts.PingInterval)
+		if err != nil {
+			var ne interface{ Timeout() bool }
+			if ctx.Err() == nil && !pinged && worked && errors.As(err, &ne) && ne.Timeout() {
+				pinged = true
+				if ps.Ping(ctx) == nil {
+					continue
+				}
+			}
+			return worked
+		}
+		pinged = false
+		switch m := msg.(type) {
+		case *goredis.Subscription:
+			if m.Kind != "subscribe" {
+				continue
+			}
+			worked = true
+			addr, err := sc.GetMasterAddrByName(ctx, master).Result()
+			if err != nil || len(addr) != 2 {
+				return worked
+			}
+			if now := net.JoinHostPort(addr[0], addr[1]); now != *last {
+				if *last != "" {
+					c.switched()
+				}
+				*last = now
+			}
+		case *goredis.Message:
+			// "<master name> <old ip> <old port> <new ip> <new port>"
+			f := strings.Fields(m.Payload)
+			if len(f) == 5 && f[0] == master {
+				*last = net.JoinHostPort(f[3], f[4])
+				c.switched()
+			}
 		}
 	}
 }

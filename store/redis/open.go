@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -72,7 +73,11 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis open %q: %w", redact(rawURL), err)
 	}
-	s, err := newStore(ctx, client, opts, func(msg string) string { return scrub(msg, rawURL) })
+	var sentinels *sentinelWatch
+	if co.failover != nil {
+		sentinels = newSentinelWatch(co.failover)
+	}
+	s, err := newStore(ctx, client, opts, func(msg string) string { return scrub(msg, rawURL) }, sentinels)
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("redis open %q: %w", redact(rawURL), safeErr(err, rawURL))
@@ -226,6 +231,39 @@ func newClient(co clientOptions) (c goredis.UniversalClient, err error) {
 		return goredis.NewClient(co.standalone), nil
 	}
 	return nil, errors.New("create client: no options")
+}
+
+// sentinelWatch is what the hit cache needs to hear a Sentinel's
+// failovers (hitCache.watchSentinel): the master's name, and a client's
+// options for each sentinel the URL names, with the sentinels'
+// credentials and TLS, as go-redis's failover client has.
+type sentinelWatch struct {
+	master    string
+	sentinels []*goredis.Options
+}
+
+func newSentinelWatch(o *goredis.FailoverOptions) *sentinelWatch {
+	w := &sentinelWatch{master: o.MasterName}
+	var seen []string
+	for _, addr := range o.SentinelAddrs {
+		if slices.Contains(seen, addr) {
+			continue
+		}
+		seen = append(seen, addr)
+		w.sentinels = append(w.sentinels, &goredis.Options{
+			Addr:                  addr,
+			ClientName:            o.ClientName,
+			Dialer:                o.Dialer,
+			Username:              o.SentinelUsername,
+			Password:              o.SentinelPassword,
+			DialTimeout:           o.DialTimeout,
+			ReadTimeout:           o.ReadTimeout,
+			WriteTimeout:          o.WriteTimeout,
+			TLSConfig:             o.TLSConfig,
+			ContextTimeoutEnabled: true,
+		})
+	}
+	return w
 }
 
 const hidden = "xxxxx"

@@ -187,7 +187,10 @@ type Options struct {
 	// Cache serves sticky hits without a round trip (cache.go), on a
 	// standalone Redis, behind a Sentinel and on a Cluster alike (Store.Hits
 	// says whether it is on). A store with the cache on must be closed: it
-	// runs two goroutines.
+	// runs two goroutines, and behind a Sentinel one more for each
+	// sentinel the URL names, which it watches for failovers (a store Open
+	// made; New's does not know the sentinels, and only flushes when its
+	// subscription drops).
 	Cache CacheOptions
 }
 
@@ -240,12 +243,14 @@ type Store struct {
 // go-redis ignores context deadlines and a slow Redis would hold requests
 // for its read timeout.
 func New(client goredis.UniversalClient, opts Options) (*Store, error) {
-	return newStore(context.Background(), client, opts, nil)
+	return newStore(context.Background(), client, opts, nil, nil)
 }
 
 // newStore builds the store and checks Redis (see New). redact removes
-// secrets from the error texts Health reports (nil: none).
-func newStore(ctx context.Context, client goredis.UniversalClient, opts Options, redact func(string) string) (*Store, error) {
+// secrets from the error texts Health reports (nil: none); sentinels,
+// when the client is Open's failover client, are the sentinels its hit
+// cache watches for failovers.
+func newStore(ctx context.Context, client goredis.UniversalClient, opts Options, redact func(string) string, sentinels *sentinelWatch) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redis store: nil client")
 	}
@@ -279,6 +284,7 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options,
 	s.channel = s.prefix + "invalidate"
 	if opts.Cache.Enabled {
 		s.cache = newHitCache(s, opts.Cache.withDefaults())
+		s.cache.sentinels = sentinels
 		s.hits, s.hitsWhy = HitsCached, ""
 	}
 	bc := guardConfig{redact: redact}

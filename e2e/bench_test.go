@@ -43,6 +43,7 @@ func TestBenchSmoke(t *testing.T) {
 			len(rep.Overhead), len(rep.Quality), len(rep.Hotspot), len(rep.Churn), len(rep.Documents))
 	}
 	checkOverhead(t, rep)
+	checkPaired(t, rep)
 	checkBodies(t, rep)
 	checkDocuments(t, rep.Documents)
 	for _, c := range rep.Churn {
@@ -191,6 +192,31 @@ func checkOverhead(t *testing.T, rep *bench.Report) {
 	}
 	for _, g := range goals {
 		t.Logf("goal %s, %s: %s %s (reached %v)", g.Path, g.What, g.Target(), g.Figure(), g.Reached)
+	}
+}
+
+// checkPaired checks the floor and tether sticky measured in alternation:
+// with the bench's headers and the client's, every slice of each side
+// answered, nothing failed, and the goals over the floor judged on the
+// sums.
+func checkPaired(t *testing.T, rep *bench.Report) {
+	t.Helper()
+	if len(rep.Paired) != 2 || rep.Paired[0].Client != "" || rep.Paired[1].Client != "OpenAI Python client's headers" {
+		t.Fatalf("paired rows %+v", rep.Paired)
+	}
+	for _, p := range rep.Paired {
+		for _, s := range []bench.PairedSide{p.Floor, p.Tether} {
+			if s.Failed != 0 || s.SerialP50 <= 0 || s.P50 <= 0 || s.Requests <= 0 || s.Throughput() <= 0 ||
+				s.EnvoyCPUPerRequest <= 0 || s.RouterCPUPerRequest <= 0 {
+				t.Errorf("paired %q: side %+v", p.Client, s)
+			}
+		}
+		if len(p.RoundRatios) != p.Rounds || p.Rounds < 2 {
+			t.Errorf("paired %q: %d rounds, ratios %v", p.Client, p.Rounds, p.RoundRatios)
+		}
+	}
+	if goals := rep.PairedGoals(); len(goals) != 2*4 {
+		t.Errorf("paired goals %+v", goals)
 	}
 }
 

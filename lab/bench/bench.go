@@ -179,7 +179,10 @@ type Report struct {
 	Scale    Scale
 	Overhead []OverheadRow
 	// Bodies are the overhead rows with a chat body (body.go).
-	Bodies  []BodyRow
+	Bodies []BodyRow
+	// Paired is tether sticky beside the floor, in alternation
+	// (paired.go).
+	Paired  []PairedRow
 	Quality []QualityRow
 	Hotspot []HotspotRow
 	Churn   []ChurnRow
@@ -208,7 +211,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	r := &Report{Started: time.Now(), Scale: opts.Scale, Saturation: opts.Saturation}
 	want := func(s string) bool { return len(opts.Only) == 0 || opts.Only[s] }
 	if want("overhead") {
-		if r.Overhead, r.Bodies, err = runOverhead(ctx, opts, dir); err != nil {
+		if r.Overhead, r.Paired, r.Bodies, err = runOverhead(ctx, opts, dir); err != nil {
 			return r, fmt.Errorf("overhead: %w", err)
 		}
 	}
@@ -243,6 +246,13 @@ func baseConfig(sc Scale, instances []config.Instance) config.Config {
 	c.Server.AdminAddr = "127.0.0.1:0"
 	c.Server.LogLevel = "info" // the ready line is at info
 	c.Server.DebugHeaders = true
+	// A stack stops Envoy before tether, so no request is in flight by
+	// then: no drain delay, and a short drain timeout, since the ends of
+	// requests a loop cancelled while tether decided never come back
+	// (docs/operations.md) and waiting for them would outlast the stop's
+	// timeout, losing --cpuprofile.
+	c.Server.DrainDelay = config.Dur(0)
+	c.Server.DrainTimeout = config.Dur(time.Second)
 	c.XDS.Addr = "127.0.0.1:0"
 	c.Envoy.ListenerAddr = "127.0.0.1:0"
 	// The emulated instances are vLLM engines, and tether reads their

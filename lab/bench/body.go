@@ -224,22 +224,16 @@ func runBodies(ctx context.Context, opts Options, dir string, instances []config
 }
 
 // startStacks starts a stack for each policy at once, each in a
-// directory of its own under dir (each tether watches its own file), with
-// no drain delay: Envoy stops before tether, so none is needed, and the
-// smoke run stays short. On an error it returns the stacks it started.
+// directory of its own under dir (each tether watches its own file). On an
+// error it returns the stacks it started.
 func startStacks(ctx context.Context, opts Options, dir string, pols []policy, instances []config.Instance) ([]*stack, error) {
 	stacks := make([]*stack, len(pols))
 	errs := make([]error, len(pols))
 	var wg sync.WaitGroup
 	for i, p := range pols {
-		sub, err := os.MkdirTemp(dir, "body")
+		sub, err := os.MkdirTemp(dir, "stack")
 		if err != nil {
 			return stacks, err
-		}
-		edit := p.edit
-		p.edit = func(c *config.Config) {
-			edit(c)
-			c.Server.DrainDelay = config.Dur(0)
 		}
 		wg.Add(1)
 		go func() {

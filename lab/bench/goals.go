@@ -42,6 +42,17 @@ type Goal struct {
 	HasBound bool
 }
 
+// Verdict is how the report says whether g was reached.
+func (g Goal) Verdict() string {
+	switch {
+	case g.Reached:
+		return "yes"
+	case g.NoVerdict:
+		return "no verdict (Envoy alone was slower: noise)"
+	}
+	return "no"
+}
+
 // BoundFigure is the floor's figure as the report shows it; "–" without.
 func (g Goal) BoundFigure() string {
 	if !g.HasBound {
@@ -153,17 +164,23 @@ func (r *Report) overheadPeers(client string) (base, floor *OverheadRow) {
 	return base, floor
 }
 
-// floorGoals are o's goals over the floor with the same headers: the p50
-// it adds (below zero, tether was the faster: reached), its throughput,
-// and Envoy's CPU per request, left out when the floor's was not measured.
+// floorGoals are o's goals over the floor with the same headers.
 func (r *Report) floorGoals(o, floor OverheadRow) []Goal {
+	return floorGoalsOf(o.Name, r.Scale.OverheadRate, o, floor)
+}
+
+// floorGoalsOf are the goals over the floor of the configuration path: the
+// p50 it adds (below zero, tether was the faster: reached) on one
+// connection and in the open loop at rate, its throughput, and Envoy's CPU
+// per request, left out when the floor's was not measured.
+func floorGoalsOf(path string, rate float64, o, floor OverheadRow) []Goal {
 	goals := []Goal{
-		newGoal(o.Name, "added p50 over the floor, one connection", millis(o.SerialP50-floor.SerialP50), millis(GoalP50OverFloor), true, "ms"),
-		newGoal(o.Name, fmt.Sprintf("added p50 over the floor, at %.0f requests/s", r.Scale.OverheadRate), millis(o.P50-floor.P50), millis(GoalP50OverFloor), true, "ms"),
-		newGoal(o.Name, "throughput vs the floor", ratio(o.Throughput, floor.Throughput), GoalThroughputVsFloor, false, "×"),
+		newGoal(path, "added p50 over the floor, one connection", millis(o.SerialP50-floor.SerialP50), millis(GoalP50OverFloor), true, "ms"),
+		newGoal(path, fmt.Sprintf("added p50 over the floor, at %.0f requests/s", rate), millis(o.P50-floor.P50), millis(GoalP50OverFloor), true, "ms"),
+		newGoal(path, "throughput vs the floor", ratio(o.Throughput, floor.Throughput), GoalThroughputVsFloor, false, "×"),
 	}
 	if floor.EnvoyCPUPerRequest > 0 {
-		goals = append(goals, newGoal(o.Name, "Envoy CPU per request vs the floor",
+		goals = append(goals, newGoal(path, "Envoy CPU per request vs the floor",
 			ratio(float64(o.EnvoyCPUPerRequest), float64(floor.EnvoyCPUPerRequest)), GoalEnvoyCPUVsFloor, true, "×"))
 	}
 	return goals

@@ -69,16 +69,16 @@ const serialTimeout = 2 * time.Minute
 // Envoy + tether sticky with redis-server, and sticky again with each other
 // way outcomes reach tether (envoy.outcomes; the default is access_log);
 // Envoy alone, the floor and sticky again with the OpenAI Python client's
-// headers; then the same instances with a chat body of each of
-// Scale.BodySizes (body.go).
-func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, []BodyRow, error) {
+// headers; then the floor and sticky in alternation (paired.go); then the
+// same instances with a chat body of each of Scale.BodySizes (body.go).
+func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, []PairedRow, []BodyRow, error) {
 	fleet := newSimFleet(func(string) (emulator.LatencyModel, error) { return emulator.Fixed(0), nil })
 	defer fleet.close()
 	var instances []config.Instance
 	for i := 0; i < 4; i++ {
 		in, err := fleet.add(fmt.Sprintf("zero-%d", i), "z")
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		instances = append(instances, in)
 	}
@@ -100,12 +100,16 @@ func runOverhead(ctx context.Context, opts Options, dir string) ([]OverheadRow, 
 		fmt.Fprintf(opts.Log, "overhead: %s\n", p.name)
 		row, err := overheadOnce(ctx, opts, dir, p, r.c, instances, sc)
 		if err != nil {
-			return rows, nil, fmt.Errorf("%s: %w", p.name, err)
+			return rows, nil, nil, fmt.Errorf("%s: %w", p.name, err)
 		}
 		rows = append(rows, row)
 	}
+	paired, err := runPaired(ctx, opts, dir, instances)
+	if err != nil {
+		return rows, paired, nil, fmt.Errorf("in alternation: %w", err)
+	}
 	bodies, err := runBodies(ctx, opts, dir, instances)
-	return rows, bodies, err
+	return rows, paired, bodies, err
 }
 
 func overheadOnce(ctx context.Context, opts Options, dir string, p policy, c clientHeaders, instances []config.Instance, sc Scale) (OverheadRow, error) {

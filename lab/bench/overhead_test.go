@@ -206,3 +206,47 @@ func TestProfilePath(t *testing.T) {
 		t.Fatalf("second profile %s, first %s", second, first)
 	}
 }
+
+func TestPairedGoalsAndMarkdown(t *testing.T) {
+	ms, us := time.Millisecond, time.Microsecond
+	side := func(serial, p50 time.Duration, n int64, envoy time.Duration) PairedSide {
+		return PairedSide{SerialP50: serial, P50: p50, Requests: n, Took: 10 * time.Second, EnvoyCPUPerRequest: envoy, RouterCPUPerRequest: 50 * us}
+	}
+	r := &Report{Scale: Full, Overhead: []OverheadRow{{Name: "Envoy alone"}}, Paired: []PairedRow{
+		{Rounds: 2, Floor: side(ms, ms, 10_000, 100*us), Tether: side(ms+100*us, ms-50*us, 9_000, 110*us), RoundRatios: []float64{0.95, 0.85}},
+		{Client: "client", Rounds: 2, Floor: side(ms, ms, 10_000, 100*us), Tether: side(ms+101*us, ms, 8_940, 111*us), RoundRatios: []float64{0.9, 0.88}},
+	}}
+	type goal struct {
+		Path, What, Figure string
+		Reached            bool
+	}
+	var got []goal
+	for _, g := range r.PairedGoals() {
+		got = append(got, goal{g.Path, g.What, g.Figure(), g.Reached})
+	}
+	const name = "tether sticky, in alternation with the floor"
+	want := []goal{
+		{name, "added p50 over the floor, one connection", "0.10 ms", true},
+		{name, "added p50 over the floor, at 300 requests/s", "-0.05 ms", true},
+		{name, "throughput vs the floor", "0.90×", true},
+		{name, "Envoy CPU per request vs the floor", "1.10×", true},
+		{name + ", client", "added p50 over the floor, one connection", "0.10 ms", true}, // 0.101 judged as shown
+		{name + ", client", "added p50 over the floor, at 300 requests/s", "0.00 ms", true},
+		{name + ", client", "throughput vs the floor", "0.89×", false},
+		{name + ", client", "Envoy CPU per request vs the floor", "1.11×", false},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("paired goals (-want +got):\n%s", d)
+	}
+	md := r.Markdown(Meta{}, nil)
+	for _, s := range []string{
+		"#### Beside the floor, in alternation",
+		"| the bench's | tether sticky | 1.10 ms | 0.95 ms | 900/s | 110 µs | 50 µs | 0 |",
+		"| client | tether ÷ floor, round by round | | | 0.88–0.90 (median 0.90) | | | |",
+		"| " + name + ", client | throughput vs the floor | ≥ 0.90× | 0.89× | no |",
+	} {
+		if !strings.Contains(md, s) {
+			t.Errorf("markdown lacks %q", s)
+		}
+	}
+}

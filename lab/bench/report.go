@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -324,20 +325,54 @@ func (r *Report) overheadMarkdown(w func(string, ...any)) {
 		w("| configuration | goal | target | ext_proc floor | measured | reached |\n")
 		w("|---|---|---:|---:|---:|---|\n")
 		for _, g := range goals {
-			reached := "no"
-			switch {
-			case g.Reached:
-				reached = "yes"
-			case g.NoVerdict:
-				reached = "no verdict (Envoy alone was slower: noise)"
-			}
-			w("| %s | %s | %s | %s | %s | %s |\n", g.Path, g.What, g.Target(), g.BoundFigure(), g.Figure(), reached)
+			w("| %s | %s | %s | %s | %s | %s |\n", g.Path, g.What, g.Target(), g.BoundFigure(), g.Figure(), g.Verdict())
 		}
 		w("\n")
+	}
+	if len(r.Paired) > 0 {
+		r.pairedMarkdown(w)
 	}
 	if len(r.Bodies) > 0 {
 		r.bodyMarkdown(w)
 	}
+}
+
+// pairedMarkdown writes the paired measurement (paired.go) and its goals.
+func (r *Report) pairedMarkdown(w func(string, ...any)) {
+	sc := r.Scale
+	w("#### Beside the floor, in alternation\n\n")
+	w("The rows above run one after another, each for tens of seconds, so a neighbour's burst on this shared\n")
+	w("machine can fall on one row and not the next. Here the floor and tether sticky run side by side, each\n")
+	w("behind an Envoy of its own, and the bench alternates between them in %d rounds (floor first in odd\n", pairedRounds)
+	w("rounds, tether first in even ones): per round and side %d requests on one connection, the open loop at\n", max(1, sc.OverheadSerial/pairedRounds))
+	w("%.0f/s for %s and the closed loop on %d connections (every sticky decision a hit) for %s. Figures are\n",
+		sc.OverheadRate, sc.OverheadDuration/pairedRounds, sc.OverheadWorkers, sc.OverheadDuration/pairedRounds)
+	w("over all rounds; \"round by round\" is tether's closed-loop throughput over the floor's in each round.\n\n")
+	w("| headers | router | one connection p50 | at %.0f/s p50 | throughput | Envoy CPU per request | router CPU per request | failed |\n", sc.OverheadRate)
+	w("|---|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range r.Paired {
+		headers := "the bench's"
+		if p.Client != "" {
+			headers = p.Client
+		}
+		for _, side := range []struct {
+			name string
+			s    PairedSide
+		}{{policyFloor.name, p.Floor}, {policySticky.name, p.Tether}} {
+			w("| %s | %s | %s | %s | %.0f/s | %s | %s | %d |\n", headers, side.name, ms2(side.s.SerialP50), ms2(side.s.P50),
+				side.s.Throughput(), us(side.s.EnvoyCPUPerRequest), us(side.s.RouterCPUPerRequest), side.s.Failed)
+		}
+		rs := slices.Sorted(slices.Values(p.RoundRatios))
+		if len(rs) > 0 {
+			w("| %s | tether ÷ floor, round by round | | | %.2f–%.2f (median %.2f) | | | |\n", headers, rs[0], rs[len(rs)-1], rs[len(rs)/2])
+		}
+	}
+	w("\n| configuration | goal | target | measured | reached |\n")
+	w("|---|---|---:|---:|---|\n")
+	for _, g := range r.PairedGoals() {
+		w("| %s | %s | %s | %s | %s |\n", g.Path, g.What, g.Target(), g.Figure(), g.Verdict())
+	}
+	w("\n")
 }
 
 // bodyMarkdown writes the tables of the rows with a chat body, each

@@ -133,3 +133,33 @@ func TestPlacementPrefersKVRoom(t *testing.T) {
 		t.Error("gpu-1 took no session while its only full reading is two minutes old")
 	})
 }
+
+// TestEnginesIdle: the fleet is idle when every instance has a reading
+// taken after the given time with nothing running or waiting.
+func TestEnginesIdle(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	ins := []fleet.Instance{{Name: "gpu-0"}, {Name: "gpu-1"}}
+	for _, tc := range []struct {
+		name      string
+		r0, r1    fleet.EngineReading
+		none1     bool
+		instances []fleet.Instance
+		want      bool
+	}{
+		{name: "both idle, after", r0: fleet.EngineReading{At: now.Add(time.Second)}, r1: fleet.EngineReading{At: now.Add(time.Millisecond)}, instances: ins, want: true},
+		{name: "one running", r0: fleet.EngineReading{At: now.Add(time.Second)}, r1: fleet.EngineReading{Running: 1, At: now.Add(time.Second)}, instances: ins},
+		{name: "one waiting", r0: fleet.EngineReading{Waiting: 2, At: now.Add(time.Second)}, r1: fleet.EngineReading{At: now.Add(time.Second)}, instances: ins},
+		{name: "one read before", r0: fleet.EngineReading{At: now.Add(time.Second)}, r1: fleet.EngineReading{At: now}, instances: ins},
+		{name: "one never read", r0: fleet.EngineReading{At: now.Add(time.Second)}, none1: true, instances: ins},
+		{name: "no instances", r0: fleet.EngineReading{At: now.Add(time.Second)}, r1: fleet.EngineReading{At: now.Add(time.Second)}},
+	} {
+		l := affinity.NewLoad()
+		l.SetEngine("gpu-0", tc.r0)
+		if !tc.none1 {
+			l.SetEngine("gpu-1", tc.r1)
+		}
+		if got := l.EnginesIdle(tc.instances, now); got != tc.want {
+			t.Errorf("%s: idle = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

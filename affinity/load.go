@@ -352,6 +352,21 @@ func (l *Load) engineLocked(instance string, stale time.Duration) (fleet.EngineR
 	return r, true
 }
 
+// EnginesIdle reports whether each of instances has an engine reading
+// taken after after that shows no request running or waiting; false for
+// no instances, or one never read (a generic instance is not scraped).
+func (l *Load) EnginesIdle(instances []fleet.Instance, after time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, in := range instances {
+		r, ok := l.engineLocked(in.Name, 0)
+		if !ok || !r.At.After(after) || r.Running > 0 || r.Waiting > 0 {
+			return false
+		}
+	}
+	return len(instances) > 0
+}
+
 // Engines is every instance's newest engine reading younger than stale
 // (0: any age), for metrics and operators.
 func (l *Load) Engines(stale time.Duration) map[string]fleet.EngineReading {

@@ -21,6 +21,7 @@ import (
 type pending struct {
 	mu            sync.Mutex
 	apart, stream *affinity.Flights
+	newest        time.Time // the newest decision counted
 }
 
 func newPending() *pending {
@@ -31,6 +32,9 @@ func newPending() *pending {
 // or on their stream.
 func (p *pending) add(at time.Time, apart bool, n int) {
 	p.mu.Lock()
+	if n > 0 && at.After(p.newest) {
+		p.newest = at
+	}
 	if apart {
 		p.apart.Add(at, n)
 	} else {
@@ -55,4 +59,12 @@ func (s *Server) Pending() (apart, stream int) {
 func (k *Tickets) own(id string) bool {
 	rest, ok := strings.CutPrefix(id, k.issuer)
 	return ok && strings.HasPrefix(rest, "-")
+}
+
+// LastDecision is when this process last routed a request (zero: never).
+func (s *Server) LastDecision() time.Time {
+	p := s.pending
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.newest
 }

@@ -266,7 +266,14 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		runErr = lameDuck(d, errc, log)
 	}
 	log.Info().Dur("timeout", start.Drain.Timeout).Msg("draining ext_proc streams")
-	settle(gs, processor, load, start.Drain.Timeout, log)
+	// No request this replica routed is still running when every engine,
+	// read a second or more after its last decision, serves and queues
+	// nothing: the ends still pending then will not come (a request its
+	// client cancelled while tether decided is logged without its ticket).
+	idle := func() bool {
+		return load.EnginesIdle(rt.Fleet().All(), processor.LastDecision().Add(time.Second))
+	}
+	settle(gs, processor, load, idle, start.Drain.Timeout, log)
 	stopWatch()
 	watchers.Wait()
 	if xs != nil {
@@ -370,19 +377,27 @@ const settleEvery = 10 * time.Millisecond
 // pending: no request whose end comes on its routing stream, and no
 // request whose end is reported apart, unless another replica is live
 // (Envoy takes its access-log streams there when this one's are cut, and
-// any replica hears a ticket's report).
-func settle(gs *grpc.Server, p interface{ Pending() (apart, stream int) }, others interface{ Replicas() int }, timeout time.Duration, log zerolog.Logger) {
+// any replica hears a ticket's report) or the engines say that nothing
+// runs (idle): the ends still counted then never come.
+func settle(gs *grpc.Server, p interface{ Pending() (apart, stream int) }, others interface{ Replicas() int }, idle func() bool, timeout time.Duration, log zerolog.Logger) {
 	defer gs.Stop()
-	settled := func() bool {
-		apart, stream := p.Pending()
-		return stream == 0 && (apart == 0 || others.Replicas() > 0)
-	}
 	began := time.Now()
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	tick := time.NewTicker(settleEvery)
 	defer tick.Stop()
-	for !settled() {
+	for {
+		apart, stream := p.Pending()
+		switch {
+		case stream > 0:
+		case apart == 0 || others.Replicas() > 0:
+			log.Info().Dur("waited", time.Since(began)).Int("other_replicas", others.Replicas()).Msg("every request's end heard (or left to another replica)")
+			return
+		case idle():
+			log.Info().Dur("waited", time.Since(began)).Int("apart", apart).
+				Msg("every engine idle since the last decision: the ends still pending will not come (requests cancelled while tether decided)")
+			return
+		}
 		select {
 		case <-tick.C:
 		case <-deadline.C:
@@ -391,7 +406,6 @@ func settle(gs *grpc.Server, p interface{ Pending() (apart, stream int) }, other
 			return
 		}
 	}
-	log.Info().Dur("waited", time.Since(began)).Int("other_replicas", others.Replicas()).Msg("every request's end heard (or left to another replica)")
 }
 
 // stopGRPC lets open streams finish, then cuts them after timeout.

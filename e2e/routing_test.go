@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/testenv"
 )
@@ -109,18 +111,57 @@ func TestStickinessThroughEnvoy(t *testing.T) {
 	}
 }
 
+// TestTwoReplicasAgree: two replicas of tether behind one Envoy, on a
+// standalone Redis, a 3-master Cluster and behind a Sentinel, keep each
+// session on one instance, the one its binding names, and both serve
+// their sessions' hits from their caches (/readyz: "hits": "cached").
 func TestTwoReplicasAgree(t *testing.T) {
-	rds := testenv.RedisServer(t)
+	deployments := []struct {
+		name  string
+		start func(t *testing.T) (url string, rdb goredis.Cmdable)
+	}{
+		{"standalone", func(t *testing.T) (string, goredis.Cmdable) {
+			rds := testenv.RedisServer(t)
+			return rds.URL(), rds.Client()
+		}},
+		{"cluster", func(t *testing.T) (string, goredis.Cmdable) {
+			c := testenv.RedisCluster(t)
+			a := c.Addrs()
+			return "redis+cluster://" + a[0] + "?addr=" + a[1] + "&addr=" + a[2], c.Client()
+		}},
+		{"sentinel", func(t *testing.T) (string, goredis.Cmdable) {
+			s := testenv.RedisSentinel(t, "")
+			c := goredis.NewClient(&goredis.Options{Addr: s.MasterAddr()})
+			t.Cleanup(func() { _ = c.Close() })
+			return s.URL(), c
+		}},
+	}
+	for _, d := range deployments {
+		t.Run(d.name, func(t *testing.T) {
+			url, rdb := d.start(t)
+			twoReplicasAgree(t, url, rdb)
+		})
+	}
+}
+
+func twoReplicasAgree(t *testing.T, url string, rdb goredis.Cmdable) {
 	inst := startFleet(t, 8)
-	cfgA := baseConfig(rds.URL(), inst)
+	cfgA := baseConfig(url, inst)
 	// Replica B weighs the instances differently (as during a config
 	// rollout), so without the shared store the two would place most new
 	// sessions on different instances.
-	cfgB := baseConfig(rds.URL(), inst)
+	cfgB := baseConfig(url, inst)
 	for i := range cfgB.Instances {
 		cfgB.Instances[i].Weight = float64(1 + 3*i)
 	}
 	a, b := startTether(t, cfgA), startTether(t, cfgB)
+	for _, p := range []*tether{a, b} {
+		var ready struct{ Hits string }
+		getJSON(t, "http://"+p.admin+"/readyz", &ready)
+		if ready.Hits != "cached" {
+			t.Fatalf("/readyz hits %q; want cached", ready.Hits)
+		}
+	}
 	px := startEnvoy(t, cfgA, a.extproc, b.extproc)
 
 	const sessions, turns = 150, 6
@@ -146,7 +187,7 @@ func TestTwoReplicasAgree(t *testing.T) {
 			continue
 		}
 		key := ids.Extract(mapHeaders{"x-session-id": fmt.Sprintf("race-%d", s)}).Key
-		bound, err := rds.Client().HGet(context.Background(), "tether:{"+key+"}:b", "i").Result()
+		bound, err := rdb.HGet(context.Background(), "tether:{"+key+"}:b", "i").Result()
 		if err != nil {
 			t.Fatalf("session %d: binding: %v", s, err)
 		}
@@ -160,7 +201,11 @@ func TestTwoReplicasAgree(t *testing.T) {
 	if ra == 0 || rb == 0 || ra+rb != sessions*turns {
 		t.Fatalf("replica A decided %v and B %v requests, want both > 0 summing to %d", ra, rb, sessions*turns)
 	}
-	t.Logf("replica A decided %v requests, replica B %v; %d sessions, each on one instance", ra, rb, sessions)
+	ca, cb := a.metric(t, "tether_redis_cache_hits_total"), b.metric(t, "tether_redis_cache_hits_total")
+	if ca == 0 || cb == 0 {
+		t.Errorf("hits from the cache: replica A %v, B %v; want both > 0", ca, cb)
+	}
+	t.Logf("replica A decided %v requests (%v hits from its cache), replica B %v (%v); %d sessions, each on one instance", ra, ca, rb, cb, sessions)
 }
 
 type mapHeaders map[string]string

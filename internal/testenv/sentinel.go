@@ -241,7 +241,7 @@ func (s *Sentinel) Failover(ctx context.Context) (string, error) {
 		}
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("sentinel failover: %w (last: %v)", ctx.Err(), err)
+			return "", fmt.Errorf("sentinel failover: %w (last: %w)", ctx.Err(), err)
 		case <-tick.C:
 		}
 	}

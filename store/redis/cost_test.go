@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -210,6 +211,108 @@ func BenchmarkWriteBackBatch(b *testing.B) {
 			}
 			cpu := redisCPU(b, ctx, r.Client()) - before
 			b.ReportMetric(cpu.Seconds()*1e6/(n*rounds), "redis-µs/session")
+		})
+	}
+}
+
+// BenchmarkClusterInvalidationBroadcast weighs classic pub/sub, which the
+// hit cache's invalidations use, against Redis 7's sharded pub/sub on a
+// 3-master Cluster: two subscribers (two replicas of tether), and
+// messages the size of an invalidation published on each master in turn,
+// as the scripts that change bindings publish on the session's master.
+// Classic PUBLISH reaches the other masters over the cluster bus; sharded
+// SPUBLISH stays on its shard, whose channel every subscriber must then
+// hold on every master. Reported: the Redis CPU (INFO cpu, summed over
+// the masters) per message, each way.
+//
+//	go test -run '^$' -bench ClusterInvalidationBroadcast -benchtime 1x ./store/redis/
+func BenchmarkClusterInvalidationBroadcast(b *testing.B) {
+	c := testenv.RedisCluster(b)
+	ctx := b.Context()
+	var masters []*goredis.Client
+	if err := c.Client().ForEachMaster(ctx, func(_ context.Context, m *goredis.Client) error {
+		masters = append(masters, m)
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	if len(masters) != 3 {
+		b.Fatalf("%d masters", len(masters))
+	}
+	// A sharded channel on each master: a hash tag its slots hold.
+	sharded := make([]string, len(masters))
+	for i, m := range masters {
+		for tag := 0; sharded[i] == ""; tag++ {
+			ch := fmt.Sprintf("{inv%d}invalidate", tag)
+			owner, err := c.Client().MasterForKey(ctx, ch)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if owner.Options().Addr == m.Options().Addr {
+				sharded[i] = ch
+			}
+		}
+	}
+	cpu := func() time.Duration {
+		var sum time.Duration
+		for _, m := range masters {
+			sum += redisCPU(b, ctx, m)
+		}
+		return sum
+	}
+	const messages, subscribers = 20_000, 2
+	payload := "0123456789abcdef tether:{" + strings.Repeat("k", 43) + "}:b" // an origin and a binding key
+	for _, way := range []struct {
+		name      string
+		subscribe func(*goredis.ClusterClient) []*goredis.PubSub
+		publish   func(m int) error
+	}{
+		{"classic", func(cc *goredis.ClusterClient) []*goredis.PubSub {
+			return []*goredis.PubSub{cc.Subscribe(ctx, "tether:invalidate")}
+		}, func(m int) error { return masters[m].Publish(ctx, "tether:invalidate", payload).Err() }},
+		{"sharded", func(cc *goredis.ClusterClient) []*goredis.PubSub {
+			var ps []*goredis.PubSub
+			for _, ch := range sharded {
+				ps = append(ps, cc.SSubscribe(ctx, ch))
+			}
+			return ps
+		}, func(m int) error { return masters[m].SPublish(ctx, sharded[m], payload).Err() }},
+	} {
+		b.Run(way.name, func(b *testing.B) {
+			var received sync.WaitGroup
+			for range subscribers {
+				cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: c.Addrs()})
+				b.Cleanup(func() { _ = cc.Close() })
+				for _, ps := range way.subscribe(cc) {
+					if _, err := ps.Receive(ctx); err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { _ = ps.Close() })
+					received.Add(1)
+					go func() {
+						defer received.Done()
+						ch := ps.Channel()
+						for n := 0; n < messages/len(masters) || way.name == "classic" && n < messages; n++ {
+							select {
+							case <-ch:
+							case <-time.After(10 * time.Second):
+								return
+							}
+						}
+					}()
+				}
+			}
+			before := cpu()
+			for i := range messages {
+				if err := way.publish(i % len(masters)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			received.Wait()
+			used := cpu() - before
+			b.ReportMetric(float64(used.Microseconds())/messages, "redis-µs/message")
+			b.Logf("%s: Redis CPU %.2f µs a message over the three masters (%d messages, %d subscribers)",
+				way.name, float64(used.Microseconds())/messages, messages, subscribers)
 		})
 	}
 }

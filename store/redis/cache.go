@@ -616,8 +616,7 @@ func (c *hitCache) written(t *touch, r touchReply, sent time.Time) {
 // subscribe keeps the invalidation subscription, flushing the cache
 // whenever it may have missed a message.
 func (c *hitCache) subscribe(ctx context.Context) {
-	backoff := 50 * time.Millisecond
-	for ctx.Err() == nil {
+	keepSubscribed(ctx, func() *goredis.PubSub {
 		c.subMu.Lock()
 		switches := c.switches
 		c.subMu.Unlock()
@@ -628,63 +627,25 @@ func (c *hitCache) subscribe(ctx context.Context) {
 			_ = ps.Close() // the master switched while it dialed: perhaps the old one
 		}
 		c.subMu.Unlock()
-		// A read in progress does not see ctx end: closing the
-		// subscription ends it, so Close does not wait for the ping.
-		unwatch := context.AfterFunc(ctx, func() { _ = ps.Close() })
-		err := c.receive(ctx, ps)
-		unwatch()
+		return ps
+	}, func(ps *goredis.PubSub) bool {
+		worked := listen(ctx, ps, c.opts.PingInterval, func(msg any) bool {
+			switch m := msg.(type) {
+			case *goredis.Subscription:
+				if m.Kind == "subscribe" {
+					c.setReady(true)
+				}
+			case *goredis.Message:
+				c.invalidate(m.Payload)
+			}
+			return true
+		})
 		c.setReady(false)
 		c.subMu.Lock()
 		c.sub = nil
 		c.subMu.Unlock()
-		_ = ps.Close()
-		if ctx.Err() != nil {
-			return
-		}
-		if err == nil {
-			backoff = 50 * time.Millisecond
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, time.Second)
-	}
-}
-
-// receive reads one subscription until it fails or a PING goes unanswered.
-// It returns nil when the subscription had worked.
-func (c *hitCache) receive(ctx context.Context, ps *goredis.PubSub) error {
-	pinged, worked := false, false
-	for {
-		msg, err := ps.ReceiveTimeout(ctx, c.opts.PingInterval)
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			var ne interface{ Timeout() bool }
-			if !pinged && errors.As(err, &ne) && ne.Timeout() && worked {
-				pinged = true
-				if err := ps.Ping(ctx); err != nil {
-					return nilIf(worked, err)
-				}
-				continue
-			}
-			return nilIf(worked, err)
-		}
-		pinged = false
-		switch m := msg.(type) {
-		case *goredis.Subscription:
-			if m.Kind == "subscribe" && m.Channel == c.s.channel {
-				worked = true
-				c.setReady(true)
-			}
-		case *goredis.Pong:
-		case *goredis.Message:
-			c.invalidate(m.Payload)
-		}
-	}
+		return worked
+	})
 }
 
 // switched closes the invalidation subscription, after a sentinel
@@ -715,75 +676,36 @@ func (c *hitCache) watchSentinel(ctx context.Context, opts *goredis.Options, mas
 	sc := goredis.NewSentinelClient(opts)
 	defer func() { _ = sc.Close() }()
 	last := "" // the master's address this sentinel last named
-	backoff := 50 * time.Millisecond
-	for ctx.Err() == nil {
-		ps := sc.Subscribe(ctx, "+switch-master")
-		unwatch := context.AfterFunc(ctx, func() { _ = ps.Close() })
-		worked := c.followSwitches(ctx, sc, ps, master, &last)
-		unwatch()
-		_ = ps.Close()
-		if worked {
-			backoff = 50 * time.Millisecond
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, time.Second)
-	}
-}
-
-// followSwitches reads one subscription to a sentinel's +switch-master
-// until it fails or a PING goes unanswered; it reports whether it had
-// subscribed.
-func (c *hitCache) followSwitches(ctx context.Context, sc *goredis.SentinelClient, ps *goredis.PubSub, master string, last *string) bool {
-	pinged, worked := false, false
-	for {
-		msg, err := ps.ReceiveTimeout(ctx, c.opts.PingInterval)
-		if err != nil {
-			var ne interface{ Timeout() bool }
-			if ctx.Err() == nil && !pinged && worked && errors.As(err, &ne) && ne.Timeout() {
-				pinged = true
-				if ps.Ping(ctx) == nil {
-					continue
+	keepSubscribed(ctx, func() *goredis.PubSub { return sc.Subscribe(ctx, "+switch-master") }, func(ps *goredis.PubSub) bool {
+		return listen(ctx, ps, c.opts.PingInterval, func(msg any) bool {
+			switch m := msg.(type) {
+			case *goredis.Subscription:
+				if m.Kind != "subscribe" {
+					return true
 				}
-			}
-			return worked
-		}
-		pinged = false
-		switch m := msg.(type) {
-		case *goredis.Subscription:
-			if m.Kind != "subscribe" {
-				continue
-			}
-			worked = true
-			addr, err := sc.GetMasterAddrByName(ctx, master).Result()
-			if err != nil || len(addr) != 2 {
-				return worked
-			}
-			if now := net.JoinHostPort(addr[0], addr[1]); now != *last {
-				if *last != "" {
+				// (Re)subscribed: a switch missed meanwhile shows as
+				// another address.
+				addr, err := sc.GetMasterAddrByName(ctx, master).Result()
+				if err != nil || len(addr) != 2 {
+					return false
+				}
+				if now := net.JoinHostPort(addr[0], addr[1]); now != last {
+					if last != "" {
+						c.switched()
+					}
+					last = now
+				}
+			case *goredis.Message:
+				// "<master name> <old ip> <old port> <new ip> <new port>"
+				f := strings.Fields(m.Payload)
+				if len(f) == 5 && f[0] == master {
+					last = net.JoinHostPort(f[3], f[4])
 					c.switched()
 				}
-				*last = now
 			}
-		case *goredis.Message:
-			// "<master name> <old ip> <old port> <new ip> <new port>"
-			f := strings.Fields(m.Payload)
-			if len(f) == 5 && f[0] == master {
-				*last = net.JoinHostPort(f[3], f[4])
-				c.switched()
-			}
-		}
-	}
-}
-
-func nilIf(ok bool, err error) error {
-	if ok {
-		return nil
-	}
-	return err
+			return true
+		})
+	})
 }
 
 // invalidate drops the session a message names: a binding key of this

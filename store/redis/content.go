@@ -13,7 +13,6 @@ package redis
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -42,56 +41,14 @@ func (s *Store) PublishContent(ctx context.Context, msg []byte) error {
 // when the subscription drops or a ping goes unanswered, as the hit
 // cache's invalidation subscription does (cache.go).
 func (s *Store) SubscribeContent(ctx context.Context, on func(msg []byte)) {
-	backoff := 50 * time.Millisecond
-	for ctx.Err() == nil {
-		ps := s.client.Subscribe(ctx, s.contentChannel())
-		// A read in progress does not see ctx end: closing the
-		// subscription ends it, so a stop does not wait for the ping.
-		unwatch := context.AfterFunc(ctx, func() { _ = ps.Close() })
-		worked := s.receiveContent(ctx, ps, on)
-		unwatch()
-		_ = ps.Close()
-		if ctx.Err() != nil {
-			return
-		}
-		if worked {
-			backoff = 50 * time.Millisecond
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, time.Second)
-	}
-}
-
-// receiveContent reads one subscription until it fails, and reports
-// whether it had subscribed.
-func (s *Store) receiveContent(ctx context.Context, ps *goredis.PubSub, on func([]byte)) (worked bool) {
-	pinged := false
-	for {
-		msg, err := ps.ReceiveTimeout(ctx, contentPing)
-		if err != nil {
-			var ne interface{ Timeout() bool }
-			if ctx.Err() == nil && !pinged && worked && errors.As(err, &ne) && ne.Timeout() {
-				pinged = true
-				if ps.Ping(ctx) == nil {
-					continue
-				}
+	keepSubscribed(ctx, func() *goredis.PubSub { return s.client.Subscribe(ctx, s.contentChannel()) }, func(ps *goredis.PubSub) bool {
+		return listen(ctx, ps, contentPing, func(msg any) bool {
+			if m, ok := msg.(*goredis.Message); ok {
+				on([]byte(m.Payload))
 			}
-			return worked
-		}
-		pinged = false
-		switch m := msg.(type) {
-		case *goredis.Subscription:
-			if m.Kind == "subscribe" && m.Channel == s.contentChannel() {
-				worked = true
-			}
-		case *goredis.Message:
-			on([]byte(m.Payload))
-		}
-	}
+			return true
+		})
+	})
 }
 
 func (s *Store) contentChannel() string { return s.prefix + "content" }

@@ -1,0 +1,70 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// The store's subscriptions (the hit cache's invalidations, a sentinel's
+// master switches, the content channel) are kept alike: one subscription
+// after another until the store closes, each read until it fails or a
+// PING sent after a silence goes unanswered.
+
+// keepSubscribed runs subscriptions until ctx ends: subscribe opens one,
+// read reads it until it fails and reports whether it had worked. After
+// each it waits a backoff of 50 ms, doubling to 1 s, back to 50 ms after
+// one that worked. A read in progress does not see ctx end: closing the
+// subscription ends it, so a stop does not wait for the ping.
+func keepSubscribed(ctx context.Context, subscribe func() *goredis.PubSub, read func(*goredis.PubSub) bool) {
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		ps := subscribe()
+		unwatch := context.AfterFunc(ctx, func() { _ = ps.Close() })
+		worked := read(ps)
+		unwatch()
+		_ = ps.Close()
+		if ctx.Err() != nil {
+			return
+		}
+		if worked {
+			backoff = 50 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// listen reads one subscription (of one channel) until it fails, a PING
+// sent after ping of silence goes unanswered, or on returns false, handing
+// on every message. It reports whether the subscription had worked (its
+// subscribe confirmation came).
+func listen(ctx context.Context, ps *goredis.PubSub, ping time.Duration, on func(msg any) bool) (worked bool) {
+	pinged := false
+	for {
+		msg, err := ps.ReceiveTimeout(ctx, ping)
+		if err != nil {
+			var ne interface{ Timeout() bool }
+			if ctx.Err() == nil && !pinged && worked && errors.As(err, &ne) && ne.Timeout() {
+				pinged = true
+				if ps.Ping(ctx) == nil {
+					continue
+				}
+			}
+			return worked
+		}
+		pinged = false
+		if m, ok := msg.(*goredis.Subscription); ok && (m.Kind == "subscribe" || m.Kind == "ssubscribe") {
+			worked = true
+		}
+		if !on(msg) {
+			return worked
+		}
+	}
+}

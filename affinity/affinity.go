@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -45,6 +46,10 @@ var ErrNoInstance = errors.New("no healthy instance")
 // ErrNoVersion means a session under strict version affinity has no
 // healthy instance of its model version.
 var ErrNoVersion = errors.New("no healthy instance of the session's model version")
+
+// ErrNoEligible means the caller's subset (Request.Subset) holds no
+// instance that may take the request.
+var ErrNoEligible = errors.New("no eligible instance in the request's subset")
 
 // ErrFleetMismatch means the store holds a binding to an instance this
 // replica's fleet does not have.
@@ -97,8 +102,10 @@ type Decision struct {
 	// counts).
 	ByContent bool
 	Matched   int
-	// lifetime is the session's binding lifetime, for Refine's move.
+	// lifetime is the session's binding lifetime, and subset the
+	// request's, for Refine's move.
 	lifetime bindings.Lifetime
+	subset   []string
 }
 
 // Decider makes decisions. It is safe for concurrent use.
@@ -220,8 +227,11 @@ func (d *Decider) Decide(ctx context.Context, req Request) (Decision, error) {
 // decide is Decide before the request is counted on its instance.
 func (d *Decider) decide(ctx context.Context, req Request) (Decision, error) {
 	p := d.policy.Load()
-	healthy := d.available()
+	healthy := d.available(req.Subset)
 	if len(healthy) == 0 {
+		if len(req.Subset) > 0 && len(d.available(nil)) > 0 {
+			return Decision{}, ErrNoEligible
+		}
 		return Decision{}, ErrNoInstance
 	}
 	now := d.now()
@@ -239,7 +249,7 @@ func (d *Decider) decide(ctx context.Context, req Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	dec.Rule, dec.At = c.rule, now
+	dec.Rule, dec.At, dec.subset = c.rule, now, req.Subset
 	dec.Content = p.Content.Enabled && d.contents != nil && contentKinds[dec.Kind]
 	return dec, nil
 }
@@ -253,18 +263,19 @@ func (d *Decider) Finish(dec Decision, o fleet.Outcome) {
 	}
 }
 
-// available is the fleet's instances minus the drained ones and those the
-// breaker keeps out.
-func (d *Decider) available() []fleet.Instance {
+// available is the fleet's instances that may take requests: healthy or
+// probing (the breaker lets them), not drained, and in subset when one is
+// given (the pipeline's first filter, applied once per decision).
+func (d *Decider) available(subset []string) []fleet.Instance {
 	all := d.fleet.All()
 	drained := d.load.drained()
 	open := d.breaker != nil && !d.breaker.Quiet()
-	if len(drained) == 0 && !open {
+	if len(drained) == 0 && !open && len(subset) == 0 {
 		return all
 	}
 	out := make([]fleet.Instance, 0, len(all))
 	for _, in := range all {
-		if !drained[in.Name] && (!open || d.breaker.Available(in.Name)) {
+		if !drained[in.Name] && (!open || d.breaker.Available(in.Name)) && (len(subset) == 0 || slices.Contains(subset, in.Name)) {
 			out = append(out, in)
 		}
 	}
@@ -274,27 +285,30 @@ func (d *Decider) available() []fleet.Instance {
 func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, healthy []fleet.Instance, now time.Time) (dec Decision, err error) {
 	key := req.ID.Key
 	mode := c.mode // Sticky or Adaptive
-	cands := stickyCandidates(p.versionOf(c, d.rand), healthy)
-	if mode == Adaptive {
-		// A new session placed on a saturated instance would spill at once.
-		cands = d.unsaturated(cands, p.Saturation)
-	}
-	place, overridden := d.placeNew(req, key, cands, p)
+	// Where the session goes if it has no binding: a new session placed
+	// on a saturated instance would spill at once.
+	pl := placement{key: fnv64(key), from: healthy, version: p.versionOf(c, d.rand),
+		unsaturated: mode == Adaptive, sessions: true, failOpen: d.failOpenChoice(req), reserve: true}
+	var r Ranking
+	d.rank(&pl, &r)
+	defer r.release()
+	place, _ := r.First()
 	lt := bindings.Lifetime{Idle: c.idle, Max: p.Lifetime.Max}
 	res, err := d.store.GetOrBind(ctx, bindings.Lookup{
 		Key: key, Aliases: req.ID.Aliases, Candidate: bindings.Binding{Instance: place.Name, Version: place.Version, Since: now}, Lifetime: lt,
 	})
-	var from string
-	if err == nil && res.Origin == bindings.Renewed && res.Previous.Instance != place.Name {
-		from = res.Previous.Instance // the renewal took the session off it
-	}
-	bound := err == nil && res.Origin != bindings.Found && res.Binding.Instance == place.Name
-	d.load.unreserve(place.Name, bound, from)
-	if bound && overridden {
-		d.failOpenOverrides.Add(1)
-	}
 	if err != nil {
-		return d.storeFailed(ctx, req, key, cands, mode, err)
+		return d.storeFailed(ctx, &pl, mode, err)
+	}
+	if res.Origin != bindings.Found && res.Binding.Instance == place.Name {
+		var from string
+		if res.Origin == bindings.Renewed && res.Previous.Instance != place.Name {
+			from = res.Previous.Instance // the renewal took the session off it
+		}
+		r.commit(from)
+		if r.overridden {
+			d.failOpenOverrides.Add(1)
+		}
 	}
 	b := res.Binding
 	kind, prev := KindHit, b.Instance
@@ -335,7 +349,9 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	default:
 		return Decision{Instance: in, Mode: mode, Kind: kind}, nil
 	}
-	next, kind, err := d.relocate(p, c, key, b, res.Move, kind, healthy)
+	var next Ranking
+	kind, err = d.relocate(p, c, key, b, res.Move, kind, healthy, &next)
+	defer next.release()
 	if errors.Is(err, errStay) {
 		// Still the store's outcome: a binding just made is a bind, not a hit.
 		return Decision{Instance: in, Mode: mode, Kind: outcome}, nil
@@ -346,7 +362,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 		}
 		return Decision{}, err
 	}
-	dec, err = d.rebind(ctx, res.Key, b.Instance, bindings.Binding{Instance: next.Name, Version: next.Version, Since: now}, lt, next, healthy)
+	dec, err = d.rebind(ctx, res.Key, b.Instance, 0, now, lt, &next, healthy)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -364,67 +380,92 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 // request. Best effort: the request fails with ErrNoVersion either way.
 func (d *Decider) restore(ctx context.Context, res bindings.Result, now time.Time, lt bindings.Lifetime) {
 	prev := res.Previous
-	d.load.reserveName(prev.Instance)
+	h := d.load.holdOn(prev.Instance)
 	nb, err := d.store.Replace(ctx, res.Key, res.Binding.Instance, bindings.Binding{Instance: prev.Instance, Version: prev.Version, Since: now}, lt)
-	d.load.unreserve(prev.Instance, err == nil && nb.Instance == prev.Instance, res.Binding.Instance)
+	h.end(err == nil && nb.Instance == prev.Instance, res.Binding.Instance)
 }
 
 // errStay: the session keeps its instance (a saturated instance with no
 // unsaturated alternative).
 var errStay = errors.New("stay")
 
-// relocate chooses where a session bound as b goes when it must leave its
-// instance for reason kind, and says why it went there (a migration whose
-// target version is down becomes a move within the session's own).
-func (d *Decider) relocate(p *Policy, c choice, key string, b bindings.Binding, mv bindings.Move, kind Kind, healthy []fleet.Instance) (fleet.Instance, Kind, error) {
-	others := without(healthy, b.Instance)
-	var cands []fleet.Instance
+// relocate ranks, into r, where a session bound as b goes when it must
+// leave its instance for reason kind, and says why it goes there (a
+// migration whose target version is down becomes a move within the
+// session's own). errStay: it keeps its instance.
+func (d *Decider) relocate(p *Policy, c choice, key string, b bindings.Binding, mv bindings.Move, kind Kind, healthy []fleet.Instance, r *Ranking) (Kind, error) {
+	pl := placement{key: fnv64(key), from: healthy, leave: b.Instance, sessions: true, reserve: true}
 	switch {
-	case kind == KindMigrated && len(ofVersion(others, mv.Version)) > 0:
-		cands = ofVersion(others, mv.Version)
+	case kind == KindMigrated && serves(healthy, b.Instance, mv.Version):
+		pl.version = mv.Version
 	case kind == KindMigrated:
 		// Nothing of the target version is up: the move waits for a later
 		// turn, on the session's own instance while it is up, else where
 		// its version affinity allows.
 		if _, ok := find(healthy, b.Instance); ok {
-			return fleet.Instance{}, kind, errStay
+			return kind, errStay
 		}
-		return d.relocate(p, c, key, b, bindings.Move{}, KindMoved, healthy)
+		return d.relocate(p, c, key, b, bindings.Move{}, KindMoved, healthy, r)
 	case kind == KindSpilled:
-		for _, in := range others {
-			if (b.Version == "" || in.Version == b.Version) && !d.load.Saturated(in.Name, p.Saturation) {
-				cands = append(cands, in)
-			}
+		// The next choice in the session's own ranking that is not
+		// saturated, of its version, so every replica spills a session the
+		// same way. The move is a rebinding: the session's KV cache builds
+		// up there and it stays.
+		pl.version, pl.sessions = b.Version, false
+		if !d.spillable(p, healthy, b) {
+			return kind, errStay
 		}
-		if len(cands) == 0 {
-			return fleet.Instance{}, kind, errStay
-		}
-		// The next choice in the session's own ranking, so every replica
-		// spills a session the same way. The move is a rebinding: the
-		// session's KV cache builds up there and it stays.
-		next := Rendezvous(key, avoidSpot(cands))
-		d.load.reserveName(next.Name)
-		return next, kind, nil
-	case b.Version == "" || p.VersionAffinity == AnyVersion:
-		cands = stickyCandidates(p.versionOf(c, d.rand), others)
+		pl.unsaturated = true
+	case kind == KindRebind && b.Version != "" && p.VersionAffinity == Prefer && !serves(healthy, b.Instance, b.Version):
+		// Renewed onto another version while none of its own is up:
+		// prefer lets it stay on the instance just bound.
+		return kind, errStay
 	default:
-		cands = ofVersion(others, b.Version)
-		if len(cands) == 0 && p.VersionAffinity == Prefer {
-			if kind == KindRebind {
-				// Renewed onto another version while none of its own is
-				// up: prefer lets it stay on the instance just bound.
-				return fleet.Instance{}, kind, errStay
-			}
-			cands = stickyCandidates(p.versionOf(c, d.rand), others)
+		v, err := d.moveVersion(p, c, b.Version, healthy, b.Instance)
+		if err != nil {
+			return kind, err
+		}
+		pl.version = v
+	}
+	if d.rank(&pl, r); r.best < 0 {
+		return kind, ErrNoInstance
+	}
+	return kind, nil
+}
+
+// spillable reports whether a saturated session bound as b has somewhere
+// to spill to: another instance of its version that is not saturated.
+func (d *Decider) spillable(p *Policy, healthy []fleet.Instance, b bindings.Binding) bool {
+	for _, in := range healthy {
+		if in.Name != b.Instance && (b.Version == "" || in.Version == b.Version) && !d.load.Saturated(in.Name, p.Saturation) {
+			return true
 		}
 	}
-	if len(cands) == 0 {
-		if p.VersionAffinity == Strict && b.Version != "" {
-			return fleet.Instance{}, kind, fmt.Errorf("%w %q", ErrNoVersion, b.Version)
+	return false
+}
+
+// moveVersion is the model version a session bound on version v may move
+// to, leaving instance leave: v while another available instance serves
+// it; otherwise, under prefer, the version a new session would take, and
+// under strict none (ErrNoVersion). A session without a version, or under
+// version_affinity none, takes the version a new session would.
+func (d *Decider) moveVersion(p *Policy, c choice, v string, avail []fleet.Instance, leave string) (string, error) {
+	switch {
+	case v == "" || p.VersionAffinity == AnyVersion || serves(avail, leave, v):
+		if v == "" || p.VersionAffinity == AnyVersion {
+			return p.versionOf(c, d.rand), nil
 		}
-		return fleet.Instance{}, kind, ErrNoInstance
+		return v, nil
+	case p.VersionAffinity == Strict:
+		return "", fmt.Errorf("%w %q", ErrNoVersion, v)
 	}
-	return d.place(key, avoidSpot(cands), p), kind, nil
+	return p.versionOf(c, d.rand), nil
+}
+
+// serves reports whether an instance of avail other than leave serves
+// version v.
+func serves(avail []fleet.Instance, leave, v string) bool {
+	return slices.ContainsFunc(avail, func(in fleet.Instance) bool { return in.Name != leave && in.Version == v })
 }
 
 // storeFailed places by the rule new sessions are placed by, without the
@@ -432,68 +473,37 @@ func (d *Decider) relocate(p *Policy, c choice, key string, b bindings.Binding, 
 // else rendezvous), when the store fails, unless the request itself is gone
 // (Envoy's message timeout, a client that left): that is not the store's
 // fault and nobody waits for the answer.
-func (d *Decider) storeFailed(ctx context.Context, req Request, key string, cands []fleet.Instance, mode Mode, err error) (Decision, error) {
+func (d *Decider) storeFailed(ctx context.Context, pl *placement, mode Mode, err error) (Decision, error) {
 	if ctx.Err() != nil {
 		return Decision{}, ctx.Err()
 	}
-	in := Rendezvous(key, cands)
-	if d.failOpen != nil {
-		// Where new sessions are placed, and where Envoy's pool sends them
-		// when tether is down: most sessions are bound there already.
-		if name, ok := d.failOpen(req.Headers, d.fleet.All()); ok {
-			if c, found := find(cands, name); found {
-				in = c
-			}
-		}
-	}
+	without := *pl
+	without.sessions, without.reserve = false, false
+	var r Ranking
+	d.rank(&without, &r)
+	in, _ := r.First()
 	return Decision{Instance: in, Mode: mode, Kind: KindDegraded, Err: err}, nil
 }
 
-// random picks an instance with probability proportional to its weight,
-// among the instances of the request's version, spot ones first.
+// failOpenChoice is the instance Envoy's fail-open pool would send req to,
+// "" when it would pick at random or there is no pool (WithFailOpen).
+func (d *Decider) failOpenChoice(req Request) string {
+	if d.failOpen == nil {
+		return ""
+	}
+	name, _ := d.failOpen(req.Headers, d.fleet.All())
+	return name
+}
+
+// random routes a request at random, in proportion to the instances'
+// weights: the ranking of a random key, among the instances of the
+// request's version, spot ones first.
 func (d *Decider) random(p *Policy, c choice, healthy []fleet.Instance, kind Kind) Decision {
-	cands := healthy
-	if v := p.versionOf(c, d.rand); v != "" {
-		if of := ofVersion(healthy, v); len(of) > 0 {
-			cands = of
-		}
-	}
-	cands = preferSpot(cands)
-	total := 0.0
-	for _, in := range cands {
-		total += in.Weight
-	}
-	// 53 random bits give a uniform float in [0,1).
-	x := float64(d.rand()>>11) / (1 << 53) * total
-	pick := cands[len(cands)-1]
-	for _, in := range cands {
-		if x < in.Weight {
-			pick = in
-			break
-		}
-		x -= in.Weight
-	}
-	return Decision{Instance: pick, Mode: Random, Kind: kind}
-}
-
-func ofVersion(in []fleet.Instance, v string) []fleet.Instance {
-	var out []fleet.Instance
-	for _, i := range in {
-		if i.Version == v {
-			out = append(out, i)
-		}
-	}
-	return out
-}
-
-func without(in []fleet.Instance, name string) []fleet.Instance {
-	out := make([]fleet.Instance, 0, len(in))
-	for _, i := range in {
-		if i.Name != name {
-			out = append(out, i)
-		}
-	}
-	return out
+	pl := placement{key: d.rand(), from: healthy, version: p.versionOf(c, d.rand), spotFirst: true}
+	var r Ranking
+	d.rank(&pl, &r)
+	in, _ := r.First()
+	return Decision{Instance: in, Mode: Random, Kind: kind}
 }
 
 func find(instances []fleet.Instance, name string) (fleet.Instance, bool) {

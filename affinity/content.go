@@ -1,34 +1,31 @@
 package affinity
 
 // Cache-aware placement: where a request goes when what the instances'
-// KV caches hold of its prompt should decide, and their load allows.
+// KV caches hold of its prompt should decide.
 //
 // Decide answers from the request's headers, as always. A decision whose
 // placement is open (a new session, a session placed again, an anonymous
 // request) says so (Decision.Content): the caller may then read the
 // request's prompt and hand its chained block hashes (package prefix) to
-// Refine, which
+// Refine, which runs the placement pipeline again with the prompt's score
+// (promptScore). A hit on a live binding never comes here: it is answered
+// from the headers, without the body.
 //
-//  1. scores the candidates (the healthy instances of the decision's model
-//     version, on-demand before spot, unsaturated) by the longest prefix
-//     of the prompt each holds, as far as tether sent it there (Contents);
-//  2. takes the one holding the longest prefix of at least
-//     ContentPolicy.MinBlocks blocks whose load passes the gate: its
-//     requests in flight below its weighted share of the candidates' by the
-//     bounded-load factor (1+ε), plus ContentPolicy.Slack, its engine not
-//     saturated by its queue (its KV cache's use is no gate: a cache full of
-//     prompts is what this placement wants), and for a session, its active
-//     sessions under their bound
-//     (bounded load's, or kv_sessions when that is more);
-//     on a tie, the fewer requests in flight;
-//  3. moves the decision there (a session's binding with one Replace),
-//     or keeps the identity placement when no candidate qualifies, so a
-//     session the index says nothing about stays where Envoy's fail-open
-//     pool would send it;
-//  4. records the prompt's blocks on the instance it ends on.
+// The prompt's score weighs, in prompt tokens, what each candidate would
+// make the request wait:
 //
-// A hit on a live binding never comes here: it is answered from the
-// headers, without the body.
+//	cost = tokens of the prompt it does not hold (the prefill there)
+//	     + queued_tokens  × its requests waiting for a prefill
+//	     + running_tokens × its requests running
+//
+// the load part scaled by the candidates' mean weight over its own. The
+// cheapest candidate takes the request; on a tie, the instance identity
+// chose keeps it. A prefix therefore pulls a request only where what it
+// saves outweighs what the instance's work costs, and an instance with
+// nothing queued takes what a busy one would hold. A prompt that no
+// candidate holds at least ContentPolicy.MinBlocks of is not worth
+// matching: the request stays where identity placed it, where Envoy's
+// fail-open pool sends it too.
 
 import (
 	"context"
@@ -63,9 +60,12 @@ type ContentPolicy struct {
 	// MinBlocks is the shortest match that counts: a shorter one (a few
 	// blocks of a shared template) decides nothing.
 	MinBlocks int
-	// Slack is how many requests in flight beyond its bounded-load share
-	// an instance may take for what its cache holds.
-	Slack int
+	// BlockTokens is the prompt tokens of one block of the chain.
+	BlockTokens float64
+	// QueuedTokens is what one request waiting for its prefill on an
+	// instance costs a prompt placed there, in prompt tokens;
+	// RunningTokens what one request running there costs it.
+	QueuedTokens, RunningTokens float64
 }
 
 // contentKinds are the decisions whose placement is open: the request's
@@ -75,9 +75,9 @@ var contentKinds = map[Kind]bool{KindBind: true, KindRebind: true, KindMoved: tr
 
 // Refine places dec by the prompt's chained block hashes (see the file's
 // comment) and returns the decision the request goes with. It returns dec
-// unchanged (apart from ByContent) when dec's placement is not open, the
-// chain is empty, or no candidate holds enough of it under the gate. A
-// store error keeps dec: the request goes where identity placed it.
+// unchanged (apart from ByContent and Matched) when dec's placement is not
+// open, the chain is empty, or no candidate holds enough of it. A store
+// error keeps dec: the request goes where identity placed it.
 func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) (out Decision) {
 	p := d.policy.Load()
 	if !dec.Content || len(chain) == 0 || d.contents == nil {
@@ -85,84 +85,181 @@ func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) (out
 	}
 	now := d.now()
 	defer func() { d.contents.Record(out.Instance.Name, chain, now) }()
-	cands := d.contentCandidates(p, dec)
-	if len(cands) == 0 {
-		return dec
+	ps := promptScore{chain: chain, identity: dec.Instance.Name, policy: p.Content, sessions: dec.Key != ""}
+	pl := placement{
+		key:     promptKey(dec.Key, chain),
+		from:    d.available(dec.subset),
+		version: dec.Instance.Version,
+		// An adaptive session is not placed where it would spill at once.
+		unsaturated: dec.Mode == Adaptive,
+		prompt:      &ps,
 	}
-	var nameBuf [64]string
-	var depthBuf [64]int
-	names := nameBuf[:0]
-	for _, in := range cands {
-		names = append(names, in.Name)
-	}
-	var depth []int
-	if len(cands) <= len(depthBuf) {
-		depth = depthBuf[:len(cands)]
-	} else {
-		depth = make([]int, len(cands))
-	}
-	dec.Matched = d.contents.Match(chain, names, depth)
-	i := -1
-	if dec.Matched >= max(p.Content.MinBlocks, 1) {
-		i = d.load.gate(cands, depth, p, dec.Key != "", dec.Instance.Name, max(p.Content.MinBlocks, 1))
-	}
-	if i < 0 {
+	var r Ranking
+	defer r.release()
+	if !ps.worthMatching(d.contents, pl) {
 		dec.Matched = 0
 		if dec.Kind == KindExpired {
-			// Nothing holds it: its cache is gone wherever it goes, so
-			// bounded load places it, off an instance that is full.
-			return d.moveTo(ctx, dec, d.place(dec.Key, cands, p), now, true)
+			// Nothing holds it: its cache is gone wherever it goes, so the
+			// identity ranking places it, off an instance that is full.
+			pl.prompt, pl.sessions, pl.key, pl.reserve = nil, true, fnv64(dec.Key), true
+			d.rank(&pl, &r)
+			return d.moveTo(ctx, dec, &r, now)
 		}
 		return dec
 	}
-	dec.Matched = depth[i]
-	dec = d.moveTo(ctx, dec, cands[i], now, false)
-	dec.ByContent = dec.Instance.Name == cands[i].Name
+	d.rank(&pl, &r)
+	dec = d.moveTo(ctx, dec, &r, now)
+	dec.ByContent = true
+	dec.Matched = ps.depthOf(dec.Instance.Name, pl.from)
 	return dec
 }
 
-// moveTo moves dec to target: its session's binding with one Replace
-// (reserved is true when target was reserved by place), the request in
-// flight, the breaker's probe. On a store error, or a probe it cannot
-// take, dec stays as it is.
-func (d *Decider) moveTo(ctx context.Context, dec Decision, target fleet.Instance, now time.Time, reserved bool) Decision {
-	if target.Name == dec.Instance.Name || dec.Probe {
+// promptKey is the rendezvous key of a content placement: the session's,
+// else the prompt's own, so that equal prompts break ties alike.
+func promptKey(key string, chain []uint64) uint64 {
+	if key != "" {
+		return fnv64(key)
+	}
+	return mix64(chain[len(chain)-1])
+}
+
+// moveTo moves dec to the first of r: its session's binding with one
+// Replace, the request in flight, the breaker's probe. On a store error,
+// or a probe it cannot take, dec stays as it is.
+func (d *Decider) moveTo(ctx context.Context, dec Decision, r *Ranking, now time.Time) Decision {
+	target, ok := r.First()
+	if !ok || target.Name == dec.Instance.Name || dec.Probe {
 		// Where it is; or the identity choice probes a half-open
 		// instance, and keeps it.
-		if reserved {
-			d.load.unreserve(target.Name, false, "")
-		}
 		return dec
 	}
 	var probe bool
 	if d.breaker != nil {
 		var ok bool
 		if probe, ok = d.breaker.TryBegin(target.Name); !ok {
-			if reserved {
-				d.load.unreserve(target.Name, false, "")
-			}
 			return dec
 		}
 	}
 	if dec.Key != "" {
-		if !reserved {
-			d.load.reserveName(target.Name)
+		if r.held.l == nil {
+			r.held = d.load.holdOn(target.Name)
 		}
 		nb, err := d.store.Replace(ctx, dec.Key, dec.Instance.Name,
 			bindings.Binding{Instance: target.Name, Version: target.Version, Since: now}, dec.lifetime)
-		moved := err == nil && nb.Instance == target.Name
-		d.load.unreserve(target.Name, moved, dec.Instance.Name)
-		if !moved {
+		if err != nil || nb.Instance != target.Name {
 			if probe {
 				d.breaker.Done(target.Name, true, fleet.Outcome{})
 			}
 			return dec
 		}
+		r.commit(dec.Instance.Name)
 	}
 	d.load.End(dec.Instance.Name, dec.At, 0, false)
 	d.load.Begin(target.Name, dec.At)
 	dec.Instance, dec.Probe = target, probe
 	return dec
+}
+
+// promptScore is the pipeline's score of a prompt (stage 3): what each
+// candidate's cache holds of it against its load (see the file's comment).
+type promptScore struct {
+	chain    []uint64
+	identity string // the instance identity chose: it keeps a tie
+	policy   ContentPolicy
+	sessions bool // the request binds a session: bounded load holds
+	// depth is how many blocks of chain each instance of the placement's
+	// from holds, by its index there; deepest the most.
+	depth    []int
+	deepest  int
+	depthBuf [64]int
+}
+
+// worthMatching matches the prompt against the candidates of pl and
+// reports whether one holds at least MinBlocks of it.
+func (ps *promptScore) worthMatching(c Contents, pl placement) bool {
+	idx := filter(&pl, candidates(&pl, make([]int, 0, len(pl.from))))
+	ps.match(c, pl.from, idx)
+	return ps.worth()
+}
+
+// match fills depth for the instances of from at idx.
+func (ps *promptScore) match(c Contents, from []fleet.Instance, idx []int) {
+	if ps.depth != nil {
+		return // matched already
+	}
+	if len(from) <= len(ps.depthBuf) {
+		ps.depth = ps.depthBuf[:len(from)]
+	} else {
+		ps.depth = make([]int, len(from))
+	}
+	var nameBuf [64]string
+	var depthBuf [64]int
+	names, depth := nameBuf[:0], depthBuf[:0]
+	if len(idx) > len(nameBuf) {
+		names, depth = make([]string, 0, len(idx)), make([]int, 0, len(idx))
+	}
+	for _, i := range idx {
+		names = append(names, from[i].Name)
+		depth = append(depth, 0)
+	}
+	ps.deepest = c.Match(ps.chain, names, depth)
+	for k, i := range idx {
+		ps.depth[i] = depth[k]
+	}
+}
+
+// worth reports whether a candidate holds enough of the prompt to count.
+func (ps *promptScore) worth() bool { return ps.deepest >= max(ps.policy.MinBlocks, 1) }
+
+// depthOf is what instance name, of from, holds of the prompt.
+func (ps *promptScore) depthOf(name string, from []fleet.Instance) int {
+	for i, in := range from {
+		if in.Name == name {
+			return ps.depth[i]
+		}
+	}
+	return 0
+}
+
+// score keys the candidates of r by their cost in prompt tokens. An
+// instance other than identity's choice is ranked after every other
+// when it may not take the request: for a session, its active sessions at
+// their bound; its engine's queue saturated (a full KV cache is no bar: a
+// cache full of prompts is what this placement wants).
+func (ps *promptScore) score(l *Load, p *Policy, pl *placement, r *Ranking) {
+	total, weight := 0, 0.0
+	for _, i := range r.idx {
+		a := l.activeLocked(pl.from[i].Name)
+		if pl.from[i].Name == ps.identity && ps.sessions {
+			a = max(a-1, 0) // its session is counted there already
+		}
+		total += a
+		weight += pl.from[i].Weight
+	}
+	mean := weight / float64(len(r.idx))
+	sat := p.Saturation
+	sat.KVUsage = 0
+	n := len(ps.chain)
+	for k, i := range r.idx {
+		in := pl.from[i]
+		own := in.Name == ps.identity
+		self := 0
+		active := l.activeLocked(in.Name)
+		if own {
+			// The request is counted there already, and its session.
+			self = 1
+			if ps.sessions {
+				active = max(active-1, 0)
+			}
+		}
+		queued, running := l.workLocked(in.Name, p.Saturation.Stale, self)
+		load := ps.policy.QueuedTokens*float64(queued) + ps.policy.RunningTokens*float64(running)
+		key := rankKey{pin: own, cost: float64(n-ps.depth[i])*ps.policy.BlockTokens + load*mean/in.Weight}
+		if !own && (ps.sessions && active >= bound(total, in, weight, p.Epsilon) || l.saturatedLocked(in.Name, sat)) {
+			key.tier = 1
+		}
+		r.keys[k] = key
+	}
 }
 
 // pastHorizon says whether a session idle this long has nothing left
@@ -195,63 +292,4 @@ func (d *Decider) Horizon(instance string) (time.Duration, bool) {
 		return 0, false
 	}
 	return d.contents.Horizon(instance)
-}
-
-// contentCandidates is where dec's request may go by content: the healthy
-// instances of its instance's model version, on-demand before spot, and
-// for an adaptive decision the unsaturated ones.
-func (d *Decider) contentCandidates(p *Policy, dec Decision) []fleet.Instance {
-	cands := stickyCandidates(dec.Instance.Version, d.available())
-	if dec.Mode == Adaptive {
-		cands = d.unsaturated(cands, p.Saturation)
-	}
-	return cands
-}
-
-// gate returns the index in cands of the instance holding the longest
-// prefix (depth, at least minBlocks) whose load passes (see the file's
-// comment), -1 when none does. sessions says the request binds a session,
-// so the instance's active sessions must also be under their bound; own
-// is the instance the request is counted on already (in flight, and its
-// session bound there), which the gate leaves out of its load.
-func (l *Load) gate(cands []fleet.Instance, depth []int, p *Policy, sessions bool, own string, minBlocks int) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var flightBuf, activeBuf [64]int
-	flight, active := flightBuf[:0], activeBuf[:0]
-	totalFlight, totalActive, weight := 0, 0, 0.0
-	for _, in := range cands {
-		f := max(l.state.InFlight[in.Name]+l.localFlight(in.Name), 0)
-		a := l.activeLocked(in.Name)
-		if in.Name == own {
-			f = max(f-1, 0)
-			if sessions {
-				a = max(a-1, 0)
-			}
-		}
-		flight, active = append(flight, f), append(active, a)
-		totalFlight, totalActive, weight = totalFlight+f, totalActive+a, weight+in.Weight
-	}
-	// A cache full of prompts is what placement by content wants: the KV
-	// cache's use is no gate here (its queue and requests in flight are).
-	sat := p.Saturation
-	sat.KVUsage = 0
-	best := -1
-	for i, in := range cands {
-		if depth[i] < minBlocks || best >= 0 && (depth[i] < depth[best] || depth[i] == depth[best] && flight[i] >= flight[best]) {
-			continue
-		}
-		share := in.Weight / weight
-		if flight[i] >= ceil((1+p.Epsilon)*float64(totalFlight+1)*share)+p.Content.Slack {
-			continue
-		}
-		if sessions && active[i] >= max(ceil((1+p.Epsilon)*float64(totalActive+1)*share), in.KVSessions) {
-			continue
-		}
-		if l.saturatedLocked(in.Name, sat) {
-			continue
-		}
-		best = i
-	}
-	return best
 }

@@ -12,14 +12,22 @@ import (
 	"github.com/tetherproxy/tether/store/memory"
 )
 
-func contentDecider(t *testing.T, n int, slack int) (*affinity.Decider, *prefix.Index, *memory.Store, *clock) {
+// contentPolicy is cache-aware placement with 16-token blocks and the
+// product's load costs.
+var contentPolicy = affinity.ContentPolicy{Enabled: true, MinBlocks: 2, BlockTokens: 16, QueuedTokens: 1024, RunningTokens: 128}
+
+func contentDecider(t *testing.T, n int) (*affinity.Decider, *prefix.Index, *memory.Store, *clock) {
+	t.Helper()
+	return contentDeciderOn(t, instances(n))
+}
+
+func contentDeciderOn(t *testing.T, insts []fleet.Instance) (*affinity.Decider, *prefix.Index, *memory.Store, *clock) {
 	t.Helper()
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	st := memory.New()
 	x := prefix.NewIndex(1 << 20)
-	d := affinity.New(st, fleet.New(instances(n)), affinity.Policy{
-		Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25,
-		Content: affinity.ContentPolicy{Enabled: true, MinBlocks: 2, Slack: slack},
+	d := affinity.New(st, fleet.New(insts), affinity.Policy{
+		Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25, Content: contentPolicy,
 	}, affinity.WithClock(clk.now), affinity.WithContents(x))
 	return d, x, st, clk
 }
@@ -34,7 +42,7 @@ func chainOf(doc uint64, n int) []uint64 {
 
 func TestRefinePlacesANewSessionWhereItsPromptIs(t *testing.T) {
 	ctx := context.Background()
-	d, x, st, clk := contentDecider(t, 8, 4)
+	d, x, st, clk := contentDecider(t, 8)
 	x.Record("gpu-5", chainOf(1, 40), clk.now())
 	dec, err := d.Decide(ctx, session("s1"))
 	if err != nil {
@@ -71,7 +79,7 @@ func TestRefinePlacesANewSessionWhereItsPromptIs(t *testing.T) {
 
 func TestRefineKeepsIdentityWhenTheIndexSaysNothing(t *testing.T) {
 	ctx := context.Background()
-	d, x, _, clk := contentDecider(t, 8, 4)
+	d, x, _, clk := contentDecider(t, 8)
 	x.Record("gpu-5", chainOf(1, 1), clk.now()) // under MinBlocks
 	dec, _ := d.Decide(ctx, session("s2"))
 	got := d.Refine(ctx, dec, chainOf(1, 10))
@@ -88,12 +96,13 @@ func TestRefineKeepsIdentityWhenTheIndexSaysNothing(t *testing.T) {
 	}
 }
 
-func TestRefineGateSendsPastALoadedHolder(t *testing.T) {
+func TestRefineSendsPastALoadedHolder(t *testing.T) {
 	ctx := context.Background()
-	d, x, _, clk := contentDecider(t, 4, 1)
+	d, x, _, clk := contentDecider(t, 4)
 	x.Record("gpu-2", chainOf(3, 30), clk.now())
 	x.Record("gpu-1", chainOf(3, 10), clk.now())
-	// gpu-2 is loaded past its share + slack.
+	// Six requests wait on gpu-2: 6 × 1,024 tokens of waiting cost more
+	// than the 20 blocks (320 tokens) it holds beyond gpu-1.
 	for range 6 {
 		d.Load().Begin("gpu-2", clk.now())
 	}
@@ -104,7 +113,7 @@ func TestRefineGateSendsPastALoadedHolder(t *testing.T) {
 	}
 	got := d.Refine(ctx, dec, chainOf(3, 30))
 	if got.Instance.Name != "gpu-1" || got.Matched != 10 {
-		t.Errorf("went to %s (%d blocks), want gpu-1, the next longest prefix under the gate", got.Instance.Name, got.Matched)
+		t.Errorf("went to %s (%d blocks), want gpu-1, the next longest prefix, idle", got.Instance.Name, got.Matched)
 	}
 }
 
@@ -119,7 +128,7 @@ func TestContentOffAsksForNothing(t *testing.T) {
 
 func TestSessionPastItsInstanceHorizonIsPlacedAgain(t *testing.T) {
 	ctx := context.Background()
-	d, x, _, clk := contentDecider(t, 4, 2)
+	d, x, _, clk := contentDecider(t, 4)
 	dec, err := d.Decide(ctx, session("h1"))
 	if err != nil {
 		t.Fatal(err)

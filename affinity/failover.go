@@ -87,53 +87,48 @@ func failovers(b bindings.Binding, now time.Time) int {
 }
 
 // ladder is where a session bound as b goes when its instance is out,
-// given how many times it has failed over (n): under the gradual policy,
-// the first failover prefers the failed instance's zone, the second
-// another zone (each takes the other when its own has no instance), and
-// the third routes at random. The session's version affinity holds on
-// every rung; under strict, a session with no other instance of its
-// version gets ErrNoVersion.
-func (d *Decider) ladder(p *Policy, c choice, b bindings.Binding, n int, avail []fleet.Instance) (Stage, []fleet.Instance, error) {
+// given how many times it has failed over (n): the rung, and the
+// placement that ranks its candidates. Under the gradual policy, the
+// first failover prefers the failed instance's zone, the second another
+// zone (each takes the other when its own has no instance), and the
+// third routes at random. The session's version affinity holds on every
+// rung; under strict, a session with no other instance of its version
+// gets ErrNoVersion.
+func (d *Decider) ladder(p *Policy, c choice, key string, b bindings.Binding, n int, avail []fleet.Instance) (Stage, placement, error) {
+	v, err := d.moveVersion(p, c, b.Version, avail, b.Instance)
+	if err != nil {
+		return StageNone, placement{}, err
+	}
+	pl := placement{key: fnv64(key), from: avail, leave: b.Instance, version: v, sessions: true, reserve: true}
 	failed, _ := find(d.fleet.All(), b.Instance)
-	pool := without(avail, b.Instance)
-	if b.Version != "" && p.VersionAffinity != AnyVersion {
-		same := ofVersion(pool, b.Version)
-		switch {
-		case len(same) > 0:
-			pool = same
-		case p.VersionAffinity == Strict:
-			return StageNone, nil, fmt.Errorf("%w %q", ErrNoVersion, b.Version)
-		default:
-			pool = stickyCandidates(p.versionOf(c, d.rand), pool)
-		}
-	}
-	if len(pool) == 0 {
-		return StageNone, nil, ErrNoInstance
-	}
-	if p.fallback() != Gradual {
-		return StageRandom, pool, nil
-	}
-	var here, there []fleet.Instance
-	for _, in := range pool {
-		if in.Zone == failed.Zone {
-			here = append(here, in)
+	var here, there int
+	for _, i := range filter(&pl, candidates(&pl, nil)) {
+		if avail[i].Zone == failed.Zone {
+			here++
 		} else {
-			there = append(there, in)
+			there++
 		}
 	}
-	near, far := here, there
+	if here+there == 0 {
+		return StageNone, pl, ErrNoInstance
+	}
+	if p.fallback() != Gradual || n >= bindings.MaxFailovers {
+		return StageRandom, pl, nil
+	}
+	// The rung's own zone, else the other: the same zone first, then
+	// another; after one failover, another zone first.
+	near, far := here > 0, there > 0
 	nearStage, farStage := StageSameZone, StageOtherZone
 	if n == 1 {
-		near, far, nearStage, farStage = there, here, StageOtherZone, StageSameZone
+		near, far, nearStage, farStage = far, near, StageOtherZone, StageSameZone
 	}
-	switch {
-	case n >= bindings.MaxFailovers:
-		return StageRandom, pool, nil
-	case len(near) > 0:
-		return nearStage, avoidSpot(near), nil
-	default:
-		return farStage, avoidSpot(far), nil
+	pl.zone = failed.Zone
+	stage := nearStage
+	if !near {
+		stage = farStage
 	}
+	pl.otherZones = stage == StageOtherZone
+	return stage, pl, nil
 }
 
 // failover routes a session whose instance is out: a 503 under
@@ -146,15 +141,20 @@ func (d *Decider) failover(ctx context.Context, p *Policy, c choice, key string,
 		return Decision{}, fmt.Errorf("%w: %s (fallback_policy = \"none\")", ErrInstanceUnavailable, b.Instance)
 	}
 	n := failovers(b, now)
-	stage, cands, err := d.ladder(p, c, b, n, avail)
+	stage, pl, err := d.ladder(p, c, key, b, n, avail)
 	if err != nil {
 		return Decision{}, err
 	}
+	var r Ranking
+	defer r.release()
 	if stage == StageRandom {
-		return Decision{Instance: d.pick(cands), Mode: Random, Kind: KindFallback, Stage: StageRandom}, nil
+		pl.key, pl.sessions, pl.reserve = d.rand(), false, false
+		d.rank(&pl, &r)
+		in, _ := r.First()
+		return Decision{Instance: in, Mode: Random, Kind: KindFallback, Stage: StageRandom}, nil
 	}
-	next := d.place(key, cands, p)
-	dec, err := d.rebind(ctx, key, b.Instance, bindings.Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: n + 1}, lt, next, avail)
+	d.rank(&pl, &r)
+	dec, err := d.rebind(ctx, key, b.Instance, n+1, now, lt, &r, avail)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -165,17 +165,21 @@ func (d *Decider) failover(ctx context.Context, p *Policy, c choice, key string,
 	return dec, nil
 }
 
-// rebind stores next for key (if it is still bound to from) and routes to
-// the instance the store then holds. Kind is left empty on success for
-// the caller; a store failure routes to next anyway (degraded).
-func (d *Decider) rebind(ctx context.Context, key, from string, next bindings.Binding, lt bindings.Lifetime, target fleet.Instance, avail []fleet.Instance) (Decision, error) {
-	nb, err := d.store.Replace(ctx, key, from, next, lt)
-	d.load.unreserve(target.Name, err == nil && nb.Instance == target.Name, from)
+// rebind stores the first of r for key (if it is still bound to from),
+// with failovers n, and routes to the instance the store then holds. Kind
+// is left empty on success for the caller; a store failure routes to the
+// first of r anyway (degraded).
+func (d *Decider) rebind(ctx context.Context, key, from string, n int, now time.Time, lt bindings.Lifetime, r *Ranking, avail []fleet.Instance) (Decision, error) {
+	target, _ := r.First()
+	nb, err := d.store.Replace(ctx, key, from, bindings.Binding{Instance: target.Name, Version: target.Version, Since: now, Failovers: n}, lt)
 	if err != nil {
 		if ctx.Err() != nil {
 			return Decision{}, ctx.Err()
 		}
 		return Decision{Instance: target, Kind: KindDegraded, Err: err}, nil
+	}
+	if nb.Instance == target.Name {
+		r.commit(from)
 	}
 	if in, ok := find(avail, nb.Instance); ok {
 		return Decision{Instance: in}, nil
@@ -203,7 +207,7 @@ func (d *Decider) Evacuate(ctx context.Context, instance string, sessions []bind
 	// Only instances whose circuit is closed: a half-open one has not
 	// proven itself yet, and would take all the sessions at once.
 	var avail []fleet.Instance
-	for _, in := range d.available() {
+	for _, in := range d.available(nil) {
 		if d.breaker == nil || d.breaker.State(in.Name) == fleet.Closed {
 			avail = append(avail, in)
 		}
@@ -212,40 +216,38 @@ func (d *Decider) Evacuate(ctx context.Context, instance string, sessions []bind
 		if err := ctx.Err(); err != nil {
 			return moved, err
 		}
-		n := failovers(s.Binding, now)
-		stage, cands, err := d.ladder(p, c, s.Binding, n, avail)
-		if err != nil || stage == StageRandom {
-			continue // nowhere to rebind: its next request decides
-		}
-		next := d.place(s.Key, cands, p)
-		// The session keeps the idle lifetime it has left.
-		lt := bindings.Lifetime{Idle: max(s.TTL, time.Millisecond), Max: p.Lifetime.Max}
-		nb, err := d.store.Replace(ctx, s.Key, instance, bindings.Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: n + 1}, lt)
-		placed := err == nil && nb.Instance == next.Name
-		d.load.unreserve(next.Name, placed, instance)
+		ok, err := d.evacuate(ctx, p, c, instance, s, avail, now)
 		if err != nil {
 			return moved, err
 		}
-		if placed {
+		if ok {
 			moved++
 		}
 	}
 	return moved, nil
 }
 
-// pick chooses among cands at random, in proportion to their weights.
-func (d *Decider) pick(cands []fleet.Instance) fleet.Instance {
-	total := 0.0
-	for _, in := range cands {
-		total += in.Weight
+// evacuate moves one session off instance down its ladder; moved says
+// the store took the move.
+func (d *Decider) evacuate(ctx context.Context, p *Policy, c choice, instance string, s bindings.Session, avail []fleet.Instance, now time.Time) (moved bool, err error) {
+	n := failovers(s.Binding, now)
+	stage, pl, err := d.ladder(p, c, s.Key, s.Binding, n, avail)
+	if err != nil || stage == StageRandom {
+		return false, nil // nowhere to rebind: its next request decides
 	}
-	// 53 random bits give a uniform float in [0,1).
-	x := float64(d.rand()>>11) / (1 << 53) * total
-	for _, in := range cands {
-		if x < in.Weight {
-			return in
-		}
-		x -= in.Weight
+	var r Ranking
+	d.rank(&pl, &r)
+	defer r.release()
+	next, _ := r.First()
+	// The session keeps the idle lifetime it has left.
+	lt := bindings.Lifetime{Idle: max(s.TTL, time.Millisecond), Max: p.Lifetime.Max}
+	nb, err := d.store.Replace(ctx, s.Key, instance, bindings.Binding{Instance: next.Name, Version: next.Version, Since: now, Failovers: n + 1}, lt)
+	if err != nil {
+		return false, err
 	}
-	return cands[len(cands)-1]
+	if nb.Instance != next.Name {
+		return false, nil
+	}
+	r.commit(instance)
+	return true, nil
 }

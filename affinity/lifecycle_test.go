@@ -258,23 +258,24 @@ func TestBoundedLoad(t *testing.T) {
 			t.Fatalf("the burst reached only %d instances: %v", len(counts), counts)
 		}
 	})
-	t.Run("an instance whose KV cache is full is skipped for one with room", func(t *testing.T) {
+	t.Run("below kv_sessions an instance takes the sessions its hash gives it", func(t *testing.T) {
 		small := instances(4)
 		for i := range small {
-			small[i].KVSessions = 2
+			small[i].KVSessions = 5
 		}
-		// A loose bound (ε = 10), so only the KV soft cap decides.
-		d := affinity.New(memory.New(), fleet.New(small), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 10})
+		// A tight bound (ε = 0.01): only kv_sessions lets gpu-0 take more
+		// than its share.
+		d := affinity.New(memory.New(), fleet.New(small), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.01})
 		n := 0
-		for i := 0; n < 3; i++ {
+		for i := 0; n < 7; i++ {
 			k := fmt.Sprint("kv-", i)
 			if affinity.Rendezvous("s:"+k, small).Name != "gpu-0" {
 				continue
 			}
 			n++
 			got := decide(t, d, session(k))
-			if wantGPU0 := n <= 2; (got.Instance.Name == "gpu-0") != wantGPU0 {
-				t.Fatalf("session %d preferring gpu-0 (kv_sessions 2) went to %s", n, got.Instance.Name)
+			if wantGPU0 := n <= 5; (got.Instance.Name == "gpu-0") != wantGPU0 {
+				t.Fatalf("session %d whose hash is gpu-0 (kv_sessions 5) went to %s", n, got.Instance.Name)
 			}
 		}
 	})
@@ -285,8 +286,8 @@ func TestBoundedLoad(t *testing.T) {
 			counts[decide(t, d, session(fmt.Sprint("light-", i))).Instance.Name]++
 		}
 		for i, in := range ins {
-			if c := float64(counts[in.Name]); c > math.Ceil(1.25*share(i, 40)) {
-				t.Errorf("40 sessions: %s has %v, above ⌈1.25 × %.1f⌉", in.Name, c, share(i, 40))
+			if c := float64(counts[in.Name]); c > max(math.Ceil(1.25*share(i, 40)), float64(in.KVSessions)) {
+				t.Errorf("40 sessions: %s has %v, above max(⌈1.25 × %.1f⌉, kv_sessions %d)", in.Name, c, share(i, 40), in.KVSessions)
 			}
 		}
 	})

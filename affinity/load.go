@@ -23,7 +23,7 @@ type Load struct {
 	engine map[string]fleet.EngineReading // the engine readings this replica scraped
 	// Sessions this replica placed (+) or moved away (-) that the last
 	// sync's index read may not hold yet: pending are placements whose store
-	// call is under way (reserved by place, so concurrent placements see
+	// call is under way (held by the pipeline, so concurrent placements see
 	// them), placed those done since the current sync began, syncing those
 	// done before it (dropped once the sync has read the index).
 	pending, placed, syncing map[string]int
@@ -160,39 +160,6 @@ func (f *Flights) Count() (n int, live bool) {
 	return n, live
 }
 
-// reserve places key among cands by the bounded-load rule (choose) on
-// their active sessions, and counts the choice as pending under the same
-// lock, so that concurrent placements see each other. unreserve must follow.
-func (l *Load) reserve(key string, cands []fleet.Instance, eps float64, s Saturation, pref int) (fleet.Instance, bool) {
-	var buf [16]int
-	var fullBuf [16]bool
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	active := buf[:0]
-	for _, in := range cands {
-		active = append(active, l.activeLocked(in.Name))
-	}
-	var full []bool
-	if s.KVUsage > 0 {
-		full = fullBuf[:0]
-		for _, in := range cands {
-			r, ok := l.engineLocked(in.Name, s.Stale)
-			full = append(full, ok && r.KVKnown && r.KVUsage >= s.KVUsage)
-		}
-	}
-	i, overridden := choose(key, cands, active, full, eps, pref)
-	in := cands[i]
-	l.pending[in.Name]++
-	return in, overridden
-}
-
-// reserveName counts a placement on name as pending; unreserve must follow.
-func (l *Load) reserveName(name string) {
-	l.mu.Lock()
-	l.pending[name]++
-	l.mu.Unlock()
-}
-
 // unreserve ends a reservation on reserved. bound says whether the session
 // was bound there (the store kept the candidate); from is the instance it
 // left ("" for a new session).
@@ -291,30 +258,19 @@ func (l *Load) saturatedLocked(instance string, s Saturation) bool {
 	return ok && (s.Waiting > 0 && r.Waiting >= s.Waiting || s.KVUsage > 0 && r.KVKnown && r.KVUsage >= s.KVUsage)
 }
 
-// unsaturated is in without its saturated instances, or all of in when
-// every one is; one look at the view for all of them.
-func (l *Load) unsaturated(in []fleet.Instance, s Saturation) []fleet.Instance {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []fleet.Instance
-	for i, inst := range in {
-		if l.saturatedLocked(inst.Name, s) {
-			if out == nil {
-				out = append(make([]fleet.Instance, 0, len(in)), in[:i]...)
-			}
-			continue
-		}
-		if out != nil {
-			out = append(out, inst)
-		}
+// workLocked is what instance has to do, as placement by content weighs
+// it: the requests waiting for a prefill (queued) and all those it serves
+// (running), each the higher of tether's requests in flight (less self,
+// those the caller counts as its own) and its engine's reading younger
+// than stale. tether counts a request in flight until its response
+// headers: for a streamed answer, until its prefill is done.
+func (l *Load) workLocked(instance string, stale time.Duration, self int) (queued, running int) {
+	f := max(l.state.InFlight[instance]+l.localFlight(instance)-self, 0)
+	queued, running = f, f
+	if r, ok := l.engineLocked(instance, stale); ok {
+		queued, running = max(queued, r.Waiting), max(running, r.Running+r.Waiting)
 	}
-	switch {
-	case out == nil:
-		return in // none saturated
-	case len(out) == 0:
-		return in // all saturated
-	}
-	return out
+	return queued, running
 }
 
 // SetEngine records a reading this replica took of instance's engine; the

@@ -199,6 +199,10 @@ type Request struct {
 	ID      identity.Identity
 	Path    string
 	Headers identity.Headers // may be nil
+	// Subset, when not empty, names the only instances the request may go
+	// to (a gateway's subset hint): a session bound elsewhere moves into
+	// it, and none eligible in it is ErrNoEligible.
+	Subset []string
 }
 
 func (r Request) header(name string) string {

@@ -5,15 +5,17 @@ package config
 // request) are placed by what the instances' KV caches hold of their
 // prompt, read from the request's body, which Envoy sends only for them.
 type Content struct {
-	// Enabled turns it on.
+	// Enabled turns it on (the default).
 	Enabled bool `toml:"enabled"`
 	// BlockBytes is the size of a prompt block the index keeps.
 	BlockBytes int `toml:"block_bytes" reload:"restart"`
 	// MinMatchBytes is the shortest prefix match that decides.
 	MinMatchBytes int `toml:"min_match_bytes"`
-	// Slack is how many requests in flight beyond its bounded-load share
-	// an instance may take for what its cache holds.
-	Slack int `toml:"slack"`
+	// QueuedTokens is what one request waiting for its prefill on an
+	// instance costs a prompt placed there, in prompt tokens;
+	// RunningTokens what one request running there costs it.
+	QueuedTokens  int `toml:"queued_tokens"`
+	RunningTokens int `toml:"running_tokens"`
 	// MaxBodyBytes is the most of a body Envoy buffers for tether; a
 	// longer body is placed by identity.
 	MaxBodyBytes int `toml:"max_body_bytes"`
@@ -26,7 +28,15 @@ type Content struct {
 const (
 	DefaultBlockBytes    = 256
 	DefaultMinMatchBytes = 1024
-	DefaultContentSlack  = 2
+	// DefaultQueuedTokens: about a prompt's worth of prefill, what a
+	// request ahead in the queue makes the next one wait.
+	DefaultQueuedTokens = 1024
+	// DefaultRunningTokens: what one more sequence in a decode batch costs,
+	// in prefill tokens (../shared/calibration: about 0.1 ms a step on an
+	// H200, over a few hundred steps).
+	DefaultRunningTokens = 128
+	// MaxLoadTokens bounds queued_tokens and running_tokens.
+	MaxLoadTokens = 1 << 20
 	// DefaultContentBodyBytes is Envoy's own default buffer (a connection's
 	// per_connection_buffer_limit_bytes).
 	DefaultContentBodyBytes = 1 << 20
@@ -43,7 +53,8 @@ const (
 )
 
 func defaultContent() Content {
-	return Content{BlockBytes: DefaultBlockBytes, MinMatchBytes: DefaultMinMatchBytes, Slack: DefaultContentSlack,
+	return Content{Enabled: true, BlockBytes: DefaultBlockBytes, MinMatchBytes: DefaultMinMatchBytes,
+		QueuedTokens: DefaultQueuedTokens, RunningTokens: DefaultRunningTokens,
 		MaxBodyBytes: DefaultContentBodyBytes, CacheTokens: DefaultCacheTokens}
 }
 
@@ -55,8 +66,11 @@ func (c *Config) validateContent(bad reporter) {
 	if n := ct.MinMatchBytes; n < 0 || n > MaxContentBodyBytes {
 		bad("content.min_match_bytes", n, "want 0 to 67108864")
 	}
-	if n := ct.Slack; n < 0 || n > 10000 {
-		bad("content.slack", n, "want 0 to 10000")
+	if n := ct.QueuedTokens; n < 0 || n > MaxLoadTokens {
+		bad("content.queued_tokens", n, "want 0 to 1048576")
+	}
+	if n := ct.RunningTokens; n < 0 || n > MaxLoadTokens {
+		bad("content.running_tokens", n, "want 0 to 1048576")
 	}
 	if n := ct.MaxBodyBytes; n < 1024 || n > MaxContentBodyBytes {
 		bad("content.max_body_bytes", n, "want 1024 to 67108864")

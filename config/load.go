@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -60,6 +61,9 @@ func Parse(data []byte, edits ...func(*Config)) (Config, error) {
 		keys := make([]string, len(und))
 		for i, k := range und {
 			keys[i] = k.String()
+		}
+		if slices.Contains(keys, "content.slack") {
+			return Config{}, errors.New("content.slack: replaced by content.queued_tokens and content.running_tokens, what waiting behind an instance's work costs a prompt (docs/content.md); remove it")
 		}
 		return Config{}, fmt.Errorf("unknown key %s", strings.Join(keys, ", "))
 	}

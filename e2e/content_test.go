@@ -197,10 +197,10 @@ func TestContentSharedByReplicas(t *testing.T) {
 	cfg.Content.Enabled = true
 	cfg.Content.MaxBodyBytes = 64 << 10
 	// What is tested is what each replica knows of the caches, not the
-	// load gate: back-to-back follow-ups on one instance reach its slack
-	// (2) before their finishes (and the other replica's, a load sync
-	// later) are counted, and would then be placed by identity.
-	cfg.Content.Slack = 1000
+	// load's cost: back-to-back follow-ups on one instance would outweigh
+	// what it holds before their finishes (and the other replica's, a load
+	// sync later) are counted, and be placed by identity.
+	cfg.Content.QueuedTokens, cfg.Content.RunningTokens = 0, 0
 	a, b := startTether(t, cfg), startTether(t, cfg)
 	px := startEnvoy(t, cfg, a.extproc, b.extproc)
 	applied := func() float64 {

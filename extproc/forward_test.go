@@ -169,6 +169,7 @@ func requestKinds(cfg config.Config) [][]string {
 		with(id.DeviceHeader, "d2", id.UserHeader, "u2", "content-encoding", "gzip"),
 		with(id.SessionHeader, "s2", "x-route", "vip", "x-canary", "always"),
 		with(id.SessionHeader, "s3", cfg.Routing.TierHeader, "gold"),
+		with(id.SessionHeader, "s4", "x-core", "1"), // a sticky rule under hybrid
 	}
 }
 
@@ -331,11 +332,15 @@ func TestForwardedHeadersFollowTheConfiguration(t *testing.T) {
 		}
 		return p.Envoy
 	}
-	base := derive(func(*config.Config) {})
+	identityOnly := func(c *config.Config) { c.Content.Enabled = false }
+	base := derive(identityOnly)
 	want := []string{":path", "accept-language", "authorization", "user-agent", "x-device-id", "x-forwarded-for",
 		"x-request-id", "x-session-id", "x-user-id"}
 	if diff := cmp.Diff(want, base.RequestHeaders); diff != "" {
-		t.Errorf("default request headers (-want +got):\n%s", diff)
+		t.Errorf("request headers without content placement (-want +got):\n%s", diff)
+	}
+	if got := derive(func(*config.Config) {}).RequestHeaders; !slices.Contains(got, "content-length") {
+		t.Errorf("default request headers %v: no content-length, which content placement, on by default, reads", got)
 	}
 	if diff := cmp.Diff([]string{":status", "x-envoy-overloaded", "x-gpu-utilization", "x-oom", "x-queue-depth"}, base.ResponseHeaders); diff != "" {
 		t.Errorf("default response headers (-want +got):\n%s", diff)
@@ -354,7 +359,7 @@ func TestForwardedHeadersFollowTheConfiguration(t *testing.T) {
 		{"the canary header", func(c *config.Config) { c.Routing.CanaryByHeader = "x-canary" }, []string{"x-canary"}},
 		{"content placement", func(c *config.Config) { c.Content.Enabled = true }, []string{"content-encoding", "content-length"}},
 	} {
-		got := derive(c.edit).RequestHeaders
+		got := derive(func(cfg *config.Config) { identityOnly(cfg); c.edit(cfg) }).RequestHeaders
 		var added []string
 		for _, n := range got {
 			if !slices.Contains(base.RequestHeaders, n) {

@@ -133,11 +133,13 @@ var (
 )
 
 // contentPolicy is [content]'s part of the decision: the shortest match
-// in whole blocks (at least one).
+// in whole blocks (at least one), and a block in prompt tokens.
 func contentPolicy(c config.Content) affinity.ContentPolicy {
 	return affinity.ContentPolicy{
-		Enabled:   c.Enabled,
-		MinBlocks: max((c.MinMatchBytes+c.BlockBytes-1)/c.BlockBytes, 1),
-		Slack:     c.Slack,
+		Enabled:       c.Enabled,
+		MinBlocks:     max((c.MinMatchBytes+c.BlockBytes-1)/c.BlockBytes, 1),
+		BlockTokens:   float64(c.BlockBytes) / config.CharsPerToken,
+		QueuedTokens:  float64(c.QueuedTokens),
+		RunningTokens: float64(c.RunningTokens),
 	}
 }

@@ -261,6 +261,8 @@ func baseConfig(sc Scale, instances []config.Instance) config.Config {
 	if sc.ScrapeInterval > 0 {
 		setScrapeInterval(&c, sc.ScrapeInterval)
 	}
+	// Identity alone: the cache-aware rows turn [content] on themselves.
+	c.Content.Enabled = false
 	c.Instances = instances
 	return c
 }

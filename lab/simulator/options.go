@@ -278,6 +278,9 @@ func (o Options) plan() (plan.Plan, error) {
 	cfg := o.generatedConfig()
 	if o.Config != nil {
 		cfg = *o.Config
+		// The simulated prompts are chains of emulator blocks: the index
+		// keeps them as such, whatever block the file sets.
+		cfg.Content.BlockBytes = SimBlockBytes
 	}
 	if err := cfg.Validate(); err != nil {
 		return plan.Plan{}, fmt.Errorf("simulate: configuration: %w", err)
@@ -297,6 +300,8 @@ func (o Options) plan() (plan.Plan, error) {
 // routing with o.Lifetime; every other key tether's default.
 func (o Options) generatedConfig() config.Config {
 	c := config.Default()
+	// Identity alone for every policy but cache-aware's.
+	c.Content.Enabled = false
 	switch o.Policy {
 	case Random:
 		c.Routing.Mode = config.ModeRandom
@@ -361,6 +366,10 @@ func zoneName(i int) string {
 	return fmt.Sprintf("zone-%d", i)
 }
 
+// SimBlockBytes is content.block_bytes in the simulator: one emulator
+// block (16 tokens) at four characters a token.
+const SimBlockBytes = emulator.BlockSize * config.CharsPerToken
+
 // CacheAwareContent is the [content] of the CacheAware policy on caches
 // configured as cache: the product's defaults, in the simulator's blocks:
 // one index block is one emulator block (16 tokens, 64 bytes at four
@@ -369,7 +378,7 @@ func zoneName(i int) string {
 func CacheAwareContent(cache emulator.CacheConfig) config.Content {
 	c := config.Default().Content
 	c.Enabled = true
-	c.BlockBytes = emulator.BlockSize * config.CharsPerToken
+	c.BlockBytes = SimBlockBytes
 	c.CacheTokens = cache.CapacityTokens
 	return c
 }

@@ -345,13 +345,15 @@ func (t *tetherRouter) route(ctx context.Context, k *call) (int, affinity.Kind, 
 	if err != nil {
 		return 0, "", fmt.Errorf("simulate: decide: %w", err)
 	}
+	var chain []uint64
 	if d.Content {
 		// What tether does with the body Envoy then sends.
-		d = t.decider.Refine(ctx, d, c.chain())
+		chain = c.chain()
+		d = t.decider.Refine(ctx, d, chain)
 	}
 	k.decision, k.decided = d, t.decided
 	if t.trace != nil {
-		t.trace(deciderCall{at: now, n: t.decided, request: c.request, decision: d})
+		t.trace(deciderCall{at: now, n: t.decided, request: c.request, decision: d, chain: chain})
 	}
 	t.decided++
 	i, ok := t.index[d.Instance.Name]
@@ -408,6 +410,7 @@ type deciderCall struct {
 	sync     bool
 	request  affinity.Request
 	decision affinity.Decision
+	chain    []uint64 // the prompt Refine placed the decision by; nil for none
 	answer   *fleet.Outcome
 }
 

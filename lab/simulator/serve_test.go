@@ -16,6 +16,7 @@ import (
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/lab/workload"
 	"github.com/tetherproxy/tether/plan"
+	"github.com/tetherproxy/tether/prefix"
 	"github.com/tetherproxy/tether/reload"
 	"github.com/tetherproxy/tether/replicas"
 	"github.com/tetherproxy/tether/store/memory"
@@ -37,6 +38,9 @@ idle_timeout = "3m"
 max_sticky_duration = 8
 version_affinity = "strict"
 canary_by_header = "x-canary"
+
+[content]
+block_bytes = 64 # the simulator's: one emulator block
 
 [[routing.rules]]
 name = "tokens-random"
@@ -157,8 +161,12 @@ func serveDecisions(t *testing.T, cfg config.Config, calls []deciderCall) []affi
 	clock := func() time.Time { return now }
 	store := memory.New()
 	load := affinity.NewLoad()
+	var contents affinity.Contents
+	if start.Content.Enabled {
+		contents = prefix.NewIndex(start.Content.IndexBlocks(start.Content.CacheTokens))
+	}
 	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{
-		Store: store, Load: load, Breaker: fleet.NewBreaker(start.Breaker, clock, nil),
+		Store: store, Load: load, Breaker: fleet.NewBreaker(start.Breaker, clock, nil), Contents: contents,
 		Now: clock, Rand: rand.New(rand.NewPCG(serveSeed, 0x726f75746572)).Uint64, // the simulation's router seed
 	})
 	rt.OnApply(func(p plan.Plan) { decider.SetPolicy(p.Policy) })
@@ -181,6 +189,10 @@ func serveDecisions(t *testing.T, cfg config.Config, calls []deciderCall) []affi
 			d, err := decider.Decide(ctx, affinity.Request{ID: ids.Extract(h), Path: c.request.Path, Headers: h})
 			if err != nil {
 				t.Fatalf("serve's decision %d: %v", c.n, err)
+			}
+			if d.Content && c.chain != nil {
+				// The body Envoy sends for an open placement.
+				d = decider.Refine(ctx, d, c.chain)
 			}
 			out = append(out, d)
 		}
@@ -226,12 +238,19 @@ func TestSimulateDecidesAsServe(t *testing.T) {
 
 	// What the decisions cover: the features of the configuration.
 	kinds, rules, versions := map[affinity.Kind]int{}, map[string]int{}, map[string]int{}
+	byContent := 0
 	for _, d := range serve {
 		kinds[d.Kind]++
 		rules[d.Rule]++
 		versions[d.Instance.Version]++
+		if d.ByContent {
+			byContent++
+		}
 	}
-	t.Logf("%d decisions: kinds %v, rules %v, versions %v", len(serve), kinds, rules, versions)
+	t.Logf("%d decisions: kinds %v, rules %v, versions %v, %d placed by content", len(serve), kinds, rules, versions, byContent)
+	if byContent == 0 {
+		t.Error("no decision placed by content ([content] is on by default): the case is not exercised")
+	}
 	for _, k := range []affinity.Kind{affinity.KindBind, affinity.KindHit, affinity.KindRandom, affinity.KindRebind, affinity.KindSpilled, affinity.KindAnonymous} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s decision: the case is not exercised", k)

@@ -1,0 +1,337 @@
+package affinity
+
+// The placement pipeline. Every choice of an instance goes through rank,
+// in four stages:
+//
+//  1. candidates: the instances of the model version the request runs on
+//     (all of them when it has none);
+//  2. filters: healthy or probing (the instances the decision sees), the
+//     caller's subset (Request.Subset), off the instance a session leaves,
+//     the fallback rung's zone, on-demand before spot (spot before
+//     on-demand for random routing), and for adaptive routing not
+//     saturated;
+//  3. scores: for a session, the bounded load and KV room and the
+//     fail-open pool's own choice; for a prompt, what the prefix it holds
+//     saves against what the instance's work costs (content.go);
+//  4. pick: the request's rendezvous ranking orders what the scores tie.
+//
+// The result is a Ranking: the candidates best first. Every replica, and
+// Envoy's fail-open ring for the requests it decides, reaches the same
+// ranking from the same state: the scores are exact comparisons, and
+// the ties fall to a hash.
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/tetherproxy/tether/fleet"
+)
+
+// placement is what one choice of an instance asks of the pipeline. A
+// field left at its zero value turns its stage off.
+type placement struct {
+	// key is the hash whose rendezvous ranking breaks ties: a session
+	// key's, a prompt's, or a random draw's (fnv64, unit).
+	key uint64
+	// from are the instances the decision sees as healthy or probing.
+	from []fleet.Instance
+	// version narrows the candidates to one model version; all of from
+	// when none is of it.
+	version string
+
+	// leave is the instance a session leaves.
+	leave string
+	// zone keeps the instances of one zone, or with otherZones those of
+	// every other zone (a fallback rung).
+	zone       string
+	otherZones bool
+	// spotFirst keeps only spot instances when there are any (random
+	// routing); otherwise spot ones are kept only when nothing else is.
+	spotFirst bool
+	// unsaturated drops saturated instances, unless all are (adaptive).
+	unsaturated bool
+
+	// sessions scores for a session's binding: bounded load and KV room
+	// (score), with the fail-open pool's instance first when it qualifies.
+	sessions bool
+	failOpen string
+	// prompt scores by what each candidate's cache holds (content.go).
+	prompt *promptScore
+	// reserve counts the first of the ranking as a pending placement
+	// until the Ranking is committed or released.
+	reserve bool
+}
+
+// Ranking is the pipeline's answer: the candidates, best first.
+type Ranking struct {
+	from []fleet.Instance
+	idx  []int     // the candidates, in from
+	keys []rankKey // idx's keys, for the order
+	best int       // the first, in idx; -1 for none
+	// overridden says the fail-open pool's choice was a candidate, or
+	// given, and is not first.
+	overridden bool
+	held       hold
+
+	idxBuf [64]int
+	keyBuf [64]rankKey
+}
+
+// rankKey orders the candidates: the lower tier, then the lower cost,
+// then the one pinned (the choice identity made), then the higher
+// rendezvous score, then the name.
+type rankKey struct {
+	tier  int8
+	pin   bool
+	cost  float64
+	score float64
+}
+
+// First is the chosen instance; ok is false when no candidate is left.
+func (r *Ranking) First() (fleet.Instance, bool) {
+	if r.best < 0 {
+		return fleet.Instance{}, false
+	}
+	return r.from[r.idx[r.best]], true
+}
+
+// Order is the whole ranking, best first.
+func (r *Ranking) Order() []fleet.Instance {
+	order := make([]int, len(r.idx))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return r.compare(a, b) })
+	out := make([]fleet.Instance, len(order))
+	for i, j := range order {
+		out[i] = r.from[r.idx[j]]
+	}
+	return out
+}
+
+// compare orders candidates a and b of the ranking (in idx): negative
+// when a ranks first.
+func (r *Ranking) compare(a, b int) int {
+	ka, kb := r.keys[a], r.keys[b]
+	switch {
+	case ka.tier != kb.tier:
+		return cmp.Compare(ka.tier, kb.tier)
+	case ka.cost != kb.cost:
+		return cmp.Compare(ka.cost, kb.cost)
+	case ka.pin != kb.pin:
+		if ka.pin {
+			return -1
+		}
+		return 1
+	case ka.score != kb.score:
+		return -cmp.Compare(ka.score, kb.score)
+	}
+	return cmp.Compare(r.from[r.idx[a]].Name, r.from[r.idx[b]].Name)
+}
+
+// commit ends the reservation of the first: the store bound the session
+// there, leaving from ("" for a new session).
+func (r *Ranking) commit(from string) { r.held.end(true, from) }
+
+// release ends the reservation of the first, if it is still held: the
+// session was not bound there. It may follow commit.
+func (r *Ranking) release() { r.held.end(false, "") }
+
+// hold counts a placement on an instance as pending in the load view, so
+// that concurrent placements see each other, until it ends once.
+type hold struct {
+	l    *Load
+	name string
+}
+
+// holdOn holds a placement on name; the caller ends it.
+func (l *Load) holdOn(name string) hold {
+	l.mu.Lock()
+	l.pending[name]++
+	l.mu.Unlock()
+	return hold{l: l, name: name}
+}
+
+func (h *hold) end(bound bool, from string) {
+	if h.l == nil {
+		return
+	}
+	h.l.unreserve(h.name, bound, from)
+	h.l = nil
+}
+
+// rank runs the pipeline for pl into r, which the caller keeps (its
+// buffers spare the hot path an allocation).
+func (d *Decider) rank(pl *placement, r *Ranking) {
+	*r = Ranking{from: pl.from, best: -1}
+	r.idx = candidates(pl, r.idxBuf[:0])
+	r.idx = filter(pl, r.idx)
+	if pl.prompt != nil {
+		pl.prompt.match(d.contents, pl.from, r.idx)
+	}
+	// The load view is read, scored on and reserved under one lock, so
+	// concurrent placements see each other.
+	l := d.load
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if pl.unsaturated {
+		r.idx = l.unsaturatedLocked(pl.from, r.idx, d.policy.Load().Saturation)
+	}
+	if len(r.idx) == 0 {
+		return
+	}
+	if len(r.idx) <= len(r.keyBuf) {
+		r.keys = r.keyBuf[:len(r.idx)]
+	} else {
+		r.keys = make([]rankKey, len(r.idx))
+	}
+	p := d.policy.Load()
+	switch {
+	case pl.prompt != nil && pl.prompt.worth():
+		pl.prompt.score(l, p, pl, r)
+	case pl.sessions:
+		scoreSessions(l, p, pl, r)
+	case pl.failOpen != "":
+		scoreFailOpen(pl, r)
+	}
+	pick(pl.key, r)
+	if pl.reserve {
+		in := pl.from[r.idx[r.best]]
+		l.pending[in.Name]++
+		r.held = hold{l: l, name: in.Name}
+	}
+}
+
+// scoreFailOpen puts the fail-open pool's instance first, whatever its
+// load: where a request goes while the store is down.
+func scoreFailOpen(pl *placement, r *Ranking) {
+	for k, i := range r.idx {
+		if pl.from[i].Name != pl.failOpen {
+			r.keys[k].tier = 1
+		}
+	}
+}
+
+// candidates is stage 1: the indexes in pl.from of the instances of
+// pl.version, or all of them when none is of it.
+func candidates(pl *placement, idx []int) []int {
+	for i, in := range pl.from {
+		if pl.version == "" || in.Version == pl.version {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		for i := range pl.from {
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}
+
+// filter is stage 2 (less the saturation, which reads the load view in
+// rank): what is left of idx.
+func filter(pl *placement, idx []int) []int {
+	if pl.leave != "" || pl.zone != "" {
+		idx = slices.DeleteFunc(idx, func(i int) bool {
+			in := pl.from[i]
+			return in.Name == pl.leave || pl.zone != "" && (in.Zone == pl.zone) == pl.otherZones
+		})
+	}
+	// Spot capacity: random routing takes it first, sessions last, and
+	// either way only when it leaves some and not all.
+	spot := 0
+	for _, i := range idx {
+		if pl.from[i].Spot() {
+			spot++
+		}
+	}
+	if spot > 0 && spot < len(idx) {
+		idx = slices.DeleteFunc(idx, func(i int) bool { return pl.from[i].Spot() != pl.spotFirst })
+	}
+	return idx
+}
+
+// unsaturatedLocked drops the saturated instances of idx, unless all are.
+func (l *Load) unsaturatedLocked(from []fleet.Instance, idx []int, s Saturation) []int {
+	n := 0
+	for _, i := range idx {
+		if !l.saturatedLocked(from[i].Name, s) {
+			n++
+		}
+	}
+	if n == 0 || n == len(idx) {
+		return idx
+	}
+	return slices.DeleteFunc(idx, func(i int) bool { return l.saturatedLocked(from[i].Name, s) })
+}
+
+// scoreSessions is stage 3 for a session's binding. No instance takes a
+// session past its bound (bound), and one whose engine reports its KV
+// cache full takes one only when every instance under its bound is full.
+// The fail-open pool's instance takes it whenever it qualifies. The tiers:
+// the fail-open pool's instance, under its bound with KV room (0); any
+// under its bound with KV room (1); under its bound (2); the rest (3).
+func scoreSessions(l *Load, p *Policy, pl *placement, r *Ranking) {
+	total, weight := 0, 0.0
+	for k, i := range r.idx {
+		in := pl.from[i]
+		a := l.activeLocked(in.Name)
+		r.keys[k].cost = float64(a) // until the tiers are known
+		total += a
+		weight += in.Weight
+	}
+	pref := false
+	for k, i := range r.idx {
+		in := pl.from[i]
+		a := int(r.keys[k].cost)
+		under := a < bound(total, in, weight, p.Epsilon)
+		full := false
+		if p.Saturation.KVUsage > 0 {
+			e, ok := l.engineLocked(in.Name, p.Saturation.Stale)
+			full = ok && e.KVKnown && e.KVUsage >= p.Saturation.KVUsage
+		}
+		t := int8(3)
+		switch {
+		case under && !full && in.Name == pl.failOpen:
+			t, pref = 0, true
+		case under && !full:
+			t = 1
+		case under:
+			t = 2
+		}
+		r.keys[k] = rankKey{tier: t}
+	}
+	r.overridden = pl.failOpen != "" && !pref
+}
+
+// bound is bounded load: the most sessions instance in may hold, of the
+// total held by candidates of total weight weight, ε the policy's Epsilon.
+// It is in's weighted share of one more session by (1+ε), rounded up, and
+// never below in.KVSessions: an instance whose KV cache has room for its
+// sessions takes the sessions its hash gives it, so replicas, and tether
+// without its store, place a session alike.
+func bound(total int, in fleet.Instance, weight, eps float64) int {
+	return max(ceil((1+eps)*float64(total+1)*in.Weight/weight), in.KVSessions)
+}
+
+// pick is stage 4: the first of the ranking, by its keys and then by
+// the rendezvous score of key, found in one pass without sorting.
+func pick(key uint64, r *Ranking) {
+	for k, i := range r.idx {
+		r.keys[k].score = score(key, r.from[i])
+	}
+	r.best = 0
+	for k := 1; k < len(r.idx); k++ {
+		if r.compare(k, r.best) < 0 {
+			r.best = k
+		}
+	}
+}
+
+func ceil(x float64) int {
+	n := int(x)
+	if float64(n) < x {
+		n++
+	}
+	return n
+}

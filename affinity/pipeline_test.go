@@ -1,0 +1,87 @@
+package affinity
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/tetherproxy/tether/fleet"
+	"github.com/tetherproxy/tether/store/memory"
+)
+
+// TestRankFirstIsFirstOfOrder: the pipeline's pick, one pass without
+// sorting, is the first of the whole ranking, on random fleets (1 to 100
+// instances, weights, kv_sessions, versions, spot capacity, full caches,
+// a fail-open choice) and loads.
+func TestRankFirstIsFirstOfOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for n := range 3_000 {
+		size := 1 + rng.IntN(100)
+		insts := make([]fleet.Instance, size)
+		for i := range insts {
+			insts[i] = fleet.Instance{Name: fmt.Sprint("gpu-", i), Weight: float64(1 + rng.IntN(3)),
+				KVSessions: rng.IntN(30), Version: []string{"v1", "v2"}[rng.IntN(2)], Zone: []string{"a", "b"}[rng.IntN(2)]}
+			if rng.IntN(5) == 0 {
+				insts[i].Capacity = fleet.Spot
+			}
+		}
+		d := New(memory.New(), fleet.New(insts), Policy{Mode: Sticky, Epsilon: []float64{0, 0.1, 0.25, 1}[rng.IntN(4)],
+			Saturation: Saturation{KVUsage: 0.9}})
+		for i := range insts {
+			d.load.state.Active[insts[i].Name] = rng.IntN(40)
+			if rng.IntN(3) == 0 {
+				d.load.SetEngine(insts[i].Name, fleet.EngineReading{KVKnown: true, KVUsage: 0.95})
+			}
+		}
+		pl := placement{key: fnv64(fmt.Sprint("session-", n)), from: insts, version: []string{"", "v1", "v2"}[rng.IntN(3)],
+			sessions: rng.IntN(4) > 0, spotFirst: rng.IntN(4) == 0}
+		if rng.IntN(2) == 0 {
+			pl.failOpen = insts[rng.IntN(size)].Name
+		}
+		if rng.IntN(3) == 0 {
+			pl.leave = insts[rng.IntN(size)].Name
+		}
+		var r Ranking
+		d.rank(&pl, &r)
+		first, ok := r.First()
+		order := r.Order()
+		if !ok {
+			if len(order) != 0 {
+				t.Fatalf("case %d: no first, but an order of %d", n, len(order))
+			}
+			continue
+		}
+		if order[0].Name != first.Name {
+			t.Fatalf("case %d (%d instances): first %s, order starts with %s", n, size, first.Name, order[0].Name)
+		}
+	}
+}
+
+// TestKVSessionsRaisesTheBound holds the bound to what the README,
+// affinity/README.md and docs/config.md say: max(⌈(1+ε) × its weighted
+// share⌉, kv_sessions). Four equal instances, 3 sessions in all, the
+// hash's choice holding all 3: its share's bound is ⌈1.25 × 4/4⌉ = 2,
+// but with kv_sessions 20 it takes the fourth session.
+func TestKVSessionsRaisesTheBound(t *testing.T) {
+	insts := make([]fleet.Instance, 4)
+	for i := range insts {
+		insts[i] = fleet.Instance{Name: fmt.Sprint("gpu-", i), Weight: 1, KVSessions: 20}
+	}
+	d := New(memory.New(), fleet.New(insts), Policy{Mode: Sticky, Epsilon: 0.25})
+	key := fnv64("s")
+	top := Rendezvous("s", insts)
+	d.load.state.Active[top.Name] = 3
+	pl := placement{key: key, from: insts, sessions: true}
+	var r Ranking
+	d.rank(&pl, &r)
+	if got, _ := r.First(); got.Name != top.Name {
+		t.Errorf("placed on %s; the hash's choice %s holds 3 sessions, under kv_sessions 20", got.Name, top.Name)
+	}
+	if b := bound(3, insts[0], 4, 0.25); b != 20 {
+		t.Errorf("bound = %d, want kv_sessions 20", b)
+	}
+	insts[0].KVSessions = 0
+	if b := bound(3, insts[0], 4, 0.25); b != 2 {
+		t.Errorf("bound without kv_sessions = %d, want ⌈1.25 × 4 × 1/4⌉ = 2", b)
+	}
+}

@@ -2,6 +2,9 @@ package affinity_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -163,4 +166,209 @@ func TestSessionPastItsInstanceHorizonIsPlacedAgain(t *testing.T) {
 		t.Errorf("refined to %s (by content %v), want its own instance, which the index says holds it", got.Instance.Name, got.ByContent)
 	}
 	_ = x
+}
+
+// refineNew places a new session s by prompt: its headers' decision, then
+// Refine with chain, as extproc does with the body. The request stays in
+// flight.
+func refineNew(t *testing.T, d *affinity.Decider, s string, chain []uint64) affinity.Decision {
+	t.Helper()
+	dec, err := d.Decide(context.Background(), session(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Refine(context.Background(), dec, chain)
+}
+
+// prompt is a shared prefix of sys blocks (document doc) followed by n
+// blocks of the request's own.
+func prompt(doc uint64, sys int, own uint64, n int) []uint64 {
+	return append(chainOf(doc, sys), chainOf(own, n)...)
+}
+
+func TestRefineWeighsTheSavingAgainstTheWork(t *testing.T) {
+	reading := func(running int, at time.Time) fleet.EngineReading {
+		return fleet.EngineReading{Running: running, At: at}
+	}
+	t.Run("every instance holds the prompt: identity keeps it", func(t *testing.T) {
+		d, x, _, clk := contentDecider(t, 4)
+		for _, in := range instances(4) {
+			x.Record(in.Name, chainOf(1, 40), clk.now())
+		}
+		for i := range 20 {
+			dec, _ := d.Decide(context.Background(), session(fmt.Sprint("all-", i)))
+			got := d.Refine(context.Background(), dec, prompt(1, 40, uint64(100+i), 5))
+			if got.Instance.Name != dec.Instance.Name || !got.ByContent || got.Matched != 40 {
+				t.Fatalf("session %d: moved from %s to %s (by content %v, %d blocks): an equal match everywhere must stay where the fail-open pool sends it",
+					i, dec.Instance.Name, got.Instance.Name, got.ByContent, got.Matched)
+			}
+			d.Finish(got, fleet.Outcome{Answered: true})
+		}
+	})
+	t.Run("a busy holder of a short shared prefix: the new work goes to an idle instance", func(t *testing.T) {
+		d, x, _, clk := contentDecider(t, 4)
+		dec, _ := d.Decide(context.Background(), session("long"))
+		holder := "gpu-0"
+		if dec.Instance.Name == holder {
+			holder = "gpu-1"
+		}
+		// The holder serves six requests; 20 blocks of system prompt save
+		// 320 tokens, less than six running requests cost (768).
+		x.Record(holder, chainOf(1, 20), clk.now())
+		d.Load().SetEngine(holder, reading(6, clk.now()))
+		got := d.Refine(context.Background(), dec, prompt(1, 20, 2, 300))
+		if got.Instance.Name != dec.Instance.Name {
+			t.Errorf("a 320-block prompt with 20 blocks held on a busy %s went there, not to idle %s", holder, dec.Instance.Name)
+		}
+		// A prompt it holds nearly all of goes there all the same: 300
+		// blocks (4,800 tokens) saved outweigh the six requests.
+		x.Record(holder, prompt(1, 20, 3, 280), clk.now())
+		dec2, _ := d.Decide(context.Background(), session("follow"))
+		if got := d.Refine(context.Background(), dec2, prompt(1, 20, 3, 290)); got.Instance.Name != holder {
+			t.Errorf("a prompt %s holds 300 of 310 blocks of went to %s", holder, got.Instance.Name)
+		}
+	})
+	t.Run("weights 1, 1, 8: the large instance's work counts for less", func(t *testing.T) {
+		insts := instances(3)
+		insts[2].Weight = 8
+		d, x, _, clk := contentDeciderOn(t, insts)
+		for _, in := range insts {
+			x.Record(in.Name, chainOf(1, 40), clk.now())
+			d.Load().SetEngine(in.Name, reading(4, clk.now()))
+		}
+		// With equal readings, the weight-8 instance is the cheapest for
+		// a prompt whose identity choice is elsewhere.
+		var dec affinity.Decision
+		for i := 0; i == 0 || dec.Instance.Name == "gpu-2"; i++ {
+			dec, _ = d.Decide(context.Background(), session(fmt.Sprint("w-", i)))
+		}
+		if got := d.Refine(context.Background(), dec, prompt(1, 40, 999, 40)); got.Instance.Name != "gpu-2" {
+			t.Errorf("with 4 running on each, went to %s, not the weight-8 gpu-2", got.Instance.Name)
+		}
+	})
+	t.Run("every instance saturated: the request stays where identity placed it", func(t *testing.T) {
+		d, x, _, clk := contentDecider(t, 4)
+		p := d.Policy()
+		p.Saturation = affinity.Saturation{Waiting: 2}
+		d.SetPolicy(p)
+		for _, in := range instances(4) {
+			d.Load().SetEngine(in.Name, fleet.EngineReading{Waiting: 5, At: clk.now()})
+		}
+		x.Record("gpu-3", chainOf(1, 40), clk.now())
+		dec, _ := d.Decide(context.Background(), session("sat"))
+		if got := d.Refine(context.Background(), dec, prompt(1, 40, 5, 2)); got.Instance.Name != dec.Instance.Name {
+			t.Errorf("moved from %s to saturated %s", dec.Instance.Name, got.Instance.Name)
+		}
+	})
+	t.Run("an engine reading gone stale counts for nothing", func(t *testing.T) {
+		d, x, _, clk := contentDecider(t, 4)
+		p := d.Policy()
+		p.Saturation.Stale = 5 * time.Second
+		d.SetPolicy(p)
+		dec, _ := d.Decide(context.Background(), session("stale"))
+		clk.add(6 * time.Second)
+		dec2, _ := d.Decide(context.Background(), session("stale-2"))
+		holder := ""
+		for _, in := range instances(4) {
+			if in.Name != dec.Instance.Name && in.Name != dec2.Instance.Name {
+				holder = in.Name
+				break
+			}
+		}
+		clk.add(-6 * time.Second)
+		x.Record(holder, chainOf(1, 40), clk.now())
+		d.Load().SetEngine(holder, reading(50, clk.now()))
+		if got := d.Refine(context.Background(), dec, prompt(1, 40, 6, 4)); got.Instance.Name == holder {
+			t.Fatalf("went to %s, which runs 50 requests", holder)
+		}
+		// The reading ages past the staleness bound: the holder is idle as
+		// far as tether knows, and its 40 blocks pull the next prompt.
+		clk.add(6 * time.Second)
+		if got := d.Refine(context.Background(), dec2, prompt(1, 40, 7, 4)); got.Instance.Name != holder {
+			t.Errorf("went to %s; %s's only reading is stale and it holds the prompt", got.Instance.Name, holder)
+		}
+	})
+}
+
+// TestManyConversationsOnOneDocument: a thousand conversations open with
+// the same 200 KB document (800 blocks of 256 bytes, 51,200 tokens). Its
+// holders take them while the work there costs less than computing the
+// document again: with 30 requests in flight, the sessions' bound spreads
+// them over copies of it, none past its bound; with 400 in flight, the
+// queues outweigh the document and every instance takes a share.
+func TestManyConversationsOnOneDocument(t *testing.T) {
+	for _, c := range []struct {
+		inFlight int
+		least    int // conversations the emptiest instance takes at least
+	}{{30, 0}, {400, 1}} {
+		t.Run(fmt.Sprint(c.inFlight, " in flight"), func(t *testing.T) {
+			d, _, _, _ := contentDecider(t, 8)
+			p := d.Policy()
+			p.Content.BlockTokens = 64 // 256-byte blocks
+			d.SetPolicy(p)
+			doc := chainOf(1, 800)
+			var live []affinity.Decision
+			counts := map[string]int{}
+			for i := range 1000 {
+				got := refineNew(t, d, fmt.Sprint("doc-", i), append(slices.Clone(doc), chainOf(uint64(10+i), 2)...))
+				counts[got.Instance.Name]++
+				live = append(live, got)
+				if len(live) > c.inFlight {
+					d.Finish(live[0], fleet.Outcome{Answered: true})
+					live = live[1:]
+				}
+			}
+			t.Logf("conversations per instance: %v", counts)
+			for _, in := range instances(8) {
+				if n := counts[in.Name]; n > 157 {
+					t.Errorf("%s took %d conversations, past its bound ⌈1.25 × 125⌉", in.Name, n)
+				}
+				if n := counts[in.Name]; n < c.least {
+					t.Errorf("%s took %d conversations with %d requests in flight on the others", in.Name, n, c.inFlight)
+				}
+			}
+		})
+	}
+}
+
+// TestSubset: a caller's subset narrows every placement; one that leaves
+// no instance is refused before anything is bound.
+func TestSubset(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	d := affinity.New(st, fleet.New(instances(4)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25})
+	for i := range 40 {
+		req := session(fmt.Sprint("sub-", i))
+		req.Subset = []string{"gpu-1", "gpu-3"}
+		got, err := d.Decide(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := got.Instance.Name; n != "gpu-1" && n != "gpu-3" {
+			t.Fatalf("placed on %s outside the subset", n)
+		}
+	}
+	// A session bound outside a later subset moves into it.
+	first := decide(t, d, session("moving"))
+	req := session("moving")
+	req.Subset = []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}
+	for _, n := range req.Subset {
+		if n != first.Instance.Name {
+			req.Subset = []string{n}
+			break
+		}
+	}
+	got, err := d.Decide(ctx, req)
+	if err != nil || got.Instance.Name != req.Subset[0] || got.Kind != affinity.KindMoved {
+		t.Errorf("bound to %s, subset %v: %s on %s (%v)", first.Instance.Name, req.Subset, got.Kind, got.Instance.Name, err)
+	}
+	// Nothing eligible: a clear error, nothing bound.
+	req = session("nowhere")
+	req.Subset = []string{"gpu-9", "not-an-instance"}
+	if _, err := d.Decide(ctx, req); !errors.Is(err, affinity.ErrNoEligible) {
+		t.Errorf("subset of unknown instances: %v, want ErrNoEligible", err)
+	}
+	if _, ok, _ := st.Show(ctx, "s:nowhere", time.Now()); ok {
+		t.Error("a session was bound for a request refused for its subset")
+	}
 }

@@ -67,6 +67,9 @@ type Options struct {
 	// CapacityTokens is the profile's, zero MaxConversations is the
 	// emulator's cap (emulator.DefaultMaxConversations), negative no cap.
 	Cache emulator.CacheConfig
+	// ContentCosts sets the cache-aware policy's content.queued_tokens
+	// and content.running_tokens; nil: tether's defaults.
+	ContentCosts *ContentCosts
 
 	// Workload is the traffic; its zero value is the field's mix with seed
 	// 0. New conversations arrive as a Poisson process drawn from
@@ -309,6 +312,9 @@ func (o Options) generatedConfig() config.Config {
 		c.Routing.AdaptiveSticky = 1
 	case CacheAware:
 		c.Content = CacheAwareContent(o.Cache)
+		if o.ContentCosts != nil {
+			c.Content.QueuedTokens, c.Content.RunningTokens = o.ContentCosts.Queued, o.ContentCosts.Running
+		}
 	}
 	if o.Scenario.Upgrade != (Upgrade{}) {
 		// Sessions keep their model: a conversation does not change
@@ -365,6 +371,10 @@ func zoneName(i int) string {
 	}
 	return fmt.Sprintf("zone-%d", i)
 }
+
+// ContentCosts are what a prompt placed by content pays for an
+// instance's work, in tokens (tether's [content] keys of the same names).
+type ContentCosts struct{ Queued, Running int }
 
 // SimBlockBytes is content.block_bytes in the simulator: one emulator
 // block (16 tokens) at four characters a token.

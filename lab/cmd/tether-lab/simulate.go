@@ -38,6 +38,8 @@ type simulateFlags struct {
 	seed               uint64
 	kvCapacityTokens   int
 	kvMaxConversations int
+	queuedTokens       int
+	runningTokens      int
 	maxInFlight        int
 	idleTimeout        time.Duration
 	maxSticky          time.Duration
@@ -62,6 +64,8 @@ var configDecides = map[string]string{
 	"zones":               "its instances' zones",
 	"idle-timeout":        "routing.idle_timeout",
 	"max-sticky-duration": "routing.max_sticky_duration",
+	"queued-tokens":       "content.queued_tokens",
+	"running-tokens":      "content.running_tokens",
 }
 
 func newSimulateCmd() *cobra.Command {
@@ -134,6 +138,10 @@ and sticky and random are refused. The emulated GPUs (--profile, --kv-*) stay th
 	f.IntVar(&fl.kvCapacityTokens, "kv-capacity-tokens", 0, "KV cache of each instance in tokens (default: the profile's)")
 	f.IntVar(&fl.kvMaxConversations, "kv-max-conversations", emulator.DefaultMaxConversations,
 		"conversations each KV cache keeps, as tether-lab emulate's (0: no cap)")
+	f.IntVar(&fl.queuedTokens, "queued-tokens", config.DefaultQueuedTokens,
+		"cache-aware: what one request waiting for a prefill on an instance costs a prompt, in tokens (tether's content.queued_tokens)")
+	f.IntVar(&fl.runningTokens, "running-tokens", config.DefaultRunningTokens,
+		"cache-aware: what one request an instance serves costs a prompt, in tokens (tether's content.running_tokens)")
 	f.IntVar(&fl.maxInFlight, "max-inflight", 0,
 		fmt.Sprintf("most requests in flight across the fleet, as tether-lab loadgen's (0: %d per instance; -1: no bound)", simulator.DefaultMaxInFlightPerInstance))
 	f.DurationVar(&fl.idleTimeout, "idle-timeout", config.DefaultIdleTimeout,
@@ -280,6 +288,9 @@ func simulateOptions(fl *simulateFlags) ([]simulator.Policy, simulator.Options, 
 		Stream:      fl.stream,
 		Seed:        fl.seed,
 		Exact:       fl.exact,
+	}
+	if fl.changed("queued-tokens") || fl.changed("running-tokens") {
+		opts.ContentCosts = &simulator.ContentCosts{Queued: fl.queuedTokens, Running: fl.runningTokens}
 	}
 	if cfg != nil {
 		opts.Config = cfg

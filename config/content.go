@@ -33,8 +33,9 @@ const (
 	DefaultQueuedTokens = 1024
 	// DefaultRunningTokens: what one more sequence in a decode batch costs,
 	// in prefill tokens (../shared/calibration: about 0.1 ms a step on an
-	// H200, over a few hundred steps).
-	DefaultRunningTokens = 128
+	// H200, over a few hundred steps), as chosen in the simulator
+	// (BENCHMARKS.md).
+	DefaultRunningTokens = 224
 	// MaxLoadTokens bounds queued_tokens and running_tokens.
 	MaxLoadTokens = 1 << 20
 	// DefaultContentBodyBytes is Envoy's own default buffer (a connection's

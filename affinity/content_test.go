@@ -180,10 +180,10 @@ func refineNew(t *testing.T, d *affinity.Decider, s string, chain []uint64) affi
 	return d.Refine(context.Background(), dec, chain)
 }
 
-// prompt is a shared prefix of sys blocks (document doc) followed by n
-// blocks of the request's own.
-func prompt(doc uint64, sys int, own uint64, n int) []uint64 {
-	return append(chainOf(doc, sys), chainOf(own, n)...)
+// prompt is sys blocks of a shared prefix followed by n blocks of the
+// request's own (own).
+func prompt(sys int, own uint64, n int) []uint64 {
+	return append(chainOf(1, sys), chainOf(own, n)...)
 }
 
 func TestRefineWeighsTheSavingAgainstTheWork(t *testing.T) {
@@ -197,7 +197,7 @@ func TestRefineWeighsTheSavingAgainstTheWork(t *testing.T) {
 		}
 		for i := range 20 {
 			dec, _ := d.Decide(context.Background(), session(fmt.Sprint("all-", i)))
-			got := d.Refine(context.Background(), dec, prompt(1, 40, uint64(100+i), 5))
+			got := d.Refine(context.Background(), dec, prompt(40, uint64(100+i), 5))
 			if got.Instance.Name != dec.Instance.Name || !got.ByContent || got.Matched != 40 {
 				t.Fatalf("session %d: moved from %s to %s (by content %v, %d blocks): an equal match everywhere must stay where the fail-open pool sends it",
 					i, dec.Instance.Name, got.Instance.Name, got.ByContent, got.Matched)
@@ -216,15 +216,15 @@ func TestRefineWeighsTheSavingAgainstTheWork(t *testing.T) {
 		// 320 tokens, less than six running requests cost (768).
 		x.Record(holder, chainOf(1, 20), clk.now())
 		d.Load().SetEngine(holder, reading(6, clk.now()))
-		got := d.Refine(context.Background(), dec, prompt(1, 20, 2, 300))
+		got := d.Refine(context.Background(), dec, prompt(20, 2, 300))
 		if got.Instance.Name != dec.Instance.Name {
 			t.Errorf("a 320-block prompt with 20 blocks held on a busy %s went there, not to idle %s", holder, dec.Instance.Name)
 		}
 		// A prompt it holds nearly all of goes there all the same: 300
 		// blocks (4,800 tokens) saved outweigh the six requests.
-		x.Record(holder, prompt(1, 20, 3, 280), clk.now())
+		x.Record(holder, prompt(20, 3, 280), clk.now())
 		dec2, _ := d.Decide(context.Background(), session("follow"))
-		if got := d.Refine(context.Background(), dec2, prompt(1, 20, 3, 290)); got.Instance.Name != holder {
+		if got := d.Refine(context.Background(), dec2, prompt(20, 3, 290)); got.Instance.Name != holder {
 			t.Errorf("a prompt %s holds 300 of 310 blocks of went to %s", holder, got.Instance.Name)
 		}
 	})
@@ -242,7 +242,7 @@ func TestRefineWeighsTheSavingAgainstTheWork(t *testing.T) {
 		for i := 0; i == 0 || dec.Instance.Name == "gpu-2"; i++ {
 			dec, _ = d.Decide(context.Background(), session(fmt.Sprint("w-", i)))
 		}
-		if got := d.Refine(context.Background(), dec, prompt(1, 40, 999, 40)); got.Instance.Name != "gpu-2" {
+		if got := d.Refine(context.Background(), dec, prompt(40, 999, 40)); got.Instance.Name != "gpu-2" {
 			t.Errorf("with 4 running on each, went to %s, not the weight-8 gpu-2", got.Instance.Name)
 		}
 	})
@@ -256,7 +256,7 @@ func TestRefineWeighsTheSavingAgainstTheWork(t *testing.T) {
 		}
 		x.Record("gpu-3", chainOf(1, 40), clk.now())
 		dec, _ := d.Decide(context.Background(), session("sat"))
-		if got := d.Refine(context.Background(), dec, prompt(1, 40, 5, 2)); got.Instance.Name != dec.Instance.Name {
+		if got := d.Refine(context.Background(), dec, prompt(40, 5, 2)); got.Instance.Name != dec.Instance.Name {
 			t.Errorf("moved from %s to saturated %s", dec.Instance.Name, got.Instance.Name)
 		}
 	})
@@ -278,13 +278,13 @@ func TestRefineWeighsTheSavingAgainstTheWork(t *testing.T) {
 		clk.add(-6 * time.Second)
 		x.Record(holder, chainOf(1, 40), clk.now())
 		d.Load().SetEngine(holder, reading(50, clk.now()))
-		if got := d.Refine(context.Background(), dec, prompt(1, 40, 6, 4)); got.Instance.Name == holder {
+		if got := d.Refine(context.Background(), dec, prompt(40, 6, 4)); got.Instance.Name == holder {
 			t.Fatalf("went to %s, which runs 50 requests", holder)
 		}
 		// The reading ages past the staleness bound: the holder is idle as
 		// far as tether knows, and its 40 blocks pull the next prompt.
 		clk.add(6 * time.Second)
-		if got := d.Refine(context.Background(), dec2, prompt(1, 40, 7, 4)); got.Instance.Name != holder {
+		if got := d.Refine(context.Background(), dec2, prompt(40, 7, 4)); got.Instance.Name != holder {
 			t.Errorf("went to %s; %s's only reading is stale and it holds the prompt", got.Instance.Name, holder)
 		}
 	})

@@ -117,17 +117,17 @@ func (d *Decider) ladder(p *Policy, c choice, key string, b bindings.Binding, n 
 	}
 	// The rung's own zone, else the other: the same zone first, then
 	// another; after one failover, another zone first.
-	near, far := here > 0, there > 0
-	nearStage, farStage := StageSameZone, StageOtherZone
+	stage := StageSameZone
 	if n == 1 {
-		near, far, nearStage, farStage = far, near, StageOtherZone, StageSameZone
+		stage = StageOtherZone
 	}
-	pl.zone = failed.Zone
-	stage := nearStage
-	if !near {
-		stage = farStage
+	switch {
+	case stage == StageSameZone && here == 0:
+		stage = StageOtherZone
+	case stage == StageOtherZone && there == 0:
+		stage = StageSameZone
 	}
-	pl.otherZones = stage == StageOtherZone
+	pl.zone, pl.otherZones = failed.Zone, stage == StageOtherZone
 	return stage, pl, nil
 }
 

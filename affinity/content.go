@@ -227,8 +227,9 @@ func (ps *promptScore) depthOf(name string, from []fleet.Instance) int {
 // their bound; its engine's queue saturated (a full KV cache is no bar: a
 // cache full of prompts is what this placement wants).
 func (ps *promptScore) score(l *Load, p *Policy, pl *placement, r *Ranking) {
+	idx, keys := r.idx(), r.keys()
 	total, weight := 0, 0.0
-	for _, i := range r.idx {
+	for _, i := range idx {
 		a := l.activeLocked(pl.from[i].Name)
 		if pl.from[i].Name == ps.identity && ps.sessions {
 			a = max(a-1, 0) // its session is counted there already
@@ -236,11 +237,11 @@ func (ps *promptScore) score(l *Load, p *Policy, pl *placement, r *Ranking) {
 		total += a
 		weight += pl.from[i].Weight
 	}
-	mean := weight / float64(len(r.idx))
+	mean := weight / float64(len(idx))
 	sat := p.Saturation
 	sat.KVUsage = 0
 	n := len(ps.chain)
-	for k, i := range r.idx {
+	for k, i := range idx {
 		in := pl.from[i]
 		own := in.Name == ps.identity
 		self := 0
@@ -258,7 +259,7 @@ func (ps *promptScore) score(l *Load, p *Policy, pl *placement, r *Ranking) {
 		if !own && (ps.sessions && active >= bound(total, in, weight, p.Epsilon) || l.saturatedLocked(in.Name, sat)) {
 			key.tier = 1
 		}
-		r.keys[k] = key
+		keys[k] = key
 	}
 }
 

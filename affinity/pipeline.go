@@ -65,16 +65,36 @@ type placement struct {
 // Ranking is the pipeline's answer: the candidates, best first.
 type Ranking struct {
 	from []fleet.Instance
-	idx  []int     // the candidates, in from
-	keys []rankKey // idx's keys, for the order
-	best int       // the first, in idx; -1 for none
+	n    int // candidates
+	best int // the first, in idx(); -1 for none
 	// overridden says the fail-open pool's choice was a candidate, or
 	// given, and is not first.
 	overridden bool
 	held       hold
 
-	idxBuf [64]int
-	keyBuf [64]rankKey
+	// The candidates' indexes in from, and their keys: in the arrays up
+	// to their size, so a ranking on the caller's stack allocates
+	// nothing; in the slices beyond.
+	idxArr [64]int
+	keyArr [64]rankKey
+	idxBig []int
+	keyBig []rankKey
+}
+
+// idx is the candidates' indexes in from.
+func (r *Ranking) idx() []int {
+	if r.idxBig != nil {
+		return r.idxBig[:r.n]
+	}
+	return r.idxArr[:r.n]
+}
+
+// keys is the candidates' keys, as idx.
+func (r *Ranking) keys() []rankKey {
+	if r.keyBig != nil {
+		return r.keyBig[:r.n]
+	}
+	return r.keyArr[:r.n]
 }
 
 // rankKey orders the candidates: the lower tier, then the lower cost,
@@ -92,19 +112,19 @@ func (r *Ranking) First() (fleet.Instance, bool) {
 	if r.best < 0 {
 		return fleet.Instance{}, false
 	}
-	return r.from[r.idx[r.best]], true
+	return r.from[r.idx()[r.best]], true
 }
 
 // Order is the whole ranking, best first.
 func (r *Ranking) Order() []fleet.Instance {
-	order := make([]int, len(r.idx))
+	order := make([]int, r.n)
 	for i := range order {
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int { return r.compare(a, b) })
 	out := make([]fleet.Instance, len(order))
 	for i, j := range order {
-		out[i] = r.from[r.idx[j]]
+		out[i] = r.from[r.idx()[j]]
 	}
 	return out
 }
@@ -112,7 +132,8 @@ func (r *Ranking) Order() []fleet.Instance {
 // compare orders candidates a and b of the ranking (in idx): negative
 // when a ranks first.
 func (r *Ranking) compare(a, b int) int {
-	ka, kb := r.keys[a], r.keys[b]
+	keys := r.keys()
+	ka, kb := keys[a], keys[b]
 	switch {
 	case ka.tier != kb.tier:
 		return cmp.Compare(ka.tier, kb.tier)
@@ -126,7 +147,8 @@ func (r *Ranking) compare(a, b int) int {
 	case ka.score != kb.score:
 		return -cmp.Compare(ka.score, kb.score)
 	}
-	return cmp.Compare(r.from[r.idx[a]].Name, r.from[r.idx[b]].Name)
+	idx := r.idx()
+	return cmp.Compare(r.from[idx[a]].Name, r.from[idx[b]].Name)
 }
 
 // commit ends the reservation of the first: the store bound the session
@@ -160,14 +182,18 @@ func (h *hold) end(bound bool, from string) {
 	h.l = nil
 }
 
-// rank runs the pipeline for pl into r, which the caller keeps (its
-// buffers spare the hot path an allocation).
+// rank runs the pipeline for pl into r, which the caller keeps (on its
+// stack, a ranking of up to 64 candidates allocates nothing).
 func (d *Decider) rank(pl *placement, r *Ranking) {
 	*r = Ranking{from: pl.from, best: -1}
-	r.idx = candidates(pl, r.idxBuf[:0])
-	r.idx = filter(pl, r.idx)
+	big := len(pl.from) > len(r.idxArr)
+	idx := r.idxArr[:0]
+	if big {
+		idx = make([]int, 0, len(pl.from))
+	}
+	idx = filter(pl, candidates(pl, idx))
 	if pl.prompt != nil {
-		pl.prompt.match(d.contents, pl.from, r.idx)
+		pl.prompt.match(d.contents, pl.from, idx)
 	}
 	// The load view is read, scored on and reserved under one lock, so
 	// concurrent placements see each other.
@@ -175,15 +201,16 @@ func (d *Decider) rank(pl *placement, r *Ranking) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if pl.unsaturated {
-		r.idx = l.unsaturatedLocked(pl.from, r.idx, d.policy.Load().Saturation)
+		idx = l.unsaturatedLocked(pl.from, idx, d.policy.Load().Saturation)
 	}
-	if len(r.idx) == 0 {
+	r.n = len(idx)
+	if big {
+		// Copies, never r's own arrays: r keeps no pointer into itself,
+		// and stays on its caller's stack.
+		r.idxBig, r.keyBig = slices.Clone(idx), make([]rankKey, r.n)
+	}
+	if r.n == 0 {
 		return
-	}
-	if len(r.idx) <= len(r.keyBuf) {
-		r.keys = r.keyBuf[:len(r.idx)]
-	} else {
-		r.keys = make([]rankKey, len(r.idx))
 	}
 	p := d.policy.Load()
 	switch {
@@ -196,7 +223,7 @@ func (d *Decider) rank(pl *placement, r *Ranking) {
 	}
 	pick(pl.key, r)
 	if pl.reserve {
-		in := pl.from[r.idx[r.best]]
+		in := pl.from[r.idx()[r.best]]
 		l.pending[in.Name]++
 		r.held = hold{l: l, name: in.Name}
 	}
@@ -205,9 +232,10 @@ func (d *Decider) rank(pl *placement, r *Ranking) {
 // scoreFailOpen puts the fail-open pool's instance first, whatever its
 // load: where a request goes while the store is down.
 func scoreFailOpen(pl *placement, r *Ranking) {
-	for k, i := range r.idx {
+	keys := r.keys()
+	for k, i := range r.idx() {
 		if pl.from[i].Name != pl.failOpen {
-			r.keys[k].tier = 1
+			keys[k].tier = 1
 		}
 	}
 }
@@ -272,18 +300,19 @@ func (l *Load) unsaturatedLocked(from []fleet.Instance, idx []int, s Saturation)
 // the fail-open pool's instance, under its bound with KV room (0); any
 // under its bound with KV room (1); under its bound (2); the rest (3).
 func scoreSessions(l *Load, p *Policy, pl *placement, r *Ranking) {
+	idx, keys := r.idx(), r.keys()
 	total, weight := 0, 0.0
-	for k, i := range r.idx {
+	for k, i := range idx {
 		in := pl.from[i]
 		a := l.activeLocked(in.Name)
-		r.keys[k].cost = float64(a) // until the tiers are known
+		keys[k].cost = float64(a) // until the tiers are known
 		total += a
 		weight += in.Weight
 	}
 	pref := false
-	for k, i := range r.idx {
+	for k, i := range idx {
 		in := pl.from[i]
-		a := int(r.keys[k].cost)
+		a := int(keys[k].cost)
 		under := a < bound(total, in, weight, p.Epsilon)
 		full := false
 		if p.Saturation.KVUsage > 0 {
@@ -299,7 +328,7 @@ func scoreSessions(l *Load, p *Policy, pl *placement, r *Ranking) {
 		case under:
 			t = 2
 		}
-		r.keys[k] = rankKey{tier: t}
+		keys[k] = rankKey{tier: t}
 	}
 	r.overridden = pl.failOpen != "" && !pref
 }
@@ -317,11 +346,12 @@ func bound(total int, in fleet.Instance, weight, eps float64) int {
 // pick is stage 4: the first of the ranking, by its keys and then by
 // the rendezvous score of key, found in one pass without sorting.
 func pick(key uint64, r *Ranking) {
-	for k, i := range r.idx {
-		r.keys[k].score = score(key, r.from[i])
+	idx, keys := r.idx(), r.keys()
+	for k, i := range idx {
+		keys[k].score = score(key, r.from[i])
 	}
 	r.best = 0
-	for k := 1; k < len(r.idx); k++ {
+	for k := 1; k < r.n; k++ {
 		if r.compare(k, r.best) < 0 {
 			r.best = k
 		}

@@ -143,6 +143,30 @@ func distVersion(dir, dist string) (string, error) {
 type PeerRow struct {
 	Workload string
 	QualityRow
+	// Of Failed: the requests that ended in an error, those still running
+	// when the drain ended (cancelled), and those the load generator did
+	// not send (dropped at its in-flight bound).
+	Errors, Cancelled, Dropped int
+	// ErrorKinds counts the errors' messages (loadgen's Summary.Errors,
+	// cancellations left out).
+	ErrorKinds map[string]int
+}
+
+// peerRowOf is the row of a replay's summary s on instances whose stats
+// are stats.
+func peerRowOf(workload, name string, s loadgen.Summary, stats []emulator.Stats, sc Scale) PeerRow {
+	q := qualityRow(name, s, stats, sc)
+	q.Spread = requestSpread(stats)
+	row := PeerRow{Workload: workload, QualityRow: q, Errors: s.Failed, Cancelled: s.Cancelled, Dropped: s.Dropped}
+	for msg, n := range s.Errors {
+		if !strings.HasPrefix(msg, "cancelled:") {
+			if row.ErrorKinds == nil {
+				row.ErrorKinds = map[string]int{}
+			}
+			row.ErrorKinds[msg] = n
+		}
+	}
+	return row
 }
 
 // PeerRouter is a peer router as the run started it.
@@ -493,9 +517,7 @@ func (r *peerRun) row(ctx context.Context, name string, res *loadgen.Result, f *
 	if err != nil {
 		return PeerRow{}, err
 	}
-	q := qualityRow(name, res.Summary, stats, r.opts.Scale)
-	q.Spread = requestSpread(stats)
-	return PeerRow{Workload: r.w.name, QualityRow: q}, nil
+	return peerRowOf(r.w.name, name, res.Summary, stats, r.opts.Scale), nil
 }
 
 // lastLines is the last n lines of s.

@@ -125,31 +125,38 @@ func TestRequestSpread(t *testing.T) {
 }
 
 // TestPeerRowArithmetic checks the figures of a peer row from the
-// instances' stats: GPU-time imbalance over prefill and decode, requests
-// per instance by the instances' counts.
+// instances' stats and the load generator's summary: GPU-time imbalance
+// over prefill and decode, requests per instance by the instances'
+// counts, failures by kind.
 func TestPeerRowArithmetic(t *testing.T) {
 	stats := []emulator.Stats{
 		{Requests: 3, Model: &emulator.ModelStats{PrefillGPUSeconds: 1, DecodeGPUSeconds: 2}},
 		{Requests: 1, Model: &emulator.ModelStats{PrefillGPUSeconds: 0.5, DecodeGPUSeconds: 0.5}},
 	}
-	q := qualityRow("r", loadgen.Summary{Requests: 4}, stats, Smoke)
-	q.Spread = requestSpread(stats)
-	if q.Imbalance != 1.5 || q.Spread.MinRequests != 1 || q.Spread.MaxRequests != 3 {
-		t.Errorf("imbalance %v, requests %d–%d; want 1.5, 1–3", q.Imbalance, q.Spread.MinRequests, q.Spread.MaxRequests)
+	s := loadgen.Summary{Requests: 9, OK: 4, Failed: 2, Cancelled: 3,
+		Errors: map[string]int{"HTTP 503: busy": 2, "cancelled: drain deadline passed": 3}}
+	got := peerRowOf("w", "r", s, stats, Smoke)
+	if got.Imbalance != 1.5 || got.Spread.MinRequests != 1 || got.Spread.MaxRequests != 3 {
+		t.Errorf("imbalance %v, requests %d–%d; want 1.5, 1–3", got.Imbalance, got.Spread.MinRequests, got.Spread.MaxRequests)
+	}
+	if got.Failed != 5 || got.Errors != 2 || got.Cancelled != 3 || !cmp.Equal(got.ErrorKinds, map[string]int{"HTTP 503: busy": 2}) {
+		t.Errorf("failed %d (%d errors %v, %d cancelled); want 5 (2 errors, 3 cancelled)", got.Failed, got.Errors, got.ErrorKinds, got.Cancelled)
 	}
 }
 
 func TestPeersMarkdown(t *testing.T) {
 	r := &Report{Started: time.Unix(0, 0), Scale: Full,
 		Peers: []PeerRow{{Workload: "KV pressure", QualityRow: QualityRow{Policy: "sglang-router 0.3.2 cache_aware", HitRate: 0.25,
-			TTFTP50: 100 * time.Millisecond, TTFTP99: time.Second, Imbalance: 1.25, Requests: 500, Spread: Spread{MinRequests: 50, MaxRequests: 80}}}},
+			TTFTP50: 100 * time.Millisecond, TTFTP99: time.Second, Imbalance: 1.25, Requests: 500, Failed: 3, Spread: Spread{MinRequests: 50, MaxRequests: 80}},
+			Errors: 1, Cancelled: 2, ErrorKinds: map[string]int{"HTTP 502: bad gateway": 1}}},
 		PeerRouters: []PeerRouter{{Name: "sglang-router 0.3.2 cache_aware", Version: "0.3.2", Policy: "cache_aware", Command: "python3 -m x", HubRequests: 2}},
 	}
 	md := r.Markdown(Meta{Command: "tether-lab bench --scale full --only peers", Commit: "abc", Machine: "linux/amd64, 2 CPUs"}, nil)
 	for _, want := range []string{
 		"### The peers through the bench's fleet (issue 32)",
 		"tether-lab bench --scale full --only peers",
-		"| KV pressure | sglang-router 0.3.2 cache_aware | 25.0% | 100.0 ms | 1000.0 ms | 1.25 | 50–80 | 500 | 0 |",
+		"| KV pressure | sglang-router 0.3.2 cache_aware | 25.0% | 100.0 ms | 1000.0 ms | 1.25 | 50–80 | 500 | 1, 2 |",
+		"- KV pressure, sglang-router 0.3.2 cache_aware: 1 × `HTTP 502: bad gateway`",
 		"| sglang-router 0.3.2 cache_aware | 0.3.2 | cache_aware | `python3 -m x` | 2 |",
 		"caches of 8192 tokens",
 	} {

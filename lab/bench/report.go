@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -245,10 +246,9 @@ func peersPreamble(s Scale) string {
 		"other setting its own default; the load generator sends to the router's port, a router being a proxy\n"+
 		"itself. sglang-router fronts instances that imitate SGLang (it registers a worker by its\n"+
 		"`/get_server_info` and `/get_model_info`), vllm-router instances that imitate vLLM; the two engines\n"+
-		"differ only in the paths and metrics they publish. vllm-router's consistent_hash keys a request on\n"+
-		"`x-session-id`, then `x-user-id` and a few other headers, then identifying fields of the body, then the\n"+
-		"whole body: a caller known by a bearer token alone, or anonymous, goes where each turn's body hashes.\n"+
-		"GPU-time imbalance: max over mean of each instance's emulated prefill and decode GPU-seconds\n"+
+		"differ only in the paths and metrics they publish. vllm-router's consistent_hash keys a request on a\n"+
+		"session or user header when it has one (`x-session-id`, `x-user-id`, …), as the workload's session and\n"+
+		"device callers send. GPU-time imbalance: max over mean of each instance's emulated prefill and decode GPU-seconds\n"+
 		"(`/admin/stats`). Requests per instance: the fewest and the most completion requests an instance\n"+
 		"received, by its own count.",
 		s.TimeScale, s.Rate, s.Duration, s.ThinkScale, PeersKVPressureTokens, docs.Cache.CapacityTokens,
@@ -262,12 +262,26 @@ func (r *Report) peersMarkdown(w func(string, ...any), m Meta) {
 	w("```sh\nscripts/tools.sh peers   # make bench installs them\n%s\n```\n\n", m.Command)
 	w("Run of %s, commit %s, %s, scale %q.\n", r.Started.UTC().Format("2006-01-02 15:04 MST"), m.Commit, m.Machine, r.Scale.Name)
 	w("%s\n\n", peersPreamble(r.Scale))
-	w("| workload | router | KV hit rate | TTFT p50 | TTFT p99 | GPU-time imbalance (max/mean) | requests per instance (fewest–most) | requests | failed |\n")
+	w("| workload | router | KV hit rate | TTFT p50 | TTFT p99 | GPU-time imbalance (max/mean) | requests per instance (fewest–most) | requests | failed: errors, cancelled at the end |\n")
 	w("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	var errs []string
 	for _, p := range r.Peers {
-		w("| %s | %s | %.1f%% | %s | %s | %.2f | %d–%d | %d | %d |\n", p.Workload, p.Policy, 100*p.HitRate, ms(p.TTFTP50), ms(p.TTFTP99),
-			p.Imbalance, p.Spread.MinRequests, p.Spread.MaxRequests, p.Requests, p.Failed)
+		failed := fmt.Sprintf("%d, %d", p.Errors, p.Cancelled)
+		if p.Dropped > 0 {
+			failed += fmt.Sprintf(" (and %d not sent)", p.Dropped)
+		}
+		w("| %s | %s | %.1f%% | %s | %s | %.2f | %d–%d | %d | %s |\n", p.Workload, p.Policy, 100*p.HitRate, ms(p.TTFTP50), ms(p.TTFTP99),
+			p.Imbalance, p.Spread.MinRequests, p.Spread.MaxRequests, p.Requests, failed)
+		for _, msg := range slices.Sorted(maps.Keys(p.ErrorKinds)) {
+			errs = append(errs, fmt.Sprintf("- %s, %s: %d × `%s`", p.Workload, p.Policy, p.ErrorKinds[msg], msg))
+		}
 	}
+	w("\nCancelled at the end: still running when the load generator's drain (30 s after the last request\n")
+	w("started) ran out.")
+	if len(errs) > 0 {
+		w(" The errors:\n\n%s", strings.Join(errs, "\n"))
+	}
+	w("\n")
 	w("\n| router | version | policy | started as | requests to the bench's stand-in Hugging Face hub |\n")
 	w("|---|---|---|---|---:|\n")
 	for _, p := range r.PeerRouters {

@@ -80,7 +80,7 @@ type Scale struct {
 	DocsDuration time.Duration
 }
 
-// Full is what `make bench` runs (about 25 minutes; the documents rows six). The hot tenant's
+// Full is what `make bench` runs (about 45 minutes; the documents rows six, the peers 24). The hot tenant's
 // requests (its 1,000-token instructions cached, 2,000 tokens of document
 // not) take an emulated A100 about 0.2 s of prefill each: at 5 a second
 // they alone keep one instance's prefill busy, and the instance's own

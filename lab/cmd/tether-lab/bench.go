@@ -123,7 +123,7 @@ charts go to --charts.`,
 	f.StringVar(&redisBin, "redis-server", "", "redis-server binary (default: from PATH)")
 	f.StringVar(&out, "out", "BENCHMARKS.md", "file whose marked section the results replace")
 	f.StringVar(&charts, "charts", "docs/bench", "directory for PNG charts")
-	f.StringVar(&scale, "scale", "full", "full (about 25 minutes) or smoke (about a minute and a half)")
+	f.StringVar(&scale, "scale", "full", "full (about 45 minutes) or smoke (about a minute and a half, two more with the peers)")
 	f.Uint64Var(&seed, "seed", 1, "workload seed")
 	f.StringVar(&profiles, "cpuprofile", "", "directory for a CPU profile of each tether the run starts (tether serve --cpuprofile), named after its configuration")
 	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, hotspot, churn, documents, peers")

@@ -83,10 +83,12 @@ lint: ## gofmt, go mod tidy, golangci-lint in each module (.golangci.yml: go vet
 	@set -e; for m in $(MODULES); do echo "cd $$m && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./..."; (cd $$m && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...); done
 	@scripts/deadcode.sh
 
+# The bench measures tether against SGLang's and vLLM's routers, from PyPI
+# (scripts/tools.sh peers): only make bench installs them, never make tools.
 .PHONY: bench
-bench: build ## Benchmark suite through real Envoy and redis-server (~25 min): writes BENCHMARKS.md and docs/bench/*.png
-	@scripts/tools.sh envoy redis
-	bin/tether-lab bench --envoy $(ENVOY_BIN) --scale full --out BENCHMARKS.md --charts docs/bench
+bench: build ## Benchmark suite through real Envoy and redis-server, beside sglang-router and vllm-router (~45 min): writes BENCHMARKS.md and docs/bench/*.png
+	@scripts/tools.sh envoy redis peers
+	bin/tether-lab bench --envoy $(ENVOY_BIN) --peers $(CURDIR)/.tools/peers --scale full --out BENCHMARKS.md --charts docs/bench
 
 # The soak is run by hand, never by make test: it takes SOAK_DURATION. It
 # fails when tether's RSS or goroutine count is not flat (lab/bench/soak.go

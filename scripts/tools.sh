@@ -13,10 +13,19 @@
 #                  audit's PostgreSQL sink tests, when missing;
 #   prometheus     Prometheus and promtool from Debian, for the alert rule
 #                  checks and the e2e test that scrapes tether, when missing.
+#   peers          the routers the bench measures tether against, from
+#                  PyPI: sglang-router and vllm-router, each with its
+#                  dependencies into .tools/peers/<name> (pip --target),
+#                  and .tools/peers/python, the interpreter they were
+#                  installed for (their wheels hold Rust extensions built
+#                  for CPython's stable ABI, their dependencies' for one
+#                  CPython). Not in the default set: only make bench uses
+#                  them.
 #
-#   scripts/tools.sh                  all of them (make tools, make test)
+#   scripts/tools.sh                  all but peers (make tools, make test)
 #   scripts/tools.sh envoy            only what the local stack needs (make run)
 #   scripts/tools.sh golangci-lint deadcode    only the linters (make lint)
+#   scripts/tools.sh envoy redis peers         what make bench needs
 #
 # Safe to run again: it only installs what is missing or off its pin.
 set -euo pipefail
@@ -26,6 +35,18 @@ ENVOY_VERSION=1.40.0
 GOLANGCI_LINT_VERSION=2.15.0
 # golang.org/x/tools, for deadcode.
 X_TOOLS_VERSION=0.52.0
+# The peers, and every package each imports, pinned: pip installs these
+# and nothing else (--no-deps), so an install is the same every time.
+SGLANG_ROUTER_VERSION=0.3.2
+VLLM_ROUTER_VERSION=0.1.17
+PEER_COMMON_PINS=(aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-doc==0.0.7
+	annotated-types==0.8.0 anyio==4.16.0 attrs==26.1.0 click==8.5.1 fastapi==0.165.0 frozenlist==1.8.0
+	h11==0.16.0 idna==3.21 multidict==7.2.1 opentelemetry-api==1.45.3 orjson==3.13.0 propcache==0.5.4
+	pydantic==2.14.4 pydantic-core==2.50.5 setproctitle==1.3.8 starlette==1.10.0
+	typing-extensions==4.16.0 typing-inspection==0.4.5 uvicorn==0.55.0 yarl==1.25.1)
+SGLANG_ROUTER_PINS=("sglang-router==$SGLANG_ROUTER_VERSION" "${PEER_COMMON_PINS[@]}")
+VLLM_ROUTER_PINS=("vllm-router==$VLLM_ROUTER_VERSION" "${PEER_COMMON_PINS[@]}"
+	certifi==2026.10.19.post1 charset-normalizer==3.5.3 requests==2.34.2 urllib3==2.8.0)
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 envoy_bin="$root/.tools/envoy/envoy/_bin/envoy"
@@ -121,6 +142,34 @@ install_prometheus() {
 	echo "tools: $(promtool --version 2>&1 | head -n1)" >&2
 }
 
+# install_peer NAME MODULE PIN...: PIN... into .tools/peers/NAME for this
+# machine's python3, unless its stamp says they are there for it, then
+# check that MODULE (the router's launcher: its Rust extension and its web
+# stack) imports.
+install_peer() {
+	local name=$1 module=$2
+	shift 2
+	local dir="$root/.tools/peers/$name" python="$root/.tools/peers/python" exe stamp
+	exe=$(python3 -c 'import sys; print(sys.executable)')
+	stamp="$("$exe" --version 2>&1) $*"
+	if [ "$(readlink "$python")" != "$exe" ] || [ "$(cat "$dir/.pins" 2>/dev/null)" != "$stamp" ]; then
+		echo "tools: installing $name ($1) into .tools/peers/$name" >&2
+		rm -rf "$dir"
+		mkdir -p "$root/.tools/peers"
+		ln -sfn "$exe" "$python"
+		"$python" -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+			--root-user-action=ignore --no-deps --only-binary=:all: --target "$dir" "$@"
+		echo "$stamp" >"$dir/.pins"
+	fi
+	PYTHONPATH="$dir" "$python" -c "import $module"
+	echo "tools: $1 at .tools/peers/$name" >&2
+}
+
+install_peers() {
+	install_peer sglang-router sglang_router.launch_router "${SGLANG_ROUTER_PINS[@]}"
+	install_peer vllm-router vllm_router.launch_router "${VLLM_ROUTER_PINS[@]}"
+}
+
 tools=("$@")
 if [ ${#tools[@]} -eq 0 ]; then tools=(envoy golangci-lint deadcode redis postgresql prometheus); fi
 for t in "${tools[@]}"; do
@@ -131,8 +180,9 @@ for t in "${tools[@]}"; do
 	redis) install_redis ;;
 	postgresql) install_postgresql ;;
 	prometheus) install_prometheus ;;
+	peers) install_peers ;;
 	*)
-		echo "tools: unknown tool $t (want envoy, golangci-lint, deadcode, redis, postgresql or prometheus)" >&2
+		echo "tools: unknown tool $t (want envoy, golangci-lint, deadcode, redis, postgresql, prometheus or peers)" >&2
 		exit 2
 		;;
 	esac

@@ -18,7 +18,11 @@
 //   - documents: the simulator's shared-documents regime on eight
 //     emulated A100s with its small KV caches, routed by Envoy ring hash,
 //     tether sticky and tether cache-aware, which reads the body of every
-//     request whose placement is open (documents.go).
+//     request whose placement is open (documents.go);
+//   - peers: the routers of two other projects from PyPI, sglang-router
+//     (cache_aware) and vllm-router (consistent_hash), in front of the same
+//     fleet beside tether sticky and tether cache-aware, on the field's
+//     mix, on small KV caches and on shared documents (peers.go).
 //
 // Every server listens on loopback; every load loop is bounded in time.
 package bench
@@ -76,7 +80,7 @@ type Scale struct {
 	DocsDuration time.Duration
 }
 
-// Full is what `make bench` runs (about 25 minutes; the documents rows six). The hot tenant's
+// Full is what `make bench` runs (about 45 minutes; the documents rows six, the peers 24). The hot tenant's
 // requests (its 1,000-token instructions cached, 2,000 tokens of document
 // not) take an emulated A100 about 0.2 s of prefill each: at 5 a second
 // they alone keep one instance's prefill busy, and the instance's own
@@ -164,8 +168,15 @@ type Options struct {
 	Seed   uint64
 	Log    io.Writer // progress lines
 	// Only, when set, runs just these scenarios ("overhead", "quality",
-	// "hotspot", "churn", "documents").
+	// "hotspot", "churn", "documents", "peers").
 	Only map[string]bool
+	// PeersDir holds the peer routers (scripts/tools.sh peers installs
+	// them into .tools/peers). Empty leaves the peers scenario out unless
+	// Only names it, which then fails.
+	PeersDir string
+	// PeersPython runs them; empty: PeersDir/python, the interpreter they
+	// were installed for.
+	PeersPython string
 	// Saturation for the adaptive policy; zero: DefaultSaturation.
 	Saturation Saturation
 	// CPUProfiles, when set, is a directory where each tether the run
@@ -188,6 +199,10 @@ type Report struct {
 	Churn   []ChurnRow
 	// Documents are the shared-documents rows (documents.go).
 	Documents []QualityRow
+	// Peers are the peers scenario's rows, workload by workload, and
+	// PeerRouters the routers it started (peers.go).
+	Peers       []PeerRow
+	PeerRouters []PeerRouter
 	// Saturation is what the adaptive policy ran with.
 	Saturation Saturation
 }
@@ -210,6 +225,13 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	r := &Report{Started: time.Now(), Scale: opts.Scale, Saturation: opts.Saturation}
 	want := func(s string) bool { return len(opts.Only) == 0 || opts.Only[s] }
+	peers := want("peers") && (opts.PeersDir != "" || opts.Only["peers"])
+	if peers {
+		// Missing peers fail the run now, not after the other scenarios.
+		if _, err := installedPeers(opts.PeersDir); err != nil {
+			return r, fmt.Errorf("peers: %w", err)
+		}
+	}
 	if want("overhead") {
 		if r.Overhead, r.Paired, r.Bodies, err = runOverhead(ctx, opts, dir); err != nil {
 			return r, fmt.Errorf("overhead: %w", err)
@@ -233,6 +255,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if want("documents") {
 		if r.Documents, err = runDocuments(ctx, opts, dir); err != nil {
 			return r, fmt.Errorf("documents: %w", err)
+		}
+	}
+	if peers {
+		if r.Peers, r.PeerRouters, err = runPeers(ctx, opts, dir); err != nil {
+			return r, fmt.Errorf("peers: %w", err)
 		}
 	}
 	return r, nil

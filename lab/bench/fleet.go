@@ -30,6 +30,9 @@ type simFleet struct {
 	depths map[string][]int
 	// headers: the answers keep the emulator-only load headers.
 	headers atomic.Bool
+	// engine is the engine the instances imitate (emulator.EngineVLLM
+	// when empty).
+	engine string
 }
 
 // tap reads the queue depth an answer reports as its headers are written,
@@ -84,15 +87,18 @@ func newSimFleet(model func(name string) (emulator.LatencyModel, error)) *simFle
 	return &simFleet{model: model, servers: map[string]*simServer{}, depths: map[string][]int{}}
 }
 
+// fleetVersion is the version every instance of a fleet serves, and so
+// the model its engine names.
+const fleetVersion = "v1"
+
 // add starts an instance on a free loopback port; zone is for the tether
-// config it returns, where it serves version v1.
+// config it returns, where it serves fleetVersion.
 func (f *simFleet) add(name, zone string) (config.Instance, error) {
-	const version = "v1"
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return config.Instance{}, err
 	}
-	in := config.Instance{Name: name, Address: ln.Addr().String(), Zone: zone, Version: version, Weight: 1}
+	in := config.Instance{Name: name, Address: ln.Addr().String(), Zone: zone, Version: fleetVersion, Weight: 1}
 	if err := f.serve(in, ln); err != nil {
 		return config.Instance{}, errors.Join(err, ln.Close())
 	}
@@ -108,11 +114,11 @@ func (f *simFleet) serve(in config.Instance, ln net.Listener) error {
 		return err
 	}
 	// The instance serves its version as its model, as tether's config
-	// names it, and its /metrics as vLLM does. It always adds the
+	// names it, and its engine's paths and /metrics. It always adds the
 	// emulator-only x-queue-depth header, because the spread report reads
 	// it here; the tap removes it (and x-gpu-utilization) before the answer
 	// leaves, unless the fleet reports headers (the header-signals row).
-	h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, LatencyModel: m, Model: in.Version, ReportHeaders: true})
+	h, err := emulator.NewHandler(emulator.Instance{Name: in.Name, LatencyModel: m, Model: in.Version, Engine: f.engine, ReportHeaders: true})
 	if err != nil {
 		return err
 	}

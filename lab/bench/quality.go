@@ -51,9 +51,15 @@ func a100Fleet(sc Scale, n int) (*simFleet, []config.Instance, error) {
 // a100FleetCache is a100Fleet with each KV cache configured as cache
 // (zero fields: the profile's capacity, the emulator's conversation cap).
 func a100FleetCache(sc Scale, n int, cache emulator.CacheConfig) (*simFleet, []config.Instance, error) {
+	return a100FleetEngine(sc, n, cache, emulator.EngineVLLM)
+}
+
+// a100FleetEngine is a100FleetCache with instances that imitate engine.
+func a100FleetEngine(sc Scale, n int, cache emulator.CacheConfig, engine string) (*simFleet, []config.Instance, error) {
 	f := newSimFleet(func(string) (emulator.LatencyModel, error) {
 		return emulator.NewGPU(emulator.GPUConfig{Profile: emulator.ProfileA100(), TimeScale: sc.TimeScale, Cache: cache})
 	})
+	f.engine = engine
 	var out []config.Instance
 	for i := 0; i < n; i++ {
 		zone := []string{"zone-a", "zone-b"}[i%2]
@@ -139,7 +145,12 @@ func replayFor(ctx context.Context, opts Options, d time.Duration, url string, i
 // replayWorkload runs w against url at rate for d, streamed, with the
 // scale's think times and loadgen's drain (as simOptions simulates it).
 func replayWorkload(ctx context.Context, opts Options, w workload.Config, rate float64, d time.Duration, url string, instances []config.Instance) (*loadgen.Result, error) {
-	return loadgen.Run(ctx, loadgen.Options{
+	return loadgen.Run(ctx, replayOptions(opts, w, rate, d, url, instances))
+}
+
+// replayOptions are replayWorkload's load generator options.
+func replayOptions(opts Options, w workload.Config, rate float64, d time.Duration, url string, instances []config.Instance) loadgen.Options {
+	return loadgen.Options{
 		Target:     url,
 		Workload:   w,
 		Rate:       rate,
@@ -148,7 +159,7 @@ func replayWorkload(ctx context.Context, opts Options, w workload.Config, rate f
 		ThinkScale: opts.Scale.ThinkScale,
 		Instances:  names(instances),
 		Stream:     true,
-	})
+	}
 }
 
 func qualityRow(name string, s loadgen.Summary, stats []emulator.Stats, sc Scale) QualityRow {

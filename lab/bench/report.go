@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -115,6 +116,9 @@ func (r *Report) Markdown(m Meta, charts []string) string {
 	if len(r.Documents) > 0 {
 		r.documentsMarkdown(w)
 	}
+	if len(r.Peers) > 0 {
+		r.peersMarkdown(w, m)
+	}
 	for _, c := range charts {
 		w("![%s](%s)\n\n", strings.TrimSuffix(filepath.Base(c), ".png"), c)
 	}
@@ -226,6 +230,65 @@ func (r *Report) documentsMarkdown(w func(string, ...any)) {
 	if v := r.DocumentsCrossCheck().verdict("policy"); v != "" {
 		w("%s\n\n", v)
 	}
+}
+
+func peersPreamble(s Scale) string {
+	docs := simulator.SharedDocuments(simulator.Options{})
+	return fmt.Sprintf("Eight emulated A100s in two zones (emulated time ×%g) and three workloads, each replayed for every\n"+
+		"router with the same seed: %g requests/s for %s (think times ×%g), streamed answers naming the model the\n"+
+		"instances serve, caches emptied between rows and not warmed first. The default mix is the quality\n"+
+		"scenario's; KV pressure is the same mix on KV caches of %d tokens each; shared documents is the documents\n"+
+		"scenario's workload (questions about long shared documents, half the callers anonymous) on its %d-token\n"+
+		"caches, at this rate. Tether sticky and tether cache-aware (`[content] enabled = true` with the\n"+
+		"simulator's blocks, `block_bytes = %d`, and `cache_tokens` the caches' capacity) run behind Envoy with\n"+
+		"redis-server, as in the tables above. The peers are SGLang's and vLLM's routers as PyPI ships them\n"+
+		"(`scripts/tools.sh peers` pins them), each started with its policy and two loopback listeners, every\n"+
+		"other setting its own default; the load generator sends to the router's port, a router being a proxy\n"+
+		"itself. sglang-router fronts instances that imitate SGLang (it registers a worker by its\n"+
+		"`/get_server_info` and `/get_model_info`), vllm-router instances that imitate vLLM; the two engines\n"+
+		"differ only in the paths and metrics they publish. vllm-router's consistent_hash keys a request on a\n"+
+		"session or user header when it has one (`x-session-id`, `x-user-id`, …), as the workload's session and\n"+
+		"device callers send. GPU-time imbalance: max over mean of each instance's emulated prefill and decode GPU-seconds\n"+
+		"(`/admin/stats`). Requests per instance: the fewest and the most completion requests an instance\n"+
+		"received, by its own count.",
+		s.TimeScale, s.Rate, s.Duration, s.ThinkScale, PeersKVPressureTokens, docs.Cache.CapacityTokens,
+		simulator.CacheAwareContent(docs.Cache).BlockBytes)
+}
+
+// peersMarkdown writes the peers scenario: how to run it, its rows and
+// the routers it started.
+func (r *Report) peersMarkdown(w func(string, ...any), m Meta) {
+	w("### The peers through the bench's fleet (issue 32)\n\n")
+	w("```sh\nscripts/tools.sh peers   # make bench installs them\n%s\n```\n\n", m.Command)
+	w("Run of %s, commit %s, %s, scale %q.\n", r.Started.UTC().Format("2006-01-02 15:04 MST"), m.Commit, m.Machine, r.Scale.Name)
+	w("%s\n\n", peersPreamble(r.Scale))
+	w("| workload | router | KV hit rate | TTFT p50 | TTFT p99 | GPU-time imbalance (max/mean) | requests per instance (fewest–most) | requests | failed: errors, cancelled at the end |\n")
+	w("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	var errs []string
+	for _, p := range r.Peers {
+		failed := fmt.Sprintf("%d, %d", p.Errors, p.Cancelled)
+		if p.Dropped > 0 {
+			failed += fmt.Sprintf(" (and %d not sent)", p.Dropped)
+		}
+		w("| %s | %s | %.1f%% | %s | %s | %.2f | %d–%d | %d | %s |\n", p.Workload, p.Policy, 100*p.HitRate, ms(p.TTFTP50), ms(p.TTFTP99),
+			p.Imbalance, p.Spread.MinRequests, p.Spread.MaxRequests, p.Requests, failed)
+		for _, msg := range slices.Sorted(maps.Keys(p.ErrorKinds)) {
+			errs = append(errs, fmt.Sprintf("- %s, %s: %d × `%s`", p.Workload, p.Policy, p.ErrorKinds[msg], msg))
+		}
+	}
+	w("\nCancelled at the end: still running when the load generator's drain (30 s after the last request\n")
+	w("started) ran out.")
+	if len(errs) > 0 {
+		w(" The errors:\n\n%s", strings.Join(errs, "\n"))
+	}
+	w("\n")
+	w("\n| router | version | policy | started as | requests to the bench's stand-in Hugging Face hub |\n")
+	w("|---|---|---|---|---:|\n")
+	for _, p := range r.PeerRouters {
+		w("| %s | %s | %s | `%s` | %d |\n", p.Name, p.Version, p.Policy, p.Command, p.HubRequests)
+	}
+	w("\n`HF_ENDPOINT` points each router at that stand-in, on loopback, which answers 404: sglang-router asks the\n")
+	w("hub for a tokenizer of the model its SGLang workers name, and routes HTTP requests without one.\n\n")
 }
 
 // overheadMarkdown writes the overhead tables and the goals block.

@@ -19,7 +19,7 @@ import (
 func newBenchCmd() *cobra.Command {
 	var (
 		tetherBin, envoyBin, redisBin, out, charts, scale string
-		profiles                                          string
+		profiles, peers, peersPython                      string
 		seed                                              uint64
 		only                                              []string
 		sat                                               = bench.DefaultSaturation
@@ -33,8 +33,11 @@ the OpenAI Python client's, then chat bodies of 1, 32 and 400 KB with cache-awar
 on), routing quality (KV-cache hit rate, latency, continuity, load spread, GPU cost) of
 Envoy round robin, Envoy ring hash, tether random, tether sticky and tether adaptive on eight
 emulated A100 instances, a hot spot (one tenant's burst behind one API key: tether sticky against
-tether adaptive), and churn (an instance killed, restored, another added). The results replace the
-marked section of --out and the charts go to --charts.`,
+tether adaptive), churn (an instance killed, restored, another added), shared documents (Envoy ring
+hash, tether sticky, tether cache-aware), and the peers: sglang-router and vllm-router from PyPI
+(scripts/tools.sh peers installs them into --peers) in front of the same fleet beside tether sticky
+and tether cache-aware, on three workloads. The results replace the marked section of --out and the
+charts go to --charts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var sc bench.Scale
@@ -63,10 +66,10 @@ marked section of --out and the charts go to --charts.`,
 			sel := map[string]bool{}
 			for _, s := range only {
 				switch s {
-				case "overhead", "quality", "hotspot", "churn", "documents":
+				case "overhead", "quality", "hotspot", "churn", "documents", "peers":
 					sel[s] = true
 				default:
-					return fmt.Errorf("--only %q: want overhead, quality, hotspot, churn or documents", s)
+					return fmt.Errorf("--only %q: want overhead, quality, hotspot, churn, documents or peers", s)
 				}
 			}
 			if sat.Waiting < 0 || !(sat.KVUsage >= 0 && sat.KVUsage <= 1) || sat.Waiting == 0 && sat.KVUsage == 0 {
@@ -83,7 +86,7 @@ marked section of --out and the charts go to --charts.`,
 			rep, err := bench.Run(cmd.Context(), bench.Options{
 				TetherBin: tetherBin, EnvoyBin: envoyBin, RedisBin: redisBin, LabBin: self,
 				Scale: sc, Seed: seed, Log: cmd.ErrOrStderr(), Only: sel, Saturation: sat,
-				CPUProfiles: profiles,
+				CPUProfiles: profiles, PeersDir: peers, PeersPython: peersPython,
 			})
 			if err != nil {
 				return err
@@ -120,10 +123,12 @@ marked section of --out and the charts go to --charts.`,
 	f.StringVar(&redisBin, "redis-server", "", "redis-server binary (default: from PATH)")
 	f.StringVar(&out, "out", "BENCHMARKS.md", "file whose marked section the results replace")
 	f.StringVar(&charts, "charts", "docs/bench", "directory for PNG charts")
-	f.StringVar(&scale, "scale", "full", "full (about 25 minutes) or smoke (about a minute and a half)")
+	f.StringVar(&scale, "scale", "full", "full (about 45 minutes) or smoke (about a minute and a half, two more with the peers)")
 	f.Uint64Var(&seed, "seed", 1, "workload seed")
 	f.StringVar(&profiles, "cpuprofile", "", "directory for a CPU profile of each tether the run starts (tether serve --cpuprofile), named after its configuration")
-	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, hotspot, churn, documents")
+	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, hotspot, churn, documents, peers")
+	f.StringVar(&peers, "peers", ".tools/peers", "directory of the peer routers (scripts/tools.sh peers); empty leaves the peers out unless --only names them")
+	f.StringVar(&peersPython, "peers-python", "", "Python that runs the peer routers (default: the one they were installed for, PEERS/python)")
 	f.IntVar(&sat.Waiting, "adaptive-waiting", sat.Waiting, "routing.saturation_waiting of the tether adaptive policy (0: off)")
 	f.Float64Var(&sat.KVUsage, "adaptive-kv-usage", sat.KVUsage, "routing.saturation_kv_usage of the tether adaptive policy (0: off)")
 	f.IntVar(&sat.InFlight, "adaptive-inflight", sat.InFlight, "routing.saturation_inflight of the header-signals adaptive policy (0: off)")

@@ -17,6 +17,12 @@ import (
 // it by what the instances' caches hold of its prompt). Each row is
 // cross-checked against the simulator's same scenario.
 
+// policyDefaults is tether as it ships: sticky, with [content] on at its
+// defaults, block and capacity included.
+var policyDefaults = policy{name: "tether cache-aware", store: true, content: true, edit: func(c *config.Config) {
+	c.Content = config.Default().Content
+}}
+
 // policyCacheAware is tether sticky with [content] on, as the simulator's
 // CacheAware policy configures it on caches of cache.
 func policyCacheAware(o simulator.Options) policy {

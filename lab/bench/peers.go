@@ -430,11 +430,9 @@ func (r *peerRun) rows(ctx context.Context, peers []installedPeer, routers []Pee
 		}
 	}
 	var rows []PeerRow
-	cache := r.w.cache
-	if cache.CapacityTokens == 0 {
-		cache.CapacityTokens = emulator.ProfileA100().KVCapacityTokens
-	}
-	for _, p := range []policy{policySticky, policyCacheAware(simulator.Options{Cache: cache})} {
+	// tether as a user runs it: the cache-aware row is the shipped
+	// defaults, each instance's cache as its engine publishes it.
+	for _, p := range []policy{policySticky, policyDefaults} {
 		row, err := r.tether(ctx, p)
 		if err != nil {
 			return rows, fmt.Errorf("%s: %w", p.name, err)

@@ -31,7 +31,7 @@ import (
 // field left at its zero value turns its stage off.
 type placement struct {
 	// key is the hash whose rendezvous ranking breaks ties: a session
-	// key's, a prompt's, or a random draw's (fnv64, unit).
+	// key's (fnv64), a prompt's, or a random draw.
 	key uint64
 	// from are the instances the decision sees as healthy or probing.
 	from []fleet.Instance
@@ -67,8 +67,8 @@ type Ranking struct {
 	from []fleet.Instance
 	n    int // candidates
 	best int // the first, in idx(); -1 for none
-	// overridden says the fail-open pool's choice was a candidate, or
-	// given, and is not first.
+	// overridden says the fail-open pool named an instance and the
+	// ranking does not put it first.
 	overridden bool
 	held       hold
 

@@ -17,6 +17,7 @@ import (
 	"github.com/tetherproxy/tether/internal/promtext"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/lab/emulator"
+	"github.com/tetherproxy/tether/replicas"
 )
 
 // engineStats reads an emulated instance's own counters.
@@ -67,10 +68,14 @@ func (p *tether) engines(t *testing.T) (engineReadings, error) {
 // takes over within 5 s, and meanwhile no replica exports (or uses, the
 // two read the same filter) a reading older than the staleness bound.
 func TestEngineReadingsSharedByReplicas(t *testing.T) {
-	// The default interval (so the lease's three intervals are the
-	// default's), and a staleness bound short enough that readings expire
-	// while the lease of the killed replica runs out.
-	const interval, staleness = config.DefaultScrapeInterval, 2 * time.Second
+	// The default interval, so the lease's three intervals are the
+	// default's. A replica that does not scrape an instance has its
+	// reading from its last load sync, which had it from the scraper's
+	// last sync: up to an interval and two syncs old. The staleness bound
+	// leaves that half an interval of slack; a reading of the killed
+	// replica most often expires by it before its report does.
+	const interval = config.DefaultScrapeInterval
+	const staleness = interval + 2*replicas.LoadSyncEvery + interval/2
 	inst := gpus(t, 6, 0)
 	cfg := baseConfig(testenv.RedisServer(t).URL(), inst)
 	cfg.Engines.Default = config.EngineVLLM
@@ -190,17 +195,26 @@ func TestEngineReadingsSharedByReplicas(t *testing.T) {
 	if len(tooOld) > 0 {
 		t.Errorf("readings older than the %v bound exported: %v", staleness, tooOld[:min(len(tooOld), 5)])
 	}
-	var held float64
-	for _, r := range survivors {
-		er, err := r.engines(t)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held += er.shards
-		if len(er.age) != len(inst) {
-			t.Errorf("a survivor has fresh readings of %d instances, want %d: %v", len(er.age), len(inst), er.age)
+	// Every survivor, scraping or not, keeps a fresh reading of every
+	// instance through more than a load sync.
+	var held, oldest float64
+	for end := time.Now().Add(replicas.LoadSyncEvery + interval/2); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		held = 0
+		for i, r := range survivors {
+			er, err := r.engines(t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held += er.shards
+			if len(er.age) != len(inst) {
+				t.Fatalf("survivor %d (%.0f shards) has fresh readings of %d instances, want %d: %v", i, er.shards, len(er.age), len(inst), er.age)
+			}
+			for _, age := range er.age {
+				oldest = max(oldest, age)
+			}
 		}
 	}
+	t.Logf("after the takeover the survivors' oldest reading was %.2fs", oldest)
 	if held == 0 {
 		t.Error("no survivor holds a shard")
 	}

@@ -50,7 +50,9 @@ var adminClient = &http.Client{Timeout: 2 * time.Second}
 
 // StartEnvoy writes o.Bootstrap to o.Dir, starts Envoy on it (hot restart
 // off) and waits, bounded by ctx, until Envoy has written its admin
-// address. Use WaitServing to wait for the listener.
+// address and the admin API there proves it is this Envoy: its
+// /server_info names the bootstrap file of o.Dir. Use WaitServing to wait
+// for the listener.
 func StartEnvoy(ctx context.Context, o EnvoyOptions) (*Envoy, error) {
 	if o.Bin == "" || o.Dir == "" {
 		return nil, errors.New("start envoy: EnvoyOptions needs Bin and Dir")
@@ -66,36 +68,55 @@ func StartEnvoy(ctx context.Context, o EnvoyOptions) (*Envoy, error) {
 	if err := os.WriteFile(cfgPath, o.Bootstrap, 0o600); err != nil {
 		return nil, fmt.Errorf("start envoy: %w", err)
 	}
-	p, err := Start("envoy", exec.Command(o.Bin, "-c", cfgPath, "--admin-address-path", adminPath,
-		"--disable-hot-restart", "--concurrency", strconv.Itoa(o.Concurrency), "--log-level", o.LogLevel), o.Log)
+	var admin string
+	p, err := StartProven(ctx, "envoy", exec.Command(o.Bin, "-c", cfgPath, "--admin-address-path", adminPath,
+		"--disable-hot-restart", "--concurrency", strconv.Itoa(o.Concurrency), "--log-level", o.LogLevel), o.Log,
+		"its admin API", func(ctx context.Context, _ *Proc) error {
+			b, err := os.ReadFile(adminPath)
+			if err != nil {
+				return err
+			}
+			if len(b) == 0 {
+				return errors.New("admin address file is empty")
+			}
+			admin = "http://" + strings.TrimSpace(string(b))
+			return proveEnvoy(ctx, admin, cfgPath)
+		})
 	if err != nil {
 		return nil, err
 	}
-	e := &Envoy{Proc: p}
-	err = p.Poll(ctx, "its admin address", func(context.Context) error {
-		b, err := os.ReadFile(adminPath)
-		if err != nil {
-			return err
-		}
-		if len(b) == 0 {
-			return errors.New("admin address file is empty")
-		}
-		e.Admin = "http://" + strings.TrimSpace(string(b))
-		return nil
-	})
+	return &Envoy{Proc: p, Admin: admin}, nil
+}
+
+// proveEnvoy checks that the Envoy whose admin API is at admin runs on the
+// bootstrap file cfgPath. Another file means another Envoy holds the
+// admin address.
+func proveEnvoy(ctx context.Context, admin, cfgPath string) error {
+	body, err := getAdmin(ctx, admin, "/server_info")
 	if err != nil {
-		p.Kill()
-		return nil, err
+		return err
 	}
-	return e, nil
+	var info struct {
+		Options struct {
+			ConfigPath string `json:"config_path"`
+		} `json:"command_line_options"`
+	}
+	if err := json.Unmarshal(body, &info); err != nil {
+		return fmt.Errorf("GET /server_info: %w", err)
+	}
+	if info.Options.ConfigPath != cfgPath {
+		return fmt.Errorf("the admin API at %s is an Envoy on %q, not on %q: %w", admin, info.Options.ConfigPath, cfgPath, ErrPortTaken)
+	}
+	return nil
 }
 
 // WaitServing waits, bounded by ctx, until Envoy's admin API says ready
 // (its initial configuration is in) and its one listener is bound, and
-// records the listener's address.
+// records the listener's address. That address is the one this Envoy
+// bound: its own admin API, proven by StartEnvoy, reports it.
 func (e *Envoy) WaitServing(ctx context.Context) error {
 	return e.Poll(ctx, "its listener", func(ctx context.Context) error {
-		if _, err := e.get(ctx, "/ready"); err != nil {
+		if _, err := getAdmin(ctx, e.Admin, "/ready"); err != nil {
 			return err
 		}
 		var ls struct {
@@ -108,7 +129,7 @@ func (e *Envoy) WaitServing(ctx context.Context) error {
 				} `json:"local_address"`
 			} `json:"listener_statuses"`
 		}
-		body, err := e.get(ctx, "/listeners?format=json")
+		body, err := getAdmin(ctx, e.Admin, "/listeners?format=json")
 		if err != nil {
 			return err
 		}
@@ -127,9 +148,10 @@ func (e *Envoy) WaitServing(ctx context.Context) error {
 	})
 }
 
-// get calls the admin API at path and returns the body of its 200 answer.
-func (e *Envoy) get(ctx context.Context, path string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.Admin+path, nil)
+// getAdmin calls the admin API at admin (http://host:port) on path and
+// returns the body of its 200 answer.
+func getAdmin(ctx context.Context, admin, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, admin+path, nil)
 	if err != nil {
 		return nil, err
 	}

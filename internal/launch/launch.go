@@ -1,10 +1,14 @@
 // Package launch starts the servers that the tests and the lab run against:
 // Envoy (StartEnvoy), redis-server (StartRedis), `tether serve`
-// (StartTether) and any other program (Start; StartReady for one that logs
-// a ready line). Every process keeps its output for error reports, dies
-// with its parent on Linux, is stopped with SIGTERM and then SIGKILL
-// within a bound, and is waited for by polling with a deadline, never by a
-// fixed sleep.
+// (StartTether) and any other program (Start; StartProven for a server
+// that proves who it is; StartReady for one that logs a ready line). Every
+// process keeps its output for error reports, dies with its parent on
+// Linux, is stopped with SIGTERM and then SIGKILL within a bound, and is
+// waited for by polling with a deadline, never by a fixed sleep.
+//
+// A server counts as started only once it proves it is the process
+// started: an answer on its address may come from another process that
+// holds the address, while the one started fails to bind it and exits.
 //
 // It never skips or fails a test: internal/testenv wraps it for tests;
 // lab/bench uses it directly.
@@ -12,9 +16,11 @@ package launch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,6 +32,16 @@ const pollInterval = 10 * time.Millisecond
 
 // outputTail is how much of a process's output an error quotes.
 const outputTail = 4000
+
+// ErrPortTaken marks a start that failed because another process holds the
+// address the server was to listen on. A caller that chose the port may
+// draw another.
+var ErrPortTaken = errors.New("port taken by another process")
+
+// addrInUse is how servers say a bind failed: redis-server, PostgreSQL and
+// Envoy write "Address already in use", Go programs "address already in
+// use".
+const addrInUse = "address already in use"
 
 // Proc is a started child process.
 type Proc struct {
@@ -128,22 +144,51 @@ func (p *Proc) Kill() {
 // Poll calls ready every few milliseconds until it returns nil. It fails
 // when the process exits first or ctx ends, quoting ready's last error and
 // the end of the output; ready gets ctx, to bound the calls it makes.
+//
+// It fails at once when ready's error wraps ErrPortTaken: another process
+// answers on the address. An exit whose output says the address was in use
+// wraps ErrPortTaken too.
 func (p *Proc) Poll(ctx context.Context, what string, ready func(context.Context) error) error {
 	t := time.NewTicker(pollInterval)
 	defer t.Stop()
 	for {
 		err := ready(ctx)
-		if err == nil {
+		switch {
+		case err == nil:
 			return nil
+		case errors.Is(err, ErrPortTaken):
+			return fmt.Errorf("%s: waiting for %s: %w", p.name, what, err)
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s exited (code %d) while waiting for %s (last: %w):\n%s", p.name, p.ExitCode(), what, err, p.tail())
+			err = fmt.Errorf("%s exited (code %d) while waiting for %s (last: %w):\n%s", p.name, p.ExitCode(), what, err, p.tail())
+			if strings.Contains(strings.ToLower(p.Output()), addrInUse) {
+				err = fmt.Errorf("%w: %w", ErrPortTaken, err)
+			}
+			return err
 		case <-ctx.Done():
 			return fmt.Errorf("%s: waiting for %s: %w (last: %w)\n%s", p.name, what, context.Cause(ctx), err, p.tail())
 		case <-t.C:
 		}
 	}
+}
+
+// StartProven starts cmd as Start does and polls proof, as Poll does,
+// until the server shows it is this process. A proof asks the server
+// something only this process can answer (its process id, its data
+// directory, its config file) and returns an error wrapping ErrPortTaken
+// when another process answers. When the wait fails the process is
+// killed.
+func StartProven(ctx context.Context, name string, cmd *exec.Cmd, log *syncbuf.Buffer, what string, proof func(context.Context, *Proc) error) (*Proc, error) {
+	p, err := Start(name, cmd, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Poll(ctx, what, func(ctx context.Context) error { return proof(ctx, p) }); err != nil {
+		p.Kill()
+		return nil, err
+	}
+	return p, nil
 }
 
 // tail is the end of the output, for error messages.

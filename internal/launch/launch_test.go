@@ -3,6 +3,7 @@ package launch_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -110,6 +111,14 @@ func TestPollEnds(t *testing.T) {
 		t.Errorf("deadline: err = %v, want the deadline and what was awaited", err)
 	}
 
+	// Another process answers: the wait ends at once.
+	err = p.Poll(context.Background(), "warmth", func(context.Context) error {
+		return fmt.Errorf("someone else: %w", launch.ErrPortTaken)
+	})
+	if !errors.Is(err, launch.ErrPortTaken) || p.Exited() {
+		t.Errorf("another process answering: err = %v, want %v at once", err, launch.ErrPortTaken)
+	}
+
 	n := 0
 	err = p.Poll(context.Background(), "the third call", func(context.Context) error {
 		if n++; n < 3 {
@@ -119,6 +128,28 @@ func TestPollEnds(t *testing.T) {
 	})
 	if err != nil || n != 3 {
 		t.Errorf("err = %v after %d calls, want nil after 3", err, n)
+	}
+}
+
+// TestPollSaysAPortWasTaken: a process that exits saying its address was
+// in use (as redis-server, PostgreSQL, Envoy and Go programs do) fails the
+// wait with ErrPortTaken, so a caller that drew the port can draw another.
+// Any other exit does not.
+func TestPollSaysAPortWasTaken(t *testing.T) {
+	notYet := func(context.Context) error { return errors.New("not yet") }
+	for _, tc := range []struct {
+		output string
+		taken  bool
+	}{
+		{"Could not create server TCP listening socket 127.0.0.1:22560: bind: Address already in use", true},
+		{"listen tcp 127.0.0.1:9090: bind: address already in use", true},
+		{"FATAL:  configuration file contains errors", false},
+	} {
+		p := sh(t, "echo '"+tc.output+"' >&2; exit 1")
+		err := p.Poll(context.Background(), "warmth", notYet)
+		if err == nil || errors.Is(err, launch.ErrPortTaken) != tc.taken || !strings.Contains(err.Error(), tc.output) {
+			t.Errorf("exit saying %q: err = %v; want the output, and ErrPortTaken %v", tc.output, err, tc.taken)
+		}
 	}
 }
 
@@ -206,6 +237,14 @@ func TestStartRedis(t *testing.T) {
 	if r.URL() != "unix://"+launch.RedisSocket(dir) {
 		t.Errorf("URL %s, socket %s", r.URL(), launch.RedisSocket(dir))
 	}
+	// The proof holds for the server and for no other process.
+	proof := launch.RedisProof(goredis.Options{Network: "unix", Addr: r.Socket})
+	if err := proof(ctx, r.Proc); err != nil {
+		t.Errorf("the proof of the server started: %v", err)
+	}
+	if err := proof(ctx, sh(t, "exec sleep 30")); !errors.Is(err, launch.ErrPortTaken) {
+		t.Errorf("the proof of another process: err = %v, want %v", err, launch.ErrPortTaken)
+	}
 	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -267,6 +306,34 @@ static_resources:
 	reply, err := io.ReadAll(conn)
 	if err != nil || string(reply) != "launched" {
 		t.Errorf("the listener at %s answered %q, %v", e.Listener, reply, err)
+	}
+}
+
+// TestStartEnvoyRefusesAnotherEnvoy: a process that names another
+// Envoy's admin API as its own is not taken for the Envoy started.
+func TestStartEnvoyRefusesAnotherEnvoy(t *testing.T) {
+	bin := testenv.EnvoyBin(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	other, err := launch.StartEnvoy(ctx, launch.EnvoyOptions{Bin: bin, Dir: t.TempDir(),
+		Bootstrap: []byte("admin:\n  address: {socket_address: {address: 127.0.0.1, port_value: 0}}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Stop(10 * time.Second)
+	// Started as `envoy -c FILE --admin-address-path FILE …`, it writes the
+	// other's admin address there and stays up.
+	fake := filepath.Join(t.TempDir(), "envoy")
+	script := "#!/bin/sh\nprintf '%s' " + strings.TrimPrefix(other.Admin, "http://") + " > \"$4\"\nexec sleep 30\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e, err := launch.StartEnvoy(ctx, launch.EnvoyOptions{Bin: fake, Dir: t.TempDir(), Bootstrap: []byte("{}")})
+	if err == nil {
+		e.Stop(time.Second)
+	}
+	if !errors.Is(err, launch.ErrPortTaken) || ctx.Err() != nil {
+		t.Errorf("err = %v, want %v at once", err, launch.ErrPortTaken)
 	}
 }
 

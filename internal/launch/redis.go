@@ -3,9 +3,12 @@ package launch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -39,8 +42,9 @@ func (r *Redis) URL() string { return "unix://" + r.Socket }
 func RedisSocket(dir string) string { return filepath.Join(dir, "r.sock") }
 
 // StartRedis starts redis-server on a unix socket in o.Dir and waits,
-// bounded by ctx, until it answers PING. A socket left by a killed server
-// is removed first, so a restart can reuse the directory.
+// bounded by ctx, until the server on the socket proves it is the one
+// started (RedisProof). A socket left by a killed server is removed first,
+// so a restart can reuse the directory.
 func StartRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 	if o.Bin == "" || o.Dir == "" {
 		return nil, errors.New("start redis-server: RedisOptions needs Bin and Dir")
@@ -51,7 +55,7 @@ func StartRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 	if o.Durable {
 		aof = "yes"
 	}
-	p, err := Start("redis-server", exec.Command(o.Bin,
+	p, err := StartProven(ctx, "redis-server", exec.Command(o.Bin,
 		"--port", "0",
 		"--unixsocket", sock,
 		"--unixsocketperm", "700",
@@ -61,27 +65,23 @@ func StartRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 		"--appendfsync", "always",
 		"--daemonize", "no",
 		"--logfile", "",
-	), o.Log)
+	), o.Log, "INFO on "+sock, RedisProof(goredis.Options{Network: "unix", Addr: sock}))
 	if err != nil {
-		return nil, err
-	}
-	if err := WaitRedis(ctx, p, goredis.Options{Network: "unix", Addr: sock}); err != nil {
-		p.Kill()
 		return nil, err
 	}
 	return &Redis{Proc: p, Socket: sock}, nil
 }
 
-// WaitRedis polls PING on the server that o names (address and
-// credentials) until it answers, p exits or ctx ends.
-func WaitRedis(ctx context.Context, p *Proc, o goredis.Options) error {
+// RedisProof is the proof (see StartProven) of a redis-server, or a
+// sentinel, at the address o names with its credentials: the process_id
+// that INFO reports is the process's. Another id means another process
+// holds the address.
+func RedisProof(o goredis.Options) func(context.Context, *Proc) error {
 	o.MaxRetries = -1 // the poll is the retry
 	o.DialerRetries = 1
 	o.DialTimeout = time.Second
 	o.ContextTimeoutEnabled = true
-	probe := goredis.NewClient(&o)
-	defer func() { _ = probe.Close() }()
-	return p.Poll(ctx, "PING on "+o.Addr, func(ctx context.Context) error {
+	return func(ctx context.Context, p *Proc) error {
 		if o.Network == "unix" {
 			// No dial before the socket exists: go-redis logs every
 			// failed dial.
@@ -89,6 +89,29 @@ func WaitRedis(ctx context.Context, p *Proc, o goredis.Options) error {
 				return err
 			}
 		}
-		return probe.Ping(ctx).Err()
-	})
+		c := goredis.NewClient(&o)
+		defer func() { _ = c.Close() }()
+		info, err := c.Info(ctx, "server").Result()
+		if err != nil {
+			return fmt.Errorf("info server: %w", err)
+		}
+		pid, err := strconv.Atoi(infoField(info, "process_id"))
+		if err != nil {
+			return fmt.Errorf("info server: process_id: %w", err)
+		}
+		if pid != p.Pid() {
+			return fmt.Errorf("%s answers as process %d, not %s's %d: %w", o.Addr, pid, p.Name(), p.Pid(), ErrPortTaken)
+		}
+		return nil
+	}
+}
+
+// infoField is the value of key in INFO's "key:value" lines ("" if none).
+func infoField(info, key string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimRight(line, "\r"), key+":"); ok {
+			return v
+		}
+	}
+	return ""
 }

@@ -58,6 +58,10 @@ func StartTether(ctx context.Context, o TetherOptions) (*Tether, error) {
 // That line is decoded into v (field names match the line's keys without
 // regard to case) before StartReady returns; a process that exits first,
 // or is not ready in time, is killed and its output quoted.
+//
+// The ready line is the proof that the addresses are this process's (see
+// StartProven): the process writes it on its own standard error once it
+// holds their listeners, which no other process can then bind.
 func StartReady(ctx context.Context, name string, cmd *exec.Cmd, log *syncbuf.Buffer, message string, v any) (*Proc, error) {
 	if log == nil {
 		log = &syncbuf.Buffer{}
@@ -75,11 +79,7 @@ func StartReady(ctx context.Context, name string, cmd *exec.Cmd, log *syncbuf.Bu
 			ready = bytes.Clone(line)
 		}
 	}}
-	p, err := Start(name, cmd, log)
-	if err != nil {
-		return nil, err
-	}
-	err = p.Poll(ctx, "its ready line", func(context.Context) error {
+	p, err := StartProven(ctx, name, cmd, log, "its ready line", func(context.Context, *Proc) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if ready == nil {
@@ -87,16 +87,15 @@ func StartReady(ctx context.Context, name string, cmd *exec.Cmd, log *syncbuf.Bu
 		}
 		return nil
 	})
-	if err == nil {
-		mu.Lock()
-		if err = json.Unmarshal(ready, v); err != nil {
-			err = fmt.Errorf("%s: ready line %s: %w", name, ready, err)
-		}
-		mu.Unlock()
-	}
 	if err != nil {
-		p.Kill()
 		return nil, err
+	}
+	mu.Lock()
+	line := ready
+	mu.Unlock()
+	if err := json.Unmarshal(line, v); err != nil {
+		p.Kill()
+		return nil, fmt.Errorf("%s: ready line %s: %w", name, line, err)
 	}
 	return p, nil
 }

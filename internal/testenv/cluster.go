@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,14 +23,6 @@ const (
 	// clusterTimeout bounds forming the cluster (create, then every node
 	// reporting cluster_state:ok).
 	clusterTimeout = 20 * time.Second
-	// Node ports are drawn from [clusterPortMin, clusterPortMin+clusterPorts);
-	// each node's bus port is its port + 10000. Both ranges stay below
-	// Linux's ephemeral range (32768 and up), so outgoing connections do not
-	// take them.
-	clusterPortMin = 20000
-	clusterPorts   = 2700
-	// portAttempts bounds the retries when a drawn port is taken.
-	portAttempts = 20
 )
 
 // Cluster is a Redis Cluster of three masters (no replicas) on loopback TCP
@@ -49,7 +40,7 @@ type Cluster struct {
 //
 // Cluster mode needs TCP ports, which redis-server cannot take from a
 // listener we pass it: each node draws a random port and, if the port is
-// taken (the server exits with "Address already in use"), draws again.
+// taken, draws again (startOnFreePort).
 func RedisCluster(t testing.TB) *Cluster {
 	t.Helper()
 	server := redisBin(t, "redis-server", "REDIS_SERVER_BIN")
@@ -109,10 +100,10 @@ func (c *Cluster) Client() *goredis.ClusterClient { return c.client }
 
 // startClusterNode starts one cluster-mode redis-server in dir on a free
 // loopback port, with the given node timeout and replicas that sync at
-// once, and waits until it answers.
+// once, and waits until it proves it is the one started.
 func startClusterNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) (*launch.Proc, string, error) {
 	conf := filepath.Join(dir, "nodes.conf")
-	return startOnFreePort(ctx, bin, goredis.Options{}, func(port int) ([]string, error) {
+	return startOnFreePort(ctx, bin, drawClusterPort, goredis.Options{}, func(port int) ([]string, error) {
 		// A failed attempt may have left its node file behind.
 		if err := os.Remove(conf); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, err
@@ -133,36 +124,27 @@ func startClusterNode(ctx context.Context, bin, dir string, nodeTimeout time.Dur
 	})
 }
 
-// startOnFreePort starts bin with the arguments args returns for a random
-// loopback port, and waits until it answers PING (probe gives the
-// credentials). When the port is taken (the server exits with "Address
-// already in use") it draws another.
-func startOnFreePort(ctx context.Context, bin string, probe goredis.Options, args func(port int) ([]string, error)) (*launch.Proc, string, error) {
-	var last error
-	for range portAttempts {
-		port := clusterPortMin + rand.IntN(clusterPorts)
-		addr := "127.0.0.1:" + strconv.Itoa(port)
+// startOnFreePort starts bin with the arguments args returns for a
+// loopback port from draw, and waits until the server there proves it is
+// the one started: INFO's process_id is its pid (launch.RedisProof; probe
+// gives the credentials). When another process holds the port, the server
+// exits or another answers for it: it is killed and another port drawn.
+func startOnFreePort(ctx context.Context, bin string, draw func() (int, error), probe goredis.Options, args func(port int) ([]string, error)) (*launch.Proc, string, error) {
+	var addr string
+	p, err := onFreePort(draw, func(port int) (*launch.Proc, error) {
 		a, err := args(port)
 		if err != nil {
-			return nil, "", err
+			return nil, err
 		}
-		p, err := launch.Start("redis-server", exec.Command(bin, a...), nil)
-		if err != nil {
-			return nil, "", err
-		}
+		addr = "127.0.0.1:" + strconv.Itoa(port)
 		o := probe
 		o.Addr = addr
-		err = launch.WaitRedis(ctx, p, o)
-		if err == nil {
-			return p, addr, nil
-		}
-		p.Kill()
-		if !strings.Contains(p.Output(), "Address already in use") {
-			return nil, "", fmt.Errorf("not ready on %s: %w\n%s", addr, err, p.Output())
-		}
-		last = fmt.Errorf("port %d taken", port)
+		return launch.StartProven(ctx, "redis-server", exec.Command(bin, a...), nil, "INFO on "+addr, launch.RedisProof(o))
+	})
+	if err != nil {
+		return nil, "", err
 	}
-	return nil, "", fmt.Errorf("no free port after %d attempts: %w", portAttempts, last)
+	return p, addr, nil
 }
 
 // waitClusterOK polls CLUSTER INFO on every node until each reports the

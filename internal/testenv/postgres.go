@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -63,7 +62,7 @@ func isNoPostgres(err error) bool {
 // SharedPostgres instead: initdb takes about a second.
 func Postgres(t testing.TB) string {
 	t.Helper()
-	s, err := startPostgres()
+	s, err := startPostgres(loopbackPort)
 	if isNoPostgres(err) {
 		Require(t, "postgresql", err)
 		return ""
@@ -100,7 +99,7 @@ type SharedPostgres struct {
 // when the server did not start (every later caller fails the same way).
 func (p *SharedPostgres) DSN(t testing.TB) string {
 	t.Helper()
-	p.once.Do(func() { p.s, p.err = startPostgres() })
+	p.once.Do(func() { p.s, p.err = startPostgres(loopbackPort) })
 	if isNoPostgres(p.err) {
 		Require(t, "postgresql", p.err)
 		return ""
@@ -134,7 +133,9 @@ func (s *postgresServer) stop() {
 	_ = os.RemoveAll(s.dir)
 }
 
-func startPostgres() (*postgresServer, error) {
+// startPostgres runs initdb in a new directory and starts the server on a
+// port from draw.
+func startPostgres(draw func() (int, error)) (*postgresServer, error) {
 	bin, err := postgresBinDir()
 	if err != nil {
 		return nil, err
@@ -159,7 +160,7 @@ func startPostgres() (*postgresServer, error) {
 			return nil, err
 		}
 	}
-	s, err := startPostgresIn(bin, dir, cred)
+	s, err := startPostgresIn(bin, dir, cred, draw)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -167,7 +168,7 @@ func startPostgres() (*postgresServer, error) {
 	return s, nil
 }
 
-func startPostgresIn(bin, dir string, cred *syscall.Credential) (*postgresServer, error) {
+func startPostgresIn(bin, dir string, cred *syscall.Credential, draw func() (int, error)) (*postgresServer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), initdbTimeout)
 	defer cancel()
 	data := filepath.Join(dir, "data")
@@ -180,12 +181,7 @@ func startPostgresIn(bin, dir string, cred *syscall.Credential) (*postgresServer
 	if <-ip.Done(); ip.ExitCode() != 0 {
 		return nil, fmt.Errorf("initdb: exit code %d (%w)\n%s", ip.ExitCode(), ctx.Err(), ip.Output())
 	}
-	var last error
-	for range portAttempts {
-		port, err := loopbackPort()
-		if err != nil {
-			return nil, err
-		}
+	return onFreePort(draw, func(port int) (*postgresServer, error) {
 		cmd := postgresCommand(context.Background(), cred, dir, filepath.Join(bin, "postgres"),
 			"-D", data,
 			"-c", "listen_addresses=127.0.0.1",
@@ -198,36 +194,15 @@ func startPostgresIn(bin, dir string, cred *syscall.Credential) (*postgresServer
 			"-c", "shared_buffers=32MB",
 			"-c", "logging_collector=off",
 		)
-		p, err := launch.Start("postgres", cmd, nil)
-		if err != nil {
-			return nil, err
-		}
 		dsn := fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable", postgresUser, port)
-		rctx, rcancel := context.WithTimeout(context.Background(), postgresReadyTimeout)
-		err = waitPostgres(rctx, p, dsn)
-		rcancel()
-		if err == nil {
-			return &postgresServer{dir: dir, dsn: dsn, proc: p}, nil
+		ctx, cancel := context.WithTimeout(context.Background(), postgresReadyTimeout)
+		defer cancel()
+		p, err := launch.StartProven(ctx, "postgres", cmd, nil, "a connection to its data directory", postgresProof(dsn, data))
+		if err != nil {
+			return nil, fmt.Errorf("postgres on port %d: %w", port, err)
 		}
-		p.Kill()
-		if !strings.Contains(p.Output(), "Address already in use") {
-			return nil, fmt.Errorf("postgres did not become ready on port %d: %w", port, err)
-		}
-		last = fmt.Errorf("port %d taken", port)
-	}
-	return nil, fmt.Errorf("postgres: no free port after %d attempts: %w", portAttempts, last)
-}
-
-// loopbackPort returns a port that was free on 127.0.0.1 a moment ago.
-// PostgreSQL and Prometheus cannot take a listener from us, so the caller
-// retries with another port when the server finds this one taken.
-func loopbackPort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free loopback port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+		return &postgresServer{dir: dir, dsn: dsn, proc: p}, nil
+	})
 }
 
 // postgresCommand builds a command that runs as cred (nil: as the test
@@ -243,18 +218,30 @@ func postgresCommand(ctx context.Context, cred *syscall.Credential, dir, bin str
 	return cmd
 }
 
-// waitPostgres connects to dsn until a connection succeeds, p exits or ctx
-// ends.
-func waitPostgres(ctx context.Context, p *launch.Proc, dsn string) error {
-	return p.Poll(ctx, "a connection", func(ctx context.Context) error {
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
+// postgresProof is the proof (see launch.StartProven) of the PostgreSQL
+// server at dsn: it connects, and the server's data directory is data.
+// Another directory means another server holds the port.
+func postgresProof(dsn, data string) func(context.Context, *launch.Proc) error {
+	return func(ctx context.Context, _ *launch.Proc) error {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		c, err := pgconn.Connect(cctx, dsn)
+		c, err := pgconn.Connect(ctx, dsn)
 		if err != nil {
 			return err
 		}
-		return c.Close(ctx)
-	})
+		defer func() { _ = c.Close(ctx) }()
+		rs, err := c.Exec(ctx, "SHOW data_directory").ReadAll()
+		if err != nil {
+			return fmt.Errorf("show data_directory: %w", err)
+		}
+		if len(rs) != 1 || len(rs[0].Rows) != 1 || len(rs[0].Rows[0]) != 1 {
+			return errors.New("show data_directory: not one value")
+		}
+		if got := string(rs[0].Rows[0][0]); got != data {
+			return fmt.Errorf("the server at %s serves %s, not %s: %w", c.Conn().RemoteAddr(), got, data, launch.ErrPortTaken)
+		}
+		return nil
+	}
 }
 
 // postgresBinDir finds the directory holding initdb and postgres.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/tetherproxy/tether/internal/launch"
 )
@@ -35,54 +37,85 @@ func PrometheusServer(t testing.TB, config string) *Prometheus {
 	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// A free port, then Prometheus binds it; another process can take it
-	// in between, so a failed start is retried on a new one.
-	for attempt := 0; ; attempt++ {
-		port, err := loopbackPort()
-		if err != nil {
-			t.Fatal(err)
-		}
+	prom, err := startPrometheus(bin, cfg, filepath.Join(dir, "data"), loopbackPort)
+	if err != nil {
+		t.Fatalf("prometheus: %v", err)
+	}
+	t.Cleanup(func() { prom.p.Stop(stopTimeout) })
+	return prom
+}
+
+// startPrometheus starts Prometheus on the config file cfg and the data
+// directory data, listening on a loopback port from draw, and waits until
+// it is ready and proves it is the one started (prometheusProof).
+// Prometheus cannot take a listener from us: another process may hold the
+// port, and then another is drawn.
+func startPrometheus(bin, cfg, data string, draw func() (int, error)) (*Prometheus, error) {
+	return onFreePort(draw, func(port int) (*Prometheus, error) {
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		p, err := launch.Start("prometheus", exec.Command(bin,
+		url := "http://" + addr
+		ctx, cancel := context.WithTimeout(context.Background(), 2*startTimeout)
+		defer cancel()
+		p, err := launch.StartProven(ctx, "prometheus", exec.Command(bin,
 			"--config.file="+cfg,
-			"--storage.tsdb.path="+filepath.Join(dir, "data"),
+			"--storage.tsdb.path="+data,
 			"--web.listen-address="+addr,
 			"--log.level=warn",
-		), nil)
+		), nil, "200 from /-/ready and its flags", prometheusProof(url, cfg))
 		if err != nil {
-			t.Fatalf("prometheus: %v", err)
+			return nil, err
 		}
-		prom := &Prometheus{URL: "http://" + addr, p: p}
-		if err := prom.waitReady(); err != nil {
-			p.Kill()
-			if attempt < 2 {
-				continue
-			}
-			t.Fatalf("prometheus did not become ready: %v", err)
+		return &Prometheus{URL: url, p: p}, nil
+	})
+}
+
+// prometheusProof is the proof (see launch.StartProven) of the Prometheus
+// at url: it is ready, and the config file its flags name is cfg. Another
+// file means another Prometheus holds the port.
+func prometheusProof(url, cfg string) func(context.Context, *launch.Proc) error {
+	return func(ctx context.Context, _ *launch.Proc) error {
+		if _, err := httpGet(ctx, url+"/-/ready"); err != nil {
+			return err
 		}
-		t.Cleanup(func() { p.Stop(stopTimeout) })
-		return prom
+		body, err := httpGet(ctx, url+"/api/v1/status/flags")
+		if err != nil {
+			return err
+		}
+		var flags struct {
+			Data map[string]string `json:"data"`
+		}
+		if err := json.Unmarshal(body, &flags); err != nil {
+			return fmt.Errorf("prometheus flags: %w", err)
+		}
+		if got := flags.Data["config.file"]; got != cfg {
+			return fmt.Errorf("%s is a Prometheus on %q, not on %q: %w", url, got, cfg, launch.ErrPortTaken)
+		}
+		return nil
 	}
 }
 
-func (p *Prometheus) waitReady() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*startTimeout)
+// httpGet returns the body of url's 200 answer, giving up on a call after
+// two seconds.
+func httpGet(ctx context.Context, url string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	return p.p.Poll(ctx, "200 from /-/ready", func(ctx context.Context) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/-/ready", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET /-/ready: %s", resp.Status)
-		}
-		return nil
-	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	case resp.StatusCode != http.StatusOK:
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return body, nil
 }
 
 // Logs is what Prometheus printed so far.

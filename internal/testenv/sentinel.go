@@ -41,7 +41,7 @@ type Sentinel struct {
 // fails the test (see Require) when redis-server is missing.
 //
 // A sentinel reaches its master over TCP, so both take random ports as
-// RedisCluster's nodes do.
+// RedisCluster's nodes do, each proving it is the one started.
 func RedisSentinel(t testing.TB, password string) *Sentinel {
 	t.Helper()
 	return startSentinel(t, password, false)
@@ -110,7 +110,7 @@ func startSentinel(t testing.TB, password string, withReplica bool) *Sentinel {
 		}
 	}
 	s := &Sentinel{password: password}
-	mp, master, err := startOnFreePort(ctx, server, goredis.Options{Password: password}, node("master", ""))
+	mp, master, err := startOnFreePort(ctx, server, drawClusterPort, goredis.Options{Password: password}, node("master", ""))
 	if err != nil {
 		t.Fatalf("redis sentinel: master: %v", err)
 	}
@@ -118,7 +118,7 @@ func startSentinel(t testing.TB, password string, withReplica bool) *Sentinel {
 	s.master = master
 	var rp *launch.Proc
 	if withReplica {
-		rp, s.replica, err = startOnFreePort(ctx, server, goredis.Options{Password: password}, node("replica", master))
+		rp, s.replica, err = startOnFreePort(ctx, server, drawClusterPort, goredis.Options{Password: password}, node("replica", master))
 		if err != nil {
 			t.Fatalf("redis sentinel: replica: %v", err)
 		}
@@ -132,7 +132,7 @@ func startSentinel(t testing.TB, password string, withReplica bool) *Sentinel {
 	if withReplica {
 		down = 1000
 	}
-	sp, sentinel, err := startOnFreePort(ctx, server, goredis.Options{}, func(port int) ([]string, error) {
+	sp, sentinel, err := startOnFreePort(ctx, server, drawClusterPort, goredis.Options{}, func(port int) ([]string, error) {
 		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile \"\"\n"+
 			"sentinel monitor %s 127.0.0.1 %s 1\n"+
 			"sentinel down-after-milliseconds %s %d\n",

@@ -52,7 +52,7 @@ type Harness struct {
 	// real wait for a real server.
 	Advance func(t *testing.T, d time.Duration)
 	// Idle is the idle timeout the expiry cases use (0: one minute). A
-	// harness whose Advance really waits sets it small, a second or two:
+	// harness whose Advance really waits sets it small, a few seconds:
 	// the cases keep margins of Idle/4 to Idle/2 on the store's expiry
 	// clock, which must hold on a loaded machine. Cases run in parallel,
 	// so a larger Idle adds little to the suite's time.

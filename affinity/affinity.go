@@ -333,9 +333,10 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	case res.Move.Off != "" && res.Move.Off == b.Instance && d.load.Drained(b.Instance):
 		// A drain mark counts only while the drain lasts.
 		kind = KindDrained
-	case !ok && d.out(b.Instance):
+	case !ok && (len(req.Subset) == 0 || slices.Contains(req.Subset, b.Instance)) && d.out(b.Instance):
 		return d.failover(ctx, p, c, res.Key, b, mode, lt, healthy, now)
 	case !ok:
+		// Gone from the fleet, or outside the caller's subset.
 		kind = KindMoved
 	case b.Version != "" && in.Version != b.Version && p.VersionAffinity != AnyVersion:
 		// The instance now serves another model: its KV cache is no use.

@@ -336,7 +336,9 @@ func TestManyConversationsOnOneDocument(t *testing.T) {
 func TestSubset(t *testing.T) {
 	ctx := context.Background()
 	st := memory.New()
-	d := affinity.New(st, fleet.New(instances(4)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25})
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	d := affinity.New(st, fleet.New(instances(4)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25},
+		affinity.WithClock(clk.now), affinity.WithBreaker(fleet.NewBreaker(fleet.BreakerConfig{Threshold: 3, Window: time.Minute, Cooldown: time.Minute}, clk.now, nil)))
 	for i := range 40 {
 		req := session(fmt.Sprint("sub-", i))
 		req.Subset = []string{"gpu-1", "gpu-3"}

@@ -255,7 +255,11 @@ type instance struct {
 	// its previous reading, for the rates tether's tracker takes.
 	flights       []flight
 	queried, hits float64
-	last          *fleet.EngineReading
+	last          fleet.EngineReading
+	hasLast       bool
+	// capacity is its KV cache's capacity in tokens, as its engine
+	// publishes it (vllm:cache_config_info).
+	capacity int
 	// base is its model's figures when the warmup ended.
 	base emulator.ModelStats
 }
@@ -290,16 +294,16 @@ func (in *instance) reading(now time.Time) fleet.EngineReading {
 		live = append(live, f)
 	}
 	in.flights = live
-	if capacity := in.model.stats().Cache.CapacityTokens; capacity > 0 {
-		r.KVUsage = min(held/float64(capacity), 1)
-		r.CacheTokens = capacity // vllm:cache_config_info
+	if in.capacity > 0 {
+		r.KVUsage = min(held/float64(in.capacity), 1)
+		r.CacheTokens = in.capacity // vllm:cache_config_info
 	}
 	r.PrefixQueries, r.PrefixHits, r.PrefixKnown = in.queried, in.hits, true
-	if p := in.last; p != nil && now.After(p.At) && r.PrefixQueries >= p.PrefixQueries {
+	if p := &in.last; in.hasLast && now.After(p.At) && r.PrefixQueries >= p.PrefixQueries {
 		dt := now.Sub(p.At).Seconds()
 		r.QueryRate, r.HitRate, r.RatesKnown = (r.PrefixQueries-p.PrefixQueries)/dt, (r.PrefixHits-p.PrefixHits)/dt, true
 	}
-	in.last = &r
+	in.last, in.hasLast = r, true
 	return r
 }
 
@@ -432,6 +436,7 @@ func (r *runner) buildFleet() error {
 			}
 			in.model = m
 		}
+		in.capacity = in.model.stats().Cache.CapacityTokens
 		r.instances = append(r.instances, in)
 	}
 	r.fleet = fleetState{instances: r.instances, died: -1}

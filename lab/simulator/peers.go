@@ -323,8 +323,21 @@ func (r *sglangRouter) match(c *conversation, hashes []uint64) (int, []int) {
 
 // insert adds the prompt's path to worker i's tree, touched now.
 func (r *sglangRouter) insert(c *conversation, hashes []uint64, i int, now int64) {
+	// Worker i is usually at the same place in every shared block's
+	// tenants (it reached them all at once): look there first.
+	hint := 0
 	for n, h := range hashes[:min(len(hashes), c.docEnd)] {
-		r.shared[h] = r.touch(r.shared[h], i, int32(n+1), now)
+		ts := r.shared[h]
+		if hint >= len(ts) || int(ts[hint].inst) != i {
+			hint = slices.IndexFunc(ts, func(t tenantAt) bool { return int(t.inst) == i })
+		}
+		if hint >= 0 {
+			ts[hint].at = now
+			continue
+		}
+		r.chars[i]++
+		hint = len(ts)
+		r.shared[h] = append(ts, tenantAt{inst: int32(i), depth: int32(n + 1), at: now})
 	}
 	if len(hashes) <= c.docEnd {
 		return
@@ -342,17 +355,6 @@ func (r *sglangRouter) insert(c *conversation, hashes []uint64, i int, now int64
 	}
 	r.chars[i] += len(hashes) - c.docEnd
 	r.own[c.shape.index] = append(ts, tenantAt{inst: int32(i), depth: int32(len(hashes)), from: int32(c.docEnd), at: now})
-}
-
-func (r *sglangRouter) touch(ts []tenantAt, i int, depth int32, now int64) []tenantAt {
-	for j := range ts {
-		if int(ts[j].inst) == i {
-			ts[j].at = now
-			return ts
-		}
-	}
-	r.chars[i]++
-	return append(ts, tenantAt{inst: int32(i), depth: depth, at: now})
 }
 
 // evict trims every worker whose tree holds more than the maximum, its

@@ -72,6 +72,9 @@ type runCache struct {
 type appBlocks struct {
 	blocks []sysBlock // S_a of them
 	cached int        // blocks 0..cached-1 are cached
+	// readyBy is when every cached block is ready, or later (a bound:
+	// blocks that leave the cache leave it as it was).
+	readyBy int64
 }
 
 type sysBlock struct {
@@ -160,9 +163,11 @@ func sessionKey(s string) uint64 {
 func (c *runCache) match(a int, conv uint64, lookup int, t int64) int {
 	app := &c.apps[a]
 	sys := len(app.blocks)
-	for i := range min(lookup, sys) {
-		if i >= app.cached || app.blocks[i].ready > t {
-			return i
+	if look := min(lookup, sys); look > app.cached || app.readyBy > t {
+		for i := range look {
+			if i >= app.cached || app.blocks[i].ready > t {
+				return i
+			}
 		}
 	}
 	if lookup <= sys {
@@ -201,6 +206,7 @@ func (c *runCache) store(a int, conv uint64, n, promptBlocks int, prompt, answer
 	}
 	// The blocks: present ones keep the earlier ready time, missing ones
 	// are inserted.
+	app.readyBy = 0
 	for i := range sys {
 		b := &app.blocks[i]
 		if i >= app.cached {
@@ -209,6 +215,7 @@ func (c *runCache) store(a int, conv uint64, n, promptBlocks int, prompt, answer
 		} else {
 			b.ready = min(b.ready, readyAt(i))
 		}
+		app.readyBy = max(app.readyBy, b.ready)
 	}
 	app.cached = sys
 	node := int32(-1)

@@ -359,6 +359,10 @@ type runner struct {
 	instArea      float64 // live instances × ns, while measuring
 	series        []minuteTally
 
+	// chains are the block chains of conversations that ended, for new
+	// ones (conversation.hashes).
+	chains [][]uint64
+
 	// observe, when set (tests), sees the virtual time of every event.
 	observe func(at int64)
 }
@@ -688,6 +692,9 @@ func (r *runner) arrive(ctx context.Context, burst bool) error {
 		r.nextIndex++
 	}
 	c := &conversation{last: -1, burst: burst}
+	if n := len(r.chains); n > 0 {
+		c.hashes, r.chains = r.chains[n-1], r.chains[:n-1]
+	}
 	if r.opts.Exact {
 		conv := r.gen.At(n)
 		c.text = &conv
@@ -894,6 +901,7 @@ func (r *runner) done(k *call) {
 	if at >= r.end {
 		r.turnsNotSent += len(c.shape.turns) - c.turn
 		r.liveConvs--
+		r.letGo(c)
 		return
 	}
 	r.schedule(at, eventSend, lead)
@@ -903,12 +911,24 @@ func (r *runner) done(k *call) {
 // request of it did not end OK).
 func (r *runner) endConversation(c *conversation, completed bool) {
 	r.liveConvs--
+	r.letGo(c)
 	if completed {
 		r.completed++
 		return
 	}
 	r.turnsNotSent += len(c.shape.turns) - (c.turn + 1)
 }
+
+// letGo keeps the chain of c, which has ended, for a conversation to come.
+func (r *runner) letGo(c *conversation) {
+	if cap(c.hashes) > 0 && len(r.chains) < maxSpareChains {
+		r.chains = append(r.chains, c.hashes[:0])
+	}
+	c.hashes = nil
+}
+
+// maxSpareChains bounds the chains kept for conversations to come.
+const maxSpareChains = 1024
 
 // counts reports whether request k counts in the figures: it was sent
 // after the warmup.

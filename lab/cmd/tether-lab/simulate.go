@@ -370,9 +370,9 @@ func simulateAll(ctx context.Context, stderr io.Writer, fl *simulateFlags, polic
 	}
 	results := make([]*simulator.Result, len(policies))
 	errs := make([]error, len(policies))
-	// The policies start costliest first (tether's decider, then the
-	// Envoy emulations), so the slowest does not start last: the run
-	// takes about as long as its slowest policy, or its share of the CPUs.
+	// The policies start costliest first (costliestFirst), so the
+	// slowest does not start last: the run takes about as long as its
+	// slowest policy, or its share of the CPUs.
 	next := make(chan int, len(policies))
 	for _, i := range costliestFirst(policies) {
 		next <- i
@@ -413,7 +413,7 @@ func simulateAll(ctx context.Context, stderr io.Writer, fl *simulateFlags, polic
 // as its slowest policy, or its share of the CPUs, and not a costly
 // policy started last. The ranks follow their CPU time on one simulated
 // hour of 64 instances at 60 requests/s (BENCHMARKS.md, "Simulator
-// speed"): tether's decider with cache-aware placement (and a
+// speed with the content-reading policies"): tether's decider with cache-aware placement (and a
 // configuration's policy, which may have it), adaptive, sticky; SGLang's
 // router; tether random, GIE's scorer and the oracle; Envoy's balancers.
 func costliestFirst(policies []simulator.Policy) []int {

@@ -1,7 +1,6 @@
 package emulator
 
 import (
-	"container/list"
 	"fmt"
 	"hash/fnv"
 	"sync"
@@ -106,33 +105,115 @@ type KVCache struct {
 	maxBlocks int
 	maxConvs  int // 0: no conversation tracking
 
-	mu       sync.Mutex
-	blocks   map[BlockHash]*cacheBlock
-	lru      list.List // of *cacheBlock; front is the most recently used
+	mu     sync.Mutex
+	blocks map[BlockHash]*cacheBlock
+	// lru runs from the most recently used block (front) to the least
+	// (back), linked through the blocks.
+	lru      blockList
 	sessions map[uint64]*conversation
 	leaves   map[BlockHash]*conversation // anonymous conversations by their last block
-	convLRU  list.List                   // of *conversation; front is the most recently used
+	convLRU  convList                    // front is the most recently used
+	convs    int                         // in convLRU
 	stats    CacheStats
+	// held is the blocks of the chain being stored; free the records of
+	// blocks the cache let go of, for the blocks it inserts next.
+	held []*cacheBlock
+	free []*cacheBlock
 	// onRemove, when set (for the duration of one storeReporting call),
 	// learns the hash of every block the cache frees.
 	onRemove func(BlockHash)
 }
 
+// cacheBlock is a cached block. The cache reuses the record of a block
+// it let go of: gen tells the two apart.
 type cacheBlock struct {
-	hash  BlockHash
-	ready time.Time
-	refs  int  // conversations whose chain holds this block (with a cap)
-	dead  bool // evicted; a conversation may still point at it
-	elem  *list.Element
+	hash       BlockHash
+	ready      time.Time
+	refs       int    // conversations whose chain holds this block (with a cap)
+	gen        uint32 // changes when the block leaves the cache
+	listed     bool   // in the LRU
+	prev, next *cacheBlock
 }
 
+// blockRef is a conversation's hold on a block: the block the record held
+// while its gen is the one held.
+type blockRef struct {
+	b   *cacheBlock
+	gen uint32
+}
+
+// live reports whether the block held is still cached.
+func (r blockRef) live() bool { return r.b.gen == r.gen }
+
 type conversation struct {
-	session   uint64 // hash of the session id; anonymous when !named
-	named     bool
-	leaf      BlockHash // last block of the chain (anonymous conversations)
-	chain     []*cacheBlock
-	elem      *list.Element
-	leafIndex bool // registered in leaves
+	session    uint64 // hash of the session id; anonymous when !named
+	named      bool
+	leaf       BlockHash // last block of the chain (anonymous conversations)
+	chain      []blockRef
+	listed     bool // in convLRU
+	prev, next *conversation
+	leafIndex  bool // registered in leaves
+}
+
+// blockList is a list of blocks linked through their prev and next.
+type blockList struct{ front, back *cacheBlock }
+
+func (l *blockList) pushFront(b *cacheBlock) {
+	b.prev, b.next, b.listed = nil, l.front, true
+	if l.front != nil {
+		l.front.prev = b
+	} else {
+		l.back = b
+	}
+	l.front = b
+}
+
+func (l *blockList) remove(b *cacheBlock) {
+	if b.prev != nil {
+		b.prev.next = b.next
+	} else {
+		l.front = b.next
+	}
+	if b.next != nil {
+		b.next.prev = b.prev
+	} else {
+		l.back = b.prev
+	}
+	b.prev, b.next, b.listed = nil, nil, false
+}
+
+func (l *blockList) moveToFront(b *cacheBlock) {
+	if l.front != b {
+		l.remove(b)
+		l.pushFront(b)
+	}
+}
+
+// convList is a list of conversations linked through their prev and next.
+type convList struct{ front, back *conversation }
+
+func (l *convList) pushFront(cv *conversation) {
+	cv.prev, cv.next, cv.listed = nil, l.front, true
+	if l.front != nil {
+		l.front.prev = cv
+	} else {
+		l.back = cv
+	}
+	l.front = cv
+}
+
+func (l *convList) remove(cv *conversation) {
+	if cv.prev != nil {
+		cv.prev.next = cv.next
+	} else {
+		l.front = cv.next
+	}
+	if cv.next != nil {
+		cv.next.prev = cv.prev
+	} else {
+		l.back = cv.prev
+	}
+	cv.prev, cv.next, cv.listed = nil, nil, false
 }
 
 // NewKVCache returns an empty cache.
@@ -151,10 +232,11 @@ func NewKVCache(cfg CacheConfig) (*KVCache, error) {
 
 func (c *KVCache) reset() {
 	c.blocks = make(map[BlockHash]*cacheBlock)
-	c.lru.Init()
+	c.lru = blockList{}
 	c.sessions = make(map[uint64]*conversation)
 	c.leaves = make(map[BlockHash]*conversation)
-	c.convLRU.Init()
+	c.convLRU, c.convs = convList{}, 0
+	c.held, c.free = nil, nil
 	c.stats = CacheStats{}
 }
 
@@ -197,41 +279,54 @@ func (c *KVCache) storeReporting(session string, chain []Block, removed func(Blo
 	c.onRemove = removed
 	defer func() { c.onRemove = nil }()
 
-	held := make([]*cacheBlock, len(chain))
-	for i, bl := range chain {
+	held := c.held[:0]
+	for _, bl := range chain {
 		b := c.blocks[bl.Hash]
 		switch {
 		case b == nil:
-			b = &cacheBlock{hash: bl.Hash, ready: bl.Ready}
+			b = c.newBlock(bl)
 			c.blocks[bl.Hash] = b
 		case bl.Ready.Before(b.ready):
 			b.ready = bl.Ready
 		}
-		held[i] = b
+		held = append(held, b)
 	}
+	c.held = held
 	// Last to first: a block is then used more recently than any block
 	// after it, and the LRU evicts chains from their end.
 	for i := len(held) - 1; i >= 0; i-- {
-		if b := held[i]; b.elem == nil {
-			b.elem = c.lru.PushFront(b)
+		if b := held[i]; !b.listed {
+			c.lru.pushFront(b)
 		} else {
-			c.lru.MoveToFront(b.elem)
+			c.lru.moveToFront(b)
 		}
 	}
 
 	if c.maxConvs > 0 {
 		c.assign(session, chain, held)
-		for c.convLRU.Len() > c.maxConvs {
-			cv := c.convLRU.Back().Value.(*conversation)
-			c.dropConversation(cv)
+		for c.convs > c.maxConvs {
+			c.dropConversation(c.convLRU.back)
 			c.stats.ConversationEvictions++
 		}
 	}
 	for len(c.blocks) > c.maxBlocks {
-		b := c.lru.Back().Value.(*cacheBlock)
-		c.remove(b)
+		c.remove(c.lru.back)
 		c.stats.Evictions++
 	}
+	clear(held)
+}
+
+// newBlock returns a record for bl, not yet in the LRU.
+func (c *KVCache) newBlock(bl Block) *cacheBlock {
+	n := len(c.free)
+	if n == 0 {
+		return &cacheBlock{hash: bl.Hash, ready: bl.Ready}
+	}
+	b := c.free[n-1]
+	c.free[n-1] = nil
+	c.free = c.free[:n-1]
+	b.hash, b.ready, b.refs = bl.Hash, bl.Ready, 0
+	return b
 }
 
 // assign makes held the chain of the conversation the store belongs to.
@@ -263,7 +358,10 @@ func (c *KVCache) assign(session string, chain []Block, held []*cacheBlock) {
 		b.refs++
 	}
 	c.release(cv.chain)
-	cv.chain = held
+	cv.chain = cv.chain[:0]
+	for _, b := range held {
+		cv.chain = append(cv.chain, blockRef{b: b, gen: b.gen})
+	}
 	if len(held) == 0 {
 		// A session whose latest prompt holds no block keeps nothing.
 		c.forget(cv)
@@ -277,10 +375,12 @@ func (c *KVCache) assign(session string, chain []Block, held []*cacheBlock) {
 		c.leaves[cv.leaf] = cv
 		cv.leafIndex = true
 	}
-	if cv.elem == nil {
-		cv.elem = c.convLRU.PushFront(cv)
-	} else {
-		c.convLRU.MoveToFront(cv.elem)
+	if !cv.listed {
+		c.convLRU.pushFront(cv)
+		c.convs++
+	} else if c.convLRU.front != cv {
+		c.convLRU.remove(cv)
+		c.convLRU.pushFront(cv)
 	}
 }
 
@@ -299,19 +399,20 @@ func (c *KVCache) forget(cv *conversation) {
 		delete(c.leaves, cv.leaf)
 		cv.leafIndex = false
 	}
-	if cv.elem != nil {
-		c.convLRU.Remove(cv.elem)
-		cv.elem = nil
+	if cv.listed {
+		c.convLRU.remove(cv)
+		c.convs--
 	}
 }
 
 // release drops one conversation reference from each live block of chain and
 // frees the blocks no conversation holds any more.
-func (c *KVCache) release(chain []*cacheBlock) {
-	for _, b := range chain {
-		if b.dead {
-			continue // evicted since; a block with its hash may be a new one
+func (c *KVCache) release(chain []blockRef) {
+	for _, r := range chain {
+		if !r.live() {
+			continue // evicted since; its record may hold another block now
 		}
+		b := r.b
 		b.refs--
 		if b.refs <= 0 {
 			c.remove(b)
@@ -320,11 +421,12 @@ func (c *KVCache) release(chain []*cacheBlock) {
 	}
 }
 
+// remove lets go of b; its record is then free for another block.
 func (c *KVCache) remove(b *cacheBlock) {
 	delete(c.blocks, b.hash)
-	c.lru.Remove(b.elem)
-	b.elem = nil
-	b.dead = true
+	c.lru.remove(b)
+	b.gen++
+	c.free = append(c.free, b)
 	if c.onRemove != nil {
 		c.onRemove(b.hash)
 	}
@@ -339,7 +441,7 @@ func (c *KVCache) Stats() CacheStats {
 	s.Blocks = len(c.blocks)
 	s.Tokens = len(c.blocks) * BlockSize
 	s.CapacityTokens = c.maxBlocks * BlockSize
-	s.Conversations = c.convLRU.Len()
+	s.Conversations = c.convs
 	s.MaxConversations = c.maxConvs
 	return s
 }

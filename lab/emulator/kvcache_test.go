@@ -401,25 +401,40 @@ func (c *KVCache) check() error {
 	if len(c.blocks) > c.maxBlocks {
 		return fmt.Errorf("%d blocks, capacity %d", len(c.blocks), c.maxBlocks)
 	}
-	if c.lru.Len() != len(c.blocks) {
-		return fmt.Errorf("lru holds %d blocks, map %d", c.lru.Len(), len(c.blocks))
+	listed := 0
+	for b := c.lru.front; b != nil; b = b.next {
+		if b.next != nil && b.next.prev != b || b.next == nil && c.lru.back != b {
+			return fmt.Errorf("lru: broken link after block %x", b.hash)
+		}
+		listed++
 	}
-	if c.maxConvs > 0 && c.convLRU.Len() > c.maxConvs {
-		return fmt.Errorf("%d conversations, cap %d", c.convLRU.Len(), c.maxConvs)
+	if listed != len(c.blocks) {
+		return fmt.Errorf("lru holds %d blocks, map %d", listed, len(c.blocks))
 	}
-	if c.convLRU.Len() != len(c.sessions)+len(c.leaves) {
-		return fmt.Errorf("%d conversations, %d sessions + %d anonymous", c.convLRU.Len(), len(c.sessions), len(c.leaves))
-	}
+	convs := 0
 	refs := make(map[*cacheBlock]int)
-	for e := c.convLRU.Front(); e != nil; e = e.Next() {
-		for _, b := range e.Value.(*conversation).chain {
-			if !b.dead {
-				refs[b]++
+	for cv := c.convLRU.front; cv != nil; cv = cv.next {
+		if cv.next != nil && cv.next.prev != cv || cv.next == nil && c.convLRU.back != cv {
+			return fmt.Errorf("conversations: broken link")
+		}
+		convs++
+		for _, r := range cv.chain {
+			if r.live() {
+				refs[r.b]++
 			}
 		}
 	}
+	if convs != c.convs {
+		return fmt.Errorf("%d conversations listed, %d counted", convs, c.convs)
+	}
+	if c.maxConvs > 0 && convs > c.maxConvs {
+		return fmt.Errorf("%d conversations, cap %d", convs, c.maxConvs)
+	}
+	if convs != len(c.sessions)+len(c.leaves) {
+		return fmt.Errorf("%d conversations, %d sessions + %d anonymous", convs, len(c.sessions), len(c.leaves))
+	}
 	for h, b := range c.blocks {
-		if b.hash != h || b.dead || b.elem == nil {
+		if b.hash != h || !b.listed {
 			return fmt.Errorf("block %x: inconsistent record", h)
 		}
 		if c.maxConvs > 0 && (b.refs < 1 || b.refs != refs[b]) {

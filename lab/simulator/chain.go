@@ -31,9 +31,9 @@ const (
 	keyOwn      = 0x6f776e       // "own"
 )
 
-func blockKey(tag, owner uint64, i int) uint64 {
-	return wlSplitmix(wlSplitmix(tag^wlSplitmix(owner)) + uint64(i))
-}
+// ownerKey is what an owner's block keys share: block i's key is
+// wlSplitmix(ownerKey + i).
+func ownerKey(tag, owner uint64) uint64 { return wlSplitmix(tag ^ wlSplitmix(owner)) }
 
 func chainMix(prev, key uint64) uint64 { return wlSplitmix(prev*0x9e3779b97f4a7c15 ^ key) }
 
@@ -50,21 +50,26 @@ func (c *conversation) chain() []uint64 {
 // prompts and answers so far, and beyond: every block's key is known from
 // its index).
 func (c *conversation) blocks(n int) []uint64 {
-	for i := len(c.hashes); i < n; i++ {
-		var key uint64
+	for i := len(c.hashes); i < n; {
+		// The blocks of one owner at a time: their keys share ownerKey.
+		var base uint64
+		end := n
 		switch {
 		case i < c.sysBlocks:
-			key = blockKey(keySystem, uint64(c.shape.app), i)
+			base, end = ownerKey(keySystem, uint64(c.shape.app)), min(n, c.sysBlocks)
 		case i < c.docEnd:
-			key = blockKey(keyDocument, uint64(c.shape.doc), i)
+			base, end = ownerKey(keyDocument, uint64(c.shape.doc)), min(n, c.docEnd)
 		default:
-			key = blockKey(keyOwn, c.shape.index, i)
+			base = ownerKey(keyOwn, c.shape.index)
 		}
 		prev := uint64(0)
 		if i > 0 {
 			prev = c.hashes[i-1]
 		}
-		c.hashes = append(c.hashes, chainMix(prev, key))
+		for ; i < end; i++ {
+			prev = chainMix(prev, wlSplitmix(base+uint64(i)))
+			c.hashes = append(c.hashes, prev)
+		}
 	}
 	return c.hashes[:n]
 }

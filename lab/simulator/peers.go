@@ -2,7 +2,6 @@ package simulator
 
 import (
 	"cmp"
-	"container/list"
 	"context"
 	"math/rand/v2"
 	"slices"
@@ -63,17 +62,16 @@ const (
 // requests (1 when all equal); KV score 1 − KV-cache use; the request goes
 // to the highest 2·queue + 2·kv + 3·prefix, ties at random. The readings
 // are vLLM's /metrics as the adaptive policy reads them (instance.reading),
-// refreshed every 50 ms.
+// refreshed every 50 ms. The LRUs are kept in runs of blocks (gieIndex).
 type gieRouter struct {
 	instances []*instance
 	live      []int
 	clock     func() int64
 	rng       *rand.Rand
-	capacity  int
-	lrus      []*hashLRU
-	holders   map[uint64][]int32 // hash → instances whose LRU holds it
+	index     *gieIndex
 	readings  []gieReading
-	scratch   []int
+	spans     []gieSpan
+	match     []int
 }
 
 type gieReading struct {
@@ -83,8 +81,8 @@ type gieReading struct {
 }
 
 func newGIERouter(instances []*instance, capacityTokens int, clock func() int64, rng *rand.Rand) *gieRouter {
-	r := &gieRouter{instances: instances, clock: clock, rng: rng, capacity: max(capacityTokens/emulator.BlockSize, 1),
-		holders: map[uint64][]int32{}, lrus: make([]*hashLRU, len(instances)), readings: make([]gieReading, len(instances))}
+	r := &gieRouter{instances: instances, clock: clock, rng: rng, index: newGIEIndex(len(instances), max(capacityTokens/emulator.BlockSize, 1)),
+		readings: make([]gieReading, len(instances)), match: make([]int, len(instances))}
 	for i := range r.readings {
 		r.readings[i].at = -1
 	}
@@ -103,36 +101,22 @@ func (r *gieRouter) update(f *fleetState) {
 	for _, i := range f.live {
 		up[i] = true
 	}
-	for i, l := range r.lrus {
-		if l != nil && !up[i] {
-			for e := l.order.Front(); e != nil; e = e.Next() {
-				r.unhold(e.Value.(uint64), int32(i))
-			}
-			r.lrus[i] = nil
+	for i := range r.instances {
+		if !up[i] {
+			r.index.drop(i)
 		}
 	}
 }
 
 func (r *gieRouter) route(_ context.Context, k *call) (int, affinity.Kind, error) {
-	hashes := k.conv.chain()
-	hashes = hashes[:min(len(hashes), gieMaxPrefixBlocks)]
+	c := k.conv
+	n := min((c.history+c.shape.turns[c.turn].userTokens)/emulator.BlockSize, gieMaxPrefixBlocks)
+	r.spans = gieSpans(r.spans, c, n)
 	now := r.clock()
-	// matchLongestPrefix: every server holding hash i counts one, until a
-	// hash no server holds.
-	match := r.scratch[:0]
-	for range r.instances {
-		match = append(match, 0)
-	}
-	for _, h := range hashes {
-		servers := r.holders[h]
-		if len(servers) == 0 {
-			break
-		}
-		for _, s := range servers {
-			match[s]++
-		}
-	}
-	r.scratch = match
+	// matchLongestPrefix: every server holding block i counts one, until a
+	// block no server holds.
+	match := r.match
+	r.index.match(r.spans, match)
 	minQ, maxQ := int(^uint(0)>>1), -1
 	for _, i := range r.live {
 		rd := r.reading(i, now)
@@ -147,8 +131,8 @@ func (r *gieRouter) route(_ context.Context, k *call) (int, affinity.Kind, error
 			queue = float64(maxQ-rd.waiting) / float64(maxQ-minQ)
 		}
 		prefix := 0.0
-		if len(hashes) > 0 {
-			prefix = float64(match[i]) / float64(len(hashes))
+		if n > 0 {
+			prefix = float64(match[i]) / float64(n)
 		}
 		score := gieQueueWeight*queue + gieKVWeight*(1-rd.kv) + giePrefixWeight*prefix
 		switch {
@@ -161,7 +145,7 @@ func (r *gieRouter) route(_ context.Context, k *call) (int, affinity.Kind, error
 			}
 		}
 	}
-	r.add(hashes, best)
+	r.index.add(r.spans, best)
 	return best, "", nil
 }
 
@@ -173,53 +157,6 @@ func (r *gieRouter) reading(i int, now int64) gieReading {
 		*rd = gieReading{at: now, waiting: e.Waiting, kv: e.KVUsage}
 	}
 	return *rd
-}
-
-// add is the indexer's Add after a request went to instance i.
-func (r *gieRouter) add(hashes []uint64, i int) {
-	l := r.lrus[i]
-	if l == nil {
-		l = &hashLRU{items: map[uint64]*list.Element{}}
-		r.lrus[i] = l
-	}
-	for _, h := range hashes {
-		if e, ok := l.items[h]; ok {
-			l.order.MoveToFront(e)
-			continue
-		}
-		l.items[h] = l.order.PushFront(h)
-		r.holders[h] = append(r.holders[h], int32(i))
-		if l.order.Len() > r.capacity {
-			last := l.order.Back()
-			old := last.Value.(uint64)
-			l.order.Remove(last)
-			delete(l.items, old)
-			r.unhold(old, int32(i))
-		}
-	}
-}
-
-func (r *gieRouter) unhold(h uint64, i int32) {
-	s := r.holders[h]
-	for j, x := range s {
-		if x == i {
-			s[j] = s[len(s)-1]
-			s = s[:len(s)-1]
-			break
-		}
-	}
-	if len(s) == 0 {
-		delete(r.holders, h)
-	} else {
-		r.holders[h] = s
-	}
-}
-
-// hashLRU is one server's LRU of block hashes (GIE's per-pod
-// golang-lru cache).
-type hashLRU struct {
-	items map[uint64]*list.Element
-	order list.List // of uint64; front is the most recent
 }
 
 // SGLang's router defaults, from sgl-project/sglang
@@ -386,8 +323,21 @@ func (r *sglangRouter) match(c *conversation, hashes []uint64) (int, []int) {
 
 // insert adds the prompt's path to worker i's tree, touched now.
 func (r *sglangRouter) insert(c *conversation, hashes []uint64, i int, now int64) {
+	// Worker i is usually at the same place in every shared block's
+	// tenants (it reached them all at once): look there first.
+	hint := 0
 	for n, h := range hashes[:min(len(hashes), c.docEnd)] {
-		r.shared[h] = r.touch(r.shared[h], i, int32(n+1), now)
+		ts := r.shared[h]
+		if hint >= len(ts) || int(ts[hint].inst) != i {
+			hint = slices.IndexFunc(ts, func(t tenantAt) bool { return int(t.inst) == i })
+		}
+		if hint >= 0 {
+			ts[hint].at = now
+			continue
+		}
+		r.chars[i]++
+		hint = len(ts)
+		r.shared[h] = append(ts, tenantAt{inst: int32(i), depth: int32(n + 1), at: now})
 	}
 	if len(hashes) <= c.docEnd {
 		return
@@ -405,17 +355,6 @@ func (r *sglangRouter) insert(c *conversation, hashes []uint64, i int, now int64
 	}
 	r.chars[i] += len(hashes) - c.docEnd
 	r.own[c.shape.index] = append(ts, tenantAt{inst: int32(i), depth: int32(len(hashes)), from: int32(c.docEnd), at: now})
-}
-
-func (r *sglangRouter) touch(ts []tenantAt, i int, depth int32, now int64) []tenantAt {
-	for j := range ts {
-		if int(ts[j].inst) == i {
-			ts[j].at = now
-			return ts
-		}
-	}
-	r.chars[i]++
-	return append(ts, tenantAt{inst: int32(i), depth: depth, at: now})
 }
 
 // evict trims every worker whose tree holds more than the maximum, its

@@ -14,7 +14,6 @@ import (
 	"github.com/tetherproxy/tether/identity"
 	"github.com/tetherproxy/tether/lab/emulator"
 	"github.com/tetherproxy/tether/plan"
-	"github.com/tetherproxy/tether/prefix"
 	"github.com/tetherproxy/tether/replicas"
 	"github.com/tetherproxy/tether/ringhash"
 	"github.com/tetherproxy/tether/store/memory"
@@ -37,9 +36,9 @@ const (
 	// CacheAware is tether's sticky mode with cache-aware placement
 	// ([content] on): a new session, an anonymous request, or a session
 	// idle past its instance's cache horizon is placed by what the
-	// instances' caches hold of its prompt (affinity.Decider.Refine over
-	// prefix.Index, the production code), with vLLM's readings every
-	// second as tether's poller takes them.
+	// instances' caches hold of its prompt (affinity.Decider.Refine, the
+	// production code, over prefix.Index's answers: contentRuns), with
+	// vLLM's readings every second as tether's poller takes them.
 	CacheAware Policy = "cache-aware"
 	// Tether is the policy of Options.Config, as `tether serve` runs it:
 	// its rules, versions, bounded load, saturation thresholds,
@@ -195,7 +194,7 @@ type tetherRouter struct {
 	rng       *rand.Rand
 	// prompts is the prefix index the decider places open decisions by
 	// (Refine, with the prompt's chain); nil without [content].
-	prompts *prefix.Index
+	prompts *contentRuns
 	// trace, when set (tests), sees every call on the decider; decided
 	// numbers the decisions for it.
 	trace   func(deciderCall)
@@ -246,7 +245,7 @@ func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRo
 	if p.Content.Enabled {
 		// One index block is one emulator block (16 tokens): the plan's
 		// block size is 64 bytes at plan's 4 characters a token.
-		t.prompts = prefix.NewIndex(p.Content.IndexBlocks(p.Content.CacheTokens))
+		t.prompts = newContentRuns(p.Content.IndexBlocks(p.Content.CacheTokens))
 		contents = t.prompts
 	}
 	d := plan.NewDecider(p, fl, plan.Deps{
@@ -348,12 +347,15 @@ func (t *tetherRouter) route(ctx context.Context, k *call) (int, affinity.Kind, 
 	var chain []uint64
 	if d.Content {
 		// What tether does with the body Envoy then sends.
+		t.prompts.conv = c // what the chain is made of
 		chain = c.chain()
 		d = t.decider.Refine(ctx, d, chain)
+		t.prompts.conv = nil
 	}
 	k.decision, k.decided = d, t.decided
 	if t.trace != nil {
-		t.trace(deciderCall{at: now, n: t.decided, request: c.request, decision: d, chain: chain})
+		// A copy: a conversation that ends hands its chain's slice on.
+		t.trace(deciderCall{at: now, n: t.decided, request: c.request, decision: d, chain: slices.Clone(chain)})
 	}
 	t.decided++
 	i, ok := t.index[d.Instance.Name]

@@ -72,6 +72,12 @@ type runCache struct {
 type appBlocks struct {
 	blocks []sysBlock // S_a of them
 	cached int        // blocks 0..cached-1 are cached
+	// readyBy is when every cached block is ready, or later (a bound:
+	// blocks that leave the cache leave it as it was).
+	readyBy int64
+	// gens counts the changes of its blocks' generations: a record that
+	// saw the same count holds every block it held.
+	gens uint64
 }
 
 type sysBlock struct {
@@ -117,6 +123,7 @@ type convRecord struct {
 	conv     uint64
 	n        int32
 	sysGens  []uint32
+	appGens  uint64 // its application's gens when sysGens were taken
 
 	listed     bool
 	prev, next int32
@@ -160,9 +167,11 @@ func sessionKey(s string) uint64 {
 func (c *runCache) match(a int, conv uint64, lookup int, t int64) int {
 	app := &c.apps[a]
 	sys := len(app.blocks)
-	for i := range min(lookup, sys) {
-		if i >= app.cached || app.blocks[i].ready > t {
-			return i
+	if look := min(lookup, sys); look > app.cached || app.readyBy > t {
+		for i := range look {
+			if i >= app.cached || app.blocks[i].ready > t {
+				return i
+			}
 		}
 	}
 	if lookup <= sys {
@@ -201,16 +210,20 @@ func (c *runCache) store(a int, conv uint64, n, promptBlocks int, prompt, answer
 	}
 	// The blocks: present ones keep the earlier ready time, missing ones
 	// are inserted.
-	for i := range sys {
-		b := &app.blocks[i]
-		if i >= app.cached {
-			b.ready, b.refs = readyAt(i), 0
-			c.count++
-		} else {
-			b.ready = min(b.ready, readyAt(i))
+	if app.cached < sys || app.readyBy > min(prompt, answer) {
+		app.readyBy = 0
+		for i := range sys {
+			b := &app.blocks[i]
+			if i >= app.cached {
+				b.ready, b.refs = readyAt(i), 0
+				c.count++
+			} else {
+				b.ready = min(b.ready, readyAt(i))
+			}
+			app.readyBy = max(app.readyBy, b.ready)
 		}
+		app.cached = sys
 	}
-	app.cached = sys
 	node := int32(-1)
 	if n > sys {
 		slot, ok := c.runs[conv]
@@ -299,10 +312,12 @@ func (c *runCache) assign(a int, conv uint64, n int, named bool, session uint64)
 	app := &c.apps[a]
 	sys := len(app.blocks)
 	if rec.hasChain && rec.app == a {
-		for i := range sys {
-			if b := &app.blocks[i]; rec.sysGens[i] != b.gen {
-				b.refs++
-				rec.sysGens[i] = b.gen
+		if rec.appGens != app.gens {
+			for i := range sys {
+				if b := &app.blocks[i]; rec.sysGens[i] != b.gen {
+					b.refs++
+					rec.sysGens[i] = b.gen
+				}
 			}
 		}
 	} else {
@@ -318,6 +333,7 @@ func (c *runCache) assign(a int, conv uint64, n int, named bool, session uint64)
 		}
 		rec.sysGens = gens
 	}
+	rec.appGens = app.gens
 	if rec.hasChain && rec.conv != conv && int(rec.n) > len(c.apps[rec.app].blocks) {
 		c.releaseRun(rec.conv)
 	}
@@ -395,6 +411,7 @@ func (c *runCache) releaseSystem(a int, gens []uint32) {
 		b.refs--
 		if b.refs <= 0 {
 			b.gen++
+			app.gens++
 			b.refs = 0
 			c.count--
 			c.stats.ReleasedBlocks++
@@ -447,6 +464,7 @@ func (c *runCache) evictBack(excess int) {
 			app.blocks[i].gen++
 			app.blocks[i].refs = 0
 		}
+		app.gens++
 		app.cached -= k
 		c.count -= k
 		c.stats.Evictions += int64(k)

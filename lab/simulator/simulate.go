@@ -255,7 +255,11 @@ type instance struct {
 	// its previous reading, for the rates tether's tracker takes.
 	flights       []flight
 	queried, hits float64
-	last          *fleet.EngineReading
+	last          fleet.EngineReading
+	hasLast       bool
+	// capacity is its KV cache's capacity in tokens, as its engine
+	// publishes it (vllm:cache_config_info).
+	capacity int
 	// base is its model's figures when the warmup ended.
 	base emulator.ModelStats
 }
@@ -290,16 +294,16 @@ func (in *instance) reading(now time.Time) fleet.EngineReading {
 		live = append(live, f)
 	}
 	in.flights = live
-	if capacity := in.model.stats().Cache.CapacityTokens; capacity > 0 {
-		r.KVUsage = min(held/float64(capacity), 1)
-		r.CacheTokens = capacity // vllm:cache_config_info
+	if in.capacity > 0 {
+		r.KVUsage = min(held/float64(in.capacity), 1)
+		r.CacheTokens = in.capacity // vllm:cache_config_info
 	}
 	r.PrefixQueries, r.PrefixHits, r.PrefixKnown = in.queried, in.hits, true
-	if p := in.last; p != nil && now.After(p.At) && r.PrefixQueries >= p.PrefixQueries {
+	if p := &in.last; in.hasLast && now.After(p.At) && r.PrefixQueries >= p.PrefixQueries {
 		dt := now.Sub(p.At).Seconds()
 		r.QueryRate, r.HitRate, r.RatesKnown = (r.PrefixQueries-p.PrefixQueries)/dt, (r.PrefixHits-p.PrefixHits)/dt, true
 	}
-	in.last = &r
+	in.last, in.hasLast = r, true
 	return r
 }
 
@@ -354,6 +358,10 @@ type runner struct {
 	convArea      float64 // live conversations × ns, while measuring
 	instArea      float64 // live instances × ns, while measuring
 	series        []minuteTally
+
+	// chains are the block chains of conversations that ended, for new
+	// ones (conversation.hashes).
+	chains [][]uint64
 
 	// observe, when set (tests), sees the virtual time of every event.
 	observe func(at int64)
@@ -432,6 +440,7 @@ func (r *runner) buildFleet() error {
 			}
 			in.model = m
 		}
+		in.capacity = in.model.stats().Cache.CapacityTokens
 		r.instances = append(r.instances, in)
 	}
 	r.fleet = fleetState{instances: r.instances, died: -1}
@@ -683,6 +692,9 @@ func (r *runner) arrive(ctx context.Context, burst bool) error {
 		r.nextIndex++
 	}
 	c := &conversation{last: -1, burst: burst}
+	if n := len(r.chains); n > 0 {
+		c.hashes, r.chains = r.chains[n-1], r.chains[:n-1]
+	}
 	if r.opts.Exact {
 		conv := r.gen.At(n)
 		c.text = &conv
@@ -889,6 +901,7 @@ func (r *runner) done(k *call) {
 	if at >= r.end {
 		r.turnsNotSent += len(c.shape.turns) - c.turn
 		r.liveConvs--
+		r.letGo(c)
 		return
 	}
 	r.schedule(at, eventSend, lead)
@@ -898,12 +911,24 @@ func (r *runner) done(k *call) {
 // request of it did not end OK).
 func (r *runner) endConversation(c *conversation, completed bool) {
 	r.liveConvs--
+	r.letGo(c)
 	if completed {
 		r.completed++
 		return
 	}
 	r.turnsNotSent += len(c.shape.turns) - (c.turn + 1)
 }
+
+// letGo keeps the chain of c, which has ended, for a conversation to come.
+func (r *runner) letGo(c *conversation) {
+	if cap(c.hashes) > 0 && len(r.chains) < maxSpareChains {
+		r.chains = append(r.chains, c.hashes[:0])
+	}
+	c.hashes = nil
+}
+
+// maxSpareChains bounds the chains kept for conversations to come.
+const maxSpareChains = 1024
 
 // counts reports whether request k counts in the figures: it was sent
 // after the warmup.

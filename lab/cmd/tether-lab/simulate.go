@@ -7,7 +7,9 @@ import (
 	"io"
 	"maps"
 	"math"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -53,6 +55,7 @@ type simulateFlags struct {
 	config             string
 	regime             string
 	charts             string
+	cpuProfile         string
 	// changed reports whether a flag was given (the file decides those it
 	// names).
 	changed func(name string) bool
@@ -99,7 +102,7 @@ and sticky and random are refused. The emulated GPUs (--profile, --kv-*) stay th
   tether-lab simulate --policy sticky --instances 64 --rate 200 --duration 10m --think-scale 1 --json out.json
   tether-lab simulate --config deploy/local/tether.toml --duration 1m`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			fl.changed = cmd.Flags().Changed
 			if err := applyLikeBench(cmd, &fl); err != nil {
 				return err
@@ -107,6 +110,13 @@ and sticky and random are refused. The emulated GPUs (--profile, --kv-*) stay th
 			policies, base, err := simulateOptions(&fl)
 			if err != nil {
 				return err
+			}
+			if fl.cpuProfile != "" {
+				stop, err := startCPUProfile(fl.cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer func() { err = errors.Join(err, stop()) }()
 			}
 			if fl.regime != "" {
 				if fl.changed("duration") {
@@ -125,7 +135,7 @@ and sticky and random are refused. The emulated GPUs (--profile, --kv-*) stay th
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&fl.policy, "policy", "all", "routing policy: sticky, random, ring-hash, round-robin, least-request, oracle, or all (comma-separated lists work too; the oracle always runs)")
+	f.StringVar(&fl.policy, "policy", "all", "routing policy: "+policyNames()+", tether (with --config), or all (comma-separated lists work too; the oracle always runs)")
 	f.IntVar(&fl.instances, "instances", simulator.DefaultInstances, "emulated GPU instances")
 	f.IntVar(&fl.zones, "zones", simulator.DefaultZones, "zones the instances are spread over, in turn")
 	f.Float64Var(&fl.rate, "rate", 10000, "requests per second, follow-up turns included (as tether-lab loadgen's --rate)")
@@ -159,7 +169,36 @@ and sticky and random are refused. The emulated GPUs (--profile, --kv-*) stay th
 	f.StringVar(&fl.regime, "regime", "", "run the regimes instead: "+strings.Join(simulator.RegimeNames(), ", ")+", or all (comma-separated lists work too); each sets its duration and prints a Markdown table")
 	f.StringVar(&fl.charts, "charts", "", "with --regime day or all: write the day's minute-by-minute charts (PNG) into this directory")
 	f.StringVar(&fl.config, "config", "", "replay a tether configuration: its instances, and its policy as tether serve runs it (policy tether)")
+	f.StringVar(&fl.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof); one policy's alone: --policy NAME --parallel 1")
 	return cmd
+}
+
+// policyNames lists the policies of --policy all.
+func policyNames() string {
+	var names []string
+	for _, p := range simulator.Policies() {
+		names = append(names, string(p))
+	}
+	return strings.Join(names, ", ")
+}
+
+// startCPUProfile profiles the process into path until stop.
+func startCPUProfile(path string) (stop func() error, err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		return nil
+	}, nil
 }
 
 // applyLikeBench sets the flags the user left alone from a bench scale.
@@ -342,9 +381,9 @@ func simulateAll(ctx context.Context, stderr io.Writer, fl *simulateFlags, polic
 	}
 	results := make([]*simulator.Result, len(policies))
 	errs := make([]error, len(policies))
-	// The policies start costliest first (tether's decider, then the
-	// Envoy emulations), so the slowest does not start last: the run
-	// takes about as long as its slowest policy, or its share of the CPUs.
+	// The policies start costliest first (costliestFirst), so the
+	// slowest does not start last: the run takes about as long as its
+	// slowest policy, or its share of the CPUs.
 	next := make(chan int, len(policies))
 	for _, i := range costliestFirst(policies) {
 		next <- i
@@ -380,19 +419,29 @@ func simulateAll(ctx context.Context, stderr io.Writer, fl *simulateFlags, polic
 	return done, errors.Join(errs...)
 }
 
-// costliestFirst is the indexes of policies, those that run tether's
-// decider first (sticky and a configuration's policy place every new
-// session by bounded-load rendezvous over the store), then random, then
-// Envoy's, each group in the given order.
+// costliestFirst is the indexes of policies, the costliest to simulate
+// first, each rank in the given order: the run then takes about as long
+// as its slowest policy, or its share of the CPUs, and not a costly
+// policy started last. The ranks follow their CPU time on one simulated
+// hour of 64 instances at 60 requests/s (BENCHMARKS.md, "Simulator
+// speed with the content-reading policies"): tether's decider with cache-aware placement (and a
+// configuration's policy, which may have it), adaptive, sticky; SGLang's
+// router; tether random, GIE's scorer and the oracle; Envoy's balancers.
 func costliestFirst(policies []simulator.Policy) []int {
 	rank := func(p simulator.Policy) int {
 		switch p {
-		case simulator.Sticky, simulator.Adaptive, simulator.Tether:
+		case simulator.CacheAware, simulator.Tether:
 			return 0
-		case simulator.Random:
+		case simulator.Adaptive:
 			return 1
+		case simulator.Sticky:
+			return 2
+		case simulator.SGLangCacheAware:
+			return 3
+		case simulator.Random, simulator.GIEPrefix, simulator.Oracle:
+			return 4
 		}
-		return 2
+		return 5
 	}
 	order := make([]int, len(policies))
 	for i := range order {

@@ -347,8 +347,16 @@ func bound(total int, in fleet.Instance, weight, eps float64) int {
 // the rendezvous score of key, found in one pass without sorting.
 func pick(key uint64, r *Ranking) {
 	idx, keys := r.idx(), r.keys()
+	equal := true
+	for _, i := range idx {
+		equal = equal && r.from[i].Weight == r.from[idx[0]].Weight
+	}
 	for k, i := range idx {
-		keys[k].score = score(key, r.from[i])
+		if equal {
+			keys[k].score = draw(key, r.from[i])
+		} else {
+			keys[k].score = score(key, r.from[i])
+		}
 	}
 	r.best = 0
 	for k := 1; k < r.n; k++ {

@@ -85,3 +85,25 @@ func TestKVSessionsRaisesTheBound(t *testing.T) {
 		t.Errorf("bound without kv_sessions = %d, want ⌈1.25 × 4 × 1/4⌉ = 2", b)
 	}
 }
+
+// TestPickOnEqualWeightsIsRendezvous: on instances of one weight the pick
+// orders by the draw alone, without the logarithm, and still chooses as
+// weighted rendezvous does.
+func TestPickOnEqualWeightsIsRendezvous(t *testing.T) {
+	for _, w := range []float64{1, 3.5} {
+		insts := make([]fleet.Instance, 40)
+		for i := range insts {
+			insts[i] = fleet.Instance{Name: fmt.Sprint("gpu-", i), Weight: w}
+		}
+		d := New(memory.New(), fleet.New(insts), Policy{Mode: Sticky})
+		for n := range 2_000 {
+			key := fmt.Sprint("k-", n)
+			pl := placement{key: fnv64(key), from: insts}
+			var r Ranking
+			d.rank(&pl, &r)
+			if got, want := r.Order()[0].Name, Rendezvous(key, insts).Name; got != want {
+				t.Fatalf("weight %g, key %s: picked %s, rendezvous %s", w, key, got, want)
+			}
+		}
+	}
+}

@@ -30,10 +30,16 @@ func Rendezvous(key string, healthy []fleet.Instance) fleet.Instance {
 
 // score is in's weighted rendezvous score for a key hashing to kh.
 func score(kh uint64, in fleet.Instance) float64 {
+	return -in.Weight / math.Log(draw(kh, in))
+}
+
+// draw is the uniform in (0,1) that key kh draws for in. Among instances
+// of equal weight it orders them as score does (score grows with it), for
+// a logarithm less.
+func draw(kh uint64, in fleet.Instance) float64 {
 	h := mix64(kh ^ fnv64(in.Name))
-	// u in (0,1): 53 bits, never 0 or 1.
-	u := (float64(h>>11) + 0.5) / (1 << 53)
-	return -in.Weight / math.Log(u)
+	// 53 bits, never 0 or 1.
+	return (float64(h>>11) + 0.5) / (1 << 53)
 }
 
 // fnv64 is FNV-1a; stable across processes and versions, unlike maphash.

@@ -146,8 +146,8 @@ func writeRegimeTable(w io.Writer, rg simulator.Regime, results []*simulator.Res
 	fmt.Fprintln(w, ".")
 	fmt.Fprintln(w)
 	cols := regimeColumns(rg.Name)
-	head := "| policy | KV hit | of oracle | of bound | TTFT p50 | TTFT p99 | GPU-s per 1k output |"
-	rule := "|---|---:|---:|---:|---:|---:|---:|"
+	head := "| policy | KV hit | of oracle | of bound | TTFT p50 | TTFT p99 | GPU-s per 1k output | GPU-time imbalance |"
+	rule := "|---|---:|---:|---:|---:|---:|---:|---:|"
 	for _, c := range cols {
 		head += " " + c.head + " |"
 		rule += "---:|"
@@ -157,16 +157,16 @@ func writeRegimeTable(w io.Writer, rg simulator.Regime, results []*simulator.Res
 	oracle := oracleResult(results)
 	for _, r := range results {
 		s := r.Summary
-		line := fmt.Sprintf("| %s | %.1f%% | %s | %s | %s | %s | %.2f |", r.Settings.Label, 100*s.KVHitRate,
+		line := fmt.Sprintf("| %s | %.1f%% | %s | %s | %s | %s | %.2f | %.2f |", r.Settings.Label, 100*s.KVHitRate,
 			shareOf(s.KVHitRate, oracle), shareOf(s.KVHitRate, r.InfiniteCacheBound),
-			simMs(s.TTFB.P50), simMs(s.TTFB.P99), r.GPUSecondsPer1kOutput)
+			simMs(s.TTFB.P50), simMs(s.TTFB.P99), r.GPUSecondsPer1kOutput, r.GPUImbalance)
 		for _, c := range cols {
 			line += " " + c.cell(r) + " |"
 		}
 		fmt.Fprintln(w, line)
 	}
 	if b, ok := boundRange(results); ok {
-		fmt.Fprintf(w, "| infinite-cache bound | %s | | 100%% | | | |%s\n", b, strings.Repeat(" |", len(cols)))
+		fmt.Fprintf(w, "| infinite-cache bound | %s | | 100%% | | | | |%s\n", b, strings.Repeat(" |", len(cols)))
 	}
 	fmt.Fprintln(w)
 	return nil

@@ -239,8 +239,8 @@ func peersPreamble(s Scale) string {
 		"instances serve, caches emptied between rows and not warmed first. The default mix is the quality\n"+
 		"scenario's; KV pressure is the same mix on KV caches of %d tokens each; shared documents is the documents\n"+
 		"scenario's workload (questions about long shared documents, half the callers anonymous) on its %d-token\n"+
-		"caches, at this rate. Tether sticky and tether cache-aware (`[content] enabled = true` with the\n"+
-		"simulator's blocks, `block_bytes = %d`, and `cache_tokens` the caches' capacity) run behind Envoy with\n"+
+		"caches, at this rate. Tether sticky (`[content] enabled = false`) and tether cache-aware (tether as it\n"+
+		"ships: `[content]` at its defaults, each cache's capacity as its engine publishes it) run behind Envoy with\n"+
 		"redis-server, as in the tables above. The peers are SGLang's and vLLM's routers as PyPI ships them\n"+
 		"(`scripts/tools.sh peers` pins them), each started with its policy and two loopback listeners, every\n"+
 		"other setting its own default; the load generator sends to the router's port, a router being a proxy\n"+
@@ -251,8 +251,7 @@ func peersPreamble(s Scale) string {
 		"device callers send. GPU-time imbalance: max over mean of each instance's emulated prefill and decode GPU-seconds\n"+
 		"(`/admin/stats`). Requests per instance: the fewest and the most completion requests an instance\n"+
 		"received, by its own count.",
-		s.TimeScale, s.Rate, s.Duration, s.ThinkScale, PeersKVPressureTokens, docs.Cache.CapacityTokens,
-		simulator.CacheAwareContent(docs.Cache).BlockBytes)
+		s.TimeScale, s.Rate, s.Duration, s.ThinkScale, PeersKVPressureTokens, docs.Cache.CapacityTokens)
 }
 
 // peersMarkdown writes the peers scenario: how to run it, its rows and

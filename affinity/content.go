@@ -226,7 +226,7 @@ func (ps *promptScore) depthOf(name string, from []fleet.Instance) int {
 // when it may not take the request: for a session, its active sessions at
 // their bound; its engine's queue saturated (a full KV cache is no bar: a
 // cache full of prompts is what this placement wants).
-func (ps *promptScore) score(l *Load, p *Policy, pl *placement, r *Ranking) {
+func (ps *promptScore) score(l *Load, p *Policy, pl *placement, r *Ranking, engs []engineLoad) {
 	idx, keys := r.idx(), r.keys()
 	total, weight := 0, 0.0
 	for _, i := range idx {
@@ -253,10 +253,10 @@ func (ps *promptScore) score(l *Load, p *Policy, pl *placement, r *Ranking) {
 				active = max(active-1, 0)
 			}
 		}
-		queued, running := l.workLocked(in.Name, p.Saturation.Stale, self)
+		queued, running := l.workWith(in.Name, self, engs[i])
 		load := ps.policy.QueuedTokens*float64(queued) + ps.policy.RunningTokens*float64(running)
 		key := rankKey{pin: own, cost: float64(n-ps.depth[i])*ps.policy.BlockTokens + load*mean/in.Weight}
-		if !own && (ps.sessions && active >= bound(total, in, weight, p.Epsilon) || l.saturatedLocked(in.Name, sat)) {
+		if !own && (ps.sessions && active >= bound(total, in, weight, p.Epsilon) || l.saturatedWith(in.Name, sat, engs[i])) {
 			key.tier = 1
 		}
 		keys[k] = key

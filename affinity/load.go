@@ -21,6 +21,9 @@ type Load struct {
 	flight map[string]*Flights            // requests in flight, as this replica counted them
 	queue  map[string]queueReading        // last queue depth an instance reported here
 	engine map[string]fleet.EngineReading // the engine readings this replica scraped
+	// newest is each instance's newest reading, this replica's or the last
+	// sync's: what placement reads, in one lookup.
+	newest map[string]fleet.EngineReading
 	// Sessions this replica placed (+) or moved away (-) that the last
 	// sync's index read may not hold yet: pending are placements whose store
 	// call is under way (held by the pipeline, so concurrent placements see
@@ -45,7 +48,8 @@ type queueReading struct {
 // the others'.
 func NewLoad() *Load {
 	return &Load{
-		flight: map[string]*Flights{}, queue: map[string]queueReading{}, engine: map[string]fleet.EngineReading{}, now: time.Now,
+		flight: map[string]*Flights{}, queue: map[string]queueReading{}, engine: map[string]fleet.EngineReading{},
+		newest: map[string]fleet.EngineReading{}, now: time.Now,
 		pending: map[string]int{}, placed: map[string]int{}, syncing: map[string]int{},
 		state: fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]fleet.EngineReading{}},
 	}
@@ -243,6 +247,17 @@ func (l *Load) Saturated(instance string, s Saturation) bool {
 }
 
 func (l *Load) saturatedLocked(instance string, s Saturation) bool {
+	return l.saturatedSince(instance, s, l.cutoff(s.Stale))
+}
+
+// saturatedSince is saturatedLocked with the engine reading's cutoff read
+// once by the caller.
+func (l *Load) saturatedSince(instance string, s Saturation, cutoff time.Time) bool {
+	return l.saturatedWith(instance, s, l.engineLoadSince(instance, cutoff))
+}
+
+// saturatedWith is saturatedLocked given instance's engine reading.
+func (l *Load) saturatedWith(instance string, s Saturation, e engineLoad) bool {
 	if s.InFlight > 0 && l.state.InFlight[instance]+l.localFlight(instance) >= s.InFlight {
 		return true
 	}
@@ -251,24 +266,38 @@ func (l *Load) saturatedLocked(instance string, s Saturation) bool {
 			return true
 		}
 	}
-	if s.Waiting <= 0 && s.KVUsage <= 0 {
-		return false
-	}
-	r, ok := l.engineLocked(instance, s.Stale)
-	return ok && (s.Waiting > 0 && r.Waiting >= s.Waiting || s.KVUsage > 0 && r.KVKnown && r.KVUsage >= s.KVUsage)
+	return e.ok && (s.Waiting > 0 && e.waiting >= s.Waiting || s.KVUsage > 0 && e.kvKnown && e.kvUsage >= s.KVUsage)
 }
 
-// workLocked is what instance has to do, as placement by content weighs
+// engineLoad is what placement reads of an engine's reading: ok false
+// when there is none young enough.
+type engineLoad struct {
+	waiting, running int
+	kvUsage          float64
+	kvKnown, ok      bool
+}
+
+// engineLoadSince is instance's engineLoad from its newest reading taken
+// since cutoff.
+func (l *Load) engineLoadSince(instance string, cutoff time.Time) engineLoad {
+	r, ok := l.engineSince(instance, cutoff)
+	if !ok {
+		return engineLoad{}
+	}
+	return engineLoad{waiting: r.Waiting, running: r.Running, kvUsage: r.KVUsage, kvKnown: r.KVKnown, ok: true}
+}
+
+// workWith is what instance has to do, as placement by content weighs
 // it: the requests waiting for a prefill (queued) and all those it serves
 // (running), each the higher of tether's requests in flight (less self,
-// those the caller counts as its own) and its engine's reading younger
-// than stale. tether counts a request in flight until its response
-// headers: for a streamed answer, until its prefill is done.
-func (l *Load) workLocked(instance string, stale time.Duration, self int) (queued, running int) {
+// those the caller counts as its own) and its engine's reading e. tether
+// counts a request in flight until its response headers: for a streamed
+// answer, until its prefill is done.
+func (l *Load) workWith(instance string, self int, e engineLoad) (queued, running int) {
 	f := max(l.state.InFlight[instance]+l.localFlight(instance)-self, 0)
 	queued, running = f, f
-	if r, ok := l.engineLocked(instance, stale); ok {
-		queued, running = max(queued, r.Waiting), max(running, r.Running+r.Waiting)
+	if e.ok {
+		queued, running = max(queued, e.waiting), max(running, e.running+e.waiting)
 	}
 	return queued, running
 }
@@ -278,6 +307,7 @@ func (l *Load) workLocked(instance string, stale time.Duration, self int) (queue
 func (l *Load) SetEngine(instance string, r fleet.EngineReading) {
 	l.mu.Lock()
 	l.engine[instance] = r
+	l.renew(instance)
 	l.mu.Unlock()
 }
 
@@ -286,7 +316,22 @@ func (l *Load) SetEngine(instance string, r fleet.EngineReading) {
 func (l *Load) ForgetEngine(instance string) {
 	l.mu.Lock()
 	delete(l.engine, instance)
+	l.renew(instance)
 	l.mu.Unlock()
+}
+
+// renew sets newest for instance from this replica's reading and the
+// last sync's.
+func (l *Load) renew(instance string) {
+	r, ok := l.engine[instance]
+	if o, ook := l.state.Engine[instance]; ook && (!ok || o.At.After(r.At)) {
+		r, ok = o, true
+	}
+	if ok {
+		l.newest[instance] = r
+	} else {
+		delete(l.newest, instance)
+	}
 }
 
 // Engine is the newest reading of instance's engine any replica took, if
@@ -298,11 +343,24 @@ func (l *Load) Engine(instance string, stale time.Duration) (fleet.EngineReading
 }
 
 func (l *Load) engineLocked(instance string, stale time.Duration) (fleet.EngineReading, bool) {
-	r, ok := l.engine[instance]
-	if o, ook := l.state.Engine[instance]; ook && (!ok || o.At.After(r.At)) {
-		r, ok = o, true
+	return l.engineSince(instance, l.cutoff(stale))
+}
+
+// cutoff is when a reading is taken earliest to be younger than stale,
+// zero for any age (stale 0).
+func (l *Load) cutoff(stale time.Duration) time.Time {
+	if stale <= 0 {
+		return time.Time{}
 	}
-	if !ok || stale > 0 && l.now().Sub(r.At) > stale {
+	return l.now().Add(-stale)
+}
+
+// engineSince is instance's newest reading, unless it was taken before
+// cutoff (zero: any age). A placement reads the clock once for all its
+// candidates.
+func (l *Load) engineSince(instance string, cutoff time.Time) (fleet.EngineReading, bool) {
+	r, ok := l.newest[instance]
+	if !ok || r.At.Before(cutoff) {
 		return fleet.EngineReading{}, false
 	}
 	return r, true
@@ -332,12 +390,11 @@ func (l *Load) Engines(stale time.Duration) map[string]fleet.EngineReading {
 }
 
 func (l *Load) enginesLocked(stale time.Duration) map[string]fleet.EngineReading {
-	out := make(map[string]fleet.EngineReading, len(l.engine)+len(l.state.Engine))
-	for _, m := range []map[string]fleet.EngineReading{l.engine, l.state.Engine} {
-		for in := range m {
-			if r, ok := l.engineLocked(in, stale); ok {
-				out[in] = r
-			}
+	out := make(map[string]fleet.EngineReading, len(l.newest))
+	cutoff := l.cutoff(stale)
+	for in := range l.newest {
+		if r, ok := l.engineSince(in, cutoff); ok {
+			out[in] = r
 		}
 	}
 	return out
@@ -412,6 +469,13 @@ func (l *Load) Apply(st fleet.LoadState) {
 	defer l.mu.Unlock()
 	l.state = st
 	clear(l.syncing)
+	clear(l.newest)
+	for in := range l.engine {
+		l.renew(in)
+	}
+	for in := range st.Engine {
+		l.renew(in)
+	}
 }
 
 // Replicas is how many other replicas the last sync found live.

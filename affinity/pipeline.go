@@ -200,8 +200,20 @@ func (d *Decider) rank(pl *placement, r *Ranking) {
 	l := d.load
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	p := d.policy.Load()
+	// Each candidate's engine reading, read once for every stage, by its
+	// index in from.
+	var engBuf [64]engineLoad
+	engs := engBuf[:]
+	if big {
+		engs = make([]engineLoad, len(pl.from))
+	}
+	cutoff := l.cutoff(p.Saturation.Stale)
+	for _, i := range idx {
+		engs[i] = l.engineLoadSince(pl.from[i].Name, cutoff)
+	}
 	if pl.unsaturated {
-		idx = l.unsaturatedLocked(pl.from, idx, d.policy.Load().Saturation)
+		idx = l.unsaturated(pl.from, idx, p.Saturation, engs)
 	}
 	r.n = len(idx)
 	if big {
@@ -212,12 +224,11 @@ func (d *Decider) rank(pl *placement, r *Ranking) {
 	if r.n == 0 {
 		return
 	}
-	p := d.policy.Load()
 	switch {
 	case pl.prompt != nil && pl.prompt.worth():
-		pl.prompt.score(l, p, pl, r)
+		pl.prompt.score(l, p, pl, r, engs)
 	case pl.sessions:
-		scoreSessions(l, p, pl, r)
+		scoreSessions(l, p, pl, r, engs)
 	case pl.failOpen != "":
 		scoreFailOpen(pl, r)
 	}
@@ -279,18 +290,29 @@ func filter(pl *placement, idx []int) []int {
 	return idx
 }
 
-// unsaturatedLocked drops the saturated instances of idx, unless all are.
-func (l *Load) unsaturatedLocked(from []fleet.Instance, idx []int, s Saturation) []int {
+// unsaturated drops the saturated instances of idx, unless all are;
+// engs are their engines' readings, by index in from.
+func (l *Load) unsaturated(from []fleet.Instance, idx []int, s Saturation, engs []engineLoad) []int {
+	var satBuf [64]bool
+	sat := satBuf[:0]
 	n := 0
 	for _, i := range idx {
-		if !l.saturatedLocked(from[i].Name, s) {
+		x := l.saturatedWith(from[i].Name, s, engs[i])
+		sat = append(sat, x)
+		if !x {
 			n++
 		}
 	}
 	if n == 0 || n == len(idx) {
 		return idx
 	}
-	return slices.DeleteFunc(idx, func(i int) bool { return l.saturatedLocked(from[i].Name, s) })
+	kept := idx[:0]
+	for k, i := range idx {
+		if !sat[k] {
+			kept = append(kept, i)
+		}
+	}
+	return kept
 }
 
 // scoreSessions is stage 3 for a session's binding. No instance takes a
@@ -299,7 +321,7 @@ func (l *Load) unsaturatedLocked(from []fleet.Instance, idx []int, s Saturation)
 // The fail-open pool's instance takes it whenever it qualifies. The tiers:
 // the fail-open pool's instance, under its bound with KV room (0); any
 // under its bound with KV room (1); under its bound (2); the rest (3).
-func scoreSessions(l *Load, p *Policy, pl *placement, r *Ranking) {
+func scoreSessions(l *Load, p *Policy, pl *placement, r *Ranking, engs []engineLoad) {
 	idx, keys := r.idx(), r.keys()
 	total, weight := 0, 0.0
 	for k, i := range idx {
@@ -314,11 +336,8 @@ func scoreSessions(l *Load, p *Policy, pl *placement, r *Ranking) {
 		in := pl.from[i]
 		a := int(keys[k].cost)
 		under := a < bound(total, in, weight, p.Epsilon)
-		full := false
-		if p.Saturation.KVUsage > 0 {
-			e, ok := l.engineLocked(in.Name, p.Saturation.Stale)
-			full = ok && e.KVKnown && e.KVUsage >= p.Saturation.KVUsage
-		}
+		e := engs[i]
+		full := p.Saturation.KVUsage > 0 && e.ok && e.kvKnown && e.kvUsage >= p.Saturation.KVUsage
 		t := int8(3)
 		switch {
 		case under && !full && in.Name == pl.failOpen:

@@ -228,12 +228,15 @@ func (ps *promptScore) depthOf(name string, from []fleet.Instance) int {
 // cache full of prompts is what this placement wants).
 func (ps *promptScore) score(l *Load, p *Policy, pl *placement, r *Ranking, engs []engineLoad) {
 	idx, keys := r.idx(), r.keys()
+	var activeBuf [64]int
+	active := activeBuf[:0]
 	total, weight := 0, 0.0
 	for _, i := range idx {
 		a := l.activeLocked(pl.from[i].Name)
 		if pl.from[i].Name == ps.identity && ps.sessions {
 			a = max(a-1, 0) // its session is counted there already
 		}
+		active = append(active, a)
 		total += a
 		weight += pl.from[i].Weight
 	}
@@ -245,18 +248,13 @@ func (ps *promptScore) score(l *Load, p *Policy, pl *placement, r *Ranking, engs
 		in := pl.from[i]
 		own := in.Name == ps.identity
 		self := 0
-		active := l.activeLocked(in.Name)
 		if own {
-			// The request is counted there already, and its session.
-			self = 1
-			if ps.sessions {
-				active = max(active-1, 0)
-			}
+			self = 1 // the request is counted there already
 		}
 		queued, running := l.workWith(in.Name, self, engs[i])
 		load := ps.policy.QueuedTokens*float64(queued) + ps.policy.RunningTokens*float64(running)
 		key := rankKey{pin: own, cost: float64(n-ps.depth[i])*ps.policy.BlockTokens + load*mean/in.Weight}
-		if !own && (ps.sessions && active >= bound(total, in, weight, p.Epsilon) || l.saturatedWith(in.Name, sat, engs[i])) {
+		if !own && (ps.sessions && active[k] >= bound(total, in, weight, p.Epsilon) || l.saturatedWith(in.Name, sat, engs[i])) {
 			key.tier = 1
 		}
 		keys[k] = key

@@ -30,8 +30,10 @@ type Load struct {
 	// them), placed those done since the current sync began, syncing those
 	// done before it (dropped once the sync has read the index).
 	pending, placed, syncing map[string]int
-	state                    fleet.LoadState // the last sync
-	now                      func() time.Time
+	// unsynced is the three added up, what active sessions read.
+	unsynced map[string]int
+	state    fleet.LoadState // the last sync
+	now      func() time.Time
 }
 
 // queueFresh is how long a reported queue depth stands. A saturated
@@ -50,7 +52,7 @@ func NewLoad() *Load {
 	return &Load{
 		flight: map[string]*Flights{}, queue: map[string]queueReading{}, engine: map[string]fleet.EngineReading{},
 		newest: map[string]fleet.EngineReading{}, now: time.Now,
-		pending: map[string]int{}, placed: map[string]int{}, syncing: map[string]int{},
+		pending: map[string]int{}, placed: map[string]int{}, syncing: map[string]int{}, unsynced: map[string]int{},
 		state: fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]fleet.EngineReading{}},
 	}
 }
@@ -170,13 +172,20 @@ func (f *Flights) Count() (n int, live bool) {
 func (l *Load) unreserve(reserved string, bound bool, from string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	add(l.pending, reserved, -1)
+	l.count(l.pending, reserved, -1)
 	if bound {
-		add(l.placed, reserved, 1)
+		l.count(l.placed, reserved, 1)
 		if from != "" {
-			add(l.placed, from, -1)
+			l.count(l.placed, from, -1)
 		}
 	}
+}
+
+// count adds n to instance in m, one of pending, placed and syncing, and
+// to unsynced.
+func (l *Load) count(m map[string]int, instance string, n int) {
+	add(m, instance, n)
+	add(l.unsynced, instance, n)
 }
 
 func add(m map[string]int, k string, n int) {
@@ -193,7 +202,7 @@ func (l *Load) Active(instance string) int {
 }
 
 func (l *Load) activeLocked(instance string) int {
-	return max(l.state.Active[instance]+l.pending[instance]+l.placed[instance]+l.syncing[instance], 0)
+	return max(l.state.Active[instance]+l.unsynced[instance], 0)
 }
 
 // InFlight is the number of requests in flight to instance across replicas.
@@ -421,10 +430,8 @@ func (l *Load) Snapshot() fleet.LoadState {
 	defer l.mu.Unlock()
 	s := fleet.LoadState{Active: maps.Clone(l.state.Active), InFlight: maps.Clone(l.state.InFlight),
 		Queue: maps.Clone(l.state.Queue), Drained: maps.Clone(l.state.Drained), Engine: l.enginesLocked(0)}
-	for _, m := range []map[string]int{l.pending, l.placed, l.syncing} {
-		for in, n := range m {
-			s.Active[in] += n
-		}
+	for in, n := range l.unsynced {
+		s.Active[in] += n
 	}
 	for in, n := range s.Active {
 		s.Active[in] = max(n, 0)
@@ -468,6 +475,9 @@ func (l *Load) Apply(st fleet.LoadState) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.state = st
+	for in, n := range l.syncing {
+		add(l.unsynced, in, -n)
+	}
 	clear(l.syncing)
 	clear(l.newest)
 	for in := range l.engine {

@@ -169,7 +169,7 @@ type hold struct {
 // holdOn holds a placement on name; the caller ends it.
 func (l *Load) holdOn(name string) hold {
 	l.mu.Lock()
-	l.pending[name]++
+	l.count(l.pending, name, 1)
 	l.mu.Unlock()
 	return hold{l: l, name: name}
 }
@@ -235,7 +235,7 @@ func (d *Decider) rank(pl *placement, r *Ranking) {
 	pick(pl.key, r)
 	if pl.reserve {
 		in := pl.from[r.idx()[r.best]]
-		l.pending[in.Name]++
+		l.count(l.pending, in.Name, 1)
 		r.held = hold{l: l, name: in.Name}
 	}
 }

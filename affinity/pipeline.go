@@ -185,7 +185,8 @@ func (h *hold) end(bound bool, from string) {
 // rank runs the pipeline for pl into r, which the caller keeps (on its
 // stack, a ranking of up to 64 candidates allocates nothing).
 func (d *Decider) rank(pl *placement, r *Ranking) {
-	*r = Ranking{from: pl.from, best: -1}
+	// Every field but the arrays, which are written before they are read.
+	r.from, r.n, r.best, r.overridden, r.held, r.idxBig, r.keyBig = pl.from, 0, -1, false, hold{}, nil, nil
 	big := len(pl.from) > len(r.idxArr)
 	idx := r.idxArr[:0]
 	if big {
@@ -208,9 +209,11 @@ func (d *Decider) rank(pl *placement, r *Ranking) {
 	if big {
 		engs = make([]engineLoad, len(pl.from))
 	}
-	cutoff := l.cutoff(p.Saturation.Stale)
-	for _, i := range idx {
-		engs[i] = l.engineLoadSince(pl.from[i].Name, cutoff)
+	if pl.unsaturated || pl.sessions || pl.prompt != nil {
+		cutoff := l.cutoff(p.Saturation.Stale)
+		for _, i := range idx {
+			engs[i] = l.engineLoadSince(pl.from[i].Name, cutoff)
+		}
 	}
 	if pl.unsaturated {
 		idx = l.unsaturated(pl.from, idx, p.Saturation, engs)
@@ -224,6 +227,7 @@ func (d *Decider) rank(pl *placement, r *Ranking) {
 	if r.n == 0 {
 		return
 	}
+	clear(r.keys())
 	switch {
 	case pl.prompt != nil && pl.prompt.worth():
 		pl.prompt.score(l, p, pl, r, engs)

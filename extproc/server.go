@@ -67,11 +67,11 @@ type Prompts interface {
 // What became of a decision whose placement was open (Recorder.Content),
 // besides the prefix.Reason of a body that gave no prompt.
 const (
-	// ContentPlaced: placed where a cache holds the longest prefix of the
-	// prompt (perhaps where identity had placed it too).
+	// ContentPlaced: placed by what the caches hold of the prompt against
+	// each instance's work (perhaps where identity had placed it too).
 	ContentPlaced = "placed"
 	// ContentIdentity: the prompt was read, but no instance holds enough
-	// of it under the load gate: identity placement stands.
+	// of it: identity placement stands.
 	ContentIdentity = "identity"
 	// ContentOverLimit: the body was longer than Envoy's buffer for it.
 	ContentOverLimit = "over_limit"

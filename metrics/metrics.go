@@ -135,7 +135,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	m.content = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_content_decisions_total",
 		Help: "Requests whose placement was open (a new session, one placed again, an anonymous request) with cache-aware placement on, by what their body did: " +
-			"placed (where a cache holds the longest prefix of the prompt); identity (read, but no instance holds enough of it under the load gate); " +
+			"placed (by what the caches hold of the prompt against each instance's work); identity (read, but no instance holds enough of it); " +
 			"not fetched or unusable, each placed by identity: encoded (compressed), over_limit (longer than Envoy's buffer), incomplete (the stream ended first), " +
 			"not_json, not_prompt, bad_messages, short (under one block).",
 	}, []string{"result"})

@@ -28,15 +28,13 @@ import (
 // TestContentRunsMatchesIndex drives it and prefix.Index with the same
 // calls of a simulation and compares every answer.
 type contentRuns struct {
+	blockRuns
 	capacity int // blocks per instance
 	conv     *conversation
 	ids      map[string]int32
 	insts    []contentInst
-	runs     []contentRun
-	free     int32              // first free run, linked by next; -1 none
-	owners   map[uint64][]int32 // owner → its runs, on every instance
-	spans    []gieSpan          // scratch
-	reach    []int              // scratch of Match, per instance
+	spans    []gieSpan // scratch
+	reach    []int     // scratch of Match, per instance
 	// trace, when set (tests), sees every call and its answer.
 	trace func(contentCall)
 }
@@ -54,33 +52,19 @@ type contentCall struct {
 	ok      bool
 }
 
-// contentRun is blocks [lo, hi) of owner held by inst, last sent at (unix
-// ns), in the instance's LRU between prev (more recent) and next; within
-// the run a lower index is more recent. pos is its place in
-// owners[owner].
-type contentRun struct {
-	owner      uint64
-	at         int64
-	lo, hi     int32
-	inst       int32
-	prev, next int32
-	pos        int32
-}
-
-// contentInst is one instance's LRU: head its most recent run; n the
-// blocks it holds; idle prefix.Index's moving mean of the evicted blocks'
-// ages (ns).
+// contentInst is what an instance holds beside its list
+// (blockRuns.lists): n the blocks, idle prefix.Index's moving mean of the
+// evicted blocks' ages (ns).
 type contentInst struct {
-	head, tail int32
-	n          int
-	idle       float64
+	n    int
+	idle float64
 }
 
 // contentEvictWeight is prefix.Index's evictWeight.
 const contentEvictWeight = 0.02
 
 func newContentRuns(capacity int) *contentRuns {
-	return &contentRuns{capacity: max(capacity, 1), ids: map[string]int32{}, free: -1, owners: map[uint64][]int32{}}
+	return &contentRuns{blockRuns: newBlockRuns(0), capacity: max(capacity, 1), ids: map[string]int32{}}
 }
 
 // chainSpans returns the owners' ranges of chain, which must be the first
@@ -98,8 +82,8 @@ func (x *contentRuns) id(name string) int32 {
 	if i, ok := x.ids[name]; ok {
 		return i
 	}
-	i := int32(len(x.insts))
-	x.insts = append(x.insts, contentInst{head: -1, tail: -1})
+	i := x.addList()
+	x.insts = append(x.insts, contentInst{})
 	x.ids[name] = i
 	return i
 }
@@ -129,9 +113,9 @@ func (x *contentRuns) Match(chain []uint64, names []string, depth []int) int {
 			changed = false
 			for _, id := range runs {
 				r := &x.runs[id]
-				if at := reach[r.inst]; at >= sp.lo && int(r.lo) <= at && at < int(r.hi) {
-					reach[r.inst] = min(int(r.hi), sp.hi)
-					if reach[r.inst] < sp.hi {
+				if at := reach[r.list]; at >= sp.lo && int(r.lo) <= at && at < int(r.hi) {
+					reach[r.list] = min(int(r.hi), sp.hi)
+					if reach[r.list] < sp.hi {
 						changed = true
 					}
 				}
@@ -172,7 +156,7 @@ func (x *contentRuns) Record(name string, chain []uint64, now time.Time) {
 			id := runs[j]
 			r := &x.runs[id]
 			lo, hi := max(int(r.lo), sp.lo), min(int(r.hi), sp.hi)
-			if r.inst != i || lo >= hi {
+			if r.list != i || lo >= hi {
 				j++
 				continue
 			}
@@ -187,7 +171,7 @@ func (x *contentRuns) Record(name string, chain []uint64, now time.Time) {
 		x.front(sp.owner, i, sp.lo, sp.hi, t)
 	}
 	for in.n > x.capacity {
-		id := in.tail
+		id := x.lists[i].tail
 		r := &x.runs[id]
 		k := min(in.n-x.capacity, int(r.hi-r.lo))
 		age := float64(t - r.at)
@@ -237,7 +221,7 @@ func (x *contentRuns) cut(id int32, lo, hi int) bool {
 	default:
 		// The blocks before lo are more recent than those after hi: they
 		// keep the run's place, the others follow it.
-		owner, inst, at, end := r.owner, int(r.inst), r.at, int(r.hi)
+		owner, inst, at, end := r.owner, int(r.list), r.at, int(r.hi)
 		r.hi = int32(lo)
 		after := x.alloc(owner, inst, hi, end, at)
 		x.link(after, id, x.runs[id].next)
@@ -248,71 +232,10 @@ func (x *contentRuns) cut(id int32, lo, hi int) bool {
 // front makes blocks [lo, hi) of owner, sent at t, the most recent of
 // instance i.
 func (x *contentRuns) front(owner uint64, i int32, lo, hi int, t int64) {
-	in := &x.insts[i]
-	if h := in.head; h >= 0 && x.runs[h].owner == owner && int(x.runs[h].lo) == hi && x.runs[h].at == t {
+	if h := x.lists[i].head; h >= 0 && x.runs[h].owner == owner && int(x.runs[h].lo) == hi && x.runs[h].at == t {
 		x.runs[h].lo = int32(lo)
 		return
 	}
 	id := x.alloc(owner, int(i), lo, hi, t)
-	x.link(id, -1, x.insts[i].head)
-}
-
-func (x *contentRuns) alloc(owner uint64, i, lo, hi int, at int64) int32 {
-	id := x.free
-	if id >= 0 {
-		x.free = x.runs[id].next
-	} else {
-		x.runs = append(x.runs, contentRun{})
-		id = int32(len(x.runs) - 1)
-	}
-	runs := x.owners[owner]
-	x.runs[id] = contentRun{owner: owner, at: at, lo: int32(lo), hi: int32(hi), inst: int32(i), prev: -1, next: -1, pos: int32(len(runs))}
-	x.owners[owner] = append(runs, id)
-	return id
-}
-
-// link puts run id between prev and next (-1: the list's ends) in its
-// instance's list.
-func (x *contentRuns) link(id, prev, next int32) {
-	r := &x.runs[id]
-	in := &x.insts[r.inst]
-	r.prev, r.next = prev, next
-	if prev >= 0 {
-		x.runs[prev].next = id
-	} else {
-		in.head = id
-	}
-	if next >= 0 {
-		x.runs[next].prev = id
-	} else {
-		in.tail = id
-	}
-}
-
-// remove takes run id out of its instance's list and its owner's runs,
-// and frees it.
-func (x *contentRuns) remove(id int32) {
-	r := x.runs[id]
-	in := &x.insts[r.inst]
-	if r.prev >= 0 {
-		x.runs[r.prev].next = r.next
-	} else {
-		in.head = r.next
-	}
-	if r.next >= 0 {
-		x.runs[r.next].prev = r.prev
-	} else {
-		in.tail = r.prev
-	}
-	runs := x.owners[r.owner]
-	last := runs[len(runs)-1]
-	runs[r.pos] = last
-	x.runs[last].pos = r.pos
-	if runs = runs[:len(runs)-1]; len(runs) == 0 {
-		delete(x.owners, r.owner)
-	} else {
-		x.owners[r.owner] = runs
-	}
-	x.runs[id] = contentRun{next: x.free, prev: -1}
-	x.free = id
+	x.link(id, -1, x.lists[i].head)
 }

@@ -22,29 +22,15 @@ import "slices"
 // TestGIEIndexMatchesHashes drives it and the per-hash indexer (GIE's own
 // shape, in the test) with the same requests and compares every answer.
 type gieIndex struct {
+	blockRuns
 	capacity int // blocks per server
-	runs     []gieRun
-	free     int32 // first free run, linked by next; -1 none
 	servers  []gieServer
-	owners   map[uint64][]int32 // owner → its runs, on every server
-	cover    []gieSpan          // scratch of match
+	cover    []gieSpan // scratch of match
 }
 
-// gieRun is blocks [lo, hi) of owner held by server, in the server's LRU
-// between prev (more recent) and next; within the run a lower index is
-// less recent. pos is its place in owners[owner].
-type gieRun struct {
-	owner      uint64
-	lo, hi     int32
-	server     int32
-	prev, next int32
-	pos        int32
-}
-
-// gieServer is one server's LRU: head the most recent run.
+// gieServer is what a server holds beside its list (blockRuns.lists).
 type gieServer struct {
-	head, tail int32
-	size       int // blocks held
+	size int // blocks held
 }
 
 // gieSpan is blocks [lo, hi) of owner: part of a prompt's chain.
@@ -79,11 +65,7 @@ func gieSpans(out []gieSpan, c *conversation, n int) []gieSpan {
 }
 
 func newGIEIndex(servers, capacity int) *gieIndex {
-	x := &gieIndex{capacity: capacity, free: -1, servers: make([]gieServer, servers), owners: map[uint64][]int32{}}
-	for i := range x.servers {
-		x.servers[i] = gieServer{head: -1, tail: -1}
-	}
-	return x
+	return &gieIndex{blockRuns: newBlockRuns(servers), capacity: capacity, servers: make([]gieServer, servers)}
 }
 
 // match writes into depth[s], for every server s, how many blocks of the
@@ -114,7 +96,7 @@ func (x *gieIndex) match(spans []gieSpan, depth []int) {
 		for _, id := range runs {
 			r := &x.runs[id]
 			if lo, hi := max(int(r.lo), sp.lo), min(int(r.hi), reach); lo < hi {
-				depth[r.server] += hi - lo
+				depth[r.list] += hi - lo
 			}
 		}
 		if reach < sp.hi {
@@ -160,7 +142,7 @@ func (x *gieIndex) find(owner uint64, s, j int) (id int32, next int) {
 	next = int(^uint(0) >> 1)
 	for _, r := range x.owners[owner] {
 		run := &x.runs[r]
-		if int(run.server) != s {
+		if int(run.list) != s {
 			continue
 		}
 		if int(run.lo) <= j && j < int(run.hi) {
@@ -187,7 +169,7 @@ func (x *gieIndex) cut(id int32, lo, hi int) {
 	default:
 		// The blocks after hi are more recent than those before lo: a run
 		// of their own, just before it.
-		after := x.alloc(r.owner, int(r.server), hi, int(r.hi))
+		after := x.alloc(r.owner, int(r.list), hi, int(r.hi), 0)
 		x.runs[id].hi = int32(lo)
 		x.link(after, x.runs[id].prev, id)
 	}
@@ -195,20 +177,20 @@ func (x *gieIndex) cut(id int32, lo, hi int) {
 
 // front makes blocks [lo, hi) of owner the most recent of server s.
 func (x *gieIndex) front(owner uint64, s, lo, hi int) {
-	sv := &x.servers[s]
-	if h := sv.head; h >= 0 && x.runs[h].owner == owner && int(x.runs[h].hi) == lo {
+	l := &x.lists[s]
+	if h := l.head; h >= 0 && x.runs[h].owner == owner && int(x.runs[h].hi) == lo {
 		x.runs[h].hi = int32(hi)
 		return
 	}
-	id := x.alloc(owner, s, lo, hi)
-	x.link(id, -1, sv.head)
+	id := x.alloc(owner, s, lo, hi, 0)
+	x.link(id, -1, l.head)
 }
 
 // evict drops the n least recent blocks of server s.
 func (x *gieIndex) evict(s, n int) {
-	sv := &x.servers[s]
-	for n > 0 && sv.tail >= 0 {
-		id := sv.tail
+	sv, l := &x.servers[s], &x.lists[s]
+	for n > 0 && l.tail >= 0 {
+		id := l.tail
 		r := &x.runs[id]
 		k := min(n, int(r.hi-r.lo))
 		r.lo += int32(k)
@@ -222,71 +204,8 @@ func (x *gieIndex) evict(s, n int) {
 
 // drop forgets everything server s holds.
 func (x *gieIndex) drop(s int) {
-	for x.servers[s].head >= 0 {
-		x.remove(x.servers[s].head)
+	for x.lists[s].head >= 0 {
+		x.remove(x.lists[s].head)
 	}
 	x.servers[s].size = 0
-}
-
-// alloc returns a new run of blocks [lo, hi) of owner on server s, not yet
-// in the server's list.
-func (x *gieIndex) alloc(owner uint64, s, lo, hi int) int32 {
-	id := x.free
-	if id >= 0 {
-		x.free = x.runs[id].next
-	} else {
-		x.runs = append(x.runs, gieRun{})
-		id = int32(len(x.runs) - 1)
-	}
-	runs := x.owners[owner]
-	x.runs[id] = gieRun{owner: owner, lo: int32(lo), hi: int32(hi), server: int32(s), prev: -1, next: -1, pos: int32(len(runs))}
-	x.owners[owner] = append(runs, id)
-	return id
-}
-
-// link puts run id between prev and next (-1: the list's ends) in its
-// server's list.
-func (x *gieIndex) link(id, prev, next int32) {
-	r := &x.runs[id]
-	sv := &x.servers[r.server]
-	r.prev, r.next = prev, next
-	if prev >= 0 {
-		x.runs[prev].next = id
-	} else {
-		sv.head = id
-	}
-	if next >= 0 {
-		x.runs[next].prev = id
-	} else {
-		sv.tail = id
-	}
-}
-
-// remove takes run id out of its server's list and its owner's runs, and
-// frees it; the blocks it held leave its server's count only through
-// evict and drop.
-func (x *gieIndex) remove(id int32) {
-	r := x.runs[id]
-	sv := &x.servers[r.server]
-	if r.prev >= 0 {
-		x.runs[r.prev].next = r.next
-	} else {
-		sv.head = r.next
-	}
-	if r.next >= 0 {
-		x.runs[r.next].prev = r.prev
-	} else {
-		sv.tail = r.prev
-	}
-	runs := x.owners[r.owner]
-	last := runs[len(runs)-1]
-	runs[r.pos] = last
-	x.runs[last].pos = r.pos
-	if runs = runs[:len(runs)-1]; len(runs) == 0 {
-		delete(x.owners, r.owner)
-	} else {
-		x.owners[r.owner] = runs
-	}
-	x.runs[id] = gieRun{next: x.free, prev: -1}
-	x.free = id
 }

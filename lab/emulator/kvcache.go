@@ -127,12 +127,11 @@ type KVCache struct {
 // cacheBlock is a cached block. The cache reuses the record of a block
 // it let go of: gen tells the two apart.
 type cacheBlock struct {
-	hash       BlockHash
-	ready      time.Time
-	refs       int    // conversations whose chain holds this block (with a cap)
-	gen        uint32 // changes when the block leaves the cache
-	listed     bool   // in the LRU
-	prev, next *cacheBlock
+	hash              BlockHash
+	ready             time.Time
+	refs              int    // conversations whose chain holds this block (with a cap)
+	gen               uint32 // changes when the block leaves the cache
+	links[cacheBlock]        // in the LRU
 }
 
 // blockRef is a conversation's hold on a block: the block the record held
@@ -146,75 +145,71 @@ type blockRef struct {
 func (r blockRef) live() bool { return r.b.gen == r.gen }
 
 type conversation struct {
-	session    uint64 // hash of the session id; anonymous when !named
-	named      bool
-	leaf       BlockHash // last block of the chain (anonymous conversations)
-	chain      []blockRef
-	listed     bool // in convLRU
-	prev, next *conversation
-	leafIndex  bool // registered in leaves
+	session             uint64 // hash of the session id; anonymous when !named
+	named               bool
+	leaf                BlockHash // last block of the chain (anonymous conversations)
+	chain               []blockRef
+	links[conversation]      // in convLRU
+	leafIndex           bool // registered in leaves
 }
 
-// blockList is a list of blocks linked through their prev and next.
-type blockList struct{ front, back *cacheBlock }
+// links are what an element of a list keeps of it: its neighbours, and
+// whether it is in one.
+type links[T any] struct {
+	prev, next *T
+	listed     bool
+}
 
-func (l *blockList) pushFront(b *cacheBlock) {
-	b.prev, b.next, b.listed = nil, l.front, true
+func (k *links[T]) link() *links[T] { return k }
+
+// linked is a pointer to an element that keeps its links.
+type linked[T any] interface {
+	*T
+	link() *links[T]
+}
+
+// list is a doubly linked list of elements that keep their own links, so
+// that moving one allocates nothing.
+type list[T any, P linked[T]] struct{ front, back *T }
+
+func (l *list[T, P]) pushFront(x *T) {
+	k := P(x).link()
+	k.prev, k.next, k.listed = nil, l.front, true
 	if l.front != nil {
-		l.front.prev = b
+		P(l.front).link().prev = x
 	} else {
-		l.back = b
+		l.back = x
 	}
-	l.front = b
+	l.front = x
 }
 
-func (l *blockList) remove(b *cacheBlock) {
-	if b.prev != nil {
-		b.prev.next = b.next
+func (l *list[T, P]) remove(x *T) {
+	k := P(x).link()
+	if k.prev != nil {
+		P(k.prev).link().next = k.next
 	} else {
-		l.front = b.next
+		l.front = k.next
 	}
-	if b.next != nil {
-		b.next.prev = b.prev
+	if k.next != nil {
+		P(k.next).link().prev = k.prev
 	} else {
-		l.back = b.prev
+		l.back = k.prev
 	}
-	b.prev, b.next, b.listed = nil, nil, false
+	k.prev, k.next, k.listed = nil, nil, false
 }
 
-func (l *blockList) moveToFront(b *cacheBlock) {
-	if l.front != b {
-		l.remove(b)
-		l.pushFront(b)
+func (l *list[T, P]) moveToFront(x *T) {
+	if l.front != x {
+		l.remove(x)
+		l.pushFront(x)
 	}
 }
 
-// convList is a list of conversations linked through their prev and next.
-type convList struct{ front, back *conversation }
-
-func (l *convList) pushFront(cv *conversation) {
-	cv.prev, cv.next, cv.listed = nil, l.front, true
-	if l.front != nil {
-		l.front.prev = cv
-	} else {
-		l.back = cv
-	}
-	l.front = cv
-}
-
-func (l *convList) remove(cv *conversation) {
-	if cv.prev != nil {
-		cv.prev.next = cv.next
-	} else {
-		l.front = cv.next
-	}
-	if cv.next != nil {
-		cv.next.prev = cv.prev
-	} else {
-		l.back = cv.prev
-	}
-	cv.prev, cv.next, cv.listed = nil, nil, false
-}
+// blockList is the blocks' LRU; convList the conversations'.
+type (
+	blockList = list[cacheBlock, *cacheBlock]
+	convList  = list[conversation, *conversation]
+)
 
 // NewKVCache returns an empty cache.
 func NewKVCache(cfg CacheConfig) (*KVCache, error) {

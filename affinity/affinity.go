@@ -452,10 +452,9 @@ func (d *Decider) spillable(p *Policy, healthy []fleet.Instance, b bindings.Bind
 // version_affinity none, takes the version a new session would.
 func (d *Decider) moveVersion(p *Policy, c choice, v string, avail []fleet.Instance, leave string) (string, error) {
 	switch {
-	case v == "" || p.VersionAffinity == AnyVersion || serves(avail, leave, v):
-		if v == "" || p.VersionAffinity == AnyVersion {
-			return p.versionOf(c, d.rand), nil
-		}
+	case v == "" || p.VersionAffinity == AnyVersion:
+		return p.versionOf(c, d.rand), nil
+	case serves(avail, leave, v):
 		return v, nil
 	case p.VersionAffinity == Strict:
 		return "", fmt.Errorf("%w %q", ErrNoVersion, v)

@@ -96,7 +96,7 @@ func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) (out
 	}
 	var r Ranking
 	defer r.release()
-	if !ps.worthMatching(d.contents, pl) {
+	if d.rank(&pl, &r); !ps.worth() {
 		dec.Matched = 0
 		if dec.Kind == KindExpired {
 			// Nothing holds it: its cache is gone wherever it goes, so the
@@ -107,7 +107,6 @@ func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) (out
 		}
 		return dec
 	}
-	d.rank(&pl, &r)
 	dec = d.moveTo(ctx, dec, &r, now)
 	dec.ByContent = true
 	dec.Matched = ps.depthOf(dec.Instance.Name, pl.from)
@@ -174,19 +173,8 @@ type promptScore struct {
 	depthBuf [64]int
 }
 
-// worthMatching matches the prompt against the candidates of pl and
-// reports whether one holds at least MinBlocks of it.
-func (ps *promptScore) worthMatching(c Contents, pl placement) bool {
-	idx := filter(&pl, candidates(&pl, make([]int, 0, len(pl.from))))
-	ps.match(c, pl.from, idx)
-	return ps.worth()
-}
-
 // match fills depth for the instances of from at idx.
 func (ps *promptScore) match(c Contents, from []fleet.Instance, idx []int) {
-	if ps.depth != nil {
-		return // matched already
-	}
 	if len(from) <= len(ps.depthBuf) {
 		ps.depth = ps.depthBuf[:len(from)]
 	} else {

@@ -256,13 +256,7 @@ func (l *Load) Saturated(instance string, s Saturation) bool {
 }
 
 func (l *Load) saturatedLocked(instance string, s Saturation) bool {
-	return l.saturatedSince(instance, s, l.cutoff(s.Stale))
-}
-
-// saturatedSince is saturatedLocked with the engine reading's cutoff read
-// once by the caller.
-func (l *Load) saturatedSince(instance string, s Saturation, cutoff time.Time) bool {
-	return l.saturatedWith(instance, s, l.engineLoadSince(instance, cutoff))
+	return l.saturatedWith(instance, s, l.engineLoadSince(instance, l.cutoff(s.Stale)))
 }
 
 // saturatedWith is saturatedLocked given instance's engine reading.

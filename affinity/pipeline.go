@@ -327,19 +327,20 @@ func (l *Load) unsaturated(from []fleet.Instance, idx []int, s Saturation, engs 
 // under its bound with KV room (1); under its bound (2); the rest (3).
 func scoreSessions(l *Load, p *Policy, pl *placement, r *Ranking, engs []engineLoad) {
 	idx, keys := r.idx(), r.keys()
+	var activeBuf [64]int
+	active := activeBuf[:0]
 	total, weight := 0, 0.0
-	for k, i := range idx {
+	for _, i := range idx {
 		in := pl.from[i]
 		a := l.activeLocked(in.Name)
-		keys[k].cost = float64(a) // until the tiers are known
+		active = append(active, a)
 		total += a
 		weight += in.Weight
 	}
 	pref := false
 	for k, i := range idx {
 		in := pl.from[i]
-		a := int(keys[k].cost)
-		under := a < bound(total, in, weight, p.Epsilon)
+		under := active[k] < bound(total, in, weight, p.Epsilon)
 		e := engs[i]
 		full := p.Saturation.KVUsage > 0 && e.ok && e.kvKnown && e.kvUsage >= p.Saturation.KVUsage
 		t := int8(3)

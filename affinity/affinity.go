@@ -282,42 +282,18 @@ func (d *Decider) available(subset []string) []fleet.Instance {
 	return out
 }
 
-func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, healthy []fleet.Instance, now time.Time) (dec Decision, err error) {
+func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c terms, healthy []fleet.Instance, now time.Time) (dec Decision, err error) {
 	key := req.ID.Key
 	mode := c.mode // Sticky or Adaptive
-	// Where the session goes if it has no binding: a new session placed
-	// on a saturated instance would spill at once.
-	pl := placement{key: fnv64(key), from: healthy, version: p.versionOf(c, d.rand),
-		unsaturated: mode == Adaptive, sessions: true, failOpen: d.failOpenChoice(req), reserve: true}
-	var r Ranking
-	d.rank(&pl, &r)
-	defer r.release()
-	place, _ := r.First()
 	lt := bindings.Lifetime{Idle: c.idle, Max: p.Lifetime.Max}
-	res, err := d.store.GetOrBind(ctx, bindings.Lookup{
-		Key: key, Aliases: req.ID.Aliases, Candidate: bindings.Binding{Instance: place.Name, Version: place.Version, Since: now}, Lifetime: lt,
-	})
+	var r Ranking
+	defer r.release()
+	pl, res, err := d.lookup(ctx, p, req, c, healthy, now, lt, &r)
 	if err != nil {
 		return d.storeFailed(ctx, &pl, mode, err)
 	}
-	if res.Origin != bindings.Found && res.Binding.Instance == place.Name {
-		var from string
-		if res.Origin == bindings.Renewed && res.Previous.Instance != place.Name {
-			from = res.Previous.Instance // the renewal took the session off it
-		}
-		r.commit(from)
-		if r.overridden {
-			d.failOpenOverrides.Add(1)
-		}
-	}
 	b := res.Binding
-	kind, prev := KindHit, b.Instance
-	switch res.Origin {
-	case bindings.Created:
-		kind, prev = KindBind, ""
-	case bindings.Renewed:
-		kind, prev = KindRebind, res.Previous.Instance
-	}
+	kind, prev := storeKind(res)
 	outcome := kind
 	// Every decision from here on follows the binding read above.
 	defer func() { dec.Previous, dec.Key, dec.Requests, dec.lifetime = prev, res.Key, res.Requests, lt }()
@@ -374,6 +350,44 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c choice, 
 	return dec, nil
 }
 
+// lookup finds the session's binding, or binds it where the pipeline
+// ranks first. A new session placed on a saturated instance would spill at
+// once, so adaptive ranks only unsaturated ones. r holds the reservation
+// until the caller releases it.
+func (d *Decider) lookup(ctx context.Context, p *Policy, req Request, c terms, healthy []fleet.Instance, now time.Time, lt bindings.Lifetime, r *Ranking) (placement, bindings.Result, error) {
+	pl := placement{key: fnv64(req.ID.Key), from: healthy, version: p.versionOf(c, d.rand),
+		unsaturated: c.mode == Adaptive, sessions: true, failOpen: d.failOpenChoice(req), reserve: true}
+	d.rank(&pl, r)
+	place, _ := r.First()
+	res, err := d.store.GetOrBind(ctx, bindings.Lookup{
+		Key: req.ID.Key, Aliases: req.ID.Aliases, Candidate: bindings.Binding{Instance: place.Name, Version: place.Version, Since: now}, Lifetime: lt,
+	})
+	if err != nil || res.Origin == bindings.Found || res.Binding.Instance != place.Name {
+		return pl, res, err
+	}
+	var from string
+	if res.Origin == bindings.Renewed && res.Previous.Instance != place.Name {
+		from = res.Previous.Instance // the renewal took the session off it
+	}
+	r.commit(from)
+	if r.overridden {
+		d.failOpenOverrides.Add(1)
+	}
+	return pl, res, nil
+}
+
+// storeKind is what the store's answer makes of a request, and the
+// instance the session was on before it.
+func storeKind(res bindings.Result) (Kind, string) {
+	switch res.Origin {
+	case bindings.Created:
+		return KindBind, ""
+	case bindings.Renewed:
+		return KindRebind, res.Previous.Instance
+	}
+	return KindHit, res.Binding.Instance
+}
+
 // restore puts back the version of a session that GetOrBind renewed onto
 // an instance of another version (res) when strict version affinity found
 // none of its own up: the session goes on failing on its version, as
@@ -394,7 +408,7 @@ var errStay = errors.New("stay")
 // leave its instance for reason kind, and says why it goes there (a
 // migration whose target version is down becomes a move within the
 // session's own). errStay: it keeps its instance.
-func (d *Decider) relocate(p *Policy, c choice, key string, b bindings.Binding, mv bindings.Move, kind Kind, healthy []fleet.Instance, r *Ranking) (Kind, error) {
+func (d *Decider) relocate(p *Policy, c terms, key string, b bindings.Binding, mv bindings.Move, kind Kind, healthy []fleet.Instance, r *Ranking) (Kind, error) {
 	pl := placement{key: fnv64(key), from: healthy, leave: b.Instance, sessions: true, reserve: true}
 	switch {
 	case kind == KindMigrated && serves(healthy, b.Instance, mv.Version):
@@ -450,7 +464,7 @@ func (d *Decider) spillable(p *Policy, healthy []fleet.Instance, b bindings.Bind
 // it; otherwise, under prefer, the version a new session would take, and
 // under strict none (ErrNoVersion). A session without a version, or under
 // version_affinity none, takes the version a new session would.
-func (d *Decider) moveVersion(p *Policy, c choice, v string, avail []fleet.Instance, leave string) (string, error) {
+func (d *Decider) moveVersion(p *Policy, c terms, v string, avail []fleet.Instance, leave string) (string, error) {
 	switch {
 	case v == "" || p.VersionAffinity == AnyVersion:
 		return p.versionOf(c, d.rand), nil
@@ -498,7 +512,7 @@ func (d *Decider) failOpenChoice(req Request) string {
 // random routes a request at random, in proportion to the instances'
 // weights: the ranking of a random key, among the instances of the
 // request's version, spot ones first.
-func (d *Decider) random(p *Policy, c choice, healthy []fleet.Instance, kind Kind) Decision {
+func (d *Decider) random(p *Policy, c terms, healthy []fleet.Instance, kind Kind) Decision {
 	pl := placement{key: d.rand(), from: healthy, version: p.versionOf(c, d.rand), spotFirst: true}
 	var r Ranking
 	d.rank(&pl, &r)
@@ -515,8 +529,8 @@ func find(instances []fleet.Instance, name string) (fleet.Instance, bool) {
 	return fleet.Instance{}, false
 }
 
-// choice is what the policy and the matching rule say for one request.
-type choice struct {
+// terms is what the policy and the matching rule say for one request.
+type terms struct {
 	rule     string
 	mode     Mode // Sticky, Adaptive or Random
 	priority Priority
@@ -527,8 +541,8 @@ type choice struct {
 }
 
 // resolve applies the first matching rule to the policy.
-func (p *Policy) resolve(req Request, now time.Time) choice {
-	c := choice{mode: p.Mode, priority: Normal, idle: p.Lifetime.Idle,
+func (p *Policy) resolve(req Request, now time.Time) terms {
+	c := terms{mode: p.Mode, priority: Normal, idle: p.Lifetime.Idle,
 		canary: req.header(p.CanaryHeader), cohort: req.ID.Cohort}
 	if c.cohort == "" {
 		c.cohort = req.ID.Key
@@ -563,7 +577,7 @@ func (p *Policy) resolve(req Request, now time.Time) choice {
 // the cohort, so a user is consistently in or out of a canary. A canary
 // header "always" or "never" restricts the choice to or away from the
 // canary versions. Requests without a cohort (anonymous) draw from draw.
-func (p *Policy) versionOf(c choice, draw func() uint64) string {
+func (p *Policy) versionOf(c terms, draw func() uint64) string {
 	if c.version != "" {
 		return c.version
 	}

@@ -94,7 +94,7 @@ func failovers(b bindings.Binding, now time.Time) int {
 // third routes at random. The session's version affinity holds on every
 // rung; under strict, a session with no other instance of its version
 // gets ErrNoVersion.
-func (d *Decider) ladder(p *Policy, c choice, key string, b bindings.Binding, n int, avail []fleet.Instance) (Stage, placement, error) {
+func (d *Decider) ladder(p *Policy, c terms, key string, b bindings.Binding, n int, avail []fleet.Instance) (Stage, placement, error) {
 	v, err := d.moveVersion(p, c, b.Version, avail, b.Instance)
 	if err != nil {
 		return StageNone, placement{}, err
@@ -136,7 +136,7 @@ func (d *Decider) ladder(p *Policy, c choice, key string, b bindings.Binding, n 
 // stores the session's new instance; the random rung routes this request
 // at random and leaves the binding, so the session returns to its
 // instance once it is back.
-func (d *Decider) failover(ctx context.Context, p *Policy, c choice, key string, b bindings.Binding, mode Mode, lt bindings.Lifetime, avail []fleet.Instance, now time.Time) (Decision, error) {
+func (d *Decider) failover(ctx context.Context, p *Policy, c terms, key string, b bindings.Binding, mode Mode, lt bindings.Lifetime, avail []fleet.Instance, now time.Time) (Decision, error) {
 	if p.fallback() == FallbackNone {
 		return Decision{}, fmt.Errorf("%w: %s (fallback_policy = \"none\")", ErrInstanceUnavailable, b.Instance)
 	}
@@ -229,7 +229,7 @@ func (d *Decider) Evacuate(ctx context.Context, instance string, sessions []bind
 
 // evacuate moves one session off instance down its ladder; moved says
 // the store took the move.
-func (d *Decider) evacuate(ctx context.Context, p *Policy, c choice, instance string, s bindings.Session, avail []fleet.Instance, now time.Time) (moved bool, err error) {
+func (d *Decider) evacuate(ctx context.Context, p *Policy, c terms, instance string, s bindings.Session, avail []fleet.Instance, now time.Time) (moved bool, err error) {
 	n := failovers(s.Binding, now)
 	stage, pl, err := d.ladder(p, c, s.Key, s.Binding, n, avail)
 	if err != nil || stage == StageRandom {

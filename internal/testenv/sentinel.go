@@ -79,38 +79,8 @@ func startSentinel(t testing.TB, password string, withReplica bool) *Sentinel {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 
-	// A node's args; replicaOf is "" for the master, else its address.
-	// Each node has a directory of its own: a replica writes its RDB file
-	// there.
-	node := func(name, replicaOf string) func(port int) ([]string, error) {
-		return func(port int) ([]string, error) {
-			ndir := filepath.Join(dir, name)
-			args := []string{
-				"--port", strconv.Itoa(port),
-				"--bind", "127.0.0.1",
-				"--dir", ndir,
-				"--save", "",
-				"--appendonly", "no",
-				"--daemonize", "no",
-				"--logfile", "",
-				// A replica's first sync (after Failover too) at once,
-				// not after the default 5 s wait for more replicas.
-				"--repl-diskless-sync-delay", "0",
-			}
-			if password != "" {
-				// masterauth too: after a failover the old master
-				// replicates from the new one.
-				args = append(args, "--requirepass", password, "--masterauth", password)
-			}
-			if replicaOf != "" {
-				host, port, _ := net.SplitHostPort(replicaOf)
-				args = append(args, "--replicaof", host, port)
-			}
-			return args, os.MkdirAll(ndir, 0o700)
-		}
-	}
 	s := &Sentinel{password: password}
-	mp, master, err := startOnFreePort(ctx, server, drawClusterPort, goredis.Options{Password: password}, node("master", ""))
+	mp, master, err := startOnFreePort(ctx, server, drawClusterPort, goredis.Options{Password: password}, sentinelNode(dir, "master", password, ""))
 	if err != nil {
 		t.Fatalf("redis sentinel: master: %v", err)
 	}
@@ -118,33 +88,14 @@ func startSentinel(t testing.TB, password string, withReplica bool) *Sentinel {
 	s.master = master
 	var rp *launch.Proc
 	if withReplica {
-		rp, s.replica, err = startOnFreePort(ctx, server, drawClusterPort, goredis.Options{Password: password}, node("replica", master))
+		rp, s.replica, err = startOnFreePort(ctx, server, drawClusterPort, goredis.Options{Password: password}, sentinelNode(dir, "replica", password, master))
 		if err != nil {
 			t.Fatalf("redis sentinel: replica: %v", err)
 		}
 		procs = append(procs, rp)
 	}
 	_, mport, _ := net.SplitHostPort(master)
-
-	// A sentinel needs a config file it can rewrite.
-	conf := filepath.Join(dir, "sentinel.conf")
-	down := 5000
-	if withReplica {
-		down = 1000
-	}
-	sp, sentinel, err := startOnFreePort(ctx, server, drawClusterPort, goredis.Options{}, func(port int) ([]string, error) {
-		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile \"\"\n"+
-			"sentinel monitor %s 127.0.0.1 %s 1\n"+
-			"sentinel down-after-milliseconds %s %d\n",
-			port, dir, SentinelMaster, mport, SentinelMaster, down)
-		if withReplica {
-			text += fmt.Sprintf("sentinel failover-timeout %s 10000\n", SentinelMaster)
-		}
-		if password != "" {
-			text += fmt.Sprintf("sentinel auth-pass %s %s\n", SentinelMaster, password)
-		}
-		return []string{conf, "--sentinel"}, os.WriteFile(conf, []byte(text), 0o600)
-	})
+	sp, sentinel, err := startOnFreePort(ctx, server, drawClusterPort, goredis.Options{}, sentinelConf(dir, password, mport, withReplica))
 	if err != nil {
 		t.Fatalf("redis sentinel: sentinel: %v", err)
 	}
@@ -174,6 +125,59 @@ func startSentinel(t testing.TB, password string, withReplica bool) *Sentinel {
 		}
 	}
 	return s
+}
+
+// sentinelNode is the args of a node in dir/name: the master when
+// replicaOf is "", else a replica of that address.
+func sentinelNode(dir, name, password, replicaOf string) func(port int) ([]string, error) {
+	return func(port int) ([]string, error) {
+		ndir := filepath.Join(dir, name)
+		args := []string{
+			"--port", strconv.Itoa(port),
+			"--bind", "127.0.0.1",
+			"--dir", ndir,
+			"--save", "",
+			"--appendonly", "no",
+			"--daemonize", "no",
+			"--logfile", "",
+			// A replica's first sync, after Failover too, starts at once.
+			"--repl-diskless-sync-delay", "0",
+		}
+		if password != "" {
+			// masterauth too: after a failover the old master replicates
+			// from the new one.
+			args = append(args, "--requirepass", password, "--masterauth", password)
+		}
+		if replicaOf != "" {
+			host, port, _ := net.SplitHostPort(replicaOf)
+			args = append(args, "--replicaof", host, port)
+		}
+		return args, os.MkdirAll(ndir, 0o700)
+	}
+}
+
+// sentinelConf writes the sentinel's config file, which it must be able
+// to rewrite, and returns its args. A sentinel with a replica to promote
+// calls its master down after one second.
+func sentinelConf(dir, password, masterPort string, withReplica bool) func(port int) ([]string, error) {
+	return func(port int) ([]string, error) {
+		conf := filepath.Join(dir, "sentinel.conf")
+		down := 5000
+		if withReplica {
+			down = 1000
+		}
+		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile \"\"\n"+
+			"sentinel monitor %s 127.0.0.1 %s 1\n"+
+			"sentinel down-after-milliseconds %s %d\n",
+			port, dir, SentinelMaster, masterPort, SentinelMaster, down)
+		if withReplica {
+			text += fmt.Sprintf("sentinel failover-timeout %s 10000\n", SentinelMaster)
+		}
+		if password != "" {
+			text += fmt.Sprintf("sentinel auth-pass %s %s\n", SentinelMaster, password)
+		}
+		return []string{conf, "--sentinel"}, os.WriteFile(conf, []byte(text), 0o600)
+	}
 }
 
 // Addr is the sentinel's host:port.

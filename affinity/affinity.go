@@ -75,12 +75,11 @@ type Decision struct {
 	// degraded ones, whose binding could not be read). A follow-up whose
 	// Instance is Previous kept its continuity.
 	Previous string
-	// Key is the session key the binding is stored under (Result.Key:
-	// the request's key, or the session key it is an alias of) and
-	// Requests the session's request count with this request
-	// (Result.Requests; a rebinding keeps it). Both are unset for
-	// requests routed without the store (random, anonymous) and degraded
-	// ones whose binding could not be read.
+	// Key is the session key the binding is stored under: the request's
+	// key, or the session key it is an alias of (Result.Key). Requests is
+	// the session's request count with this request; a rebinding keeps
+	// it. Both are unset for requests routed without the store (random,
+	// anonymous) and for degraded ones whose binding could not be read.
 	Key      string
 	Requests int
 	// Err is the store error behind a degraded decision, for logging.
@@ -264,8 +263,8 @@ func (d *Decider) Finish(dec Decision, o fleet.Outcome) {
 }
 
 // available is the fleet's instances that may take requests: healthy or
-// probing (the breaker lets them), not drained, and in subset when one is
-// given (the pipeline's first filter, applied once per decision).
+// probing, not drained, and in subset when one is given. It is the
+// pipeline's first filter, applied once per decision.
 func (d *Decider) available(subset []string) []fleet.Instance {
 	all := d.fleet.All()
 	drained := d.load.drained()
@@ -388,11 +387,11 @@ func storeKind(res bindings.Result) (Kind, string) {
 	return KindHit, res.Binding.Instance
 }
 
-// restore puts back the version of a session that GetOrBind renewed onto
-// an instance of another version (res) when strict version affinity found
-// none of its own up: the session goes on failing on its version, as
-// strict asks, instead of continuing on the other one from its next
-// request. Best effort: the request fails with ErrNoVersion either way.
+// restore puts a session back on its version. GetOrBind renewed it onto an
+// instance of another version (res), and strict version affinity found
+// none of its own up. The session goes on failing on its version, as
+// strict asks, rather than continue on the other one. Best effort: the
+// request fails with ErrNoVersion either way.
 func (d *Decider) restore(ctx context.Context, res bindings.Result, now time.Time, lt bindings.Lifetime) {
 	prev := res.Previous
 	h := d.load.holdOn(prev.Instance)
@@ -482,11 +481,12 @@ func serves(avail []fleet.Instance, leave, v string) bool {
 	return slices.ContainsFunc(avail, func(in fleet.Instance) bool { return in.Name != leave && in.Version == v })
 }
 
-// storeFailed places by the rule new sessions are placed by, without the
-// load bound (where most sessions already are: the fail-open pool's choice,
-// else rendezvous), when the store fails, unless the request itself is gone
-// (Envoy's message timeout, a client that left): that is not the store's
-// fault and nobody waits for the answer.
+// storeFailed places a request when the store fails. It uses the rule new
+// sessions are placed by, without the load bound: the fail-open pool's
+// choice, else rendezvous. That is where most sessions already are. A
+// request that is itself gone gets its context's error instead: Envoy's
+// message timeout or a client that left is not the store's fault, and
+// nobody waits for the answer.
 func (d *Decider) storeFailed(ctx context.Context, pl *placement, mode Mode, err error) (Decision, error) {
 	if ctx.Err() != nil {
 		return Decision{}, ctx.Err()

@@ -210,10 +210,11 @@ func (ps *promptScore) depthOf(name string, from []fleet.Instance) int {
 }
 
 // score keys the candidates of r by their cost in prompt tokens. An
-// instance other than identity's choice is ranked after every other
-// when it may not take the request: for a session, its active sessions at
-// their bound; its engine's queue saturated (a full KV cache is no bar: a
-// cache full of prompts is what this placement wants).
+// instance other than identity's choice ranks after every other when it
+// may not take the request. It may not when its engine's queue is
+// saturated, or, for a session, when its active sessions are at their
+// bound. A full KV cache is no bar: a cache full of prompts is what this
+// placement wants.
 func (ps *promptScore) score(l *Load, p *Policy, pl *placement, r *Ranking, engs []engineLoad) {
 	idx, keys := r.idx(), r.keys()
 	var activeBuf [64]int
@@ -260,12 +261,12 @@ func (d *Decider) pastHorizon(instance string, idle time.Duration) bool {
 }
 
 // Horizon is how long a prefix nobody sends survives in instance's KV
-// cache: the capacity its engine publishes over the rate its engine fills
-// the cache with prompt tokens it had to compute (looked up less found in
-// its prefix cache, from vLLM's and SGLang's counters), the time an LRU
-// cache takes to turn over; without such a reading, what the prefix index
-// measured of its own evictions. ok false: neither knows (nothing is ever
-// past it).
+// cache. It is the time an LRU cache takes to turn over: the capacity the
+// engine publishes over the rate it fills the cache. That rate is the
+// prompt tokens it had to compute: looked up less found, from vLLM's and
+// SGLang's counters. Without such a reading, Horizon is what the prefix
+// index measured of its own evictions. ok is false when neither knows;
+// then nothing is ever past it.
 func (d *Decider) Horizon(instance string) (time.Duration, bool) {
 	p := d.policy.Load()
 	if r, ok := d.load.Engine(instance, p.Saturation.Stale); ok && r.CacheTokens > 0 && r.RatesKnown {

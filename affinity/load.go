@@ -25,10 +25,12 @@ type Load struct {
 	// sync's: what placement reads, in one lookup.
 	newest map[string]fleet.EngineReading
 	// Sessions this replica placed (+) or moved away (-) that the last
-	// sync's index read may not hold yet: pending are placements whose store
-	// call is under way (held by the pipeline, so concurrent placements see
-	// them), placed those done since the current sync began, syncing those
-	// done before it (dropped once the sync has read the index).
+	// sync's read of the index may not hold yet:
+	//   - pending: placements whose store call is under way. The pipeline
+	//     holds them so that concurrent placements see them.
+	//   - placed: those done since the current sync began.
+	//   - syncing: those done before it, dropped once the sync has read
+	//     the index.
 	pending, placed, syncing map[string]int
 	// unsynced is the three added up, what active sessions read.
 	unsynced map[string]int
@@ -65,13 +67,12 @@ func (l *Load) Begin(instance string, at time.Time) {
 }
 
 // End counts the end of a request decided at at, on whichever replica
-// hears of it: the request's outcome may reach another replica than the
-// one that decided (Envoy spreads its streams over them), so this
-// replica's own count can go below zero, and only the sum over the
-// replicas, which the load sync adds up, is the instance's. A request
-// decided more than FlightHorizon ago no longer counts anywhere, and its
-// end changes nothing. queue is the queue depth the instance reported
-// (known false when it did not).
+// hears of it. Envoy spreads its streams over the replicas, so the outcome
+// may reach another replica than the one that decided. This replica's own
+// count can then go below zero. Only the sum the load sync adds up is the
+// instance's. A request decided more than FlightHorizon ago no longer
+// counts anywhere, and its end changes nothing. queue is the queue depth
+// the instance reported; known is false when it reported none.
 func (l *Load) End(instance string, at time.Time, queue int, known bool) {
 	l.mu.Lock()
 	l.flightsOf(instance).Add(at, -1)
@@ -290,12 +291,12 @@ func (l *Load) engineLoadSince(instance string, cutoff time.Time) engineLoad {
 	return engineLoad{waiting: r.Waiting, running: r.Running, kvUsage: r.KVUsage, kvKnown: r.KVKnown, ok: true}
 }
 
-// workWith is what instance has to do, as placement by content weighs
-// it: the requests waiting for a prefill (queued) and all those it serves
-// (running), each the higher of tether's requests in flight (less self,
-// those the caller counts as its own) and its engine's reading e. tether
-// counts a request in flight until its response headers: for a streamed
-// answer, until its prefill is done.
+// workWith is what instance has to do, as placement by content weighs it.
+// queued is the requests waiting for a prefill; running is all those it
+// serves. Each is the higher of two counts: tether's requests in flight,
+// less the caller's own (self), and the engine's reading e. tether counts
+// a request in flight until its response headers. For a streamed answer
+// that is until its prefill is done.
 func (l *Load) workWith(instance string, self int, e engineLoad) (queued, running int) {
 	f := max(l.state.InFlight[instance]+l.localFlight(instance)-self, 0)
 	queued, running = f, f

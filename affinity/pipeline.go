@@ -3,22 +3,23 @@ package affinity
 // The placement pipeline. Every choice of an instance goes through rank,
 // in four stages:
 //
-//  1. candidates: the instances of the model version the request runs on
-//     (all of them when it has none);
-//  2. filters: healthy or probing (the instances the decision sees), the
-//     caller's subset (Request.Subset), off the instance a session leaves,
-//     the fallback rung's zone, on-demand before spot (spot before
-//     on-demand for random routing), and for adaptive routing not
-//     saturated;
-//  3. scores: for a session, the bounded load and KV room and the
-//     fail-open pool's own choice; for a prompt, what the prefix it holds
-//     saves against what the instance's work costs (content.go);
+//  1. candidates: the instances of the request's model version, or all of
+//     them when it has none.
+//  2. filters, in order:
+//     - healthy or probing, and in the caller's subset (Request.Subset);
+//     - not the instance a session leaves;
+//     - in the fallback rung's zone;
+//     - on-demand before spot (spot first for random routing);
+//     - for adaptive routing, not saturated.
+//  3. scores. For a session: the bounded load, KV room, and the fail-open
+//     pool's own choice. For a prompt: what the prefix an instance holds
+//     saves, against what its work costs (content.go).
 //  4. pick: the request's rendezvous ranking orders what the scores tie.
 //
-// The result is a Ranking: the candidates best first. Every replica, and
-// Envoy's fail-open ring for the requests it decides, reaches the same
-// ranking from the same state: the scores are exact comparisons, and
-// the ties fall to a hash.
+// The result is a Ranking: the candidates, best first. The scores are exact
+// comparisons and ties fall to a hash. So every replica reaches the same
+// ranking from the same state, and so does Envoy's fail-open ring for the
+// requests it decides.
 
 import (
 	"cmp"

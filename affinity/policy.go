@@ -111,9 +111,9 @@ func (p *Policy) Headers() []string {
 }
 
 // OpensPlacement reports whether a decision under p may leave its
-// placement open to the request's body (Decision.Content): content
-// placement is on and some request is not routed at random (the policy's
-// mode, or a rule's, binds).
+// placement open to the request's body (Decision.Content). It may when
+// content placement is on and the policy's mode or a rule's binds
+// sessions.
 func (p *Policy) OpensPlacement() bool {
 	binds := func(m Mode) bool { return m == Sticky || m == Adaptive }
 	return p.Content.Enabled && (binds(p.Mode) || slices.ContainsFunc(p.Rules, func(r Rule) bool { return binds(r.Mode) }))

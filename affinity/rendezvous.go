@@ -9,14 +9,13 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 )
 
-// Rendezvous returns the instance with the highest weighted rendezvous score
-// for key (Schindelhauer and Schomaker's weighted HRW: score = -w / ln(u),
-// u uniform in (0,1) from a hash of key and instance name). Each key lands on
-// an instance with probability proportional to its weight, every replica
-// computes the same answer without talking to the others, and removing an
-// instance moves only the keys that were on it. healthy must not be empty.
-// It is the pipeline's pick alone: where a session goes when no score
-// tells its candidates apart.
+// Rendezvous returns the instance with the highest weighted rendezvous
+// score for key. The score is Schindelhauer and Schomaker's weighted HRW:
+// -w / ln(u), with u uniform in (0,1) from a hash of key and instance
+// name. A key lands on an instance with a chance proportional to its
+// weight. Every replica computes the same answer without talking to the
+// others. Removing an instance moves only the keys that were on it.
+// healthy must not be empty. It is the pipeline's pick alone.
 func Rendezvous(key string, healthy []fleet.Instance) fleet.Instance {
 	kh := fnv64(key)
 	best, bestScore := 0, math.Inf(-1)

@@ -52,17 +52,20 @@ func envoy(cfg config.Config, replicas []string) xds.Spec {
 	return s
 }
 
-// forwarded are the headers Envoy sends tether (xds.Spec.RequestHeaders
-// and ResponseHeaders, the ext_proc filters' forward_rules): exactly those
-// the handler reads under p, each reader naming its own. The request's:
-// the identity's, the fail-open pool's hash (the decider hashes a new
-// session as Envoy's pool would), the policy's (canary, rules, tier) and
-// the handler's own (path, request id, the audit's user and, when
-// [content] on may leave a placement open to the body, whether the body
-// can be read). The response's: the
-// status, Envoy's overload mark and the instances' reports. Each list is
-// sorted, once each. extproc's TestForwardedHeadersAreRead holds them to
-// what the handler reads.
+// forwarded are the headers Envoy sends tether: the ext_proc filters'
+// forward_rules (xds.Spec.RequestHeaders and ResponseHeaders). They are
+// exactly those the handler reads under p; each reader names its own.
+//
+// The request's come from the identity, the fail-open pool's hash, the
+// policy (canary, rules, tier) and the handler itself. The handler reads
+// the path, the request id and the audit's user. When [content] may leave
+// a placement open, it also reads what says whether the body can be read.
+// The decider hashes a new session as Envoy's pool would, hence the hash.
+//
+// The response's are the status, Envoy's overload mark and the
+// instances' reports. Each list is sorted, without repeats.
+// extproc's TestForwardedHeadersAreRead holds them to what the handler
+// reads.
 func forwarded(p Plan) (request, response []string) {
 	request = slices.Concat(p.Identity.Headers(), p.Policy.Headers(), p.ExtProc.RequestHeaders(p.Policy.OpensPlacement()))
 	for _, h := range p.Envoy.HashPolicy {
@@ -79,10 +82,11 @@ func names(list []string) []string {
 }
 
 // responseAttributes are what the ext_proc handler reads in the response
-// phase: the host that answered (when Envoy retried on a peer, or sent the
-// request past an instance it had ejected, that is not the instance tether
-// chose, and the chosen one has failed although the client got an
-// answer), and the status, which shows the attributes arrive at all.
+// phase. The first is the host that answered. When Envoy retried on a
+// peer, or passed over an instance it had ejected, that is not the
+// instance tether chose: the chosen one failed although the client got an
+// answer. The second is the status, which shows the attributes arrive at
+// all.
 func responseAttributes() []string {
 	return []string{extproc.AttrUpstreamAddress, extproc.AttrResponseCode}
 }
@@ -159,13 +163,12 @@ func limits(cfg config.Config, instance string) xds.Limits {
 	}
 }
 
-// upstreamTLS is how Envoy reaches tether's gRPC servers under [tls]: nil
-// when tether serves plaintext, and nil when [tls.envoy] is empty, which
-// config.Validate allows only with the ADS server off, where Envoy is
-// configured elsewhere (Istio) and the resources tether builds are not
-// served, so Envoy's TLS to tether is that configuration's to set
-// (docs/security.md). config.Validate refuses a [tls.envoy] that lacks
-// what Envoy needs.
+// upstreamTLS is how Envoy reaches tether's gRPC servers under [tls]. It
+// is nil when tether serves plaintext. It is nil too when [tls.envoy] is
+// empty. config.Validate allows that only with the ADS server off: then
+// Envoy is configured elsewhere, as under Istio, and that configuration
+// sets Envoy's TLS to tether (docs/security.md). config.Validate refuses
+// a [tls.envoy] that lacks what Envoy needs.
 func upstreamTLS(t config.TLS) *xds.UpstreamTLS {
 	e := t.Envoy
 	if t.CertFile == "" || e == (config.EnvoyTLS{}) {

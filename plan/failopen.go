@@ -12,13 +12,16 @@ import (
 )
 
 // failOpen is Envoy's fail-open pool as s builds it, for the decider
-// (affinity.WithFailOpen): the default route's pool (s.DefaultVersion, else
-// the version with the most instances, as xds picks it), a ring over its
-// instances keyed by their names (xds sets each pool endpoint's hash_key
-// to it) and weighted as xds weights them (each endpoint's
-// load_balancing_weight is ringhash.LBWeights of the pool's instance
-// weights), and the route's header hash policies. nil when the pools do
-// not hash (pool_lb round_robin or least_request).
+// (affinity.WithFailOpen). It holds:
+//   - the default route's pool: s.DefaultVersion, else the version with
+//     the most instances, as xds picks it;
+//   - a ring over its instances, keyed by their names as xds sets each
+//     endpoint's hash_key, and weighted as xds weights them
+//     (ringhash.LBWeights of the instance weights);
+//   - the route's header hash policies.
+//
+// It is nil when the pools do not hash (pool_lb round_robin or
+// least_request).
 func failOpen(s xds.Spec) affinity.FailOpen {
 	if s.PoolLB != xds.RingHash || len(s.HashPolicy) == 0 {
 		return nil

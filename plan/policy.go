@@ -77,17 +77,16 @@ func policy(cfg config.Config) (affinity.Policy, error) {
 	return p, nil
 }
 
-// Mode is the routing mode of the requests no rule matches: the one place
-// the configuration's three mode keys meet, as operators of the seed write
-// them.
-//   - routing.sticky_enabled = 0 is the global switch to random: no
-//     request is bound, whatever routing.mode and the rules say (and so is
-//     a mode Validate would refuse: binding nothing is the safe way to be
-//     wrong).
+// Mode is the routing mode of the requests no rule matches. It is the one
+// place the configuration's three mode keys meet:
+//   - routing.sticky_enabled = 0 is the global switch to random. No
+//     request is bound, whatever routing.mode and the rules say. A mode
+//     Validate would refuse is random too: binding nothing is the safe way
+//     to be wrong.
 //   - routing.adaptive_sticky = 1 makes sticky routing adaptive: the
 //     default mode, and every rule whose mode is sticky.
-//   - routing.mode: sticky, random, or hybrid (the rules decide; the
-//     requests they leave are random).
+//   - routing.mode is sticky, random, or hybrid. Under hybrid the rules
+//     decide, and the requests they leave are random.
 //
 // `tether config validate` prints it.
 func Mode(r config.Routing) affinity.Mode {

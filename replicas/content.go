@@ -10,22 +10,21 @@ package replicas
 // every Record on the index also goes, off the request path, to the other
 // replicas, which apply it to their own index with the same Record:
 //
-//  1. Record (the request path) records on the local index, then appends
-//     the record, encoded, to a bounded buffer under a mutex: a copy of the
-//     chain's hashes, never a wait. A record that does not fit
+//  1. Record, on the request path, records on the local index. It then
+//     appends a copy of the chain's hashes to a bounded buffer under a
+//     mutex, and never waits. A record that does not fit
 //     (ContentBufferBytes) is dropped and counted.
-//  2. Run publishes the buffer as one message ContentFlushEvery after its
-//     first record, or at once when it holds ContentFlushBytes, through the
-//     bus (ContentBus: the Redis store's <prefix>content channel).
-//  3. Run also subscribes: each message of another replica is decoded
-//     (a message that does not decode is counted and dropped whole) and
-//     its records of instances in the fleet are recorded on the local
-//     index, each at its own time (never later than now).
+//  2. Run publishes the buffer as one message through the bus
+//     (ContentBus: the Redis store's <prefix>content channel). It does so
+//     ContentFlushEvery after the buffer's first record, or at once when
+//     the buffer holds ContentFlushBytes.
+//  3. Run also subscribes. A message that does not decode is counted and
+//     dropped whole. Each record of an instance in the fleet is recorded on
+//     the local index at its own time, never later than now.
 //
 // A record reaches the other replicas one flush interval plus one publish
-// later; a message lost (a subscription that dropped, a publish that
-// failed) leaves their indexes short of it, which costs a placement by
-// identity, never a wrong answer: the index is a hint.
+// later. A lost message leaves their indexes short of it. That costs a
+// placement by identity, never a wrong answer: the index is a hint.
 
 import (
 	"context"
@@ -55,9 +54,9 @@ const (
 	ContentPublishTimeout = time.Second
 )
 
-// ContentBus carries the content share's messages between replicas (the
-// Redis store's PUBLISH and SUBSCRIBE on <prefix>content; the memory
-// store, alone in its process, carries nothing). The names say content
+// ContentBus carries the content share's messages between replicas. The
+// Redis store uses PUBLISH and SUBSCRIBE on <prefix>content. The memory
+// store, alone in its process, carries nothing. The names say content
 // because the store that implements them carries other things.
 type ContentBus interface {
 	// PublishContent sends one message to every replica subscribed,
@@ -281,7 +280,7 @@ func (c *ContentShare) apply(msg []byte) {
 //	          varint at (unix ms)
 //	          uvarint n (≥ 1) · n × uint64 (the chain's hashes)
 //
-// The hashes are random, so they are sent as they are; a 400 KB prompt's
+// The hashes are random, so they are sent as they are. A 400 KB prompt's
 // 1600 blocks make a record of about 12.8 KB.
 const (
 	contentVersion = 1

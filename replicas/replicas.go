@@ -1,33 +1,31 @@
-// Package replicas keeps tether's replicas in step. Each replica decides
-// on its own, from its own view, and nothing on the request path waits
-// for another replica; five things bring the views together, all through
-// the binding store, and all in this package or named here:
+// Package replicas keeps tether's replicas in step.
 //
-//   - The load sync (LoadSync, load.go): every second a replica publishes
-//     its requests in flight, the queue depths instances reported to it and
-//     its engine readings, and takes in the others' (LoadSyncer).
-//   - The shared circuits (CircuitShare, circuits.go): the instance
-//     breaker's failures meet in the store, so a circuit opened by the
-//     fleet's combined count, or closed by another replica's probe, holds
-//     everywhere; the replica whose report opened a circuit moves the
-//     instance's sessions away (Circuits).
-//   - The engine scrape shards (Shards, shards.go): one replica at a time
-//     scrapes each shard of the fleet's engines, by a lease in the store
-//     (Leases); the readings travel with the load sync.
-//   - The content share (ContentShare, content.go): the prefix index's
-//     records (which prompt blocks went to which instance) are published
-//     to the other replicas, who record them on their own index, so
-//     cache-aware placement decides alike on every replica (ContentBus).
-//   - The hit cache's invalidation: a replica that serves sticky hits from
-//     its own cache (store/redis, cache.go) drops a session when any
-//     replica changes its binding, by a message every binding change
-//     publishes atomically with it. It lives with the Redis store, whose
-//     scripts publish it; nothing outside the store sees it.
+// Each replica decides on its own, from its own view. Nothing on the
+// request path waits for another replica. Five things bring the views
+// together, all through the binding store:
 //
-// The contracts the store keeps for them (LoadSyncer, Circuits, Leases,
-// ContentBus)
-// are declared here, where they are used; store/memory and store/redis
-// implement them, and store/storetest holds both to them.
+//   - The load sync (LoadSync, load.go). Every second a replica publishes
+//     its requests in flight, the queue depths instances reported to it
+//     and its engine readings. It takes in the others' (LoadSyncer).
+//   - The shared circuits (CircuitShare, circuits.go). The instance
+//     breaker's failures meet in the store, so a circuit opened or closed
+//     by one replica holds everywhere. The replica whose report opened a
+//     circuit moves the instance's sessions away (Circuits).
+//   - The engine scrape shards (Shards, shards.go). One replica at a time
+//     scrapes each shard of the fleet's engines, under a lease in the
+//     store (Leases). The readings travel with the load sync.
+//   - The content share (ContentShare, content.go). Each replica publishes
+//     what its prefix index records: which prompt blocks went to which
+//     instance. The others record it on their own index, so cache-aware
+//     placement decides alike everywhere (ContentBus).
+//   - The hit cache's invalidation. A replica that serves sticky hits
+//     from its own cache drops a session when any replica changes its
+//     binding. Every binding change publishes a message atomically with
+//     it. This lives in store/redis, whose scripts publish it.
+//
+// The contracts the store keeps for them are declared here, where they are
+// used. store/memory and store/redis implement them; store/storetest holds
+// both to them.
 package replicas
 
 import (
@@ -53,10 +51,10 @@ func Name() string {
 
 // LoadSyncer exchanges load with the other replicas through the store.
 type LoadSyncer interface {
-	// SyncLoad publishes r (valid for ttl) and returns the load of every
-	// instance in instances, with the other live replicas' reports summed
-	// (r itself is left out of InFlight and Engine). An instance nobody
-	// reported has Active 0 and no InFlight, Queue or Engine entry; no map
+	// SyncLoad publishes r, valid for ttl, and returns the load of every
+	// instance in instances. The other live replicas' reports are summed;
+	// r itself is left out of InFlight and Engine. An instance nobody
+	// reported has Active 0 and no InFlight, Queue or Engine entry. No map
 	// is nil.
 	SyncLoad(ctx context.Context, r fleet.LoadReport, instances []string, ttl time.Duration, now time.Time) (fleet.LoadState, error)
 	// SetDrained adds or removes an instance from the drained set.
@@ -101,23 +99,24 @@ func CheckLease(name, holder string, ttl time.Duration) error {
 	return nil
 }
 
-// Circuits is the instance breaker's state shared between replicas
-// (fleet.Breaker counts what one replica sees; this is where the fleet's
-// counts meet). A circuit is closed, open until the end of its cooldown,
+// Circuits is the instance breaker's state shared between replicas.
+// fleet.Breaker counts what one replica sees; here the fleet's counts
+// meet. A circuit is closed, open until the end of its cooldown,
 // or half-open once the cooldown has passed, until a probe's answer closes
 // it (ReportRecovered) or opens it again (ReportFailure). Times are the
 // caller's clock.
 type Circuits interface {
 	// ReportFailure adds one failure of instance, seen at at, to the
-	// fleet's window (cfg.Window) and opens the circuit for cfg.Cooldown
+	// fleet's window (cfg.Window). It opens the circuit for cfg.Cooldown
 	// when the window holds more than cfg.Threshold failures. member is
-	// unique per report (replica name and a sequence number). A failure
-	// while the circuit is open is not counted (it was in flight when the
-	// circuit opened); one while it is half-open opens it again at once.
-	// opened is true only for the report that opened (or reopened) the
-	// circuit; until is the end of its cooldown while it is open, zero
-	// while it is closed. An unknown instance is a closed circuit, not an
-	// error.
+	// unique per report: the replica's name and a sequence number.
+	//
+	// A failure while the circuit is open is not counted: it was in
+	// flight when the circuit opened. One while it is half-open opens it
+	// again at once. opened is true only for the report that opened or
+	// reopened the circuit. until is the end of the cooldown while the
+	// circuit is open, zero while it is closed. An unknown instance is a
+	// closed circuit, not an error.
 	ReportFailure(ctx context.Context, instance string, at time.Time, member string, cfg fleet.BreakerConfig) (opened bool, until time.Time, err error)
 	// ReportRecovered closes instance's circuit if it is half-open at at
 	// (a probe succeeded) and forgets its failures. It reports whether it

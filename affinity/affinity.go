@@ -119,7 +119,7 @@ type Decider struct {
 
 	failOpen          FailOpen
 	failOpenOverrides atomic.Uint64
-	contents          Contents // nil: no cache-aware placement
+	index          PrefixIndex // nil: no cache-aware placement
 }
 
 // Option configures a Decider.
@@ -249,7 +249,7 @@ func (d *Decider) decide(ctx context.Context, req Request) (Decision, error) {
 		return Decision{}, err
 	}
 	dec.Rule, dec.At, dec.subset = c.rule, now, req.Subset
-	dec.Content = p.Content.Enabled && d.contents != nil && contentKinds[dec.Kind]
+	dec.Content = p.Content.Enabled && d.index != nil && contentKinds[dec.Kind]
 	return dec, nil
 }
 
@@ -318,7 +318,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c terms, h
 		kind = KindMoved
 	case mode == Adaptive && c.priority != High && d.load.Saturated(in.Name, p.Saturation):
 		kind = KindSpilled
-	case res.Origin == bindings.Found && p.Content.Enabled && d.contents != nil && d.pastHorizon(in.Name, res.Idle):
+	case res.Origin == bindings.Found && p.Content.Enabled && d.index != nil && d.pastHorizon(in.Name, res.Idle):
 		// Its instance kept nothing of it: content and load place it
 		// again (Refine), and it stays when they say nothing better.
 		return Decision{Instance: in, Mode: mode, Kind: KindExpired}, nil

@@ -23,7 +23,7 @@ package affinity
 // chose keeps it. A prefix therefore pulls a request only where what it
 // saves outweighs what the instance's work costs, and an instance with
 // nothing queued takes what a busy one would hold. A prompt that no
-// candidate holds at least ContentPolicy.MinBlocks of is not worth
+// candidate holds at least Content.MinBlocks of is not worth
 // matching: the request stays where identity placed it, where Envoy's
 // fail-open pool sends it too.
 
@@ -35,9 +35,9 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 )
 
-// Contents is what cache-aware placement reads and writes of the prefix
+// PrefixIndex is what cache-aware placement reads and writes of the prefix
 // index (prefix.Index).
-type Contents interface {
+type PrefixIndex interface {
 	// Match writes how many leading blocks of chain each of names holds
 	// into depth, and returns the most.
 	Match(chain []uint64, names []string, depth []int) int
@@ -48,12 +48,12 @@ type Contents interface {
 	Horizon(instance string) (time.Duration, bool)
 }
 
-// WithContents gives the decider the prefix index cache-aware placement
-// reads (ContentPolicy turns it on).
-func WithContents(c Contents) Option { return func(d *Decider) { d.contents = c } }
+// WithPrefixIndex gives the decider the prefix index cache-aware placement
+// reads (Content turns it on).
+func WithPrefixIndex(c PrefixIndex) Option { return func(d *Decider) { d.index = c } }
 
-// ContentPolicy is cache-aware placement's part of the policy.
-type ContentPolicy struct {
+// Content is cache-aware placement's part of the policy.
+type Content struct {
 	// Enabled: decisions whose placement is open say so (Decision.Content),
 	// and Refine places them by what the caches hold.
 	Enabled bool
@@ -80,11 +80,11 @@ var contentKinds = map[Kind]bool{KindBind: true, KindRebind: true, KindMoved: tr
 // error keeps dec: the request goes where identity placed it.
 func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) (out Decision) {
 	p := d.policy.Load()
-	if !dec.Content || len(chain) == 0 || d.contents == nil {
+	if !dec.Content || len(chain) == 0 || d.index == nil {
 		return dec
 	}
 	now := d.now()
-	defer func() { d.contents.Record(out.Instance.Name, chain, now) }()
+	defer func() { d.index.Record(out.Instance.Name, chain, now) }()
 	ps := promptScore{chain: chain, identity: dec.Instance.Name, policy: p.Content, sessions: dec.Key != ""}
 	pl := placement{
 		key:     promptKey(dec.Key, chain),
@@ -164,7 +164,7 @@ func (d *Decider) moveTo(ctx context.Context, dec Decision, r *Ranking, now time
 type promptScore struct {
 	chain    []uint64
 	identity string // the instance identity chose: it keeps a tie
-	policy   ContentPolicy
+	policy   Content
 	sessions bool // the request binds a session: bounded load holds
 	// depth is how many blocks of chain each instance of the placement's
 	// from holds, by its index there; deepest the most.
@@ -174,7 +174,7 @@ type promptScore struct {
 }
 
 // match fills depth for the instances of from at idx.
-func (ps *promptScore) match(c Contents, from []fleet.Instance, idx []int) {
+func (ps *promptScore) match(c PrefixIndex, from []fleet.Instance, idx []int) {
 	if len(from) <= len(ps.depthBuf) {
 		ps.depth = ps.depthBuf[:len(from)]
 	} else {
@@ -276,8 +276,8 @@ func (d *Decider) Horizon(instance string) (time.Duration, bool) {
 		}
 		return time.Duration(float64(r.CacheTokens) / fill * float64(time.Second)), true
 	}
-	if d.contents == nil {
+	if d.index == nil {
 		return 0, false
 	}
-	return d.contents.Horizon(instance)
+	return d.index.Horizon(instance)
 }

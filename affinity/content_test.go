@@ -17,7 +17,7 @@ import (
 
 // contentPolicy is cache-aware placement with 16-token blocks and the
 // product's load costs.
-var contentPolicy = affinity.ContentPolicy{Enabled: true, MinBlocks: 2, BlockTokens: 16, QueuedTokens: 1024, RunningTokens: 128}
+var contentPolicy = affinity.Content{Enabled: true, MinBlocks: 2, BlockTokens: 16, QueuedTokens: 1024, RunningTokens: 128}
 
 func contentDecider(t *testing.T, n int) (*affinity.Decider, *prefix.Index, *memory.Store, *clock) {
 	t.Helper()
@@ -31,7 +31,7 @@ func contentDeciderOn(t *testing.T, insts []fleet.Instance) (*affinity.Decider, 
 	x := prefix.NewIndex(1 << 20)
 	d := affinity.New(st, fleet.New(insts), affinity.Policy{
 		Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25, Content: contentPolicy,
-	}, affinity.WithClock(clk.now), affinity.WithContents(x))
+	}, affinity.WithClock(clk.now), affinity.WithPrefixIndex(x))
 	return d, x, st, clk
 }
 
@@ -122,10 +122,10 @@ func TestRefineSendsPastALoadedHolder(t *testing.T) {
 
 func TestContentOffAsksForNothing(t *testing.T) {
 	d := affinity.New(memory.New(), fleet.New(instances(4)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime},
-		affinity.WithContents(prefix.NewIndex(10)))
+		affinity.WithPrefixIndex(prefix.NewIndex(10)))
 	dec, _ := d.Decide(context.Background(), session("s"))
 	if dec.Content {
-		t.Error("content asked for with ContentPolicy off")
+		t.Error("content asked for with Content off")
 	}
 }
 

@@ -195,7 +195,7 @@ func (d *Decider) rank(pl *placement, r *Ranking) {
 	}
 	idx = filter(pl, candidates(pl, idx))
 	if pl.prompt != nil {
-		pl.prompt.match(d.contents, pl.from, idx)
+		pl.prompt.match(d.index, pl.from, idx)
 	}
 	// The load view is read, scored on and reserved under one lock, so
 	// concurrent placements see each other.

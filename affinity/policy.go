@@ -75,7 +75,7 @@ type Policy struct {
 	// Saturation says when an instance counts as saturated (adaptive).
 	Saturation Saturation
 	// Content is cache-aware placement (content.go).
-	Content ContentPolicy
+	Content Content
 	// TierHeader names the request header carrying the user tier that
 	// rules match with Rule.Tiers. It must come from a trusted layer (an
 	// authenticating filter in front of Envoy), not from the client.

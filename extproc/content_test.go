@@ -44,8 +44,8 @@ func TestBodyOnlyWhenPlacementIsOpen(t *testing.T) {
 	index := prefix.NewIndex(1 << 16)
 	dec := affinity.New(memory.New(), fleet.New(four), affinity.Policy{
 		Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Hour}, Epsilon: 0.25,
-		Content: affinity.ContentPolicy{Enabled: true, MinBlocks: 2, BlockTokens: 16, QueuedTokens: 1024, RunningTokens: 128},
-	}, affinity.WithContents(index))
+		Content: affinity.Content{Enabled: true, MinBlocks: 2, BlockTokens: 16, QueuedTokens: 1024, RunningTokens: 128},
+	}, affinity.WithPrefixIndex(index))
 	hasher, err := prefix.NewHasher(64, 0)
 	if err != nil {
 		t.Fatal(err)

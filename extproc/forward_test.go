@@ -220,7 +220,7 @@ func newForwardWorld(t *testing.T, p plan.Plan, audit bool) *forwardWorld {
 		t.Fatal(err)
 	}
 	fl := fleet.New(p.Instances)
-	dec := plan.NewDecider(p, fl, plan.Deps{Store: memory.New(), Contents: prefix.NewIndex(1024)})
+	dec := plan.NewDecider(p, fl, plan.Deps{Store: memory.New(), Index: prefix.NewIndex(1024)})
 	hasher, err := prefix.NewHasher(p.Content.BlockBytes, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -202,9 +202,9 @@ type Deps struct {
 	Now func() time.Time
 	// Rand is random routing's source; nil: the plan's (RandomSeed).
 	Rand func() uint64
-	// Contents is the prefix index cache-aware placement reads ([content]);
+	// Index is the prefix index cache-aware placement reads ([content]);
 	// nil: none, whatever the policy says.
-	Contents affinity.Contents
+	Index affinity.PrefixIndex
 }
 
 // NewDecider is the decider of p over fl: the one constructor serve and
@@ -227,8 +227,8 @@ func NewDecider(p Plan, fl affinity.Fleet, d Deps) *affinity.Decider {
 	if f := failOpen(p.Envoy); f != nil {
 		opts = append(opts, affinity.WithFailOpen(f))
 	}
-	if d.Contents != nil {
-		opts = append(opts, affinity.WithContents(d.Contents))
+	if d.Index != nil {
+		opts = append(opts, affinity.WithPrefixIndex(d.Index))
 	}
 	return affinity.New(d.Store, fl, p.Policy, opts...)
 }

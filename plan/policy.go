@@ -133,8 +133,8 @@ var (
 
 // contentPolicy is [content]'s part of the decision: the shortest match
 // in whole blocks (at least one), and a block in prompt tokens.
-func contentPolicy(c config.Content) affinity.ContentPolicy {
-	return affinity.ContentPolicy{
+func contentPolicy(c config.Content) affinity.Content {
+	return affinity.Content{
 		Enabled:       c.Enabled,
 		MinBlocks:     max((c.MinMatchBytes+c.BlockBytes-1)/c.BlockBytes, 1),
 		BlockTokens:   float64(c.BlockBytes) / config.CharsPerToken,

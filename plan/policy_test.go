@@ -115,7 +115,7 @@ func TestPolicy(t *testing.T) {
 		Saturation:      affinity.Saturation{InFlight: 8, QueueDepth: 0, Waiting: 7, KVUsage: 0.9, Stale: config.DefaultStaleness},
 		TierHeader:      "x-tier",
 		Fallback:        affinity.Gradual,
-		Content: affinity.ContentPolicy{Enabled: true, MinBlocks: 4, BlockTokens: config.DefaultBlockBytes / config.CharsPerToken,
+		Content: affinity.Content{Enabled: true, MinBlocks: 4, BlockTokens: config.DefaultBlockBytes / config.CharsPerToken,
 			QueuedTokens: config.DefaultQueuedTokens, RunningTokens: config.DefaultRunningTokens},
 	}
 	opts := cmp.Options{
@@ -169,7 +169,7 @@ func TestPolicyDefaults(t *testing.T) {
 			KVUsage: config.DefaultKVUsage, Stale: config.DefaultStaleness},
 		TierHeader: config.DefaultTierHeader,
 		Fallback:   affinity.Gradual,
-		Content: affinity.ContentPolicy{Enabled: true, MinBlocks: config.DefaultMinMatchBytes / config.DefaultBlockBytes,
+		Content: affinity.Content{Enabled: true, MinBlocks: config.DefaultMinMatchBytes / config.DefaultBlockBytes,
 			BlockTokens: config.DefaultBlockBytes / config.CharsPerToken, QueuedTokens: config.DefaultQueuedTokens, RunningTokens: config.DefaultRunningTokens},
 	}
 	if d := cmp.Diff(want, p, cmpopts.IgnoreUnexported(affinity.Policy{})); d != "" {

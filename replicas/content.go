@@ -68,9 +68,10 @@ type ContentBus interface {
 	SubscribeContent(ctx context.Context, on func(msg []byte))
 }
 
-// ContentIndex is the prefix index the share wraps (prefix.Index): what
-// cache-aware placement reads and records (affinity.Contents).
-type ContentIndex interface {
+// PrefixIndex is the prefix index the share wraps (prefix.Index). The
+// share is what the decider reads and records in its place
+// (affinity.PrefixIndex).
+type PrefixIndex interface {
 	Match(chain []uint64, names []string, depth []int) int
 	Record(instance string, chain []uint64, now time.Time)
 	Horizon(instance string) (time.Duration, bool)
@@ -91,11 +92,11 @@ type ContentStats struct {
 
 // ContentShare wraps a replica's prefix index so that what it records is
 // recorded on every replica's (see the file's comment). Build it with
-// NewContentShare; hand it to the decider as its index (affinity.Contents),
+// NewContentShare; hand it to the decider as its index (affinity.PrefixIndex),
 // and Run it.
 type ContentShare struct {
 	replica string
-	index   ContentIndex
+	index   PrefixIndex
 	bus     ContentBus
 	known   func(instance string) bool
 	log     zerolog.Logger
@@ -113,7 +114,7 @@ type ContentShare struct {
 // NewContentShare returns the share of replica's index over bus. known
 // reports whether an instance is in the fleet (fleet.Fleet's Lookup):
 // another replica's record of one that is not is not applied.
-func NewContentShare(replica string, index ContentIndex, bus ContentBus, known func(instance string) bool, log zerolog.Logger) *ContentShare {
+func NewContentShare(replica string, index PrefixIndex, bus ContentBus, known func(instance string) bool, log zerolog.Logger) *ContentShare {
 	c := &ContentShare{replica: replica, index: index, bus: bus, known: known, log: log,
 		kick: make(chan struct{}, 1), full: make(chan struct{}, 1)}
 	c.pending = appendContentHeader(nil, replica)
@@ -125,7 +126,7 @@ func (c *ContentShare) Match(chain []uint64, names []string, depth []int) int {
 	return c.index.Match(chain, names, depth)
 }
 
-// Horizon is the index's own (ContentIndex): what it measured of its
+// Horizon is the index's own (PrefixIndex): what it measured of its
 // evictions, every replica's records included.
 func (c *ContentShare) Horizon(instance string) (time.Duration, bool) {
 	return c.index.Horizon(instance)

@@ -179,7 +179,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	known := func(in string) bool { _, ok := rt.Fleet().Lookup(in); return ok }
 	contents := replicas.NewContentShare(replica, index, st, known, log)
 	metrics.NewContentShare(reg, contents)
-	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{Store: metrics.NewStore(reg, st), Load: load, Breaker: breaker, Contents: contents})
+	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{Store: metrics.NewStore(reg, st), Load: load, Breaker: breaker, Index: contents})
 	rt.OnApply(func(p plan.Plan) {
 		decider.SetPolicy(p.Policy)
 		caps.content.Store(&p.Content)

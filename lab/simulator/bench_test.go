@@ -120,11 +120,11 @@ func BenchmarkGIEIndex(b *testing.B) {
 	})
 }
 
-// BenchmarkContentIndex replays three minutes of cache-aware placement's
+// BenchmarkPrefixIndex replays three minutes of cache-aware placement's
 // index calls at 64 instances and 60 requests/s (a match over every
 // instance, then a record, for each open decision: here every request)
 // into prefix.Index and into contentRuns.
-func BenchmarkContentIndex(b *testing.B) {
+func BenchmarkPrefixIndex(b *testing.B) {
 	requests, capacity := recordRequests(b, GIEPrefix)
 	names := make([]string, 64)
 	for i := range names {

@@ -7,7 +7,7 @@ import (
 
 // contentRuns is prefix.Index for the simulator's chains, kept in runs of
 // blocks: the same answers to Match, Record and Horizon (the calls
-// cache-aware placement makes of its index, affinity.Contents), at a cost
+// cache-aware placement makes of its index, affinity.PrefixIndex), at a cost
 // per call of the runs it touches rather than of the blocks (a Record in
 // the field's mix touches about 250 blocks, 170 of them new, each a map
 // insertion and later an eviction in prefix.Index).

@@ -241,7 +241,7 @@ func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRo
 	// syncEvery of virtual time), over the configured instances.
 	all := p.Instances
 	t.sync = &replicas.LoadSync{Replica: "simulate", View: load, Store: store, Instances: func() []fleet.Instance { return all }}
-	var contents affinity.Contents
+	var contents affinity.PrefixIndex
 	if p.Content.Enabled {
 		// One index block is one emulator block (16 tokens): the plan's
 		// block size is 64 bytes at plan's 4 characters a token.
@@ -249,7 +249,7 @@ func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRo
 		contents = t.prompts
 	}
 	d := plan.NewDecider(p, fl, plan.Deps{
-		Contents: contents,
+		Index: contents,
 		Store:    store,
 		// The load view reads active sessions from the store as tether's
 		// does, so bounded-load placement sees sessions expire.

@@ -161,12 +161,12 @@ func serveDecisions(t *testing.T, cfg config.Config, calls []deciderCall) []affi
 	clock := func() time.Time { return now }
 	store := memory.New()
 	load := affinity.NewLoad()
-	var contents affinity.Contents
+	var contents affinity.PrefixIndex
 	if start.Content.Enabled {
 		contents = prefix.NewIndex(start.Content.IndexBlocks(start.Content.CacheTokens))
 	}
 	decider := plan.NewDecider(start, rt.Fleet(), plan.Deps{
-		Store: store, Load: load, Breaker: fleet.NewBreaker(start.Breaker, clock, nil), Contents: contents,
+		Store: store, Load: load, Breaker: fleet.NewBreaker(start.Breaker, clock, nil), Index: contents,
 		Now: clock, Rand: rand.New(rand.NewPCG(serveSeed, 0x726f75746572)).Uint64, // the simulation's router seed
 	})
 	rt.OnApply(func(p plan.Plan) { decider.SetPolicy(p.Policy) })

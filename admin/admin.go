@@ -1,7 +1,11 @@
-// Package admin is tether's admin HTTP API: the probes (/healthz,
-// /readyz), /metrics, the fleet API (/v1/instances, /v1/xds), the session
-// operations (/v1/sessions/...), the bearer-token guard in front of them,
-// their JSON types, and Client, the typed client `tether sessions` uses.
+// Package admin is tether's admin HTTP API. It holds:
+//   - the probes, /healthz and /readyz;
+//   - /metrics;
+//   - the fleet API, /v1/instances and /v1/xds;
+//   - the session operations, /v1/sessions/...;
+//   - the bearer-token guard in front of them;
+//   - their JSON types;
+//   - Client, the typed client `tether sessions` uses.
 package admin
 
 import (
@@ -26,10 +30,11 @@ type Config struct {
 	Metrics *prometheus.Registry
 	// Ready answers /readyz (Readiness).
 	Ready http.Handler
-	// Runtime is the configuration in force: the fleet API reads and
+	// Runtime is the configuration in force. The fleet API reads and
 	// changes it.
 	Runtime Runtime
-	// ADS is the ADS server /v1/xds shows; nil when it is off.
+	// ADS is the ADS server /v1/xds shows. It is nil when the server is
+	// off.
 	ADS *xds.Server
 	// Sessions are the session operations.
 	Sessions *SessionOps
@@ -49,13 +54,15 @@ func NewHandler(c Config) http.Handler {
 	return mux
 }
 
-// Guard guards the admin API with tok, the bearer token of cfg
-// (server.admin_token_file or $server.admin_token_env): every endpoint but
-// /healthz and /readyz, which probes call without credentials, answers 401
-// to a request without it. Without a token the API is open; on an address
-// beyond loopback that is logged as a warning (the shipped Kubernetes
-// manifests listen on the pod address for the kubelet's probes and rely on
-// the Service and a NetworkPolicy). The token is never logged.
+// Guard guards the admin API with tok, the bearer token of cfg. The token
+// comes from server.admin_token_file or $server.admin_token_env. Every
+// endpoint answers 401 to a request without it, except /healthz and
+// /readyz: probes call those without credentials.
+//
+// Without a token the API is open. On an address beyond loopback that is
+// logged as a warning. The shipped Kubernetes manifests do listen on the
+// pod address, for the kubelet's probes. They rely on the Service and a
+// NetworkPolicy instead. The token is never logged.
 func Guard(tok string, cfg config.Server, addr net.Addr, log zerolog.Logger, h http.Handler) http.Handler {
 	if tok == "" {
 		if ta, ok := addr.(*net.TCPAddr); ok && !ta.IP.IsLoopback() {

@@ -12,8 +12,8 @@ import (
 	"time"
 )
 
-// ClientTimeout bounds one call (a migrate batch of MaxMigrateBatch
-// sessions is well under it).
+// ClientTimeout bounds one call. A migrate batch of MaxMigrateBatch
+// sessions takes well under it.
 const ClientTimeout = time.Minute
 
 // maxAnswer bounds an answer's body.
@@ -26,8 +26,8 @@ type Client struct {
 	token string // bearer token, "" none
 }
 
-// NewClient returns a client of the admin API at base: a URL
-// (http://host:port, https://host:port/prefix), or host:port for http.
+// NewClient returns a client of the admin API at base. base is a URL such
+// as http://host:port or https://host:port/prefix, or host:port for http.
 // token, when set, is sent as the bearer token the API may require.
 func NewClient(base, token string) (*Client, error) {
 	raw := base
@@ -87,7 +87,7 @@ func (c *Client) Undrain(ctx context.Context, instance string) (DrainResult, err
 	return res, c.do(ctx, http.MethodDelete, "/v1/sessions/drain/"+url.PathEscape(instance), nil, &res)
 }
 
-// do sends in (when not nil) as JSON and decodes the answer into out. An
+// do sends in as JSON, when not nil, and decodes the answer into out. An
 // answer other than 2xx is an *Error with the server's message.
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader

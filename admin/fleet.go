@@ -13,13 +13,13 @@ import (
 	"github.com/tetherproxy/tether/xds"
 )
 
-// Runtime is the configuration in force (reload.Runtime): the fleet API
-// reads it and changes it through it, as a file change is applied.
+// Runtime is the configuration in force (reload.Runtime). The fleet API
+// reads and changes it through Runtime, as a file change is applied.
 type Runtime interface {
 	Current() config.Config
 	// Edit applies edit to the configuration in force, validates the
-	// result and makes it the configuration in force; one that does not
-	// validate is refused with an error that wraps reload.ErrInvalid.
+	// result and makes it the configuration in force. A result that does
+	// not validate is refused with an error that wraps reload.ErrInvalid.
 	Edit(ctx context.Context, source string, edit func(*config.Config)) (version string, next config.Config, err error)
 }
 
@@ -44,8 +44,9 @@ type XDSStatus struct {
 //	DELETE /v1/instances/{name}   remove an instance
 //	GET    /v1/xds                the published version and every connected Envoy
 //
-// Changes go through the same path as a config file change and last until
-// the file changes next (the file stays the source of truth on restart).
+// Changes go through the same path as a config file change. They last
+// until the file changes next. The file stays the source of truth on
+// restart.
 func fleetRoutes(mux *http.ServeMux, r Runtime, ads *xds.Server) {
 	mux.HandleFunc("GET /v1/instances", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, r.Current().Instances)

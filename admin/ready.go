@@ -12,8 +12,8 @@ import (
 
 // Checker tells readiness whether the binding store reaches its backend.
 type Checker interface {
-	// Ping returns nil when the backend answers (a store without one
-	// always does). It is bounded like a call of the request path, and
+	// Ping returns nil when the backend answers. A store without a backend
+	// always does. Ping is bounded like a call of the request path. It is
 	// refused at once while the store's guard is open.
 	Ping(ctx context.Context) error
 	// Health returns the state of the store's guard on its backend,
@@ -35,13 +35,16 @@ func NewReadiness(s Checker) *Readiness { return &Readiness{store: s} }
 func (r *Readiness) Drain() { r.mu.Lock(); r.draining = true; r.mu.Unlock() }
 
 // ServeHTTP answers /readyz. A store that does not answer leaves tether
-// ready but degraded (200): it still routes, by rendezvous hashing. The
-// answer never waits on a dead Redis: the store's guard refuses the ping
-// at once while open, and otherwise the store's per-call timeout bounds it.
-// The body says the guard's state in its "breaker" field (closed, open,
-// half-open; the name dashboards and probes already read), and how a
-// sticky hit is served in its "hits" field ("cached": without a round
-// trip; "one round trip"), for a store with a backend.
+// ready but degraded, with 200. tether still routes then, by rendezvous
+// hashing. The answer never waits on a dead Redis. The store's guard
+// refuses the ping at once while open. Otherwise the store's per-call
+// timeout bounds it.
+//
+// For a store with a backend, the body has two more fields:
+//   - "breaker" is the guard's state: closed, open or half-open. Dashboards
+//     and probes already read that name.
+//   - "hits" says how a sticky hit is served: "cached" is without a round
+//     trip; the other value is "one round trip".
 func (r *Readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	draining := r.draining

@@ -26,7 +26,7 @@ const (
 	// MaxMigrateBatch bounds one migrate call.
 	MaxMigrateBatch = 10000
 	// MaxSessionKeyBytes bounds a session key in a request. tether's keys
-	// are 24 bytes ("s:" and 22 base64url characters).
+	// are 24 bytes: "s:" and 22 base64url characters.
 	MaxSessionKeyBytes = 64
 )
 
@@ -41,7 +41,7 @@ const (
 //	POST   /v1/sessions/drain              drain an instance: no new sessions, its sessions move
 //	DELETE /v1/sessions/drain/{instance}   stop draining an instance
 //
-// Moves take effect at each session's next turn: no request is failed or
+// Moves take effect at each session's next turn. No request is failed or
 // cut.
 type SessionOps struct {
 	index   SessionIndex
@@ -55,22 +55,22 @@ type SessionOps struct {
 }
 
 // SessionIndex is what the session operations need of the binding store
-// beyond the request path: reading one session, counting the sessions per
-// instance, and asking sessions to move. store/memory and store/redis
-// implement it, and store/storetest holds both to it.
+// beyond the request path. It reads one session, counts the sessions per
+// instance, and asks sessions to move. store/memory and store/redis
+// implement it. store/storetest holds both to it.
 type SessionIndex interface {
-	// Show returns the session stored under key (following an alias link).
+	// Show returns the session stored under key, following an alias link.
 	// ok is false when there is none.
 	Show(ctx context.Context, key string, now time.Time) (s bindings.Session, ok bool, err error)
 	// Mark stores m as a pending move on the sessions selected by f that
-	// have no pending move yet, and returns how many it marked and how many
-	// selected sessions are still unmarked after it (0, 0 for an instance
-	// without sessions).
+	// have no pending move yet. It returns how many it marked, and how many
+	// selected sessions are still unmarked after it. Both are 0 for an
+	// instance without sessions.
 	Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move, now time.Time) (marked, remaining int, err error)
-	// Bound returns up to limit (0: all) of the sessions bound to instance,
-	// read from its index; entries whose binding is gone or elsewhere are
-	// left out (none: an empty slice, no error). TTL is each session's
-	// remaining idle lifetime.
+	// Bound returns up to limit of the sessions bound to instance, read
+	// from its index. A limit of 0 means all. Entries whose binding is gone
+	// or elsewhere are left out. None gives an empty slice and no error.
+	// TTL is each session's remaining idle lifetime.
 	Bound(ctx context.Context, instance string, limit int, now time.Time) ([]bindings.Session, error)
 }
 
@@ -91,12 +91,12 @@ type LoadView interface {
 type SessionOpsConfig struct {
 	Index  SessionIndex
 	Drains Drains
-	// Load is the decider's view (affinity.Load): stats read it, migrate
-	// reads which instances are drained.
+	// Load is the decider's view (affinity.Load). Stats read it. Migrate
+	// reads which instances are drained from it.
 	Load  LoadView
 	Fleet *fleet.Fleet
-	// Identity hashes the identifiers lookup is given, with the header
-	// names of Headers (the configuration's identity section).
+	// Identity hashes the identifiers lookup is given. It uses the header
+	// names of Headers, the configuration's identity section.
 	Identity *identity.Extractor
 	Headers  identity.Config
 	Now      func() time.Time // default time.Now
@@ -132,8 +132,8 @@ type SessionStats struct {
 	Total     GroupTotals     `json:"total"`
 }
 
-// InstanceStats is one instance's load as this replica last synced it
-// (once a second), with its own placements since.
+// InstanceStats is one instance's load as this replica last synced it,
+// with its own placements since. Replicas sync once a second.
 type InstanceStats struct {
 	Name     string `json:"name"`
 	Zone     string `json:"zone,omitempty"`
@@ -217,11 +217,11 @@ func (s *SessionOps) stats(w http.ResponseWriter, _ *http.Request) {
 // /v1/sessions/lookup.
 type SessionInfo struct {
 	Key string `json:"key"` // the session key the binding is stored under
-	// Alias is the key asked for when it is an alias linked to Key (a
-	// token or device that came with a session id).
+	// Alias is the key asked for when it is an alias linked to Key. An
+	// alias is a token or device that came with a session id.
 	Alias string `json:"alias,omitempty"`
-	// Source is the kind of identifier lookup was given (session, token,
-	// device); empty for a lookup by key.
+	// Source is the kind of identifier lookup was given: session, token or
+	// device. It is empty for a lookup by key.
 	Source   string    `json:"source,omitempty"`
 	Instance string    `json:"instance"`
 	Version  string    `json:"version,omitempty"`
@@ -231,8 +231,8 @@ type SessionInfo struct {
 	Move *MoveInfo `json:"move,omitempty"`
 }
 
-// MoveInfo is a pending move: to a model version (migrate) or off an
-// instance (drain).
+// MoveInfo is a pending move. Migrate moves to a model version. Drain
+// moves off an instance.
 type MoveInfo struct {
 	Version string `json:"version,omitempty"`
 	Off     string `json:"off,omitempty"`
@@ -283,10 +283,10 @@ func (s *SessionOps) respondSession(w http.ResponseWriter, ctx context.Context, 
 	writeJSON(w, http.StatusOK, info)
 }
 
-// LookupRequest names a session by the identifier the application knows:
-// one of a session id, a bearer token, or a device id (with the user id
-// when the application sends one). The value is hashed like a request's
-// header and never logged or echoed.
+// LookupRequest names a session by the identifier the application knows.
+// That is one of a session id, a bearer token, or a device id. A device id
+// comes with the user id when the application sends one. The value is
+// hashed like a request's header and never logged or echoed.
 type LookupRequest struct {
 	SessionID string `json:"session_id,omitempty"`
 	Token     string `json:"token,omitempty"`
@@ -356,8 +356,8 @@ func (s *SessionOps) lookup(w http.ResponseWriter, req *http.Request) {
 type MigrateRequest struct {
 	FromVersion string `json:"from_version"`
 	ToVersion   string `json:"to_version"`
-	// Batch is how many sessions to mark at most: DefaultMigrateBatch when
-	// 0, at most MaxMigrateBatch.
+	// Batch is how many sessions to mark at most. 0 means
+	// DefaultMigrateBatch. It may not exceed MaxMigrateBatch.
 	Batch int `json:"batch,omitempty"`
 }
 
@@ -367,9 +367,10 @@ type MarkResult struct {
 	Marked int `json:"marked"`
 	// Remaining is how many selected sessions are still unmarked.
 	Remaining int `json:"remaining"`
-	// Estimated: the batch ran out before every instance was read, and
-	// Remaining counts all the active sessions of those left (marked ones
-	// included), so it may be too high. It is exact when it is 0.
+	// Estimated is set when the batch ran out before every instance was
+	// read. Remaining then counts all the active sessions of the instances
+	// left, marked ones included, so it may be too high. It is exact when
+	// it is 0.
 	Estimated bool `json:"estimated,omitempty"`
 }
 
@@ -445,8 +446,8 @@ func (s *SessionOps) migrate(w http.ResponseWriter, req *http.Request) {
 	left := mr.Batch
 	for _, in := range from {
 		if left == 0 {
-			// SessionIndex.Mark cannot count without marking (Limit 0
-			// means all): what the batch did not reach is estimated.
+			// SessionIndex.Mark cannot count without marking, since Limit
+			// 0 means all. What the batch did not reach is estimated.
 			res.Remaining += s.load.Active(in.Name)
 			res.Estimated = true
 			continue
@@ -479,9 +480,9 @@ type DrainResult struct {
 	MarkResult
 }
 
-// drain stops new sessions on an instance (every replica sees it at its
-// next load sync, within a second) and marks its sessions to move off it
-// at their next turn.
+// drain stops new sessions on an instance and marks its sessions to move
+// off it at their next turn. Every replica sees the drain at its next load
+// sync, within a second.
 func (s *SessionOps) drain(w http.ResponseWriter, req *http.Request) {
 	var dr DrainRequest
 	if err := decodeBody(w, req, &dr); err != nil {
@@ -505,8 +506,8 @@ func (s *SessionOps) drain(w http.ResponseWriter, req *http.Request) {
 	res.Marked, res.Remaining, err = s.index.Mark(req.Context(), bindings.MarkFilter{Instance: dr.Instance},
 		bindings.Move{Off: dr.Instance}, s.now())
 	if err != nil {
-		// Drained all the same: its sessions leave at their next turn
-		// (as "moved" rather than "drained").
+		// Drained all the same. Its sessions leave at their next turn,
+		// counted as "moved" rather than "drained".
 		s.log.Warn().Err(err).Str("instance", dr.Instance).Int("marked", res.Marked).Msg("instance drained; marking its sessions failed")
 		storeFailed(w, fmt.Errorf("instance drained, but marking its sessions failed after %d: %w", res.Marked, err))
 		return

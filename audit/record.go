@@ -1,9 +1,12 @@
-// Package audit records tether's routing decisions for auditors: one Record
-// per decision (sampled), written asynchronously by a Writer to a Sink (a
-// Redis Stream, a PostgreSQL table or JSON-lines files). The user id is never stored in plain
-// text: a Sealer encrypts it (AES-256-GCM, bound to the request id) and
-// derives a keyed pseudonym (HMAC-SHA256) that "forget" and "export" look
-// records up by. See README.md.
+// Package audit records tether's routing decisions for auditors. Each
+// sampled decision makes one Record. A Writer writes records
+// asynchronously to a Sink: a Redis Stream, a PostgreSQL table or
+// JSON-lines files.
+//
+// The user id is never stored in plain text. A Sealer encrypts it with
+// AES-256-GCM, bound to the request id. It also derives a keyed pseudonym
+// with HMAC-SHA256. "forget" and "export" look records up by that
+// pseudonym. See README.md.
 package audit
 
 import (
@@ -32,8 +35,8 @@ func CheckRetention(d time.Duration) error {
 }
 
 // Record is one routing decision. It has no field for the plaintext user
-// id: UserCiphertext holds it sealed under the key KeyID, bound to
-// RequestID, and UserPseudonym is its keyed hash (see Sealer).
+// id. UserCiphertext holds it sealed under the key KeyID, bound to
+// RequestID. UserPseudonym is its keyed hash (see Sealer).
 type Record struct {
 	RequestID      string    `json:"request_id"`
 	ModelVersion   string    `json:"model_version"`
@@ -42,20 +45,20 @@ type Record struct {
 	Mode           string    `json:"mode"`
 	Decision       string    `json:"decision"`
 	IdentitySource string    `json:"identity_source"`
-	// UserCiphertext is nonce || AES-256-GCM sealed user id (base64 in
-	// JSON); empty when the request carried no user id.
+	// UserCiphertext is nonce || AES-256-GCM sealed user id, base64 in
+	// JSON. It is empty when the request carried no user id.
 	UserCiphertext []byte `json:"user_ct,omitempty"`
 	KeyID          string `json:"key_id,omitempty"`
 	UserPseudonym  string `json:"user_pseudonym,omitempty"`
-	// SessionKeys are the opaque session keys the decision used (already
-	// keyed hashes such as "s:…", never a plaintext session id or user
-	// id), so that "forget" can find the user's session bindings from the
-	// audit records.
+	// SessionKeys are the opaque session keys the decision used. They are
+	// keyed hashes such as "s:…", never a plaintext session id or user id.
+	// With them, "forget" finds the user's session bindings from the audit
+	// records.
 	SessionKeys []string `json:"session_keys,omitempty"`
 }
 
-// NewRequestID returns a random UUID (version 4), for a request that came
-// without Envoy's x-request-id.
+// NewRequestID returns a random version 4 UUID. It serves a request that
+// came without Envoy's x-request-id.
 func NewRequestID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
@@ -74,38 +77,42 @@ func NewRequestID() string {
 	return string(s[:])
 }
 
-// Sink stores records. Implementations, one package each: audit/file,
-// audit/redis, audit/postgres (audit/sinks opens the one [audit] names).
+// Sink stores records. Each implementation has its own package:
+// audit/file, audit/redis and audit/postgres. audit/sinks opens the one
+// [audit] names.
 type Sink interface {
 	// Write stores a batch of records, in order.
 	Write(ctx context.Context, recs []Record) error
-	// Delete removes every record with this pseudonym ("forget") and
+	// Delete removes every record with this pseudonym, for "forget". It
 	// returns how many it removed.
 	Delete(ctx context.Context, pseudonym string) (int, error)
 	// Export returns every stored record with this pseudonym, oldest first.
 	Export(ctx context.Context, pseudonym string) ([]Record, error)
-	// Close releases the sink's resources (not a client it was given).
+	// Close releases the sink's resources. It does not close a client it
+	// was given.
 	Close() error
 }
 
 // Pruner is a Sink that removes records older than its retention when
-// asked; the Writer asks every WriterConfig.PruneInterval, so a sink that
+// asked. The Writer asks every WriterConfig.PruneInterval. So a sink that
 // receives no records still forgets old ones.
 type Pruner interface {
 	Prune(ctx context.Context) error
 }
 
-// ErrInvalidRecord marks records a sink could not store as they are (see
-// InvalidRecordsError).
+// ErrInvalidRecord marks records a sink could not store as they are. See
+// InvalidRecordsError.
 var ErrInvalidRecord = errors.New("invalid audit record")
 
 // InvalidRecordsError is what a sink's Write returns when it skipped
-// records of a batch that its store would refuse, and stored the others
-// (the PostgreSQL sink, audit/postgres: a request_id that is not a UUID in
-// lower-case canonical form, or a text field that is not UTF-8 or holds a
-// NUL byte). It names the records by position and the field by name,
-// never by value. errors.Is(err, ErrInvalidRecord) holds; the Writer
-// counts the skipped records as failed and the others as written.
+// records of a batch that its store would refuse, and stored the others.
+// The PostgreSQL sink, audit/postgres, refuses two things:
+//   - a request_id that is not a UUID in lower-case canonical form;
+//   - a text field that is not UTF-8 or holds a NUL byte.
+//
+// The error names the records by position and the field by name, never by
+// value. errors.Is(err, ErrInvalidRecord) holds. The Writer counts the
+// skipped records as failed and the others as written.
 type InvalidRecordsError struct {
 	Table   string
 	Total   int      // records in the batch

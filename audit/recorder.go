@@ -14,17 +14,17 @@ const DefaultMaxUserIDBytes = 256
 
 // RecorderConfig configures a Recorder.
 type RecorderConfig struct {
-	// MaxUserIDBytes bounds the user id sealed into a record (default
-	// DefaultMaxUserIDBytes; tether passes identity.max_value_bytes, so
-	// every user id that routing accepts is recorded). A longer one, or
-	// one with control characters, is left out of the record and counted
-	// (UserIDsRejected); it is never logged.
+	// MaxUserIDBytes bounds the user id sealed into a record. The default
+	// is DefaultMaxUserIDBytes. tether passes identity.max_value_bytes, so
+	// every user id that routing accepts is recorded. A longer one, or one
+	// with control characters, is left out of the record. It is counted in
+	// UserIDsRejected and never logged.
 	MaxUserIDBytes int
 }
 
-// Recorder turns decisions into Records for a Writer: it is tether's
-// extproc.Auditor. Audit runs on the request path; it does not block, and
-// a decision that is sampled out costs a hash of its request id.
+// Recorder turns decisions into Records for a Writer. It is tether's
+// extproc.Auditor. Audit runs on the request path and does not block. A
+// decision that is sampled out costs a hash of its request id.
 type Recorder struct {
 	w       *Writer
 	sealer  *Sealer
@@ -50,21 +50,21 @@ func NewRecorder(w *Writer, s *Sealer, cfg RecorderConfig) (*Recorder, error) {
 }
 
 // Audit records one decision (extproc.Auditor). requestID is Envoy's
-// x-request-id and userID the raw user header, both unchecked ("" when
-// absent):
+// x-request-id and userID the raw user header. Both are unchecked, and ""
+// when absent.
 //
-//   - the record's request id is requestID when it is a UUID (any
-//     version, lower-cased), else a new one (counted:
-//     RequestIDsGenerated);
-//   - decisions that make or change a binding are always recorded, so
-//     forget finds every binding made while the audit is on; hits,
-//     random, anonymous, fallback and degraded decisions are sampled at
-//     the Writer's SampleRate (Writer.Sample);
-//   - the record names the session keys the decision used (the
-//     identity's key and aliases), for forget to find the bindings;
-//   - the user id is sealed into the record when it is at most
-//     MaxUserIDBytes long without control characters; otherwise it is
-//     left out and counted (UserIDsRejected).
+//   - The record's request id is requestID, lower-cased, when it is a UUID
+//     of any version. Otherwise it is a new one, counted in
+//     RequestIDsGenerated.
+//   - Decisions that make or change a binding are always recorded. So
+//     forget finds every binding made while the audit is on.
+//   - Hits, random, anonymous, fallback and degraded decisions are sampled
+//     at the Writer's SampleRate (Writer.Sample).
+//   - The record names the session keys the decision used: the identity's
+//     key and aliases. Forget finds the bindings by them.
+//   - The user id is sealed into the record when it is at most
+//     MaxUserIDBytes long without control characters. Otherwise it is
+//     left out and counted in UserIDsRejected.
 func (r *Recorder) Audit(requestID, userID string, id identity.Identity, d affinity.Decision, at time.Time) {
 	rid, ok := canonicalUUID(requestID)
 	if !ok {
@@ -94,11 +94,11 @@ func (r *Recorder) Audit(requestID, userID string, id identity.Identity, d affin
 	r.w.WriteAlways(rec)
 }
 
-// sessionKeys are the keys the decision used (keyed hashes, never a raw
-// identifier): the identity's key and its aliases, and the key the
-// binding is stored under when the identity's key is an alias linked to
-// it, so forget finds the binding even once the link has gone. Nil when
-// anonymous.
+// sessionKeys are the keys the decision used. They are keyed hashes, never
+// a raw identifier. They hold the identity's key and its aliases. When the
+// identity's key is an alias linked to another key, they also hold the key
+// the binding is stored under. So forget finds the binding even once the
+// link has gone. sessionKeys is nil when anonymous.
 func sessionKeys(id identity.Identity, stored string) []string {
 	if id.Key == "" && len(id.Aliases) == 0 && stored == "" {
 		return nil
@@ -127,10 +127,10 @@ func (r *Recorder) RequestIDsGenerated() uint64 { return r.generated.Load() }
 func (r *Recorder) UserIDsRejected() uint64 { return r.rejected.Load() }
 
 // AlwaysRecorded reports whether decisions of kind k make or change a
-// binding, and so are recorded whatever the sample rate: every kind but
-// hit, random, anonymous, fallback (the binding is kept) and degraded
-// (nothing is stored). A kind added later is recorded until it is listed
-// here.
+// binding, and so are recorded whatever the sample rate. That is every
+// kind but hit, random, anonymous, fallback and degraded. Fallback keeps
+// the binding. Degraded stores nothing. A kind added later is recorded
+// until it is listed here.
 func AlwaysRecorded(k affinity.Kind) bool {
 	switch k {
 	case affinity.KindHit, affinity.KindRandom, affinity.KindAnonymous, affinity.KindFallback, affinity.KindDegraded:
@@ -151,10 +151,10 @@ func (r *Recorder) validUser(u string) bool {
 	return true
 }
 
-// canonicalUUID reports whether s is a UUID in its 36-character text form
-// (8-4-4-4-12 hex digits, any version and variant) and returns it in lower
-// case, the form PostgreSQL's uuid type gives back: the ciphertext is
-// bound to the request id, so it must read back as it was sealed. It
+// canonicalUUID reports whether s is a UUID in its 36-character text form:
+// 8-4-4-4-12 hex digits, any version and variant. It returns s in lower
+// case, the form PostgreSQL's uuid type gives back. The ciphertext is
+// bound to the request id, so the id must read back as it was sealed. It
 // allocates only for an id with upper-case digits.
 func canonicalUUID(s string) (string, bool) {
 	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {

@@ -17,12 +17,12 @@ import (
 // KeySize is the length of every audit key: AES-256 and the HMAC key.
 const KeySize = 32
 
-// ErrUnknownKey is returned by Open for a key id the Sealer does not hold
-// (a retired key, or a record from another deployment).
+// ErrUnknownKey is returned by Open for a key id the Sealer does not
+// hold. The key may be retired, or the record from another deployment.
 var ErrUnknownKey = errors.New("audit: unknown key id")
 
-// ErrOpen is returned by Open when the ciphertext does not authenticate:
-// tampered, truncated, or sealed for another request id.
+// ErrOpen is returned by Open when the ciphertext does not authenticate.
+// It was tampered with, truncated, or sealed for another request id.
 var ErrOpen = errors.New("audit: ciphertext does not authenticate")
 
 // Key is one encryption key and its id. The id is stored with every
@@ -32,16 +32,16 @@ type Key struct {
 	Bytes []byte
 }
 
-// ParseKey decodes a 32-byte key written as hex (64 digits) or base64
-// (standard or URL alphabet, padded or not). Its errors never contain the
-// key.
+// ParseKey decodes a 32-byte key written as 64 hex digits or as base64.
+// Base64 may use the standard or URL alphabet, padded or not. Its errors
+// never contain the key.
 func ParseKey(s string) ([]byte, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return nil, errors.New("empty key")
 	}
-	// A string of hex digits only is hex (as base64 it would be a
-	// coincidence); anything else is tried as base64.
+	// A string of hex digits only is hex. As base64 it would be a
+	// coincidence. Anything else is tried as base64.
 	if b, err := hex.DecodeString(s); err == nil {
 		if len(b) != KeySize {
 			return nil, fmt.Errorf("key decodes to %d bytes, want %d", len(b), KeySize)
@@ -61,9 +61,9 @@ func ParseKey(s string) ([]byte, error) {
 	return nil, fmt.Errorf("key is neither hex nor base64 (%d characters)", len(s))
 }
 
-// ParseKeyring parses "id=key" entries separated by commas or newlines;
-// blank lines and lines starting with '#' are skipped. The FIRST entry is
-// the current key (it seals); the others only open. Ids are 1–32 of
+// ParseKeyring parses "id=key" entries separated by commas or newlines.
+// Blank lines and lines starting with '#' are skipped. The FIRST entry is
+// the current key, which seals. The others only open. Ids are 1–32 of
 // [A-Za-z0-9._-] and unique.
 func ParseKeyring(text string) ([]Key, error) {
 	var keys []Key
@@ -97,8 +97,9 @@ func ParseKeyring(text string) ([]Key, error) {
 	return keys, nil
 }
 
-// checkKeyID never quotes a bad id: a key pasted without "id=" (padded
-// base64 ends in '=') is cut there and would show up as the id.
+// checkKeyID never quotes a bad id. A key pasted without "id=" is cut at
+// its padding, since padded base64 ends in '='. That key would then show
+// up as the id.
 func checkKeyID(id string) error {
 	if id == "" || len(id) > 32 {
 		return fmt.Errorf("key id of %d characters: want 1 to 32 (is the entry a bare key? write id=key)", len(id))
@@ -168,8 +169,8 @@ type Sealer struct {
 	pkey    []byte
 }
 
-// NewSealer builds a Sealer: keys[0] seals, every key opens; pseudonymKey
-// keys the HMAC and must differ from the encryption keys.
+// NewSealer builds a Sealer. keys[0] seals, and every key opens.
+// pseudonymKey keys the HMAC and must differ from the encryption keys.
 func NewSealer(keys []Key, pseudonymKey []byte) (*Sealer, error) {
 	if len(keys) == 0 {
 		return nil, errors.New("audit sealer: no keys")
@@ -207,8 +208,8 @@ func NewSealer(keys []Key, pseudonymKey []byte) (*Sealer, error) {
 // CurrentKeyID is the id of the key Seal uses.
 func (s *Sealer) CurrentKeyID() string { return s.current }
 
-// additionalData binds a ciphertext to its record's request id and key id:
-// a ciphertext copied into another record does not open.
+// additionalData binds a ciphertext to its record's request id and key id.
+// A ciphertext copied into another record does not open.
 func additionalData(requestID, keyID string) []byte {
 	return []byte("tether-audit-v1\x00" + keyID + "\x00" + requestID)
 }
@@ -239,16 +240,17 @@ func (s *Sealer) Open(requestID string, ciphertext []byte, keyID string) (string
 	return string(pt), nil
 }
 
-// Pseudonym is HMAC-SHA256(pseudonym key, userID) in hex: the same for
-// every record of one user, and useless without the key.
+// Pseudonym is HMAC-SHA256(pseudonym key, userID) in hex. It is the same
+// for every record of one user, and useless without the key.
 func (s *Sealer) Pseudonym(userID string) string {
 	m := hmac.New(sha256.New, s.pkey)
 	m.Write([]byte(userID))
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// Attach seals userID into r (bound to r.RequestID, which must be set
-// first) and sets its pseudonym. An empty userID leaves the fields empty.
+// Attach seals userID into r and sets its pseudonym. The seal is bound to
+// r.RequestID, which must be set first. An empty userID leaves the fields
+// empty.
 func (s *Sealer) Attach(r *Record, userID string) {
 	if userID == "" {
 		r.UserCiphertext, r.KeyID, r.UserPseudonym = nil, "", ""
@@ -258,7 +260,7 @@ func (s *Sealer) Attach(r *Record, userID string) {
 	r.UserPseudonym = s.Pseudonym(userID)
 }
 
-// UserID opens r's user id ("" when it has none).
+// UserID opens r's user id. It is "" when r has none.
 func (s *Sealer) UserID(r Record) (string, error) {
 	if len(r.UserCiphertext) == 0 {
 		return "", nil

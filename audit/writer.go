@@ -14,25 +14,25 @@ import (
 
 // WriterConfig configures a Writer. Zero values take the defaults.
 type WriterConfig struct {
-	// Buffer is how many records may wait for the sink (default 4096).
+	// Buffer is how many records may wait for the sink, 4096 by default.
 	// A record that finds the buffer full is dropped and counted.
 	Buffer int
-	// Batch is the most records handed to one Sink.Write (default 256).
+	// Batch is the most records handed to one Sink.Write, 256 by default.
 	Batch int
-	// SampleRate is the fraction of decisions recorded, in (0, 1]
-	// (default 1: every decision). See Sampled.
+	// SampleRate is the fraction of decisions recorded, in (0, 1]. The
+	// default, 1, records every decision. See Sampled.
 	SampleRate float64
-	// WriteTimeout bounds one Sink.Write (default 5 s).
+	// WriteTimeout bounds one Sink.Write, 5 s by default.
 	WriteTimeout time.Duration
 	// PruneInterval is how often a sink that is a Pruner is asked to drop
-	// expired records (default 1 min).
+	// expired records, 1 min by default.
 	PruneInterval time.Duration
-	// OnError hears of failed sink writes and prunes (called from the
-	// writer's goroutine). Optional.
+	// OnError hears of failed sink writes and prunes. It is called from
+	// the writer's goroutine. Optional.
 	OnError func(error)
 }
 
-// Validate checks the values set; zeros mean the defaults.
+// Validate checks the values set. Zeros mean the defaults.
 func (c WriterConfig) Validate() error {
 	switch {
 	case c.Buffer < 0:
@@ -69,7 +69,7 @@ func (c WriterConfig) withDefaults() WriterConfig {
 }
 
 // Sampled reports whether the decision with this request id is recorded
-// at rate. It hashes the id, so every replica (and a retry) agrees.
+// at rate. It hashes the id, so every replica agrees, and so does a retry.
 func Sampled(requestID string, rate float64) bool {
 	if rate >= 1 {
 		return true
@@ -110,7 +110,7 @@ func NewWriter(sink Sink, cfg WriterConfig) (*Writer, error) {
 }
 
 // Write queues r unless it is sampled out (see Sample), the buffer is
-// full or the writer is closed; it never waits. It reports whether r was
+// full or the writer is closed. It never waits. It reports whether r was
 // queued.
 func (w *Writer) Write(r Record) bool {
 	if !w.Sample(r.RequestID) {
@@ -120,7 +120,7 @@ func (w *Writer) Write(r Record) bool {
 }
 
 // Sample reports whether the record of the decision with this request id
-// is kept at the writer's SampleRate (Sampled); when it is not, it is
+// is kept at the writer's SampleRate (Sampled). A record not kept is
 // counted as skipped. Write calls it. A caller whose records cost
 // something to build calls Sample first, then WriteAlways.
 func (w *Writer) Sample(requestID string) bool {
@@ -132,10 +132,10 @@ func (w *Writer) Sample(requestID string) bool {
 }
 
 // WriteAlways queues r whatever the SampleRate, unless the buffer is full
-// or the writer is closed; it never waits. It reports whether r was
-// queued. It is for records that must not be sampled out (the Recorder's
-// binding changes, which forget relies on) and for records that passed
-// Sample.
+// or the writer is closed. It never waits. It reports whether r was
+// queued. It is for records that passed Sample, and for records that must
+// not be sampled out. The Recorder's binding changes are such records:
+// forget relies on them.
 func (w *Writer) WriteAlways(r Record) bool {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
@@ -155,8 +155,8 @@ func (w *Writer) WriteAlways(r Record) bool {
 // Written counts the records the sink accepted.
 func (w *Writer) Written() uint64 { return w.written.Load() }
 
-// Dropped counts the records lost before the sink: buffer full, written
-// after Close, or still buffered when Close gave up.
+// Dropped counts the records lost before the sink. They found the buffer
+// full, came after Close, or were still buffered when Close gave up.
 func (w *Writer) Dropped() uint64 { return w.dropped.Load() }
 
 // Failed counts the records of sink writes that failed.
@@ -209,7 +209,7 @@ func (w *Writer) run() {
 	}
 }
 
-// fill adds what is buffered to batch, up to Batch records; it reports
+// fill adds what is buffered to batch, up to Batch records. It reports
 // false when the channel is closed and drained.
 func (w *Writer) fill(batch *[]Record) bool {
 	for len(*batch) < w.cfg.Batch {
@@ -234,9 +234,9 @@ func (w *Writer) flush(batch []Record) {
 	ctx, cancel := context.WithTimeout(w.ctx, w.cfg.WriteTimeout)
 	err := w.sink.Write(ctx, batch)
 	cancel()
-	// A sink that skipped some records stored the others: it returns
-	// *InvalidRecordsError alone (joined with another error when the
-	// write itself failed too).
+	// A sink that skipped some records stored the others. It returns
+	// *InvalidRecordsError, joined with another error when the write
+	// itself failed too.
 	skipped, only := err.(*InvalidRecordsError) //nolint:errorlint // the error itself: a wrapped or joined one means the write failed too
 	switch {
 	case only && skipped.Total == len(batch):

@@ -1,12 +1,14 @@
-// Package bindings is the vocabulary of the binding store: what tether
-// keeps of a session (its binding to one instance, its lifetime, an
-// operator's pending move) and what a store says of its backend. It holds
-// types and the input checks every store applies alike, nothing else: the
-// decision (affinity), the stores (store/memory, store/redis) and the
-// packages that read sessions (admin, metrics, replicas) all speak it, and
-// each declares the store interface it uses itself.
+// Package bindings is the vocabulary of the binding store. It says what
+// tether keeps of a session: its binding to one instance, its lifetime,
+// and an operator's pending move. It also says what a store reports of its
+// backend.
 //
-// "Not found" is never an error: each method of a store says what it
+// It holds types and the input checks every store applies alike, nothing
+// else. The decision (affinity), the stores (store/memory, store/redis)
+// and the packages that read sessions (admin, metrics, replicas) all speak
+// it. Each declares the store interface it uses itself.
+//
+// "Not found" is never an error. Each method of a store says what it
 // returns instead.
 package bindings
 
@@ -22,16 +24,15 @@ type Binding struct {
 	Instance string    // instance name
 	Version  string    // model version the session started on (or was migrated to); may be empty
 	Since    time.Time // when the session was (last) placed; max_sticky_duration counts from here
-	// Failovers counts the times the session was rebound because its
-	// instance failed (the fallback ladder), up to MaxFailovers. A new
-	// placement (bind, rebind) starts at 0; a Replace stores the value it
-	// is given.
+	// Failovers counts the times the fallback ladder rebound the session
+	// because its instance failed, up to MaxFailovers. A new placement, a
+	// bind or rebind, starts at 0. A Replace stores the value it is given.
 	Failovers int
 }
 
 // MaxFailovers is how many rebinding failovers a session takes before the
-// fallback ladder routes it at random (Binding.Failovers counts them, up
-// to this).
+// fallback ladder routes it at random. Binding.Failovers counts them, up
+// to this.
 const MaxFailovers = 2
 
 // Lifetime says how long a binding lives.
@@ -82,39 +83,41 @@ type Lookup struct {
 	// to the session for the session's idle lifetime, so a later request
 	// that carries only one of them finds the same session.
 	Aliases []string
-	// Candidate is stored when the session has no binding (or it outlived
-	// Lifetime.Max). Candidate.Since is "now" for the store.
+	// Candidate is stored when the session has no binding, or its binding
+	// outlived Lifetime.Max. Candidate.Since is "now" for the store.
 	Candidate Binding
 	Lifetime  Lifetime
 }
 
 // Result is what GetOrBind returns.
 type Result struct {
-	// Key is the session key the binding is stored under: Lookup.Key, or
-	// the key Lookup.Key is linked to when it is an alias. Replace takes it.
+	// Key is the session key the binding is stored under. That is
+	// Lookup.Key, or the key Lookup.Key is linked to when it is an alias.
+	// Replace takes it.
 	Key     string
 	Binding Binding
 	Origin  Origin
-	// Move is a pending operator move (only when Found).
+	// Move is a pending operator move. It is set only when Found.
 	Move Move
-	// Previous is the binding the candidate replaced (only when Renewed),
-	// so that a session re-placed after Lifetime.Max keeps its model
-	// version.
+	// Previous is the binding the candidate replaced. It is set only when
+	// Renewed. With it, a session re-placed after Lifetime.Max keeps its
+	// model version.
 	Previous Binding
 	// Requests is how many requests the session has made, this one
-	// included: 1 when Created, one more than before when Found or Renewed
-	// (a renewal places the same conversation again). Replace keeps it. A
-	// binding stored before the store kept counts starts from 0.
+	// included. It is 1 when Created, and one more than before when Found
+	// or Renewed. A renewal places the same conversation again. Replace
+	// keeps the count. A binding stored before the store kept counts
+	// starts from 0.
 	Requests int
-	// Idle is how long the session had gone unused before this request
-	// (Found only; 0 when the store cannot tell). A store that serves
-	// hits from a replica's cache counts from the last use that replica
-	// saw, so it may say longer than it was.
+	// Idle is how long the session had gone unused before this request.
+	// It is set only when Found, and is 0 when the store cannot tell. A
+	// store that serves hits from a replica's cache counts from the last
+	// use that replica saw. So it may say longer than it was.
 	Idle time.Duration
 }
 
-// Session is one stored session, for operators (tether sessions show)
-// and for moving an instance's sessions away.
+// Session is one stored session. Operators see it in tether sessions
+// show. It also serves to move an instance's sessions away.
 type Session struct {
 	Key     string        // the session key (after following an alias)
 	Binding Binding       //
@@ -148,7 +151,7 @@ func CheckBinding(b Binding, lt Lifetime) error {
 }
 
 // CheckMark reports why a Mark of m on the sessions f selects cannot be
-// done; every store refuses the same inputs with it.
+// done. Every store refuses the same inputs with it.
 func CheckMark(f MarkFilter, m Move) error {
 	switch {
 	case f.Instance == "":
@@ -161,7 +164,7 @@ func CheckMark(f MarkFilter, m Move) error {
 	return nil
 }
 
-// CheckBound reports why Bound(instance, limit) cannot be done; every
+// CheckBound reports why Bound(instance, limit) cannot be done. Every
 // store refuses the same inputs with it.
 func CheckBound(instance string, limit int) error {
 	switch {

@@ -5,9 +5,10 @@ import (
 	"time"
 )
 
-// GuardState is the state of a store's guard on its backend (store/redis:
-// the hook that stops calling Redis after it failed calls in a row). It is
-// not the instance breaker (fleet.Breaker), nor Envoy's circuit breakers.
+// GuardState is the state of a store's guard on its backend. In
+// store/redis the guard is the hook that stops calling Redis after calls
+// failed in a row. It is not the instance breaker (fleet.Breaker), nor
+// Envoy's circuit breakers.
 type GuardState int32
 
 // The guard's states.
@@ -16,9 +17,9 @@ const (
 	GuardClosed GuardState = iota
 	// GuardOpen: calls fail at once until the cooldown has passed.
 	GuardOpen
-	// GuardHalfOpen: one probe call is on its way to the backend; the
-	// others fail at once. Its success closes the guard, its failure opens
-	// it again for twice the cooldown.
+	// GuardHalfOpen: one probe call is on its way to the backend. The
+	// others fail at once. The probe's success closes the guard. Its
+	// failure opens the guard again for twice the cooldown.
 	GuardHalfOpen
 )
 
@@ -38,22 +39,22 @@ func (s GuardState) String() string {
 // probes and metrics.
 type Health struct {
 	// State is the guard's state. Anything but GuardClosed means the
-	// backend is taken as unreachable: callers decide without it.
+	// backend is taken as unreachable. Callers then decide without it.
 	State GuardState
-	// Failures is how many calls in a row have failed, probes included; 0
-	// after a success.
+	// Failures is how many calls in a row have failed, probes included.
+	// It is 0 after a success.
 	Failures int
-	// LastError is the text of the last failure, with secrets removed; it
+	// LastError is the text of the last failure, with secrets removed. It
 	// is kept after recovery.
 	LastError string
-	// Since is when the guard last opened or closed (a probe does not
-	// move it), or when the store was built if it never opened.
+	// Since is when the guard last opened or closed. A probe does not move
+	// it. If the guard never opened, Since is when the store was built.
 	Since time.Time
 	// Opens counts the guard's openings from closed, a start without the
-	// backend included; reopenings after a failed probe are not counted.
+	// backend included. Reopenings after a failed probe are not counted.
 	Opens uint64
-	// Hits says how a sticky hit is served: "cached" (no round trip),
-	// "one round trip", or empty for a store without a backend.
+	// Hits says how a sticky hit is served: "cached", with no round trip,
+	// or "one round trip". It is empty for a store without a backend.
 	Hits string
 }
 

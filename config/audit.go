@@ -5,36 +5,38 @@ import (
 	"time"
 )
 
-// Audit configures the routing audit: one record per decision, with the
-// user id sealed (AES-256-GCM) and a keyed pseudonym to find a user's
-// records by. Secrets never sit in the file: the keys and the PostgreSQL
-// DSN come from environment variables (or key files) the file names.
+// Audit configures the routing audit. It writes one record per decision.
+// The record holds the user id sealed with AES-256-GCM, and a keyed
+// pseudonym to find a user's records by. Secrets never sit in the file.
+// The keys and the PostgreSQL DSN come from environment variables or key
+// files that the file names.
 type Audit struct {
 	Enabled bool `toml:"enabled"`
-	// Sink is "redis" (a Stream, <prefix>audit, in the binding store's
-	// Redis or in RedisURL's), "postgres" or "file" (JSON lines, a file
-	// per UTC day in FileDir).
+	// Sink is "redis", "postgres" or "file".
+	//   - "redis" is a Stream, <prefix>audit, in the binding store's Redis
+	//     or in RedisURL's.
+	//   - "file" is JSON lines, one file per UTC day in FileDir.
 	Sink string `toml:"sink"`
-	// Retention: at most 720h (30 days), and at least 24h for files.
+	// Retention is at most 720h (30 days), and at least 24h for files.
 	Retention Duration `toml:"retention"`
 	// SampleRate is the fraction of hits and random decisions recorded,
-	// in (0, 1]; decisions that make or change a binding are always
+	// in (0, 1]. Decisions that make or change a binding are always
 	// recorded, so forget finds every binding made.
 	SampleRate float64 `toml:"sample_rate"`
-	// Buffer is how many records may wait for the sink (past it they are
-	// dropped and counted); Batch is the most written at once.
+	// Buffer is how many records may wait for the sink. Past it they are
+	// dropped and counted. Batch is the most written at once.
 	Buffer int `toml:"buffer"`
 	Batch  int `toml:"batch"`
 	// PostgresDSNEnv names the environment variable holding the
-	// PostgreSQL DSN (it may hold a password).
+	// PostgreSQL DSN. The DSN may hold a password.
 	PostgresDSNEnv string `toml:"postgres_dsn_env"`
 	FileDir        string `toml:"file_dir"`
 	// RedisURL, when set, puts the stream in another Redis than the
-	// binding store's (same forms as redis.url, except "embedded").
+	// binding store's. It takes the forms of redis.url, except "embedded".
 	RedisURL string `toml:"redis_url"`
-	// The keyring ("id=key" entries, the current key first) and the
-	// pseudonym key: from the file when one is named, else from the
-	// environment variable.
+	// The keyring and the pseudonym key come from the file when one is
+	// named, else from the environment variable. The keyring holds
+	// "id=key" entries, the current key first.
 	KeyringEnv       string `toml:"keyring_env"`
 	KeyringFile      string `toml:"keyring_file"`
 	PseudonymKeyEnv  string `toml:"pseudonym_key_env"`
@@ -75,9 +77,9 @@ func defaultAudit() Audit {
 	}
 }
 
-// validateAudit checks [audit] whether or not it is enabled, so a section
-// switched on later is already right; what only exists at start (the
-// keys, the DSN) is checked then.
+// validateAudit checks [audit] whether or not it is enabled. So a section
+// switched on later is already right. What only exists at start, the keys
+// and the DSN, is checked then.
 func (c *Config) validateAudit(bad reporter) {
 	a := &c.Audit
 	switch a.Sink {

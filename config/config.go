@@ -1,18 +1,20 @@
 // Package config reads tether's TOML configuration, fills in defaults and
 // validates it. Errors name the key and the bad value.
 //
-// One file per section holds its type, its defaults and its validation
-// (server.go, redis.go, routing.go with rules.go, identity.go,
-// instances.go, envoy.go, audit.go, tls.go); load.go decodes the file and
+// One file per section holds its type, its defaults and its validation:
+// server.go, redis.go, routing.go with rules.go, identity.go,
+// instances.go, envoy.go, audit.go and tls.go. load.go decodes the file.
 // files.go reads what it names on this host.
 //
-// Whether a key was set is never recorded beside it: Parse decodes the file
-// onto Default(), so a key the file leaves out keeps its default and a key
-// it sets wins, even when set to 0, "" or false. A pointer field is the one
-// way of saying "unset" and is kept only where a value inherits from
-// another layer: Envoy's outlier detection and circuit breakers (built-in
-// defaults ← the section ← the instance's override) and
-// tls.require_client_cert (follows tls.client_ca_file).
+// Whether a key was set is never recorded beside it. Parse decodes the
+// file onto Default(). So a key the file leaves out keeps its default. A
+// key it sets wins, even when set to 0, "" or false.
+//
+// A pointer field is the one way of saying "unset". It is kept only where
+// a value inherits from another layer:
+//   - Envoy's outlier detection and circuit breakers: built-in defaults ←
+//     the section ← the instance's override;
+//   - tls.require_client_cert, which follows tls.client_ca_file.
 package config
 
 import (
@@ -43,11 +45,12 @@ type Config struct {
 	// Content is cache-aware placement ([content]).
 	Content Content `toml:"content"`
 
-	// Audit is the routing audit: a record per decision ([audit]).
+	// Audit is the routing audit, a record per decision ([audit]).
 	Audit Audit `toml:"audit" reload:"restart"`
 
-	// TLS secures the ext_proc and xDS gRPC servers ([tls]), and says how
-	// the Envoy configuration tether generates connects to them ([tls.envoy]).
+	// TLS secures the ext_proc and xDS gRPC servers ([tls]). It also says
+	// how the Envoy configuration tether generates connects to them
+	// ([tls.envoy]).
 	TLS TLS `toml:"tls" reload:"restart"`
 }
 
@@ -62,7 +65,7 @@ func Default() Config {
 		Engines:  defaultEngines(),
 		XDS:      defaultXDS(),
 		Envoy:    defaultEnvoy(),
-		// Every cluster's outlier detection and circuit breakers; an
+		// Every cluster's outlier detection and circuit breakers. An
 		// instance's own table overrides the keys it sets.
 		OutlierDetection: OutlierDetection{OutlierSettings: defaultOutlier()},
 		CircuitBreakers:  CircuitBreakers{CircuitBreakerSettings: defaultCircuitBreakers()},
@@ -76,13 +79,15 @@ func Default() Config {
 type reporter func(key string, val any, why string)
 
 // Validate fills in the defaults of each [[instances]] and
-// [[routing.rules]] entry (whose zero values count as left out: an entry
-// starts from zero, not from a default), checks every value, then
-// resolves what the keys leave to be derived (complete), so that what
-// runs reads fields only. A configuration is checked and resolved here,
-// once per load: Parse calls it, and so does code that builds or edits a
-// Config before handing it on. It writes into copies of the instances and
-// rules, never into arrays another Config shares.
+// [[routing.rules]] entry. Such an entry starts from zero, not from a
+// default, so its zero values count as left out. Validate then checks
+// every value. Last, complete resolves what the keys leave to be derived,
+// so that what runs reads fields only.
+//
+// A configuration is checked and resolved here, once per load. Parse calls
+// Validate, and so does code that builds or edits a Config before handing
+// it on. Validate writes into copies of the instances and rules, never
+// into arrays another Config shares.
 func (c *Config) Validate() error {
 	c.Instances = slices.Clone(c.Instances)
 	for i := range c.Instances {
@@ -102,10 +107,11 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// complete fills in, on a valid configuration, what its keys resolve to:
-// each instance's engine (engines.default when it names none) and, for an
-// engine tether scrapes, its metrics URL (http://<address>/metrics when it
-// names none); each rule's compiled regex and parsed window.
+// complete fills in what the keys of a valid configuration resolve to:
+//   - each instance's engine, engines.default when it names none;
+//   - for an engine tether scrapes, its metrics URL,
+//     http://<address>/metrics when it names none;
+//   - each rule's compiled regex and parsed window.
 func (c *Config) complete() {
 	for i := range c.Instances {
 		in := &c.Instances[i]
@@ -121,8 +127,8 @@ func (c *Config) complete() {
 	}
 }
 
-// validateEnvoyTLS checks [tls] alone: whether a [tls.envoy] edit fits the
-// [tls] tether runs with (Running).
+// validateEnvoyTLS checks [tls] alone. It tells whether a [tls.envoy] edit
+// fits the [tls] tether runs with (Running).
 func (c *Config) validateEnvoyTLS() error { return c.validate((*Config).validateTLS) }
 
 // validate runs the given section checks and joins what they report.

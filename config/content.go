@@ -1,9 +1,10 @@
 package config
 
-// Content is cache-aware placement ([content]): the requests whose
-// placement is open (a new session, one placed again, an anonymous
-// request) are placed by what the instances' KV caches hold of their
-// prompt, read from the request's body, which Envoy sends only for them.
+// Content is cache-aware placement ([content]). It covers the requests
+// whose placement is open: a new session, one placed again, or an
+// anonymous request. Each is placed by what the instances' KV caches hold
+// of its prompt. The prompt is read from the request's body, which Envoy
+// sends only for these requests.
 type Content struct {
 	// Enabled turns it on (the default).
 	Enabled bool `toml:"enabled"`
@@ -12,11 +13,11 @@ type Content struct {
 	// MinMatchBytes is the shortest prefix match that decides.
 	MinMatchBytes int `toml:"min_match_bytes"`
 	// QueuedTokens is what one request waiting for its prefill on an
-	// instance costs a prompt placed there, in prompt tokens;
-	// RunningTokens what one request running there costs it.
+	// instance costs a prompt placed there, in prompt tokens.
+	// RunningTokens is what one request running there costs it.
 	QueuedTokens  int `toml:"queued_tokens"`
 	RunningTokens int `toml:"running_tokens"`
-	// MaxBodyBytes is the most of a body Envoy buffers for tether; a
+	// MaxBodyBytes is the most of a body Envoy buffers for tether. A
 	// longer body is placed by identity.
 	MaxBodyBytes int `toml:"max_body_bytes"`
 	// CacheTokens is an instance's KV-cache capacity in tokens when its
@@ -28,28 +29,28 @@ type Content struct {
 const (
 	DefaultBlockBytes    = 256
 	DefaultMinMatchBytes = 1024
-	// DefaultQueuedTokens: about a prompt's worth of prefill, what a
-	// request ahead in the queue makes the next one wait.
+	// DefaultQueuedTokens is about a prompt's worth of prefill. That is
+	// what a request ahead in the queue makes the next one wait.
 	DefaultQueuedTokens = 1024
-	// DefaultRunningTokens: what one more sequence in a decode batch costs,
-	// in prefill tokens (../shared/calibration: about 0.1 ms a step on an
-	// H200, over a few hundred steps), as chosen in the simulator
-	// (BENCHMARKS.md).
+	// DefaultRunningTokens is what one more sequence in a decode batch
+	// costs, in prefill tokens. ../shared/calibration puts it at about
+	// 0.1 ms a step on an H200, over a few hundred steps. The value was
+	// chosen in the simulator (BENCHMARKS.md).
 	DefaultRunningTokens = 224
 	// MaxLoadTokens bounds queued_tokens and running_tokens.
 	MaxLoadTokens = 1 << 20
-	// DefaultContentBodyBytes is Envoy's own default buffer (a connection's
-	// per_connection_buffer_limit_bytes).
+	// DefaultContentBodyBytes is Envoy's own default buffer, a
+	// connection's per_connection_buffer_limit_bytes.
 	DefaultContentBodyBytes = 1 << 20
 	MaxContentBodyBytes     = 64 << 20
-	// DefaultCacheTokens: our arithmetic, not a measurement, for a Llama
-	// 3.1 8B engine on one 80 GB GPU with vLLM's default
-	// gpu_memory_utilization of 0.9 (about 0.5 million tokens at 128 KiB
-	// each), rounded down.
+	// DefaultCacheTokens is arithmetic, not a measurement. It is for a
+	// Llama 3.1 8B engine on one 80 GB GPU with vLLM's default
+	// gpu_memory_utilization of 0.9. That gives about 0.5 million tokens at
+	// 128 KiB each, rounded down.
 	DefaultCacheTokens = 400_000
 	// CharsPerToken turns an engine's capacity in tokens into bytes of
-	// prompt: about four characters a token for English text with the
-	// tokenizers of current models.
+	// prompt. The tokenizers of current models take about four characters
+	// a token of English text.
 	CharsPerToken = 4
 )
 

@@ -5,8 +5,9 @@ import (
 	"time"
 )
 
-// Duration accepts either an integer number of seconds (the field's style:
-// max_sticky_duration = 1800) or a Go duration string ("30m", "250ms").
+// Duration accepts either an integer number of seconds or a Go duration
+// string. Seconds suit keys such as max_sticky_duration = 1800. Duration
+// strings look like "30m" or "250ms".
 type Duration struct {
 	D time.Duration
 }

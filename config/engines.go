@@ -7,20 +7,21 @@ import (
 )
 
 // Engines says how tether reads the serving engines' own metrics
-// ([engines]): each instance whose engine is vllm or sglang has its
-// /metrics scraped, by one replica for the whole fleet of replicas.
+// ([engines]). Each instance whose engine is vllm or sglang has its
+// /metrics scraped. One replica scrapes for the whole fleet of replicas.
 type Engines struct {
 	// Default is the engine of instances that name none: "vllm", "sglang"
-	// or "generic" (not scraped: adaptive routing sees only tether's
-	// in-flight counts and the optional response headers).
+	// or "generic". A generic engine is not scraped. Adaptive routing then
+	// sees only tether's in-flight counts and the optional response
+	// headers.
 	Default string `toml:"default" reload:"live"`
-	// ScrapeInterval is how often each instance is scraped; ScrapeTimeout
+	// ScrapeInterval is how often each instance is scraped. ScrapeTimeout
 	// bounds one scrape.
 	ScrapeInterval Duration `toml:"scrape_interval"`
 	ScrapeTimeout  Duration `toml:"scrape_timeout"`
 	// Staleness is the age past which a reading is no longer used.
 	Staleness Duration `toml:"staleness"`
-	// MaxBodyBytes bounds a /metrics answer; a larger one is refused.
+	// MaxBodyBytes bounds a /metrics answer. A larger one is refused.
 	MaxBodyBytes int64 `toml:"max_body_bytes"`
 }
 

@@ -10,10 +10,10 @@ import (
 )
 
 // CheckFiles reads what the configuration names on this host: the [tls]
-// certificates and key, the client CA file, and the admin token file (the
-// [tls.envoy] paths are on Envoy's host and are not read). Load calls it,
-// so `tether config validate` catches an expired certificate; tether
-// reads them again when it starts.
+// certificates and key, the client CA file, and the admin token file. The
+// [tls.envoy] paths are on Envoy's host and are not read. Load calls
+// CheckFiles, so `tether config validate` catches an expired certificate.
+// tether reads the files again when it starts.
 func (c *Config) CheckFiles(now time.Time) error {
 	var errs []error
 	if c.TLS.Enabled() {
@@ -34,9 +34,9 @@ func (c *Config) CheckFiles(now time.Time) error {
 	return errors.Join(errs...)
 }
 
-// AdminToken returns the admin API's bearer token: the content of
-// server.admin_token_file when one is named (trailing white space
-// removed), else $server.admin_token_env; "" means the API is open.
+// AdminToken returns the admin API's bearer token. It is the content of
+// server.admin_token_file when one is named, trailing white space removed.
+// Otherwise it is $server.admin_token_env. "" means the API is open.
 // Errors never show the token.
 func (s Server) AdminToken() (string, error) {
 	var tok, from string
@@ -75,11 +75,11 @@ func (i Identity) SecretBytes() []byte {
 	return []byte(i.Secret)
 }
 
-// maxPEM bounds a certificate, key or token file: a path such as
+// maxPEM bounds a certificate, key or token file. A path such as
 // /dev/zero must not hang the start.
 const maxPEM = 1 << 20
 
-// readSmall reads a regular file of at most maxPEM bytes; errors name key.
+// readSmall reads a regular file of at most maxPEM bytes. Errors name key.
 func readSmall(key, path string) ([]byte, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -98,7 +98,7 @@ func readSmall(key, path string) ([]byte, error) {
 	return b, nil
 }
 
-// pathErr drops the path from an os error: the message names it already.
+// pathErr drops the path from an os error. The message names it already.
 func pathErr(err error) error {
 	var pe *fs.PathError
 	if errors.As(err, &pe) {

@@ -7,7 +7,7 @@ type Identity struct {
 	DeviceHeader  string `toml:"device_header"`
 	UserHeader    string `toml:"user_header"`
 	MaxValueBytes int    `toml:"max_value_bytes"`
-	// Secret keys the HMAC of identifiers. Prefer SecretEnv: a secret in a
+	// Secret keys the HMAC of identifiers. Prefer SecretEnv. A secret in a
 	// file is easy to leak (see SecretBytes).
 	Secret    string `toml:"secret"`
 	SecretEnv string `toml:"secret_env"`
@@ -34,8 +34,8 @@ func defaultIdentity() Identity {
 	}
 }
 
-// validateIdentity checks [identity] but its header names, which
-// validateHeaders checks with the routing headers they must not clash with.
+// validateIdentity checks [identity] but its header names. validateHeaders
+// checks those, with the routing headers they must not clash with.
 func (c *Config) validateIdentity(bad reporter) {
 	id := c.Identity
 	if id.MaxValueBytes < 16 || id.MaxValueBytes > 8192 {

@@ -14,19 +14,20 @@ type Instance struct {
 	Zone    string  `toml:"zone" json:"zone"`
 	Version string  `toml:"version" json:"version"`
 	Weight  float64 `toml:"weight" json:"weight"`
-	// KVSessions is how many conversations' KV cache the instance holds;
-	// placement never counts it overloaded below that. 0 means the default.
+	// KVSessions is how many conversations' KV cache the instance holds.
+	// Placement never counts it overloaded below that. 0 means the
+	// default.
 	KVSessions int `toml:"kv_sessions" json:"kv_sessions"`
-	// Capacity is "on-demand" (the default) or "spot": the instance may
+	// Capacity is "on-demand", the default, or "spot". A spot instance may
 	// be reclaimed at short notice.
 	Capacity string `toml:"capacity" json:"capacity"`
-	// Pool is capacity's older name, still read: setDefaults takes it
+	// Pool is capacity's older name, still read. setDefaults takes it
 	// into Capacity when Capacity is unset.
 	Pool string `toml:"pool" json:"pool,omitempty"`
-	// Engine is what serves the instance: "vllm", "sglang" or "generic"
-	// ("" follows engines.default). MetricsURL is where a vllm or sglang
-	// engine serves its metrics ("": http://<address>/metrics). Validate
-	// fills both in.
+	// Engine is what serves the instance: "vllm", "sglang" or "generic".
+	// "" follows engines.default. MetricsURL is where a vllm or sglang
+	// engine serves its metrics. "" means http://<address>/metrics.
+	// Validate fills both in.
 	Engine     string `toml:"engine" json:"engine,omitempty"`
 	MetricsURL string `toml:"metrics_url" json:"metrics_url,omitempty"`
 }
@@ -45,9 +46,9 @@ const (
 )
 
 // setDefaults fills in the instance's unset version, weight, kv_sessions
-// and capacity (from pool, its older name, when that is set): an entry of
-// [[instances]] (or a JSON instance) starts from zero, so zero is unset
-// there. Validate calls it.
+// and capacity. Capacity comes from pool, its older name, when that is
+// set. An entry of [[instances]], or a JSON instance, starts from zero. So
+// zero is unset there. Validate calls setDefaults.
 func (in *Instance) setDefaults() {
 	if in.Version == "" {
 		in.Version = DefaultVersion
@@ -86,7 +87,8 @@ func (c *Config) validateInstances(bad reporter) {
 		if !(in.Weight > 0) || in.Weight > 1e6 {
 			bad(key+".weight", in.Weight, "want a number above 0 and at most 1e6")
 		}
-		// 0 is the default (kv_sessions left out); Parse and setDefaults fill it in.
+		// 0 is the default: kv_sessions left out. Parse and setDefaults
+		// fill it in.
 		if in.KVSessions < 0 || in.KVSessions > MaxKVSessions {
 			bad(key+".kv_sessions", in.KVSessions, fmt.Sprintf("want 1 to %d", MaxKVSessions))
 		}
@@ -100,7 +102,7 @@ func (c *Config) validateInstances(bad reporter) {
 				bad(key+".metrics_url", in.MetricsURL, `a generic engine is not scraped; set the instance's engine to "vllm" or "sglang"`)
 			}
 		}
-		// "" is unset, as kv_sessions 0 is (setDefaults fills it in).
+		// "" is unset, as kv_sessions 0 is. setDefaults fills it in.
 		capacity, capKey := in.Capacity, key+".capacity"
 		if in.Pool != "" && (capacity == "" || capacity == in.Pool) {
 			capacity, capKey = in.Pool, key+".pool" // the file said pool
@@ -114,7 +116,7 @@ func (c *Config) validateInstances(bad reporter) {
 	}
 }
 
-// ipPort checks an upstream address: Envoy's static and EDS endpoints take
+// ipPort checks an upstream address. Envoy's static and EDS endpoints take
 // an IP address, not a host name, and a real port.
 func ipPort(s string) error {
 	ap, err := netip.ParseAddrPort(s)

@@ -10,20 +10,22 @@ import (
 )
 
 // Live or restart: every key says once, in its `reload` tag, whether a
-// running tether applies it. A key without a tag follows its section's
-// (a table's tag covers every key in it); a section without one is live.
-// Everything that depends on it derives from the tags: what a running
-// tether keeps from its start (Running), which edits the reload warns
-// about (RestartChanges), and the **restart** marks of docs/config.md
-// (docs_test.go holds the page to the tags).
+// running tether applies it. A key without a tag follows its section's. A
+// table's tag covers every key in it. A section without a tag is live.
 //
 //	reload:"restart"  the key takes effect only when tether restarts
 //	reload:"live"     the key takes effect at once (inside a restart table)
 //
+// Everything that depends on this derives from the tags:
+//   - what a running tether keeps from its start (Running);
+//   - which edits the reload warns about (RestartChanges);
+//   - the **restart** marks of docs/config.md. docs_test.go holds the page
+//     to the tags.
+//
 // A restart-only key is restart-only for the Envoy configuration tether
-// serves too: Envoy must keep speaking to the tether that runs (its
-// routing header, the identity headers it hashes on, the [tls] tether's
-// servers started with).
+// serves too. Envoy must keep speaking to the tether that runs. That means
+// its routing header, the identity headers it hashes on, and the [tls]
+// tether's servers started with.
 const reloadTag = "reload"
 
 // RestartChanges lists the restart-only keys whose values differ between
@@ -40,13 +42,17 @@ func RestartChanges(a, b Config) []string {
 }
 
 // Running is what a running tether runs when it accepts next, having
-// started with start: next's live keys, and every restart-only key as it
-// was at the start. [tls.envoy] is live only while it fits the [tls]
-// tether's servers run with (TLS neither turned on nor off, nothing Envoy
-// needs left out); otherwise the Envoy side in force (current's) stays,
-// and held says why. An error means next, with what tether keeps until a
-// restart, does not validate (an edit gave a rule's header the name of
-// the routing header tether still runs with): the change is refused.
+// started with start. It takes next's live keys, and every restart-only
+// key as it was at the start.
+//
+// [tls.envoy] is live only while it fits the [tls] tether's servers run
+// with. TLS must be neither turned on nor off, and nothing Envoy needs may
+// be left out. Otherwise the Envoy side in force, current's, stays, and
+// held says why.
+//
+// An error means next does not validate with what tether keeps until a
+// restart. For example, an edit gave a rule's header the name of the
+// routing header tether still runs with. The change is refused.
 func Running(start, current, next Config) (run Config, held string, err error) {
 	run = next
 	rv, sv := reflect.ValueOf(&run).Elem(), reflect.ValueOf(start)
@@ -73,9 +79,9 @@ func Running(start, current, next Config) (run Config, held string, err error) {
 	return run, held, nil
 }
 
-// walkKeys calls fn for every key of t (a table), with its name, its
-// index for reflect.Value.FieldByIndex and whether it is restart-only
-// (restart: the enclosing table's mode).
+// walkKeys calls fn for every key of the table t. fn gets the key's name,
+// its index for reflect.Value.FieldByIndex and whether it is
+// restart-only. restart is the enclosing table's mode.
 func walkKeys(t reflect.Type, section string, restart bool, fn func(key string, index []int, restart bool)) {
 	walkFields(t, nil, section, restart, fn)
 }
@@ -114,8 +120,8 @@ func walkFields(t reflect.Type, index []int, section string, restart bool, fn fu
 	}
 }
 
-// isTable: a struct the file spells as a table, not a value that decodes
-// itself (Duration).
+// isTable reports whether t is a struct the file spells as a table. A
+// value that decodes itself, such as Duration, is not one.
 func isTable(t reflect.Type) bool {
 	if t.Kind() != reflect.Struct {
 		return false

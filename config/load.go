@@ -11,9 +11,9 @@ import (
 	"github.com/BurntSushi/toml"
 )
 
-// Load reads, defaults and validates a file, then checks the files it
-// names (CheckFiles). edits (command-line flags) apply before the one
-// validation; path "" loads the defaults with the edits. Parse alone
+// Load reads, defaults and validates a file. Then it checks the files it
+// names (CheckFiles). edits, from command-line flags, apply before the one
+// validation. Path "" loads the defaults with the edits. Parse alone
 // touches no file.
 func Load(path string, edits ...func(*Config)) (Config, error) {
 	var data []byte
@@ -35,12 +35,15 @@ func Load(path string, edits ...func(*Config)) (Config, error) {
 	return c, nil
 }
 
-// Parse decodes TOML onto Default(), applies edits, and validates (which
-// fills in the defaults of each [[instances]] and [[routing.rules]] entry
-// and resolves what the keys leave to be derived). A key the file
-// leaves out keeps its default; a key it sets wins, even set to 0, "" or
-// false (xds.addr = "" turns the ADS server off). Unknown keys are an
-// error: a misspelt key silently ignored is a production incident later.
+// Parse decodes TOML onto Default(), applies edits, and validates.
+// Validation fills in the defaults of each [[instances]] and
+// [[routing.rules]] entry. It also resolves what the keys leave to be
+// derived.
+//
+// A key the file leaves out keeps its default. A key it sets wins, even
+// set to 0, "" or false: xds.addr = "" turns the ADS server off. Unknown
+// keys are an error. A misspelt key silently ignored is a production
+// incident later.
 //
 // A Config written by BurntSushi/toml's encoder parses back to itself, so
 // tests and the lab build a Config in code and hand tether the file.

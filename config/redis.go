@@ -8,33 +8,35 @@ import (
 
 // Redis says where bindings live.
 type Redis struct {
-	// URL: redis://host:port/db, rediss://…, unix:///path,
-	// redis+cluster://host:port?addr=…, redis+sentinel://host:port?master_name=…,
-	// or "embedded", the in-process memory store, which takes no settings
-	// (see store Open).
+	// URL is one of:
+	//   - redis://host:port/db, rediss://… or unix:///path;
+	//   - redis+cluster://host:port?addr=…;
+	//   - redis+sentinel://host:port?master_name=…;
+	//   - "embedded", the in-process memory store, which takes no settings
+	//     (see store Open).
 	URL string `toml:"url"`
-	// Timeout bounds each call on the request path (default 10ms): past
-	// it the request is placed without Redis, and after 5 such failures in
-	// a row the store stops calling Redis for a cooldown (see store/redis).
+	// Timeout bounds each call on the request path, 10ms by default. Past
+	// it the request is placed without Redis. After 5 such failures in a
+	// row the store stops calling Redis for a cooldown (see store/redis).
 	Timeout Duration `toml:"timeout"`
 	// Cache serves a sticky hit from what the replica already knows,
-	// without a round trip, kept true across replicas by an invalidation
-	// channel (see store/redis cache.go), on a standalone Redis, a
-	// Sentinel's master or a Cluster.
+	// without a round trip. An invalidation channel keeps it true across
+	// replicas (see store/redis cache.go). It works on a standalone Redis,
+	// a Sentinel's master or a Cluster.
 	Cache bool `toml:"cache"`
 	// CacheSize is the most sessions a replica caches.
 	CacheSize int `toml:"cache_size"`
 	// CacheTTL is the longest a cached binding is served after Redis last
-	// answered for it, a lookup or a write back (a backstop: changes
-	// arrive by message).
+	// answered for it, by a lookup or a write back. It is a backstop:
+	// changes arrive by message.
 	CacheTTL Duration `toml:"cache_ttl"`
 	// CacheFlushInterval is how often the write backs due are sent, in
 	// one pipeline.
 	CacheFlushInterval Duration `toml:"cache_flush_interval"`
-	// CacheWriteBack is how long a session's cached hits wait to be
-	// written back together (its idle refresh, its request count, its
-	// last use), from the first of them: Redis refreshes a busy session
-	// at most once per CacheWriteBack per replica.
+	// CacheWriteBack is how long a session's cached hits wait, from the
+	// first of them, to be written back together. A write back carries the
+	// session's idle refresh, its request count and its last use. So Redis
+	// refreshes a busy session at most once per CacheWriteBack per replica.
 	CacheWriteBack Duration `toml:"cache_write_back"`
 }
 
@@ -62,17 +64,18 @@ func defaultRedis() Redis {
 }
 
 func (c *Config) validateRedis(bad reporter) {
-	// The scheme only: the store's parser (store/redis CheckURL) reads the
-	// rest, in `tether config validate` and when tether starts, and this
-	// package imports nothing of tether's. Only the scheme is shown: the
-	// rest may hold a password. "embedded" takes no settings (checkEmbedded).
+	// The scheme only. The store's parser, store/redis CheckURL, reads the
+	// rest, in `tether config validate` and when tether starts. This
+	// package imports nothing of tether's. Only the scheme is shown, since
+	// the rest may hold a password. "embedded" takes no settings
+	// (checkEmbedded).
 	if why := checkEmbedded(c.Redis.URL); why != "" {
 		bad("redis.url", shownRedisURL(c.Redis.URL), why)
 	} else if c.Redis.URL != embeddedURL && !redisScheme(c.Redis.URL) {
 		bad("redis.url", shownURL(c.Redis.URL), `want "embedded", `+redisSchemes)
 	}
-	// A store call must end well inside Envoy's ext_proc message timeout:
-	// past that Envoy routes on without tether, and the answer is wasted.
+	// A store call must end well inside Envoy's ext_proc message timeout.
+	// Past that Envoy routes on without tether, and the answer is wasted.
 	if c.Redis.Timeout.D < time.Millisecond || c.Redis.Timeout.D >= c.Envoy.MessageTimeout.D {
 		bad("redis.timeout", c.Redis.Timeout, "want at least 1ms and below envoy.message_timeout "+c.Envoy.MessageTimeout.String())
 	}
@@ -90,8 +93,8 @@ func (c *Config) validateRedis(bad reporter) {
 	} else if r.CacheFlushInterval.D >= r.CacheTTL.D {
 		bad("redis.cache_flush_interval", r.CacheFlushInterval, "want below redis.cache_ttl "+r.CacheTTL.String())
 	} else if r.CacheWriteBack.D < r.CacheFlushInterval.D || r.CacheWriteBack.D > r.CacheTTL.D/2 {
-		// A busy session's write back is what keeps its entry fresh: it
-		// must come, a flush late, well before the entry's TTL runs out.
+		// A busy session's write back is what keeps its entry fresh. Even
+		// a flush late, it must come well before the entry's TTL runs out.
 		bad("redis.cache_write_back", r.CacheWriteBack, fmt.Sprintf("want redis.cache_flush_interval %v to half redis.cache_ttl, %v",
 			r.CacheFlushInterval, r.CacheTTL.D/2))
 	}
@@ -119,8 +122,8 @@ func urlScheme(u string) string {
 }
 
 // shownURL is what an error may print of a Redis URL: its scheme only,
-// when it looks like one. The rest may hold a password, and so may a
-// string without "://" (host:port with credentials, a pasted secret).
+// when it looks like one. The rest may hold a password. So may a string
+// without "://", such as host:port with credentials or a pasted secret.
 func shownURL(u string) string {
 	scheme := urlScheme(u)
 	if scheme == "" || len(scheme) > 20 || strings.Trim(scheme, "abcdefghijklmnopqrstuvwxyz+") != "" {

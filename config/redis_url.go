@@ -7,15 +7,16 @@ import (
 )
 
 // embeddedURL is the redis.url of the in-process memory store (store
-// Embedded): it has no server, so it takes no settings.
+// Embedded). It has no server, so it takes no settings.
 const embeddedURL = "embedded"
 
-// checkEmbedded says why u, which is not exactly "embedded", asks for the
-// embedded store with settings only a real Redis has (an address, TLS,
-// credentials, a database, a Cluster seed list, Sentinel options), or
-// spells "embedded" otherwise ("Embedded", " embedded"). It returns ""
-// for a value that does not ask for the embedded store: a Redis URL whose
-// host is named embedded (redis://embedded:6379) is a Redis URL.
+// checkEmbedded says why u, which is not exactly "embedded", is wrong. u
+// may ask for the embedded store with settings only a real Redis has: an
+// address, TLS, credentials, a database, a Cluster seed list or Sentinel
+// options. Or u may spell "embedded" otherwise, as "Embedded" or
+// " embedded". checkEmbedded returns "" for a value that does not ask for
+// the embedded store. A Redis URL whose host is named embedded, such as
+// redis://embedded:6379, is a Redis URL.
 func checkEmbedded(u string) string {
 	if u == embeddedURL {
 		return ""
@@ -47,9 +48,9 @@ func checkEmbedded(u string) string {
 		` (only a real Redis does); write exactly "embedded", or a Redis URL (redis://, rediss://, redis+cluster://, redis+sentinel://)`
 }
 
-// embeddedSettings names what rest (the value after "scheme://" or after
-// "embedded") and the scheme ask of a server. It never quotes them: they
-// may hold a password.
+// embeddedSettings names what rest and the scheme ask of a server. rest is
+// the value after "scheme://" or after "embedded". It never quotes them,
+// since they may hold a password.
 func embeddedSettings(scheme, rest string) []string {
 	authority, query, _ := strings.Cut(rest, "?")
 	authority, path, _ := strings.Cut(authority, "/")
@@ -88,10 +89,11 @@ func embeddedSettings(scheme, rest string) []string {
 	return out
 }
 
-// shownRedisURL is what an error may print of a redis.url: the value
-// itself when it is "embedded" but for case and spaces; "embedded…" for
-// one that adds settings to it without a scheme; otherwise its scheme only
-// (shownURL), since the rest may hold a password.
+// shownRedisURL is what an error may print of a redis.url:
+//   - the value itself when it is "embedded" but for case and spaces;
+//   - "embedded…" for one that adds settings to it without a scheme;
+//   - otherwise its scheme only (shownURL), since the rest may hold a
+//     password.
 func shownRedisURL(u string) string {
 	t := strings.TrimSpace(u)
 	switch {

@@ -10,86 +10,92 @@ import (
 // Routing is the decision policy ([routing]). Key names follow the field's
 // configs.
 type Routing struct {
-	// Mode is sticky, random or hybrid (the rules decide; random when none
-	// matches).
+	// Mode is sticky, random or hybrid. Under hybrid the rules decide, and
+	// a request no rule matches is routed at random.
 	Mode string `toml:"mode"`
 	// StickyEnabled 0 routes sticky and hybrid traffic at random (see
-	// Sticky); 1 is the default.
+	// Sticky). 1 is the default.
 	StickyEnabled int `toml:"sticky_enabled"`
 	// MaxStickyDuration bounds a binding's life; 0 means no limit.
 	MaxStickyDuration Duration `toml:"max_sticky_duration"`
 	IdleTimeout       Duration `toml:"idle_timeout"`
-	// FallbackPolicy is what a session whose instance is out (its breaker
-	// open) does: gradual (same zone, other zone, then random), random,
-	// or none (503).
+	// FallbackPolicy is what a session does when its instance is out,
+	// with its breaker open:
+	//   - gradual tries the same zone, then another zone, then random;
+	//   - random routes at random;
+	//   - none answers 503.
 	FallbackPolicy string `toml:"fallback_policy"`
-	// The instance breaker (tether's own; [circuit_breakers] is Envoy's):
-	// more than FailureThreshold failures (5xx answers, Envoy's replies for
-	// an instance it cannot reach) within FailureWindow, counted across
-	// replicas through the store, keep the instance out for
-	// FailureCooldown; then one probe request at a time decides. 0 opens
-	// on the first failure.
+	// The instance breaker is tether's own; [circuit_breakers] is Envoy's.
+	// Failures are 5xx answers and Envoy's replies for an instance it
+	// cannot reach. They are counted across replicas through the store.
+	// More than FailureThreshold failures within FailureWindow keep the
+	// instance out for FailureCooldown. Then one probe request at a time
+	// decides. 0 opens on the first failure.
 	FailureThreshold int      `toml:"failure_threshold" reload:"restart"`
 	FailureWindow    Duration `toml:"failure_window" reload:"restart"`
 	FailureCooldown  Duration `toml:"failure_cooldown" reload:"restart"`
 	// ClusterHeader is the request header Envoy routes on.
 	ClusterHeader string `toml:"cluster_header" reload:"restart"`
-	// RandomSeed makes random routing reproducible (tests, benchmarks); 0
-	// seeds from the operating system.
+	// RandomSeed makes random routing reproducible, for tests and
+	// benchmarks. 0 seeds from the operating system.
 	RandomSeed uint64 `toml:"random_seed" reload:"restart"`
 
-	// AdaptiveSticky (0 or 1) lets a sticky session move off an instance
-	// that is saturated (see the saturation keys) unless its rule gives it
-	// high priority.
+	// AdaptiveSticky, 0 or 1, lets a sticky session move off a saturated
+	// instance, unless its rule gives it high priority. The saturation
+	// keys say when an instance is saturated.
 	AdaptiveSticky int `toml:"adaptive_sticky"`
 	// VersionAffinity says whether a session may change model version:
-	// strict, prefer (only when none of its version is healthy) or none.
+	// strict, prefer or none. Under prefer it changes only when no
+	// instance of its version is healthy.
 	VersionAffinity string `toml:"version_affinity"`
 	// CanaryByHeader names the request header whose value "always" or
-	// "never" opts a session into or out of the canary versions; "" (the
-	// default) lets no client choose.
+	// "never" opts a session into or out of the canary versions. "", the
+	// default, lets no client choose.
 	CanaryByHeader string `toml:"canary_by_header"`
-	// BoundedLoadEpsilon is the slack of bounded-load placement: a new
+	// BoundedLoadEpsilon is the slack of bounded-load placement. A new
 	// session skips an instance whose sessions reach (1+ε) × its share.
 	BoundedLoadEpsilon float64 `toml:"bounded_load_epsilon"`
 	// TierHeader names the request header that rules' tiers match.
 	TierHeader string `toml:"tier_header"`
 	// An instance is saturated when it has SaturationInFlight requests in
-	// flight or reports a queue of SaturationQueueDepth (in the
-	// QueueDepthHeader response header); 0 turns a threshold off.
+	// flight. It is also saturated when it reports a queue of
+	// SaturationQueueDepth in the QueueDepthHeader response header. 0
+	// turns a threshold off.
 	SaturationInFlight   int    `toml:"saturation_inflight"`
 	SaturationQueueDepth int    `toml:"saturation_queue_depth"`
 	QueueDepthHeader     string `toml:"queue_depth_header" reload:"restart"`
-	// From the engines' own metrics ([engines]): an instance is saturated
-	// at SaturationWaiting requests waiting or a KV-cache usage of
-	// SaturationKVUsage (0 to 1); 0 turns a threshold off. A new session
-	// skips an instance at SaturationKVUsage when another has room.
+	// These read the engines' own metrics ([engines]). An instance is
+	// saturated at SaturationWaiting requests waiting, or at a KV-cache
+	// usage of SaturationKVUsage, from 0 to 1. 0 turns a threshold off. A
+	// new session skips an instance at SaturationKVUsage when another has
+	// room.
 	SaturationWaiting int     `toml:"saturation_waiting"`
 	SaturationKVUsage float64 `toml:"saturation_kv_usage"`
-	// Instances may report running out of memory ("true" or "1"; status
-	// 507 counts too) and their GPU utilisation (percent, 0–100) in
-	// response headers; tether exports both per instance.
+	// Instances may report in response headers that they ran out of
+	// memory, as "true" or "1". Status 507 counts too. They may also report
+	// their GPU utilisation, in percent from 0 to 100. tether exports both
+	// per instance.
 	OOMHeader            string `toml:"oom_header" reload:"restart"`
 	GPUUtilizationHeader string `toml:"gpu_utilization_header" reload:"restart"`
-	// Rules override the policy for the requests they match; the first
+	// Rules override the policy for the requests they match. The first
 	// matching rule wins.
 	Rules []Rule `toml:"rules"`
 }
 
-// Version is one [[versions]] entry: how new sessions split between model
-// versions.
+// Version is one [[versions]] entry. Versions say how new sessions split
+// between model versions.
 type Version struct {
 	Name string `toml:"name"`
-	// Weight is the version's share of new sessions (unset: 0, so that a
-	// version listed only as a canary gets no traffic by weight).
+	// Weight is the version's share of new sessions. Unset, it is 0, so a
+	// version listed only as a canary gets no traffic by weight.
 	Weight float64 `toml:"weight"`
 	// Canary versions take the sessions that routing.canary_by_header opts
 	// in, and none of those that opt out.
 	Canary bool `toml:"canary"`
 }
 
-// Modes. Hybrid is for routing.mode only, adaptive for a rule's mode only
-// (globally it is routing.adaptive_sticky).
+// Modes. Hybrid is for routing.mode only. Adaptive is for a rule's mode
+// only; globally it is routing.adaptive_sticky.
 const (
 	ModeSticky   = "sticky"
 	ModeRandom   = "random"
@@ -118,16 +124,16 @@ const (
 	DefaultVersionAffinity   = VersionPrefer
 	DefaultEpsilon           = 0.25
 	DefaultTierHeader        = "x-user-tier"
-	// DefaultQueueDepth: the depth an instance reports counts the requests
-	// it is decoding too, so saturation sits well above its normal batch.
+	// DefaultQueueDepth sits well above an instance's normal batch. The
+	// depth an instance reports counts the requests it is decoding too.
 	// Under the benchmark's load the emulated A100s report a median of 3
-	// and a p99 of 8; at 4, adaptive routing moved 29% of turns and lost
-	// a sixth of the KV-cache hits (BENCHMARKS.md). Tune it to the engine.
+	// and a p99 of 8. At 4, adaptive routing moved 29% of turns and lost a
+	// sixth of the KV-cache hits (BENCHMARKS.md). Tune it to the engine.
 	DefaultQueueDepth       = 12
 	DefaultQueueDepthHeader = "x-queue-depth"
 	// DefaultWaiting and DefaultKVUsage are what the Gateway API Inference
-	// Extension and llm-d count as saturated: a waiting queue of 5, or a
-	// KV cache 80% in use.
+	// Extension and llm-d count as saturated. That is a waiting queue of 5,
+	// or a KV cache 80% in use.
 	DefaultWaiting   = 5
 	DefaultKVUsage   = 0.8
 	DefaultOOMHeader = "x-oom"
@@ -229,7 +235,7 @@ func (c *Config) validateRouting(bad reporter) {
 
 const noThreshold = "adaptive routing needs routing.saturation_inflight, saturation_queue_depth, saturation_waiting or saturation_kv_usage above 0"
 
-// saturable reports whether an instance can be saturated at all: adaptive
+// saturable reports whether an instance can be saturated at all. Adaptive
 // routing needs a threshold.
 func (r Routing) saturable() bool {
 	return r.SaturationInFlight > 0 || r.SaturationQueueDepth > 0 || r.SaturationWaiting > 0 || r.SaturationKVUsage > 0
@@ -288,8 +294,8 @@ func (c *Config) instanceVersions() (map[string]bool, string) {
 	return versions, "unknown version: no instance has it (instances have " + strings.Join(sortedKeys(versions), ", ") + ")"
 }
 
-// validateVersions checks [[versions]]: each names a version some
-// instance has, once, and the weights do not all vanish.
+// validateVersions checks [[versions]]. Each names a version some
+// instance has, once. The weights must not all be 0.
 func (c *Config) validateVersions(bad reporter, versions map[string]bool, unknownVersion string) {
 	seen := map[string]int{}
 	sum, weighed := 0.0, true

@@ -14,18 +14,18 @@ type Server struct {
 	DebugHeaders bool   `toml:"debug_headers"`
 	LogLevel     string `toml:"log_level"`
 	// DrainDelay is how long tether keeps taking new ext_proc streams after
-	// SIGTERM while it reports itself not ready and not serving, so Envoy's
-	// health checks take the replica out before its listener closes; 0
-	// closes the listener at once.
+	// SIGTERM. Meanwhile it reports itself not ready and not serving. So
+	// Envoy's health checks take the replica out before its listener
+	// closes. 0 closes the listener at once.
 	DrainDelay Duration `toml:"drain_delay"`
 	// DrainTimeout bounds how long SIGTERM waits for open ext_proc streams.
 	DrainTimeout Duration `toml:"drain_timeout"`
-	// The admin API's bearer token: read from AdminTokenFile when one is
-	// named, else from the environment variable AdminTokenEnv; never from
-	// this file (see AdminToken). With a token, every admin endpoint but
-	// /healthz and /readyz needs "Authorization: Bearer <token>"; without
-	// one the API is open to whoever reaches admin_addr (loopback by
-	// default).
+	// The admin API's bearer token is read from AdminTokenFile when one is
+	// named, else from the environment variable AdminTokenEnv. It is never
+	// read from this file (see AdminToken). With a token, every admin
+	// endpoint but /healthz and /readyz needs "Authorization: Bearer
+	// <token>". Without one, the API is open to whoever reaches admin_addr.
+	// That is loopback by default.
 	AdminTokenEnv  string `toml:"admin_token_env"`
 	AdminTokenFile string `toml:"admin_token_file"`
 }

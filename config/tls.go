@@ -12,43 +12,47 @@ import (
 	"time"
 )
 
-// TLS is the [tls] section: tether's certificate for its gRPC servers
-// (ext_proc and xDS; Envoy is the client of both, so one certificate
-// serves both), the CA client certificates must chain to, and, in
-// [tls.envoy], the files Envoy presents and trusts in the configuration
-// tether generates for it. Without cert_file both servers speak
-// plaintext. The admin HTTP server is not covered: it listens on loopback
-// by default and takes a bearer token (server.admin_token_env).
+// TLS is the [tls] section. It holds:
+//   - tether's certificate for its gRPC servers, ext_proc and xDS. Envoy
+//     is the client of both, so one certificate serves both.
+//   - the CA that client certificates must chain to;
+//   - in [tls.envoy], the files Envoy presents and trusts in the
+//     configuration tether generates for it.
+//
+// Without cert_file both servers speak plaintext. The admin HTTP server is
+// not covered. It listens on loopback by default and takes a bearer token
+// (server.admin_token_env).
 type TLS struct {
 	CertFile string `toml:"cert_file"`
 	KeyFile  string `toml:"key_file"`
 	// ClientCAFile turns on mutual TLS: a client must present a
 	// certificate that chains to one of its CAs.
 	ClientCAFile string `toml:"client_ca_file"`
-	// RequireClientCert left out (nil) follows client_ca_file: required
-	// when it is set. false verifies a certificate a client offers but
-	// lets one without any in (for a migration only); true without
-	// client_ca_file is refused, which a plain bool defaulting to true
-	// could not tell from the default.
+	// RequireClientCert left out, nil, follows client_ca_file: a
+	// certificate is required when that is set. false verifies a
+	// certificate a client offers but lets one without any in. That is for
+	// a migration only. true without client_ca_file is refused. A plain
+	// bool defaulting to true could not tell that from the default.
 	RequireClientCert *bool `toml:"require_client_cert"`
-	// MinVersion is "1.2" (the default) or "1.3", for tether and for the
-	// Envoy side.
+	// MinVersion is "1.2", the default, or "1.3". It holds for tether and
+	// for the Envoy side.
 	MinVersion string `toml:"min_version"`
-	// Envoy is how Envoy connects: the tether-extproc cluster tether
-	// serves over xDS and the ADS cluster of the bootstrap get a TLS
-	// transport socket with these files (paths on Envoy's host).
+	// Envoy is how Envoy connects. The tether-extproc cluster tether
+	// serves over xDS gets a TLS transport socket with these files. So
+	// does the ADS cluster of the bootstrap. The paths are on Envoy's host.
 	Envoy EnvoyTLS `toml:"envoy" reload:"live"`
 }
 
 // EnvoyTLS is the [tls.envoy] section.
 type EnvoyTLS struct {
-	// CertFile and KeyFile are Envoy's client certificate (mutual TLS).
+	// CertFile and KeyFile are Envoy's client certificate for mutual TLS.
 	CertFile string `toml:"cert_file"`
 	KeyFile  string `toml:"key_file"`
 	// CAFile verifies tether's certificate.
 	CAFile string `toml:"ca_file"`
 	// SNI is the server name Envoy sends and requires in tether's
-	// certificate (a DNS subject alternative name); "" checks the chain only.
+	// certificate, as a DNS subject alternative name. "" checks the chain
+	// only.
 	SNI string `toml:"sni"`
 }
 
@@ -80,7 +84,8 @@ func (t TLS) MinTLSVersion() uint16 {
 
 var dnsName = regexp.MustCompile(`^([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$`)
 
-// validateTLS checks how the keys fit together; CheckFiles reads the files.
+// validateTLS checks how the keys fit together. CheckFiles reads the
+// files.
 func (c *Config) validateTLS(bad reporter) {
 	t := c.TLS
 	switch {
@@ -114,19 +119,20 @@ func (c *Config) validateTLS(bad reporter) {
 	case e.KeyFile != "" && e.CertFile == "":
 		bad("tls.envoy.key_file", e.KeyFile, "set without tls.envoy.cert_file")
 	}
-	// An IP address passes the DNS name pattern (127.0.0.1 is four
-	// labels) but is not one: it cannot be sent as SNI, and the check
-	// tether generates matches DNS subject alternative names only.
+	// An IP address passes the DNS name pattern, since 127.0.0.1 is four
+	// labels. But it is not a DNS name. It cannot be sent as SNI, and the
+	// check tether generates matches DNS subject alternative names only.
 	if _, err := netip.ParseAddr(e.SNI); err == nil {
 		bad("tls.envoy.sni", e.SNI, "an IP address, not a DNS name: an IP cannot be sent as SNI and Envoy would look for it among the certificate's DNS names; name a DNS name of tether's certificate, or leave sni empty to check the chain only")
 	} else if e.SNI != "" && (len(e.SNI) > 253 || !dnsName.MatchString(e.SNI)) {
 		bad("tls.envoy.sni", e.SNI, "want a DNS name (an IP address cannot be sent as SNI)")
 	}
-	// With the ADS server on, tether generates Envoy's side: it must work.
-	// With it off (Envoy configured elsewhere, as in Istio) [tls.envoy] may
-	// be left out, and the generated resources then carry no TLS for
-	// Envoy's side; named at all, it must be whole. xds.Build follows the
-	// same rule (EnvoyMissing), so a valid configuration always builds.
+	// With the ADS server on, tether generates Envoy's side, so it must
+	// work. With it off, Envoy is configured elsewhere, as in Istio. Then
+	// [tls.envoy] may be left out, and the generated resources carry no
+	// TLS for Envoy's side. Named at all, it must be whole. xds.Build
+	// follows the same rule (EnvoyMissing), so a valid configuration
+	// always builds.
 	for _, m := range t.EnvoyMissing() {
 		switch {
 		case c.XDS.Addr != "":
@@ -141,8 +147,8 @@ func (c *Config) validateTLS(bad reporter) {
 type Missing struct{ Key, Why string }
 
 // EnvoyMissing lists what [tls.envoy] lacks for Envoy to reach tether's
-// [tls] servers: tether's CA, and under mutual TLS Envoy's client
-// certificate. Nothing while tether serves plaintext.
+// [tls] servers. Envoy needs tether's CA, and under mutual TLS its own
+// client certificate. The list is empty while tether serves plaintext.
 func (t TLS) EnvoyMissing() []Missing {
 	if !t.Enabled() {
 		return nil
@@ -160,7 +166,7 @@ func (t TLS) EnvoyMissing() []Missing {
 // DefaultTLSMinVersion is tls.min_version left out.
 const DefaultTLSMinVersion = "1.2"
 
-// defaultTLS is plaintext. require_client_cert stays nil: left out, it
+// defaultTLS is plaintext. require_client_cert stays nil. Left out, it
 // follows tls.client_ca_file (ClientAuth).
 func defaultTLS() TLS { return TLS{MinVersion: DefaultTLSMinVersion} }
 
@@ -173,8 +179,8 @@ type TLSFiles struct {
 }
 
 // ReadFiles reads and checks tls.cert_file, tls.key_file and
-// tls.client_ca_file: every certificate must be valid at now, the key
-// must be the certificate's, and the client CA file must hold CA
+// tls.client_ca_file. Every certificate must be valid at now. The key
+// must be the certificate's. The client CA file must hold CA
 // certificates. Errors name the key and the file.
 func (t TLS) ReadFiles(now time.Time) (*TLSFiles, error) {
 	if !t.Enabled() {
@@ -234,7 +240,8 @@ func (t TLS) ReadFiles(now time.Time) (*TLSFiles, error) {
 	return out, nil
 }
 
-// pemCertificates parses every CERTIFICATE block; none is an error.
+// pemCertificates parses every CERTIFICATE block. Finding none is an
+// error.
 func pemCertificates(data []byte) ([]*x509.Certificate, error) {
 	var out []*x509.Certificate
 	for {

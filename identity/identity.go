@@ -1,9 +1,14 @@
-// Package identity works out who is calling from request headers: the
-// application's session id, else a bearer token, else a device (an explicit
-// device id, or a fingerprint of stable client headers, plus the user id),
-// else nobody. It returns an opaque key, never the raw value: every key is an
-// HMAC-SHA256 of the identifier under a server secret, so a Redis dump or a
-// log line cannot be turned back into a token or a user id.
+// Package identity works out who is calling from request headers. It
+// tries, in order:
+//   - the application's session id;
+//   - a bearer token;
+//   - a device: an explicit device id or a fingerprint of stable client
+//     headers, plus the user id;
+//   - else nobody.
+//
+// It returns an opaque key, never the raw value. Every key is an
+// HMAC-SHA256 of the identifier under a server secret. So a Redis dump or
+// a log line cannot be turned back into a token or a user id.
 //
 // The package is pure: no I/O, no clock, no globals. It is safe for
 // concurrent use.
@@ -43,29 +48,31 @@ const (
 
 // Identity is the result of Extract.
 type Identity struct {
-	// Key is the opaque session key ("s:…", "t:…", "d:…"); empty when anonymous.
+	// Key is the opaque session key: "s:…", "t:…" or "d:…". It is empty
+	// when anonymous.
 	Key    string
 	Source Source
-	// Rejected is set when an identifier was present but unusable; the
+	// Rejected is set when an identifier was present but unusable. The
 	// request is then anonymous. Header names which header it was.
 	Rejected Reason
 	Header   string
 	// Aliases are the keys of the weaker identifiers the request also
-	// carried (a token and a device sent with a session id, a device sent
-	// with a token). The store links them to the session, so a later
-	// request with only one of them finds it. Invalid weaker identifiers
-	// are left out, not rejected.
+	// carried. Examples are a token and a device sent with a session id,
+	// or a device sent with a token. The store links them to the session,
+	// so a later request with only one of them finds it. Invalid weaker
+	// identifiers are left out, not rejected.
 	Aliases []string
-	// Cohort is a keyed hash of the user id ("u:…"), empty without one.
-	// Canary cohorts hash it, so a user is in or out of a canary across all
-	// of their sessions.
+	// Cohort is a keyed hash of the user id, "u:…". It is empty without a
+	// user id. Canary cohorts hash it, so a user is in or out of a canary
+	// across all of their sessions.
 	Cohort string
 }
 
 // Anonymous reports whether no usable identity was found.
 func (id Identity) Anonymous() bool { return id.Key == "" }
 
-// Headers gives the value of a request header by lower-case name ("" when absent).
+// Headers gives the value of a request header by lower-case name. It
+// gives "" when the header is absent.
 type Headers interface {
 	Get(name string) string
 }
@@ -89,9 +96,9 @@ type Config struct {
 	Secret         []byte // HMAC key; at least 16 bytes
 }
 
-// DefaultMaxValueBytes bounds an identifier's length: room for a JWT
-// bearer token (commonly 1-2 KB with its claims), a bound on the work per
-// request.
+// DefaultMaxValueBytes bounds an identifier's length. It leaves room for a
+// JWT bearer token, commonly 1-2 KB with its claims. It also bounds the
+// work per request.
 const DefaultMaxValueBytes = 4096
 
 // ErrShortSecret is returned by New for a secret under 16 bytes.
@@ -116,8 +123,8 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Headers are the request headers Extract reads, with the defaults of
-// the names c leaves unset: what Envoy must send for it (forward_rules).
+// Headers are the request headers Extract reads. Names c leaves unset take
+// their defaults. Envoy must send these headers (forward_rules).
 func (c Config) Headers() []string {
 	c.setDefaults()
 	return []string{c.SessionHeader, c.AuthHeader, c.DeviceHeader, c.UserHeader, c.UserAgent, c.AcceptLanguage, c.ForwardedFor}
@@ -144,10 +151,11 @@ func New(cfg Config) (*Extractor, error) {
 	return e, nil
 }
 
-// Extract finds the strongest identifier in h. An identifier that is present
-// but unusable (too long, control characters, a malformed bearer token) makes
-// the request anonymous rather than letting a weaker identifier stand in for
-// it: tether never guesses which conversation a broken request belongs to.
+// Extract finds the strongest identifier in h. An identifier may be
+// present but unusable: too long, with control characters, or a malformed
+// bearer token. That makes the request anonymous. A weaker identifier does
+// not stand in for it. tether never guesses which conversation a broken
+// request belongs to.
 func (e *Extractor) Extract(h Headers) Identity {
 	c := &e.cfg
 	id := e.strongest(h)
@@ -186,9 +194,10 @@ func (e *Extractor) strongest(h Headers) Identity {
 	return e.device(h)
 }
 
-// token keys a bearer token. ok is false when there is none; a present but
-// malformed one is returned rejected (ok false, Rejected set). Another
-// scheme (Basic, Digest, …) is not a session identifier and gives !ok.
+// token keys a bearer token. ok is false when there is none. A present but
+// malformed one is returned rejected, with ok false and Rejected set.
+// Another scheme, such as Basic or Digest, is not a session identifier and
+// gives !ok.
 func (e *Extractor) token(h Headers) (Identity, bool) {
 	c := &e.cfg
 	v := h.Get(c.AuthHeader)
@@ -206,9 +215,9 @@ func (e *Extractor) token(h Headers) (Identity, bool) {
 }
 
 // device keys a caller by an explicit device id, or by a fingerprint of
-// stable client headers; both are combined with the user id. A fingerprint
-// without a user id is too coarse (every user of one browser build shares
-// it), so it is not used alone.
+// stable client headers. Both are combined with the user id. A fingerprint
+// without a user id is too coarse: every user of one browser build shares
+// it. So it is not used alone.
 func (e *Extractor) device(h Headers) Identity {
 	c := &e.cfg
 	user := h.Get(c.UserHeader)
@@ -254,8 +263,9 @@ func (e *Extractor) check(v string) Reason {
 	return ReasonNone
 }
 
-// bearer parses "Bearer <token>". ok is false for other schemes; a Bearer
-// header with a missing or malformed token (RFC 6750 b64token) is rejected.
+// bearer parses "Bearer <token>". ok is false for other schemes. A Bearer
+// header with a missing or malformed token is rejected. The token must be
+// an RFC 6750 b64token.
 func (e *Extractor) bearer(v string) (token string, ok bool, r Reason) {
 	if r := e.check(v); r != ReasonNone {
 		return "", false, r
@@ -293,13 +303,13 @@ func isB64Token(s string) bool {
 	return true
 }
 
-// key returns kind ":" base64url(HMAC(secret, kind, parts…)[:16]). Parts are
-// length-prefixed so ("ab","c") and ("a","bc") cannot collide.
+// key returns kind ":" base64url(HMAC(secret, kind, parts…)[:16]). Parts
+// are length-prefixed, so ("ab","c") and ("a","bc") cannot collide.
 func (e *Extractor) key(kind byte, parts ...string) string {
 	sc := e.scratch.Get().(*scratch)
-	// The message in one buffer, hashed in one Write: a []byte(part) per
-	// Write would be an allocation each, as would a digest array passed to
-	// Sum through the interface.
+	// The message goes in one buffer, hashed in one Write. A []byte(part)
+	// per Write would be an allocation each. So would a digest array
+	// passed to Sum through the interface.
 	b := append(sc.buf[:0], kind)
 	for _, p := range parts {
 		n := len(p)
@@ -325,6 +335,6 @@ type scratch struct {
 	buf []byte
 }
 
-// maxScratch bounds the buffer a pool keeps: a fingerprint of four values
+// maxScratch bounds the buffer a pool keeps. A fingerprint of four values
 // at MaxValueBytes each is rare, and is not worth holding on to.
 const maxScratch = 4 << 10

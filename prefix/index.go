@@ -8,20 +8,22 @@ import (
 )
 
 // Index keeps, for each instance, the blocks of the prompts tether sent
-// there, bounded by what the instance's KV cache can hold (least recently
-// sent out first), and answers which candidate holds the longest prefix of
-// a new prompt. It is what tether knows of each cache from its own routing:
-// it cannot see an engine evict, so it evicts as an LRU of the engine's
-// capacity would.
+// there. What it keeps is bounded by what the instance's KV cache can
+// hold, least recently sent out first. It answers which candidate holds
+// the longest prefix of a new prompt.
 //
-// Memory: one node per (instance, block) of 24 bytes in a slab, plus one
-// map entry (a uint64 key and an int32 value, with Go's map overhead):
-// BenchmarkIndexMemory measures the whole per block held.
+// It is what tether knows of each cache from its own routing. It cannot
+// see an engine evict, so it evicts as an LRU of the engine's capacity
+// would.
 //
-// A held block is keyed by its hash XOR its instance's salt: two pairs
+// Memory: each (instance, block) is one 24-byte node in a slab, plus one
+// map entry. The entry is a uint64 key and an int32 value, with Go's map
+// overhead. BenchmarkIndexMemory measures the whole per block held.
+//
+// A held block is keyed by its hash XOR its instance's salt. Two pairs
 // collide with probability 2⁻⁶⁴, as two blocks' hashes do.
 //
-// It is safe for concurrent use; one mutex guards it.
+// It is safe for concurrent use. One mutex guards it.
 type Index struct {
 	mu     sync.Mutex
 	blocks map[uint64]int32 // block hash ^ instance salt → its node
@@ -47,8 +49,9 @@ type instance struct {
 	head, tail int32
 	n, cap     int
 	evictions  uint64
-	// idle is the moving mean of how long evicted blocks had gone unsent
-	// (ns): how long a prefix nobody sends survives there. 0: none evicted.
+	// idle is the moving mean of how long evicted blocks had gone unsent,
+	// in ns. It is how long a prefix nobody sends survives there. 0 means
+	// none was evicted.
 	idle float64
 }
 
@@ -58,13 +61,13 @@ type Stat struct {
 	Blocks    int // indexed now
 	Capacity  int // at most
 	Evictions uint64
-	// Horizon is how long a block nobody sends survives there, from the
-	// blocks the index evicted (a moving mean); 0 while none was.
+	// Horizon is how long a block nobody sends survives there. It is a
+	// moving mean over the blocks the index evicted, and 0 while none was.
 	Horizon time.Duration
 }
 
-// NewIndex returns an index giving each instance capacity blocks until
-// SetCapacity says otherwise (at least 1).
+// NewIndex returns an index giving each instance capacity blocks, at least
+// 1, until SetCapacity says otherwise.
 func NewIndex(capacity int) *Index {
 	return &Index{blocks: map[uint64]int32{}, free: -1, ids: map[string]int32{}, capacity: max(capacity, 1)}
 }
@@ -80,9 +83,9 @@ func (x *Index) id(name string) int32 {
 	return i
 }
 
-// SetCapacity bounds what the index keeps for instance, in blocks (what
-// its engine says its KV cache holds, in the index's block size); it
-// evicts down to it.
+// SetCapacity bounds what the index keeps for instance, in blocks. The
+// bound is what its engine says its KV cache holds, in the index's block
+// size. SetCapacity evicts down to it.
 func (x *Index) SetCapacity(name string, blocks int, now time.Time) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -93,8 +96,8 @@ func (x *Index) SetCapacity(name string, blocks int, now time.Time) {
 	}
 }
 
-// Forget drops everything indexed for instance (it left the fleet, or its
-// engine restarted with an empty cache).
+// Forget drops everything indexed for instance. The instance left the
+// fleet, or its engine restarted with an empty cache.
 func (x *Index) Forget(name string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -108,10 +111,10 @@ func (x *Index) Forget(name string) {
 	}
 }
 
-// Record notes that the blocks of chain were sent to instance at now: its
-// engine computes or reuses every one of them, so each is now the most
-// recently used there, the first block most of all (an engine evicts a
-// prompt's last blocks first).
+// Record notes that the blocks of chain were sent to instance at now. Its
+// engine computes or reuses every one of them. So each is now the most
+// recently used there, the first block most of all. An engine evicts a
+// prompt's last blocks first.
 func (x *Index) Record(name string, chain []uint64, now time.Time) {
 	if len(chain) == 0 {
 		return
@@ -132,11 +135,11 @@ func (x *Index) Record(name string, chain []uint64, now time.Time) {
 // leading blocks of chain the index holds for it, and returns the largest.
 // depth must be as long as names.
 //
-// What the index holds for an instance is always a prefix of each chain
-// (a block is sent with all those before it, which become more recent
-// than it, so a block outlives none of its predecessors), so each
-// candidate's depth is found by binary search: about 64 × 12 lookups for
-// a 400 KB prompt over 64 candidates.
+// What the index holds for an instance is always a prefix of each chain. A
+// block is sent with all those before it, and they become more recent than
+// it. So a block outlives none of its predecessors. Each candidate's depth
+// is therefore found by binary search. That is about 64 × 12 lookups for a
+// 400 KB prompt over 64 candidates.
 func (x *Index) Match(chain []uint64, names []string, depth []int) int {
 	clear(depth)
 	if len(chain) == 0 || len(names) == 0 {
@@ -154,7 +157,8 @@ func (x *Index) Match(chain []uint64, names []string, depth []int) int {
 		if _, ok := x.blocks[chain[0]^salt]; !ok {
 			continue
 		}
-		// Invariant: it holds chain[lo-1], not chain[hi] (hi = len: unknown).
+		// Invariant: it holds chain[lo-1], not chain[hi]. hi = len means
+		// unknown.
 		lo, hi := 1, len(chain)
 		for lo < hi {
 			mid := int(uint(lo+hi+1) >> 1)
@@ -184,7 +188,7 @@ func (x *Index) Stats() []Stat {
 }
 
 // Horizon is how long a block nobody sends survives on instance, from the
-// index's evictions (ok false: it has evicted none there yet).
+// index's evictions. ok is false while it has evicted none there.
 func (x *Index) Horizon(name string) (time.Duration, bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -211,7 +215,7 @@ func (x *Index) touch(in *instance, key uint64, t int64) {
 }
 
 // evictWeight is the weight of the newest eviction in Horizon's moving
-// mean: about the last fifty evictions count.
+// mean. About the last fifty evictions count.
 const evictWeight = 0.02
 
 // evict drops in's least recent block.
@@ -272,6 +276,6 @@ func (x *Index) unlink(in *instance, n int32) {
 	x.nodes[n].prev, x.nodes[n].next = -1, -1
 }
 
-// salt is an instance's key salt: a hash of its name, so that every
+// salt is an instance's key salt. It is a hash of its name, so every
 // replica keys alike.
 func salt(name string) uint64 { return xxhash.Sum64String(name) | 1 }

@@ -1,14 +1,16 @@
 // Package prefix reads the prompt an LLM request's body carries, as the
-// engine will see it, cuts it into chained blocks, and keeps for each
-// instance which blocks tether sent there (Index): what cache-aware
-// placement scores candidates with. It knows nothing of Envoy, Redis or the
-// decision: extproc hands it a body, affinity asks the index.
+// engine will see it. It cuts the prompt into chained blocks. Index keeps,
+// for each instance, which blocks tether sent there. Cache-aware placement
+// scores candidates with it.
 //
-// A block's hash covers everything before it (each block is hashed with
-// the hash of the one before), so two prompts share their first k hashes
-// exactly when they share their first k blocks: the longest run of a
-// prompt's blocks an instance holds from the start is the prefix of it the
-// instance's KV cache can serve, as far as tether saw.
+// The package knows nothing of Envoy, Redis or the decision. extproc hands
+// it a body, and affinity asks the index.
+//
+// Each block is hashed with the hash of the one before. So a block's hash
+// covers everything before it. Two prompts share their first k hashes
+// exactly when they share their first k blocks. An instance may hold a run
+// of a prompt's blocks from the start. The longest such run is the prefix
+// the instance's KV cache can serve, as far as tether saw.
 package prefix
 
 import (
@@ -20,43 +22,43 @@ import (
 	"github.com/valyala/fastjson"
 )
 
-// Reason says why a body gave no chain: the request is then placed by its
+// Reason says why a body gave no chain. The request is then placed by its
 // identity, as without content, and counted by reason.
 type Reason string
 
 // The reasons a body gives no chain.
 const (
-	// ReasonNotJSON: the body does not parse as JSON (or nests deeper
-	// than the parser allows).
+	// ReasonNotJSON: the body does not parse as JSON, or nests deeper than
+	// the parser allows.
 	ReasonNotJSON Reason = "not_json"
-	// ReasonNotPrompt: JSON, but not an object with "messages" (chat) or
-	// a string "prompt" (completions).
+	// ReasonNotPrompt: the body is JSON, but not an object with "messages"
+	// (chat) or a string "prompt" (completions).
 	ReasonNotPrompt Reason = "not_prompt"
-	// ReasonBadMessages: "messages" is empty, not an array, or holds a
-	// message that is not an object with a string role and a string, an
-	// array of parts or null as its content.
+	// ReasonBadMessages: "messages" is empty or not an array. Or it holds
+	// a message that is not an object with a string role and a content.
+	// The content must be a string, an array of parts or null.
 	ReasonBadMessages Reason = "bad_messages"
-	// ReasonShort: the prompt is shorter than one block: there is nothing
-	// a cache could hold for it that identity placement would miss.
+	// ReasonShort: the prompt is shorter than one block. A cache could
+	// hold nothing for it that identity placement would miss.
 	ReasonShort Reason = "short"
 )
 
 // Defaults of Hasher.
 const (
-	// DefaultBlockBytes is the block size: 256 bytes, about 64 tokens of
-	// English (four vLLM blocks of 16 tokens). BENCHMARKS.md has the
-	// measurement it was chosen by: per 32 KB body, 64-byte blocks cost
-	// about four times the hashing and index lookups of 256-byte ones,
-	// for a match finer than any placement needs (a prefix is worth
-	// moving for at thousands of tokens, not at tens).
+	// DefaultBlockBytes is the block size: 256 bytes. That is about 64
+	// tokens of English, or four vLLM blocks of 16 tokens. BENCHMARKS.md
+	// has the measurement it was chosen by. Per 32 KB body, 64-byte blocks
+	// cost about four times the hashing and index lookups of 256-byte
+	// ones. Their finer match buys nothing: a prefix is worth moving for at
+	// thousands of tokens, not at tens.
 	DefaultBlockBytes = 256
-	// DefaultMaxBlocks bounds the blocks hashed per prompt: 4096 blocks of
+	// DefaultMaxBlocks bounds the blocks hashed per prompt. 4096 blocks of
 	// 256 bytes is 1 MiB, Envoy's default body buffer. A longer prompt is
-	// hashed up to there; the match is exact as far as it goes.
+	// hashed up to there. The match is exact as far as it goes.
 	DefaultMaxBlocks = 4096
 )
 
-// Hasher turns request bodies into chains. Its zero value is not usable:
+// Hasher turns request bodies into chains. Its zero value is not usable.
 // New fills in the defaults. It is safe for concurrent use.
 type Hasher struct {
 	blockBytes, maxBlocks int
@@ -64,7 +66,7 @@ type Hasher struct {
 }
 
 // NewHasher returns a Hasher cutting blocks of blockBytes bytes, at most
-// maxBlocks per prompt (0: the defaults).
+// maxBlocks per prompt. 0 takes the defaults.
 func NewHasher(blockBytes, maxBlocks int) (*Hasher, error) {
 	if blockBytes == 0 {
 		blockBytes = DefaultBlockBytes
@@ -82,17 +84,19 @@ func NewHasher(blockBytes, maxBlocks int) (*Hasher, error) {
 }
 
 // Chain returns the chained hashes of the full blocks of the prompt body
-// carries (an OpenAI-style chat or completions request), appended to dst,
-// or the reason it has none.
+// carries, appended to dst. body is an OpenAI-style chat or completions
+// request. When there is no chain, Chain returns the reason.
 //
-// The prompt is what the engine's prefix cache keys on, in order: the
-// model, the request's cache_salt (vLLM keeps salted prompts apart), then
-// each message's role and content (a content given as parts: each text
-// part's text, and any other part, an image for one, by its JSON, which
-// names the same image the same way), or the completions prompt. What a
-// chat template adds around them is the same for every request of a model,
-// so it changes no match. A body is read, never kept: the chain holds
-// hashes only.
+// The prompt is what the engine's prefix cache keys on, in order:
+//   - the model;
+//   - the request's cache_salt, since vLLM keeps salted prompts apart;
+//   - each message's role and content, or the completions prompt.
+//
+// A content given as parts gives each text part's text. Any other part,
+// such as an image, gives its JSON, which names the same image the same
+// way. What a chat template adds around them is the same for every request
+// of a model, so it changes no match. A body is read, never kept. The
+// chain holds hashes only.
 func (h *Hasher) Chain(dst []uint64, body []byte) ([]uint64, Reason) {
 	p := h.parsers.Get()
 	defer h.parsers.Put(p)
@@ -143,8 +147,8 @@ func (c *chainer) messages(v *fastjson.Value) error {
 		content := m.Get("content")
 		switch {
 		case content == nil || content.Type() == fastjson.TypeNull:
-			// An assistant turn of tool calls only: its calls are the turn
-			// (none: an empty turn).
+			// An assistant turn of tool calls only: its calls are the turn.
+			// With no calls, the turn is empty.
 			raw = raw[:0]
 			if calls := m.Get("tool_calls"); calls != nil {
 				raw = calls.MarshalTo(raw)

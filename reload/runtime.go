@@ -1,10 +1,12 @@
-// Package reload keeps a running tether on its configuration file: it
-// applies a changed file (or an admin API change) to the fleet, the
-// decision policy and Envoy's resources together (Runtime), watches the
-// file (Runtime.WatchFile), and serves renewed TLS certificates without a
-// restart (GRPCCredentials). What a running tether cannot change keeps
-// its start value and is logged as restart-only: config's reload tags say
-// which keys those are (config.Running, config.RestartChanges).
+// Package reload keeps a running tether on its configuration file.
+//   - Runtime applies a changed file, or an admin API change, to the
+//     fleet, the decision policy and Envoy's resources together.
+//   - Runtime.WatchFile watches the file.
+//   - GRPCCredentials serves renewed TLS certificates without a restart.
+//
+// What a running tether cannot change keeps its start value and is logged
+// as restart-only. config's reload tags say which keys those are
+// (config.Running, config.RestartChanges).
 package reload
 
 import (
@@ -29,13 +31,14 @@ import (
 // clusters before tether starts routing to them.
 const ackWait = 5 * time.Second
 
-// Runtime owns what may change while tether runs: the fleet the decision
-// reads and the Envoy resources made from the same configuration. Every
-// change goes through Apply, so the two move together.
+// Runtime owns what may change while tether runs. That is the fleet the
+// decision reads, and the Envoy resources made from the same
+// configuration. Every change goes through Apply, so the two move
+// together.
 type Runtime struct {
 	mu sync.Mutex // one change at a time
-	// cfg is the configuration last accepted, start the one tether
-	// started with, and run what runs: cfg with every restart-only key as
+	// cfg is the configuration last accepted. start is the one tether
+	// started with. run is what runs: cfg with every restart-only key as
 	// start has it (config.Running). plan is run's translation.
 	cfg, start, run config.Config
 	plan            plan.Plan
@@ -46,13 +49,13 @@ type Runtime struct {
 	log             zerolog.Logger
 	reloads         *prometheus.CounterVec
 	// applied hears the plan of every configuration applied after
-	// OnApply: the decider takes its policy (rules, versions and weights
-	// change without a restart).
+	// OnApply. The decider takes its policy from it. So rules, versions
+	// and weights change without a restart.
 	applied func(plan.Plan)
 }
 
-// New returns a runtime with an empty fleet; the first Apply starts it.
-// self is this replica's ext_proc address: Envoy calls it when
+// New returns a runtime with an empty fleet. The first Apply starts it.
+// self is this replica's ext_proc address. Envoy calls it when
 // envoy.extproc_endpoints names no replica. ads is nil when the ADS server
 // is off.
 func New(self string, ads *xds.Server, log zerolog.Logger, reg prometheus.Registerer) *Runtime {
@@ -75,14 +78,14 @@ func (r *Runtime) Plan() plan.Plan {
 }
 
 // OnApply registers f to hear the plan of every configuration applied
-// after it (serve hands the decider its policy).
+// after it. serve hands the decider its policy this way.
 func (r *Runtime) OnApply(f func(plan.Plan)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.applied = f
 }
 
-// Fleet is the fleet the decider reads; Apply changes it.
+// Fleet is the fleet the decider reads. Apply changes it.
 func (r *Runtime) Fleet() *fleet.Fleet { return r.fleet }
 
 // Current returns the configuration in force.
@@ -93,21 +96,22 @@ func (r *Runtime) Current() config.Config {
 }
 
 // ErrInvalid marks a change refused because the new configuration is
-// invalid; the previous one stays in force.
+// invalid. The previous one stays in force.
 var ErrInvalid = errors.New("invalid configuration")
 
-// Apply makes next the configuration in force; source ("start", "file",
-// "admin") labels the reload counter and the logs. next has passed
-// config.Validate (config.Load, the admin API's config.Config.WithInstance);
-// one that does not fit what tether keeps until a restart is refused
-// (logged, counted, nothing changes). Otherwise:
-//  1. instances leaving the fleet stop getting decisions at once;
-//  2. Envoy gets the new resources (when the ADS server is on), and apply
-//     waits, bounded, for every connected Envoy to acknowledge them;
-//  3. only then do new instances get decisions, so tether never names a
+// Apply makes next the configuration in force. source labels the reload
+// counter and the logs: "start", "file" or "admin". next has passed
+// config.Validate, through config.Load or the admin API's
+// config.Config.WithInstance. A next that does not fit what tether keeps
+// until a restart is refused. The refusal is logged and counted, and
+// nothing changes. Otherwise:
+//  1. Instances leaving the fleet stop getting decisions at once.
+//  2. With the ADS server on, Envoy gets the new resources. Apply waits,
+//     bounded, for every connected Envoy to acknowledge them.
+//  3. Only then do new instances get decisions. So tether never names a
 //     cluster Envoy does not have yet.
 //
-// Restart-only keys next changes are logged as such; they keep their
+// Restart-only keys next changes are logged as such. They keep their
 // start value, for tether and for the Envoy configuration it serves.
 func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) (version string, err error) {
 	r.mu.Lock()
@@ -148,7 +152,7 @@ func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) 
 		r.warnRestartOnly(next)
 	}
 	if version == r.version && reflect.DeepEqual(run, r.run) {
-		// Nothing in force changes; next is remembered, so a restart-only
+		// Nothing in force changes. next is remembered, so a restart-only
 		// change is warned about once.
 		r.cfg = next
 		r.reloads.WithLabelValues(source, "unchanged").Inc()
@@ -184,10 +188,10 @@ func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) 
 	return version, nil
 }
 
-// Edit applies edit to the configuration in force and, once config has
-// validated the result, applies it as Apply does (source labels it); a
-// result that does not validate is refused (logged, counted, wrapped in
-// ErrInvalid). It returns the version in force and the configuration
+// Edit applies edit to the configuration in force. Once config has
+// validated the result, Edit applies it as Apply does, labelled by source.
+// A result that does not validate is refused: logged, counted, and wrapped
+// in ErrInvalid. Edit returns the version in force and the configuration
 // edited. The admin API's fleet changes go through it.
 func (r *Runtime) Edit(ctx context.Context, source string, edit func(*config.Config)) (string, config.Config, error) {
 	next := r.Current()
@@ -205,10 +209,10 @@ func (r *Runtime) refuse(source string, err error) error {
 	return fmt.Errorf("%w: %w", ErrInvalid, err)
 }
 
-// warnRestartOnly logs each restart-only key next changes: one that
-// differs from what tether runs with (its start) and from the
-// configuration last accepted, so a change is logged once and a return to
-// the running value not at all.
+// warnRestartOnly logs each restart-only key next changes. Such a key
+// differs from what tether runs with, its start value. It also differs
+// from the configuration last accepted. So a change is logged once, and a
+// return to the running value not at all.
 func (r *Runtime) warnRestartOnly(next config.Config) {
 	last := config.RestartChanges(r.cfg, next)
 	for _, key := range config.RestartChanges(r.start, next) {

@@ -19,9 +19,10 @@ import (
 const reloadCheck = time.Second
 
 // GRPCCredentials returns the server options that put the ext_proc and xDS
-// gRPC servers behind [tls], or none when tether serves plaintext. The
-// files are read and checked now: an expired certificate, a key that is
-// not the certificate's or a client CA file without a CA fails the start.
+// gRPC servers behind [tls]. It returns none when tether serves plaintext.
+// The files are read and checked now. An expired certificate, a key that
+// is not the certificate's or a client CA file without a CA fails the
+// start.
 func GRPCCredentials(cfg config.TLS, log zerolog.Logger, reg prometheus.Registerer) ([]grpc.ServerOption, error) {
 	if !cfg.Enabled() {
 		return nil, nil
@@ -41,10 +42,10 @@ func GRPCCredentials(cfg config.TLS, log zerolog.Logger, reg prometheus.Register
 }
 
 // certSource hands every handshake the TLS configuration built from the
-// files in force. At most once per check interval a handshake looks at
-// the files' size and modification time; when they changed, they are
-// read again, so a renewed certificate (or client CA) is served without
-// a restart. Files that fail the checks (mid-rotation, expired) are
+// files in force. At most once per check interval, a handshake looks at
+// the files' size and modification time. When they changed, the files are
+// read again. So a renewed certificate or client CA is served without a
+// restart. Files that fail the checks, say mid-rotation or expired, are
 // logged and the previous configuration stays.
 type certSource struct {
 	cfg      config.TLS
@@ -83,8 +84,8 @@ func newCertSource(cfg config.TLS, log zerolog.Logger, now func() time.Time) (*c
 	return s, nil
 }
 
-// serverConfig is what the gRPC credentials wrap: every handshake asks
-// the source for the configuration in force.
+// serverConfig is what the gRPC credentials wrap. Every handshake asks the
+// source for the configuration in force.
 func (s *certSource) serverConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:         s.cfg.MinTLSVersion(),
@@ -142,8 +143,9 @@ func (s *certSource) config() *tls.Config {
 	if !changed {
 		return s.current
 	}
-	// Recorded even when the reload fails: the next attempt waits for the
-	// next change (the other half of a rotation), not the next handshake.
+	// Recorded even when the reload fails. The next attempt then waits for
+	// the next change, the other half of a rotation, not the next
+	// handshake.
 	s.stamps = stamps
 	f, err := s.cfg.ReadFiles(now)
 	if err != nil {
@@ -159,9 +161,9 @@ func (s *certSource) config() *tls.Config {
 	return s.current
 }
 
-// expiry is the expiry gauge: when the certificate in force expires,
-// after the (rate-limited) look at the files a handshake makes. Without
-// it, a renewed file would show only after the next handshake, and a
+// expiry is the expiry gauge: when the certificate in force expires. It
+// reads after the rate-limited look at the files a handshake makes.
+// Without it, a renewed file would show only after the next handshake. A
 // tether no Envoy connects to would report the old date until it expired.
 func (s *certSource) expiry() float64 {
 	s.config()

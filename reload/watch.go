@@ -12,12 +12,12 @@ import (
 	"github.com/tetherproxy/tether/config"
 )
 
-// debounce groups the several events one save makes (truncate, write,
-// rename, chmod) into one reload.
+// debounce groups the several events one save makes into one reload. A
+// save may truncate, write, rename and chmod.
 const debounce = 150 * time.Millisecond
 
 // watchConfig calls reload after the config file changes, until ctx ends.
-// It watches the file's directory, not the file: editors and Kubernetes
+// It watches the file's directory, not the file. Editors and Kubernetes
 // ConfigMaps replace files by renaming, which a watch on the file loses.
 func watchConfig(ctx context.Context, path string, log zerolog.Logger, reload func()) error {
 	w, err := fsnotify.NewWatcher()
@@ -59,8 +59,8 @@ func watchConfig(ctx context.Context, path string, log zerolog.Logger, reload fu
 // WatchFile applies the config file at path each time it changes, until
 // ctx ends. overrides, when set, re-applies command-line flags to every
 // configuration read, so a reload does not undo them. A file that does not
-// parse or validate is refused; the configuration in force stays. It
-// returns an error only when the file cannot be watched.
+// parse or validate is refused, and the configuration in force stays.
+// WatchFile returns an error only when the file cannot be watched.
 func (r *Runtime) WatchFile(ctx context.Context, path string, overrides func(*config.Config)) error {
 	return watchConfig(ctx, path, r.log, func() { r.reloadFile(ctx, path, overrides) })
 }

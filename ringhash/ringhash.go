@@ -1,22 +1,27 @@
-// Package ringhash computes the choice of Envoy's RING_HASH balancer, so
-// tether can place a new session where Envoy's fail-open pool would send it
-// when no tether replica answers: the pool and tether then agree.
+// Package ringhash computes the choice of Envoy's RING_HASH balancer.
+// With it, tether places a new session where Envoy's fail-open pool would
+// send it when no tether replica answers, so the pool and tether agree.
 //
-// Two halves, each as Envoy computes it:
-//   - the ring (source/extensions/load_balancing_policies/ring_hash/
-//     ring_hash_lb.cc): every host gets points in proportion to its
-//     load_balancing_weight (NewWeighted), the xxHash64 of "<hash key>_<i>", where the
-//     hash key is the endpoint's envoy.lb metadata hash_key (tether sets the
-//     instance name, xds) and the address without one; a request goes to
-//     the first point at or after its hash, wrapping around. xds gives each
-//     pool endpoint the weight LBWeights maps its instance's weight to;
-//     tether builds its ring from the same integers;
-//   - the request's hash (source/common/http/hash_policy.cc): each header
-//     hash policy hashes the header's value with xxHash64 (seed 0); a
-//     policy's hash combines with the hash so far as rotl(hash, 1) xor new;
-//     a terminal policy that produced a hash stops the list.
+// It has two halves, each computed as Envoy computes it.
 //
-// The raw header values are hashed and dropped: nothing here keeps them.
+// The ring, from source/extensions/load_balancing_policies/ring_hash/ring_hash_lb.cc:
+//   - Every host gets points in proportion to its load_balancing_weight
+//     (see NewWeighted).
+//   - A point is the xxHash64 of "<hash key>_<i>". The hash key is the
+//     endpoint's envoy.lb metadata hash_key, which xds sets to the instance
+//     name. An endpoint without one uses its address.
+//   - A request goes to the first point at or after its hash, wrapping
+//     around.
+//   - xds gives each pool endpoint the weight LBWeights maps its instance's
+//     weight to. tether builds its ring from the same integers.
+//
+// The request's hash, from source/common/http/hash_policy.cc:
+//   - Each header hash policy hashes the header's value with xxHash64,
+//     seed 0.
+//   - A policy's hash combines with the hash so far as rotl(hash, 1) xor new.
+//   - A terminal policy that produced a hash stops the list.
+//
+// The raw header values are hashed and dropped. Nothing here keeps them.
 package ringhash
 
 import (
@@ -44,28 +49,30 @@ type point struct {
 	host int32
 }
 
-// New builds the ring of equally weighted hosts with the given hash keys,
-// in the order of the cluster's endpoints (the order ties on equal point
-// hashes follow). minSize <= 0 means DefaultMinSize.
+// New builds the ring of equally weighted hosts with the given hash keys.
+// The keys come in the order of the cluster's endpoints; ties on equal
+// point hashes follow that order. minSize <= 0 means DefaultMinSize.
 func New(keys []string, minSize int) *Ring {
 	return NewWeighted(keys, nil, minSize)
 }
 
 // NewWeighted builds the ring of hosts with the given hash keys and
-// load_balancing_weights (weights[i] is keys[i]'s; nil: all 1, a weight of
-// 0 counts as 1, Envoy's default), as Envoy's Ring constructor does:
-//   - each host's normalized weight is its weight over the sum of weights;
-//   - scale = ceil(min_normalized_weight × min_ring_size) /
-//     min_normalized_weight, capped at max_ring_size, so the lightest host
-//     gets a whole number of points;
-//   - walking the hosts in order, a running target grows by scale × the
-//     host's normalized weight and the host gets points until the running
-//     count of points reaches the target: "<key>_0", "<key>_1", ...
+// load_balancing_weights. weights[i] is the weight of keys[i]. nil weights
+// are all 1, and a weight of 0 counts as 1, as in Envoy.
 //
-// The arithmetic is Envoy's, in float64 and in the same order, so the
+// It follows Envoy's Ring constructor:
+//   - Each host's normalized weight is its weight over the sum of weights.
+//   - scale = ceil(min_normalized_weight × min_ring_size) /
+//     min_normalized_weight, capped at max_ring_size. So the lightest host
+//     gets a whole number of points.
+//   - Walking the hosts in order, a running target grows by scale × the
+//     host's normalized weight. The host gets points "<key>_0", "<key>_1",
+//     ... until the running count of points reaches the target.
+//
+// The arithmetic is Envoy's, in float64 and in the same order. So the
 // counts agree where a fractional target rounds up or down. Equal weights
 // give every host ceil(minSize / hosts) points, except where the float sums
-// round up: 75 hosts get 15, 14, 14, ... (Envoy 1.40 does the same).
+// round up: 75 hosts get 15, 14, 14, .... Envoy 1.40 does the same.
 func NewWeighted(keys []string, weights []uint32, minSize int) *Ring {
 	n := len(keys)
 	r := &Ring{hosts: n}
@@ -120,8 +127,8 @@ func cmp(a, b uint64) int {
 	return 0
 }
 
-// Pick is the index (in New's keys) of the host a request hashing to h
-// goes to; -1 for an empty ring.
+// Pick is the index in New's keys of the host a request hashing to h goes
+// to. It is -1 for an empty ring.
 func (r *Ring) Pick(h uint64) int {
 	if len(r.points) == 0 {
 		return -1
@@ -139,9 +146,9 @@ type Policy struct {
 	Terminal bool
 }
 
-// Hash is the hash Envoy's route computes with policies from a request
-// whose header values get returns ("" for an absent header). ok is false
-// when no policy produced a hash: Envoy then picks a random host.
+// Hash is the hash Envoy's route computes with policies from a request.
+// get returns the request's header values, "" for an absent header. ok is
+// false when no policy produced a hash; Envoy then picks a random host.
 func Hash(policies []Policy, get func(name string) string) (h uint64, ok bool) {
 	for _, p := range policies {
 		if v := get(p.Header); v != "" {
@@ -160,22 +167,23 @@ func Hash(policies []Policy, get func(name string) string) (h uint64, ok bool) {
 	return h, ok
 }
 
-// LBWeights maps instance weights (floats, config: above 0 and at most 1e6)
-// to the load_balancing_weights of a pool's endpoints (integers of at
-// least 1 whose sum fits a uint32, Envoy's bounds), keeping the ratios
-// between them:
-//   - weights with at most six decimals are scaled by the smallest power of
-//     ten that makes them all whole, then divided by the integers' greatest
-//     common divisor: 1, 1, 2, 4 stay 1, 1, 2, 4; 0.5, 1.5 become 1, 3;
-//     equal weights become 1 each;
-//   - other weights, or a sum that overflows, are scaled so the largest
-//     becomes floor(MaxUint32 / hosts) and rounded (at least 1), then
-//     reduced the same way: each weight's share of the largest is off by at
-//     most 0.5 / floor(MaxUint32 / hosts) (1.2e-7 with 1,000 hosts).
+// LBWeights maps instance weights to the load_balancing_weights of a
+// pool's endpoints, keeping the ratios between them. Instance weights are
+// floats; config holds them above 0 and at most 1e6. Envoy wants integers
+// of at least 1 whose sum fits a uint32.
+//   - Weights with at most six decimals are scaled by the smallest power
+//     of ten that makes them all whole. They are then divided by the
+//     integers' greatest common divisor. 1, 1, 2, 4 stay 1, 1, 2, 4; 0.5,
+//     1.5 become 1, 3; equal weights become 1 each.
+//   - Other weights, or a sum that overflows, are scaled so the largest
+//     becomes floor(MaxUint32 / hosts). Each is rounded to at least 1 and
+//     reduced the same way. Each weight's share of the largest is then off
+//     by at most 0.5 / floor(MaxUint32 / hosts): 1.2e-7 with 1,000 hosts.
 //
-// A weight of 0 or less (never valid config) counts as the smallest. The
-// result is appended to dst. xds gives Envoy these weights and plan
-// builds tether's fail-open ring from them, so the two rings are the same.
+// A weight of 0 or less counts as the smallest; valid config never has
+// one. The result is appended to dst. xds gives Envoy these weights and
+// plan builds tether's fail-open ring from them, so the two rings are the
+// same.
 func LBWeights(dst []uint32, weights []float64) []uint32 {
 	base := len(dst)
 	n := len(weights)

@@ -38,9 +38,10 @@ func StaticBootstrap(s Spec, admin string) (*bootstrapv3.Bootstrap, error) {
 	}, nil
 }
 
-// ADSBootstrap names the node, the admin interface and tether's ADS server
-// (over HTTP/2; over TLS WithTLS), and nothing else: every listener, route,
-// cluster and endpoint comes over ADS.
+// ADSBootstrap names the node, the admin interface and tether's ADS
+// server, and nothing else. It reaches the ADS server over HTTP/2, and
+// over TLS with WithTLS. Every listener, route, cluster and endpoint comes
+// over ADS.
 func ADSBootstrap(node, admin, ads string, opts ...BootstrapOption) (*bootstrapv3.Bootstrap, error) {
 	var o bootstrapOptions
 	for _, opt := range opts {

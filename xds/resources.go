@@ -1,6 +1,6 @@
-// Package xds turns a Spec (what package plan translates tether's
-// configuration into) into Envoy resources and serves them over ADS. One
-// builder (Build) makes both what the ADS server sends and the static
+// Package xds turns a Spec into Envoy resources and serves them over ADS.
+// Package plan translates tether's configuration into the Spec. One
+// builder, Build, makes both what the ADS server sends and the static
 // bootstrap in envoy/envoy-static.yaml, so the two cannot drift.
 package xds
 
@@ -67,13 +67,16 @@ type Resources struct {
 
 // Build makes the resources s describes.
 //
-// Per instance X there is a cluster inst-X whose priority 0 is X alone,
-// priority 1 the other instances of X's model version in X's zone, and
-// priority 2 those in other zones. While X is healthy it gets all of
-// inst-X's traffic; when a request to X fails before its response starts,
-// Envoy retries it on a same-zone peer, and once outlier detection ejects X
-// its traffic goes to those peers directly. tether's own decision is what
-// moves bound sessions for good; this covers the requests in between.
+// Per instance X there is a cluster inst-X with three priorities:
+//   - 0: X alone;
+//   - 1: the other instances of X's model version in X's zone;
+//   - 2: those in other zones.
+//
+// While X is healthy it gets all of inst-X's traffic. When a request to X
+// fails before its response starts, Envoy retries it on a same-zone peer.
+// Once outlier detection ejects X, its traffic goes to those peers
+// directly. tether's own decision is what moves bound sessions for good.
+// This covers the requests in between.
 func Build(s Spec, mode Mode) (*Resources, error) {
 	if len(s.ExtProc) == 0 {
 		return nil, fmt.Errorf("xds build: no ext_proc endpoint")
@@ -179,11 +182,11 @@ func (b *builder) endpoints(cluster string, groups [][]string) (*endpointv3.Clus
 }
 
 // hashKeys gives the endpoints of a pool's single priority their instance
-// names as hash keys (metadata envoy.lb, key hash_key): Envoy's ring hash
-// places a host by its hash_key when it has one, by its address otherwise
-// (HashingLoadBalancer::hashKey). Names are stable where addresses are not,
-// and tether computes the same ring from them (package ringhash), so it
-// places new sessions where the pool sends them when tether is unreachable.
+// names as hash keys, in metadata envoy.lb, key hash_key. Envoy's ring hash
+// places a host by its hash_key when it has one, else by its address
+// (HashingLoadBalancer::hashKey). Names are stable where addresses are not.
+// Package ringhash computes the same ring from them. So tether places new
+// sessions where the pool sends them when tether is unreachable.
 func hashKeys(cla *endpointv3.ClusterLoadAssignment, names []string) {
 	for i, ep := range cla.Endpoints[0].LbEndpoints {
 		ep.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
@@ -194,11 +197,11 @@ func hashKeys(cla *endpointv3.ClusterLoadAssignment, names []string) {
 
 // lbWeights gives the endpoints of a pool's single priority their
 // instances' weights as load_balancing_weight. Envoy wants integers of at
-// least 1 summing to at most MaxUint32; ringhash.LBWeights maps the float
-// weights to integers in the same ratios (1, 1, 2, 4 stay so; equal weights
-// are 1 each) and is what tether builds its copy of the ring from, so the
-// pool's RING_HASH ring and tether's fail-open placement are the same ring
-// on a weighted fleet too.
+// least 1 summing to at most MaxUint32. ringhash.LBWeights maps the float
+// weights to integers in the same ratios: 1, 1, 2, 4 stay so, and equal
+// weights are 1 each. tether builds its copy of the ring from the same
+// integers. So the pool's RING_HASH ring and tether's fail-open placement
+// are the same ring on a weighted fleet too.
 func lbWeights(cla *endpointv3.ClusterLoadAssignment, weights []float64) {
 	lb := ringhash.LBWeights(nil, weights)
 	for i, ep := range cla.Endpoints[0].LbEndpoints {
@@ -218,16 +221,16 @@ func (b *builder) discovery(c *clusterv3.Cluster, cla *endpointv3.ClusterLoadAss
 }
 
 // extProcCluster is tether's replicas. Envoy checks each with the gRPC
-// health protocol twice a second and stops sending streams to one that
-// failed two checks (a killed replica, one that is draining): without the
+// health protocol twice a second. It stops sending streams to one that
+// failed two checks, such as a killed or draining replica. Without the
 // check, a dead replica's share of requests would skip tether until its
 // connections fail one by one.
 func (b *builder) extProcCluster(cla *endpointv3.ClusterLoadAssignment) *clusterv3.Cluster {
 	c := &clusterv3.Cluster{
 		Name:           ExtProcCluster,
 		ConnectTimeout: durationpb.New(250 * time.Millisecond),
-		// Observed, each request opens two streams (the routing filter's,
-		// the observing filter's): round robin over two replicas would
+		// Observed, each request opens two streams: the routing filter's
+		// and the observing filter's. Round robin over two replicas would
 		// send every routing stream to one of them. Least request picks
 		// the less busy of two random replicas.
 		LbPolicy: clusterv3.Cluster_LEAST_REQUEST,
@@ -268,12 +271,12 @@ func http2(b *builder, c *clusterv3.Cluster) {
 
 // modelCluster is an instance cluster (single) or a version pool.
 //
-// A pool hashes on the session headers (RING_HASH), so sessions stay
+// A pool hashes on the session headers with RING_HASH, so sessions stay
 // together when tether is unreachable. An instance cluster sends everything
-// to its priority 0 (the instance) while it is healthy; its fallback
-// priorities use LEAST_REQUEST because Envoy's hashing balancers ignore the
-// retry plugins that move a failed attempt to the next priority and another
-// host, and a spill should go to the least busy peer anyway.
+// to its priority 0, the instance, while it is healthy. Its fallback
+// priorities use LEAST_REQUEST, for two reasons. Envoy's hashing balancers
+// ignore the retry plugins that move a failed attempt to the next priority
+// and another host. And a spill should go to the least busy peer anyway.
 func (b *builder) modelCluster(name string, single bool, l Limits, cla *endpointv3.ClusterLoadAssignment) *clusterv3.Cluster {
 	lb := poolLB[b.spec.PoolLB]
 	if single {
@@ -322,10 +325,10 @@ func breakers(cb CircuitBreakers) *clusterv3.CircuitBreakers {
 	}}}
 }
 
-// routes: requests tether marked go to the cluster it named; the rest (tether
-// unreachable or undecided) to the default version's pool. Both hash on the
-// caller's identity headers, strongest first, so a session keeps to one
-// host of whichever cluster serves it.
+// routes sends requests tether marked to the cluster it named. The rest go
+// to the default version's pool: tether was unreachable or undecided. Both
+// hash on the caller's identity headers, strongest first. So a session
+// keeps to one host of whichever cluster serves it.
 func (b *builder) routes(defaultVersion string) *routev3.RouteConfiguration {
 	hash := make([]*routev3.RouteAction_HashPolicy, len(b.spec.HashPolicy))
 	for i, h := range b.spec.HashPolicy {
@@ -381,7 +384,7 @@ func headerHash(name string, terminal bool) *routev3.RouteAction_HashPolicy {
 }
 
 // retryPolicy retries a request that failed at the instance on another
-// priority (the same-zone peers, then other zones) and another host. Only
+// priority and another host: the same-zone peers, then other zones. Only
 // failures before the response started are retried, so a streamed answer is
 // never duplicated.
 func (b *builder) retryPolicy() *routev3.RetryPolicy {
@@ -444,8 +447,8 @@ func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.List
 	return &listenerv3.Listener{
 		Name:    ListenerName,
 		Address: addr,
-		// The body Envoy buffers for tether is bounded by the connection's
-		// buffer (HTTP/1.1 streams take it as theirs).
+		// The connection's buffer bounds the body Envoy buffers for
+		// tether. HTTP/1.1 streams take it as theirs.
 		PerConnectionBufferLimitBytes: b.connectionLimit(),
 		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
 			Name:       "envoy.filters.network.http_connection_manager",
@@ -454,21 +457,24 @@ func (b *builder) listener(routes *routev3.RouteConfiguration) (*listenerv3.List
 	}, nil
 }
 
-// extProcFilter is the routing filter: Envoy goes on without tether when
-// it is down or slower than the message timeout. With outcomes inline it
-// sends the response headers too, with the attributes the ext_proc
-// handler asks for (Spec.ResponseAttributes: the host that answered, which
-// is not the instance tether chose when Envoy retried on a peer or sent
-// the request past an instance it had ejected). Otherwise only the request
-// headers block, no attribute is asked for, and the reply's ticket is
-// accepted into the request's dynamic metadata.
+// extProcFilter is the routing filter. Envoy goes on without tether when
+// it is down or slower than the message timeout.
+//
+// With outcomes inline it sends the response headers too, with the
+// attributes the ext_proc handler asks for in Spec.ResponseAttributes. One
+// is the host that answered. It differs from the instance tether chose
+// when Envoy retried on a peer or sent the request past an ejected
+// instance.
+//
+// Otherwise only the request headers block, and no attribute is asked for.
+// The reply's ticket is accepted into the request's dynamic metadata.
 func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 	f := &extprocv3.ExternalProcessor{
 		GrpcService:      b.tetherService(),
 		FailureModeAllow: true,
 		MessageTimeout:   durationpb.New(b.spec.MessageTimeout),
-		// The handler may ask for one request's body (cache-aware
-		// placement), and for nothing else.
+		// The handler may ask for one request's body, for cache-aware
+		// placement, and for nothing else.
 		AllowModeOverride:    true,
 		AllowedOverrideModes: []*extprocv3.ProcessingMode{b.bodyOverride()},
 		ProcessingMode: &extprocv3.ProcessingMode{
@@ -497,16 +503,17 @@ func (b *builder) extProcFilter() *extprocv3.ExternalProcessor {
 }
 
 // forwardRules limits the headers a filter sends tether to the names
-// given (an exact match each, in the order given, once), for each phase
-// it sends. nil, for no names, sends every header.
+// given, for each phase it sends. Each name is an exact match, listed once,
+// in the order given. nil, for no names, sends every header.
 //
 // Envoy checks every entry of the header map against the rules, the
-// pseudo-headers too, and for the request and the response phase alike
-// (MutationUtils::headersToProto in
+// pseudo-headers too. It does so for the request and the response phase
+// alike. See MutationUtils::headersToProto in
 // source/extensions/filters/http/ext_proc/mutation_utils.cc, called by
-// Filter::buildHeaderRequest in ext_proc.cc; an empty allowed list allows
-// all): a pseudo-header the handler reads (:path, :status) must be listed,
-// and the ones it does not (:method, :authority, :scheme) stay in Envoy.
+// Filter::buildHeaderRequest in ext_proc.cc. An empty allowed list allows
+// all. So a pseudo-header the handler reads, such as :path or :status,
+// must be listed. The ones it does not read (:method, :authority, :scheme)
+// stay in Envoy.
 func forwardRules(names ...[]string) *extprocv3.HeaderForwardingRules {
 	var patterns []*matcherv3.StringMatcher
 	seen := map[string]bool{}
@@ -535,10 +542,10 @@ func (b *builder) connectionLimit() *wrapperspb.UInt32Value {
 }
 
 // bodyOverride is the one processing mode the handler may switch a
-// request to: the filter's own (f.ProcessingMode) with the request body
-// buffered, partially when it is over the limit (extproc's readBody).
-// Envoy compares the override with this list ignoring the request header
-// mode, field by field, so it must be written out whole.
+// request to. It is the filter's own f.ProcessingMode with the request
+// body buffered, partially when it is over the limit (see extproc's
+// readBody). Envoy compares the override with this list field by field,
+// ignoring the request header mode. So it must be written out whole.
 func (b *builder) bodyOverride() *extprocv3.ProcessingMode {
 	m := &extprocv3.ProcessingMode{
 		RequestHeaderMode:   extprocv3.ProcessingMode_SEND,
@@ -555,8 +562,8 @@ func (b *builder) bodyOverride() *extprocv3.ProcessingMode {
 }
 
 // debugHeaders copy the decision the routing reply wrote in the dynamic
-// metadata (Spec.DebugHeaders) into the response, so they need no
-// response phase. A value the metadata lacks adds no header; inline, the
+// metadata into the response (Spec.DebugHeaders). So they need no
+// response phase. A value the metadata lacks adds no header. Inline, the
 // response phase sets them and these overwrite nothing.
 func (b *builder) debugHeaders() []*corev3.HeaderValueOption {
 	if len(b.spec.DebugHeaders) == 0 || b.inline() {
@@ -581,9 +588,10 @@ func (b *builder) inline() bool {
 const ObserveFilterName = "tether.observe"
 
 // observeFilter streams the request and response headers to tether in
-// observability mode: Envoy sends them and goes on, reading no reply. The
-// request headers bring the routing filter's ticket (forwarded dynamic
-// metadata), the response headers the status and the host that answered.
+// observability mode. Envoy sends them and goes on, reading no reply. The
+// request headers bring the routing filter's ticket as forwarded dynamic
+// metadata. The response headers bring the status and the host that
+// answered.
 func (b *builder) observeFilter() *extprocv3.ExternalProcessor {
 	return &extprocv3.ExternalProcessor{
 		GrpcService:        b.tetherService(),
@@ -593,7 +601,7 @@ func (b *builder) observeFilter() *extprocv3.ExternalProcessor {
 		// The request headers it sends carry the ticket in their metadata:
 		// tether reads none of the headers themselves.
 		ForwardRules: forwardRules(b.spec.ResponseHeaders),
-		// tether closes the stream once it has the response headers; this
+		// tether closes the stream once it has the response headers. This
 		// bounds it when a request ends otherwise.
 		DeferredCloseTimeout: durationpb.New(time.Second),
 		MetadataOptions: &extprocv3.MetadataOptions{
@@ -613,10 +621,10 @@ func (b *builder) observeFilter() *extprocv3.ExternalProcessor {
 // OutcomeLogName is the gRPC access log's log_name (OutcomesAccessLog).
 const OutcomeLogName = "tether.outcomes"
 
-// outcomeLog is Envoy's gRPC access log to tether, for the requests tether
-// routed (their dynamic metadata holds a ticket), with the instances'
-// report headers: each entry sent as it is written, or batched per worker
-// for Spec.OutcomeFlush.
+// outcomeLog is Envoy's gRPC access log to tether. It logs the requests
+// tether routed, whose dynamic metadata holds a ticket. Entries carry the
+// instances' report headers. Each entry is sent as it is written, or
+// batched per worker for Spec.OutcomeFlush.
 func (b *builder) outcomeLog() *accesslogv3.AccessLog {
 	common := &grpcalsv3.CommonGrpcAccessLogConfig{
 		LogName:             OutcomeLogName,
@@ -674,8 +682,8 @@ func socketAddress(hostport string) (*corev3.Address, error) {
 	}}}, nil
 }
 
-// defaultVersion is the spec's, else the version with the most instances
-// (ties: the lowest name), so the default route is deterministic.
+// defaultVersion is the spec's, else the version with the most instances.
+// Ties go to the lowest name, so the default route is deterministic.
 func defaultVersion(s Spec, byVersion map[string][]Instance) string {
 	if s.DefaultVersion != "" {
 		return s.DefaultVersion

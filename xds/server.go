@@ -199,9 +199,9 @@ func (s *Server) onClosed(id int64, node *corev3.Node) {
 	s.log.Info().Str("node", node.GetId()).Msg("envoy disconnected from ADS")
 }
 
-// onRequest sees every DiscoveryRequest: the first on a stream names the
-// node; one with a response nonce acknowledges (or, with error_detail,
-// refuses) the version it answers.
+// onRequest sees every DiscoveryRequest. The first on a stream names the
+// node. One with a response nonce acknowledges the version it answers. With
+// error_detail, it refuses that version instead.
 func (s *Server) onRequest(id int64, req *discoveryv3.DiscoveryRequest) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -259,8 +259,8 @@ func hashResources(all map[resource.Type][]types.Resource) (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:12], nil
 }
 
-// logAdapter sends go-control-plane's logging to zerolog at debug level;
-// its info lines are per-request chatter.
+// logAdapter sends go-control-plane's logging to zerolog at debug level.
+// Its info lines are per-request chatter.
 type logAdapter struct{ l zerolog.Logger }
 
 func (a logAdapter) Debugf(f string, args ...any) { a.l.Debug().Msgf(f, args...) }

@@ -2,11 +2,10 @@ package xds
 
 import "time"
 
-// Spec is what Build makes Envoy's resources from. The translation of
-// tether's configuration (package plan) fills it with every default and
-// every per-instance override resolved: xds knows nothing of the
-// configuration file, and nothing of the ext_proc handler beyond the
-// names Spec gives it.
+// Spec is what Build makes Envoy's resources from. Package plan fills it
+// from tether's configuration, with every default and every per-instance
+// override resolved. xds knows nothing of the configuration file. It knows
+// nothing of the ext_proc handler beyond the names Spec gives it.
 type Spec struct {
 	// ListenerAddr is where Envoy takes client traffic (host:port).
 	ListenerAddr string
@@ -22,33 +21,35 @@ type Spec struct {
 	// ResponseAttributes are the attributes Envoy sends tether with the
 	// response headers (the ext_proc handler's names).
 	ResponseAttributes []string
-	// RequestHeaders are the request headers the ext_proc handler reads:
-	// the routing filter sends tether these alone (its forward_rules).
-	// Empty: every header.
+	// RequestHeaders are the request headers the ext_proc handler reads.
+	// The routing filter sends tether these alone, in its forward_rules.
+	// Empty means every header.
 	RequestHeaders []string
-	// ResponseHeaders are the response headers it reads: the routing
-	// filter's response phase (outcomes inline) and the observing filter
-	// send these alone. Empty: every header.
+	// ResponseHeaders are the response headers it reads. The observing
+	// filter and, with outcomes inline, the routing filter's response phase
+	// send these alone. Empty means every header.
 	ResponseHeaders []string
 	// Outcomes is how tether hears how each request ended (Outcomes*).
 	Outcomes string
 	// OutcomeFlush is how long Envoy's access log may hold entries to send
-	// them in batches (OutcomesAccessLog); 0: each entry as it is written.
+	// them in batches (OutcomesAccessLog). 0 sends each entry as it is
+	// written.
 	OutcomeFlush time.Duration
 	// ReportHeaders are the response headers in which instances report
-	// their state; the access log keeps them (OutcomesAccessLog).
+	// their state. The access log keeps them (OutcomesAccessLog).
 	ReportHeaders []string
 	// MetadataNamespace is the dynamic metadata namespace the routing
 	// reply writes the decision's ticket in, which the access log or the
 	// observing filter brings back.
 	MetadataNamespace string
-	// ApartMarker is the gRPC metadata key the routing filter's streams
-	// carry (value "1") when outcomes are not inline, so that tether
-	// leaves a decision to its outcome report rather than to the end of
+	// ApartMarker is the gRPC metadata key, with value "1", that the
+	// routing filter's streams carry when outcomes are not inline. It tells
+	// tether to leave a decision to its outcome report, not to the end of
 	// the routing stream.
 	ApartMarker string
 	// DebugHeaders are response headers copied from fields of that
-	// namespace (server.debug_headers; outcomes not inline).
+	// namespace (server.debug_headers). They are set when outcomes are not
+	// inline.
 	DebugHeaders []DebugHeader
 	// ClusterHeader is the request header tether names a cluster in. The
 	// listener strips it from every client request.
@@ -58,8 +59,9 @@ type Spec struct {
 	HashPolicy []HashHeader
 	// RouteTimeout bounds a whole request, streaming included.
 	RouteTimeout time.Duration
-	// Retries is how many times a request that failed at its instance
-	// before its response started is retried on a fallback host; 0: none.
+	// Retries is how many times a request is retried on a fallback host
+	// when it failed at its instance before its response started. 0 means
+	// none.
 	Retries uint32
 	// Instances are the model servers, in order: one cluster each.
 	Instances []Instance
@@ -67,15 +69,17 @@ type Spec struct {
 	// and circuit breakers.
 	PoolLB LBPolicy
 	Pool   Limits
-	// DefaultVersion is the pool of the default route (tether unreachable
-	// or undecided); "" the version with the most instances.
+	// DefaultVersion is the pool of the default route, taken when tether is
+	// unreachable or undecided. "" means the version with the most
+	// instances.
 	DefaultVersion string
-	// TLS is how Envoy reaches tether's gRPC servers; nil: plaintext (or,
-	// with the ADS server off, a transport socket configured elsewhere).
+	// TLS is how Envoy reaches tether's gRPC servers. nil means plaintext.
+	// With the ADS server off, nil may also mean a transport socket
+	// configured elsewhere.
 	TLS *UpstreamTLS
 	// BodyLimit is the most of a request's body Envoy buffers when the
-	// ext_proc handler asks for it (its request_body_buffer_limit); 0:
-	// Envoy's own (the connection's buffer limit, 1 MiB by default).
+	// ext_proc handler asks for it: its request_body_buffer_limit. 0 means
+	// Envoy's own, the connection's buffer limit, 1 MiB by default.
 	BodyLimit int
 }
 
@@ -86,14 +90,14 @@ type DebugHeader struct{ Header, Field string }
 // How tether hears how a request ended.
 const (
 	// OutcomesInline: the routing filter's own stream waits for the
-	// response headers too (a second blocking exchange per request).
+	// response headers too. That is a second blocking exchange per request.
 	OutcomesInline = "inline"
 	// OutcomesAccessLog: the routing filter sends the request headers
-	// only; Envoy's gRPC access log brings each request's end to tether,
+	// only. Envoy's gRPC access log brings each request's end to tether,
 	// in batches, after the request.
 	OutcomesAccessLog = "access_log"
-	// OutcomesObserve: the routing filter sends the request headers only;
-	// a second ext_proc filter in observability mode streams the request
+	// OutcomesObserve: the routing filter sends the request headers only.
+	// A second ext_proc filter in observability mode streams the request
 	// and response headers to tether without waiting for replies.
 	OutcomesObserve = "observe"
 )
@@ -108,9 +112,9 @@ type HashHeader struct {
 // Instance is one model server and the limits of its cluster.
 type Instance struct {
 	Name, Address, Zone, Version string
-	// Weight is the instance's share of new sessions (config: above 0, at
-	// most 1e6). Its version pool's endpoint carries it as the
-	// load_balancing_weight ringhash.LBWeights maps the pool's weights to.
+	// Weight is the instance's share of new sessions. Config holds it
+	// above 0 and at most 1e6. Its version pool's endpoint carries it as a
+	// load_balancing_weight, mapped by ringhash.LBWeights.
 	Weight float64
 	Limits Limits
 }
@@ -161,8 +165,8 @@ const (
 type UpstreamTLS struct {
 	// CAFile verifies tether's certificate (required).
 	CAFile string
-	// CertFile and KeyFile are Envoy's client certificate (mutual TLS);
-	// "" for none.
+	// CertFile and KeyFile are Envoy's client certificate for mutual TLS.
+	// "" means none.
 	CertFile, KeyFile string
 	// SNI, when set, is sent and required among the certificate's DNS names.
 	SNI string

@@ -18,20 +18,24 @@ type bootstrapOptions struct {
 }
 
 // WithTLS makes the bootstrap's ADS cluster connect to tether over TLS as
-// t says; a nil t changes nothing.
+// t says. A nil t changes nothing.
 func WithTLS(t *UpstreamTLS) BootstrapOption {
 	return func(o *bootstrapOptions) { o.tls = t }
 }
 
 // upstreamTLS is the transport socket of a cluster that reaches tether's
-// gRPC servers when they speak TLS, nil for a nil e (plaintext, or
-// Envoy's TLS to tether set elsewhere, as by Istio: docs/security.md).
-// Envoy presents its client certificate when e names one (mutual TLS),
-// verifies tether's against e's CA and, with an SNI, requires that name in
-// it. The files are Envoy's: tether does not read them. ALPN offers h2,
-// which gRPC servers require. The maximum version is always TLS 1.3:
-// Envoy's upstream default maximum is TLS 1.2, so a minimum of 1.3 alone
-// would leave Envoy no version to offer.
+// gRPC servers when they speak TLS. It is nil for a nil e. That means
+// plaintext, or Envoy's TLS to tether set elsewhere, as by Istio (see
+// docs/security.md).
+//
+// Envoy presents its client certificate for mutual TLS when e names one.
+// It verifies tether's certificate against e's CA. With an SNI, it
+// requires that name in the certificate. The files are Envoy's: tether
+// does not read them. ALPN offers h2, which gRPC servers require.
+//
+// The maximum version is always TLS 1.3. Envoy's upstream default maximum
+// is TLS 1.2, so a minimum of 1.3 alone would leave Envoy no version to
+// offer.
 func upstreamTLS(e *UpstreamTLS) (*corev3.TransportSocket, error) {
 	if e == nil {
 		return nil, nil

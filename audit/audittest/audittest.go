@@ -1,7 +1,9 @@
-// Package audittest holds what the tests of the audit sinks share: a
-// sealer on random keys, a clock the test moves by hand, the Redis
-// servers a Redis sink is tested on, and a TestMain that stops the shared
-// PostgreSQL server before looking for leaked goroutines.
+// Package audittest holds what the tests of the audit sinks share:
+//   - a sealer on random keys;
+//   - a clock the test moves by hand;
+//   - the Redis servers a Redis sink is tested on;
+//   - a TestMain that stops the shared PostgreSQL server before looking
+//     for leaked goroutines.
 package audittest
 
 import (
@@ -61,8 +63,9 @@ func RedisBackends(t *testing.T, fn func(t *testing.T, c goredis.UniversalClient
 	})
 }
 
-// Main runs a package's tests, then stops its shared PostgreSQL server pg
-// (if a test started it) before goleak looks for goroutines left behind.
+// Main runs a package's tests. Then it stops its shared PostgreSQL server
+// pg, if a test started it, before goleak looks for goroutines left
+// behind.
 func Main(m *testing.M, pg *testenv.SharedPostgres) { goleak.VerifyTestMain(stopPostgres{m, pg}) }
 
 type stopPostgres struct {

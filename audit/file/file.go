@@ -1,5 +1,6 @@
-// Package file is the routing audit's JSON-lines sink: one 0600 file per UTC
-// day in a directory, pruned past the retention (audit.sink = "file").
+// Package file is the routing audit's JSON-lines sink, audit.sink = "file".
+// It writes one 0600 file per UTC day in a directory, pruned past the
+// retention.
 package file
 
 import (
@@ -25,9 +26,11 @@ import (
 type Config struct {
 	// Dir holds the files (created 0700 if missing).
 	Dir string
-	// Retention: at least 24h (files are per day), at most MaxRetention.
+	// Retention is at least 24h, since files are per day, and at most
+	// MaxRetention.
 	Retention time.Duration
-	// Now is the clock (default time.Now); files are named by its UTC day.
+	// Now is the clock, time.Now by default. Files are named by its UTC
+	// day.
 	Now func() time.Time
 }
 
@@ -51,11 +54,11 @@ const (
 	dayLayout  = "2006-01-02"
 )
 
-// Sink writes JSON lines, one file per UTC day (audit-YYYY-MM-DD.jsonl),
-// mode 0600. The file of day D is removed once D + Retention has passed
-// (so no record is older than Retention; the oldest kept are at least
-// Retention − 24h old): when the sink opens, when it moves to a new day's
-// file, and on Prune.
+// Sink writes JSON lines, one file per UTC day, named
+// audit-YYYY-MM-DD.jsonl, mode 0600. The file of day D is removed once
+// D + Retention has passed. So no record is older than Retention, and the
+// oldest kept are at least Retention − 24h old. Removal happens when the
+// sink opens, when it moves to a new day's file, and on Prune.
 type Sink struct {
 	cfg Config
 
@@ -101,13 +104,13 @@ func New(cfg Config) (*Sink, error) {
 	return s, nil
 }
 
-// lockName is the file every Sink on a directory locks while it
-// changes the directory: the serving tether appends while `tether audit
-// forget`, another process, rewrites files.
+// lockName is the file every Sink on a directory locks while it changes
+// the directory. The serving tether appends while `tether audit forget`,
+// another process, rewrites files.
 const lockName = ".audit.lock"
 
-// locked runs fn holding the directory's lock (flock, so across
-// processes).
+// locked runs fn holding the directory's lock. It is a flock, so it holds
+// across processes.
 func (s *Sink) locked(fn func() error) error {
 	if err := syscall.Flock(int(s.lock.Fd()), syscall.LOCK_EX); err != nil {
 		return fmt.Errorf("audit file sink: lock %s: %w", s.cfg.Dir, err)
@@ -188,8 +191,8 @@ func (s *Sink) Write(_ context.Context, recs []audit.Record) error {
 	return s.locked(func() error { return s.append(buf.Bytes()) })
 }
 
-// append writes b to today's file, (re)opening it when the day changed or
-// another process replaced the file (a forget rewrote it).
+// append writes b to today's file. It opens the file anew when the day
+// changed or another process replaced the file, as a forget does.
 func (s *Sink) append(b []byte) error {
 	name := filePrefix + s.cfg.Now().UTC().Format(dayLayout) + fileSuffix
 	if s.f != nil && !s.current(name) {
@@ -306,10 +309,10 @@ func (s *Sink) export(ctx context.Context, pseudonym string) ([]audit.Record, er
 	return out, nil
 }
 
-// Delete rewrites every file holding records of pseudonym without them:
-// the kept lines go to a temporary file (0600) that is synced and renamed
-// over the original, so a crash leaves either the old or the new file.
-// Lines that do not parse are kept. Cost: every file is read once.
+// Delete rewrites every file holding records of pseudonym without them.
+// The kept lines go to a temporary 0600 file that is synced and renamed
+// over the original. So a crash leaves either the old or the new file.
+// Lines that do not parse are kept. Every file is read once.
 func (s *Sink) Delete(ctx context.Context, pseudonym string) (int, error) {
 	if pseudonym == "" {
 		return 0, errors.New("audit file sink delete: empty pseudonym")

@@ -1,6 +1,6 @@
-// Package postgres is the routing audit's PostgreSQL sink: one row per
-// record, indexed by the user's pseudonym, so export and forget read only
-// that user's rows (audit.sink = "postgres").
+// Package postgres is the routing audit's PostgreSQL sink,
+// audit.sink = "postgres". It stores one row per record, indexed by the
+// user's pseudonym. So export and forget read only that user's rows.
 package postgres
 
 import (
@@ -26,36 +26,37 @@ import (
 
 // Config configures a Sink. Zero values take the defaults.
 type Config struct {
-	// Table is the table's name (default "routing_audit"): lower-case
-	// letters, digits and underscores, starting with a letter or an
-	// underscore, at most 40 characters (its index names add 19 more, and
-	// PostgreSQL cuts names at 63).
-	// It is looked up on the connection's search_path: pick a schema with
-	// the DSN (…?search_path=audit).
+	// Table is the table's name, "routing_audit" by default. It holds
+	// lower-case letters, digits and underscores, and starts with a letter
+	// or an underscore. It is at most 40 characters: its index names add 19
+	// more, and PostgreSQL cuts names at 63. It is looked up on the
+	// connection's search_path. Pick a schema with the DSN, as in
+	// …?search_path=audit.
 	Table string
-	// Retention: at most MaxRetention.
+	// Retention is at most MaxRetention.
 	Retention time.Duration
-	// PruneBatch is the most rows one DELETE of Prune removes (default
-	// 10000); Prune repeats it until fewer are left.
+	// PruneBatch is the most rows one DELETE of Prune removes, 10000 by
+	// default. Prune repeats it until fewer are left.
 	PruneBatch int
-	// ConnectTimeout bounds each connection attempt (dial, TLS, startup)
-	// of a pool the sink opens, unless the DSN sets connect_timeout
-	// (default 5 s).
+	// ConnectTimeout bounds each connection attempt of a pool the sink
+	// opens: dial, TLS and startup. The default is 5 s. A connect_timeout
+	// in the DSN overrides it.
 	ConnectTimeout time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
-	// Lazy opens the sink even when the server cannot be reached (a
-	// connection error, or the opening's deadline passing; any other
-	// error still fails the opening): the
-	// table is checked, and created, by the first call that reaches the
-	// server, and every call fails with the connection error until one
-	// does. tether serve sets it, so a database outage at a restart costs
-	// records (counted as failed), not routing; the CLI does not.
+	// Lazy opens the sink even when the server cannot be reached. That
+	// covers a connection error and the opening's deadline passing. Any
+	// other error still fails the opening.
+	//
+	// The first call that reaches the server then checks the table, and
+	// creates it. Until one does, every call fails with the connection
+	// error. tether serve sets Lazy, so a database outage at a restart
+	// costs records, not routing. Those records are counted as failed. The
+	// CLI does not set it.
 	Lazy bool
 }
 
-// DefaultTable is the table Sink uses when
-// Config.Table is empty.
+// DefaultTable is the table Sink uses when Config.Table is empty.
 const DefaultTable = "routing_audit"
 
 var tableNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
@@ -104,15 +105,16 @@ func sortSkipped(e *audit.InvalidRecordsError) {
 	e.Index, e.Reasons = idx, why
 }
 
-// Sink stores records in a PostgreSQL table, one row per record
-// (see README.md for the table). The request id is the primary key: a
-// record whose request id is already stored (an Envoy retry) is ignored.
-// Rows older than the retention are removed by Prune, which the Writer
-// calls every PruneInterval (the retention job), and are never exported.
-// Forget and export use an index on the pseudonym.
+// Sink stores records in a PostgreSQL table, one row per record. README.md
+// shows the table. The request id is the primary key. A record whose
+// request id is already stored, as on an Envoy retry, is ignored.
 //
-// decision_time is stored with PostgreSQL's precision, the microsecond
-// (the nanoseconds below it are truncated); Export returns it in UTC.
+// Prune removes rows older than the retention; the Writer calls it every
+// PruneInterval. Such rows are never exported. Forget and export use an
+// index on the pseudonym.
+//
+// decision_time is stored with PostgreSQL's precision, the microsecond.
+// The nanoseconds below it are truncated. Export returns it in UTC.
 type Sink struct {
 	pool  *pgxpool.Pool
 	owned bool // the sink opened pool and closes it
@@ -131,10 +133,10 @@ var (
 	_ audit.Pruner = (*Sink)(nil)
 )
 
-// New opens a pool on dsn (a postgres:// URL or key=value
-// pairs, with pgxpool's pool_* settings), creates the table and its
-// indexes if the table is missing, and returns a sink that closes the pool
-// on Close. ctx bounds the opening; errors show the DSN's host, port and
+// New opens a pool on dsn. dsn is a postgres:// URL or key=value pairs,
+// and may carry pgxpool's pool_* settings. New creates the table and its
+// indexes if the table is missing. It returns a sink that closes the pool
+// on Close. ctx bounds the opening. Errors show the DSN's host, port and
 // database, never the DSN itself.
 func New(ctx context.Context, dsn string, cfg Config) (*Sink, error) {
 	if err := cfg.Validate(); err != nil {
@@ -143,8 +145,8 @@ func New(ctx context.Context, dsn string, cfg Config) (*Sink, error) {
 	cfg = cfg.withDefaults()
 	pc, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		// pgx's message quotes the DSN, password masked on a best-effort
-		// basis only: say nothing of it.
+		// pgx's message quotes the DSN, and masks the password on a
+		// best-effort basis only. So say nothing of it.
 		return nil, fmt.Errorf("audit postgres sink: open %s: the dsn does not parse (not shown: it may hold a password); "+
 			"want postgres://user@host:port/database?sslmode=… or host=… port=… dbname=… pairs", cfg.Table)
 	}
@@ -191,12 +193,12 @@ func newSink(ctx context.Context, pool *pgxpool.Pool, cfg Config, where string) 
 }
 
 // Ready reports whether the sink has reached the server and checked its
-// table; only a Lazy sink can be open without.
+// table. Only a Lazy sink can be open without.
 func (s *Sink) Ready() bool { return s.ready.Load() }
 
-// ensure checks (and creates) the table once: when the sink opens, or for
-// a Lazy sink that could not reach the server then, at each call until
-// one does.
+// ensure checks the table once, and creates it if missing. It runs when
+// the sink opens. A Lazy sink that could not reach the server then runs it
+// at each call until one does.
 func (s *Sink) ensure(ctx context.Context) error {
 	if s.ready.Load() {
 		return nil
@@ -213,11 +215,11 @@ func (s *Sink) ensure(ctx context.Context) error {
 	return nil
 }
 
-// migrate creates the table and its indexes when the table is missing,
-// and checks that the table has the sink's columns. An advisory lock
-// serialises replicas that start together (concurrent CREATE TABLE IF
-// NOT EXISTS can fail); a table that exists needs no CREATE privilege,
-// so the sink can run as a role that may only insert, select and delete.
+// migrate creates the table and its indexes when the table is missing. It
+// checks that the table has the sink's columns. An advisory lock
+// serialises replicas that start together, since concurrent CREATE TABLE
+// IF NOT EXISTS can fail. A table that exists needs no CREATE privilege.
+// So the sink can run as a role that may only insert, select and delete.
 func (s *Sink) migrate(ctx context.Context) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -278,13 +280,15 @@ func (s *Sink) wrap(op string, err error) error {
 	return fmt.Errorf("audit postgres sink: %s %s: %w", op, s.cfg.Table, err)
 }
 
-// Write stores recs in one round trip (once a connection has prepared the
-// statement): one INSERT … ON CONFLICT (request_id) DO NOTHING per record,
-// pipelined in a pgx.Batch that runs as one transaction. A record already stored is ignored. A record
-// PostgreSQL would refuse (see InvalidRecordsError) is skipped, so it
-// cannot fail the batch: Write stores the others and returns an
-// *InvalidRecordsError, or, when the batch itself failed, that error
-// joined with it.
+// Write stores recs in one round trip, once a connection has prepared the
+// statement. It sends one INSERT … ON CONFLICT (request_id) DO NOTHING per
+// record, pipelined in a pgx.Batch that runs as one transaction. A record
+// already stored is ignored.
+//
+// A record PostgreSQL would refuse is skipped, so it cannot fail the batch
+// (see InvalidRecordsError). Write stores the others and returns an
+// *InvalidRecordsError. When the batch itself failed, it returns that
+// error joined with the batch's.
 func (s *Sink) Write(ctx context.Context, recs []audit.Record) error {
 	if len(recs) == 0 {
 		return nil
@@ -321,9 +325,9 @@ func (s *Sink) Write(ctx context.Context, recs []audit.Record) error {
 				break
 			}
 			if tag.RowsAffected() == 0 {
-				// ON CONFLICT DO NOTHING: a client reused an x-request-id
-				// (Envoy passes a client's own through). The row already
-				// stored stays; this one is counted, not silently lost.
+				// ON CONFLICT DO NOTHING: a client reused an x-request-id.
+				// Envoy passes a client's own through. The row already
+				// stored stays. This one is counted, not silently lost.
 				skip(i, "request_id already stored (a reused x-request-id)")
 			}
 		}
@@ -346,9 +350,9 @@ func (s *Sink) Write(ctx context.Context, recs []audit.Record) error {
 	return nil
 }
 
-// invalidReason says why PostgreSQL would refuse r ("" if it would not).
+// invalidReason says why PostgreSQL would refuse r, or "" if it would not.
 // The request id must be a lower-case canonical UUID, as PostgreSQL gives
-// it back: the user id's seal is bound to its exact text.
+// it back. The user id's seal is bound to its exact text.
 func invalidReason(r audit.Record) string {
 	if !isLowerUUID(r.RequestID) {
 		return "request_id is not a UUID (lower-case, 8-4-4-4-12 hex digits)"
@@ -392,7 +396,7 @@ func isLowerUUID(s string) bool {
 
 func storableText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
-// nullText, nullBytes and nullTexts store an empty value as NULL; Export
+// nullText, nullBytes and nullTexts store an empty value as NULL. Export
 // gives NULL back as the empty value.
 func nullText(s string) any {
 	if s == "" {
@@ -416,8 +420,9 @@ func nullTexts(ss []string) any {
 }
 
 // Prune deletes the rows whose decision_time is older than now minus the
-// retention, oldest first, at most PruneBatch rows per statement, until
-// none is left or ctx ends (the next Prune goes on from there).
+// retention. It deletes oldest first, at most PruneBatch rows per
+// statement, until none is left or ctx ends. The next Prune goes on from
+// there.
 func (s *Sink) Prune(ctx context.Context) error {
 	if err := s.ensure(ctx); err != nil {
 		return s.wrap("prune", err)
@@ -449,8 +454,8 @@ func (s *Sink) Delete(ctx context.Context, pseudonym string) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
-// Export returns the unexpired records of pseudonym, oldest first (by
-// decision_time, then request_id), with decision_time in UTC.
+// Export returns the unexpired records of pseudonym, with decision_time in
+// UTC. They come oldest first, by decision_time, then request_id.
 func (s *Sink) Export(ctx context.Context, pseudonym string) ([]audit.Record, error) {
 	if pseudonym == "" {
 		return nil, errors.New("audit postgres sink: export: empty pseudonym")
@@ -475,7 +480,7 @@ func (s *Sink) Export(ctx context.Context, pseudonym string) ([]audit.Record, er
 	return out, nil
 }
 
-// Close closes the pool if the sink opened it (New), not a
+// Close closes the pool if the sink opened it in New. It does not close a
 // pool it was given.
 func (s *Sink) Close() error {
 	if s.owned {

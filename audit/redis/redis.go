@@ -1,5 +1,6 @@
-// Package redis is the routing audit's Redis Stream sink, in the binding
-// store's Redis or audit.redis_url's (audit.sink = "redis").
+// Package redis is the routing audit's Redis Stream sink,
+// audit.sink = "redis". The stream lives in the binding store's Redis, or
+// in audit.redis_url's.
 package redis
 
 import (
@@ -19,15 +20,16 @@ import (
 
 // Config configures a Sink.
 type Config struct {
-	// Prefix starts the stream's key (default "tether:"): <prefix>audit.
+	// Prefix starts the stream's key, <prefix>audit. The default is
+	// "tether:".
 	Prefix string
-	// Retention: at most MaxRetention.
+	// Retention is at most MaxRetention.
 	Retention time.Duration
-	// TrimEvery is the least time between two trims made by writes
-	// (default 1 min).
+	// TrimEvery is the least time between two trims made by writes. The
+	// default is 1 min.
 	TrimEvery time.Duration
-	// ScanCount is the page size of the XRANGE scans of Delete and Export
-	// (default 1000).
+	// ScanCount is the page size of the XRANGE scans of Delete and Export.
+	// The default is 1000.
 	ScanCount int64
 	// Now is the clock (default time.Now).
 	Now func() time.Time
@@ -44,16 +46,19 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Sink appends records to one Redis Stream, <prefix>audit, one entry
-// per record (fields: the Record's JSON names; user_ct in base64). Entry
-// ids are Redis's own ("*": the server's clock). Expired entries go with
-// XTRIM MINID <now − Retention> (exact, not "~"), sent in the pipeline of
-// a write at most once per TrimEvery, and on Prune, Delete and Export.
+// Sink appends records to one Redis Stream, <prefix>audit, one entry per
+// record. The fields are the Record's JSON names, with user_ct in base64.
+// Entry ids are Redis's own: "*", the server's clock.
+//
+// Expired entries go with XTRIM MINID <now − Retention>, exact, not "~".
+// The trim is sent in the pipeline of a write at most once per TrimEvery.
+// Prune, Delete and Export also trim.
+//
 // Delete and Export scan the whole stream with XRANGE in pages of
-// ScanCount: O(entries) — at 1000 decisions/s and 30 days that is 2.6
-// billion entries, so a busy fleet wants the PostgreSQL sink (indexed by
-// pseudonym) for forget/export; the stream suits smaller fleets or shorter
-// retention.
+// ScanCount. That is O(entries). At 1000 decisions/s and 30 days the
+// stream holds 2.6 billion entries. So a busy fleet wants the PostgreSQL
+// sink, indexed by pseudonym, for forget and export. The stream suits
+// smaller fleets or shorter retention.
 type Sink struct {
 	c   goredis.UniversalClient
 	cfg Config
@@ -251,8 +256,8 @@ func (s *Sink) Export(ctx context.Context, pseudonym string) ([]audit.Record, er
 	return out, nil
 }
 
-// Delete trims, then removes the entries of pseudonym: one XDEL per page
-// that holds any.
+// Delete trims, then removes the entries of pseudonym. It sends one XDEL
+// per page that holds any.
 func (s *Sink) Delete(ctx context.Context, pseudonym string) (int, error) {
 	if pseudonym == "" {
 		return 0, errors.New("audit redis sink delete: empty pseudonym")

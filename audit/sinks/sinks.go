@@ -1,7 +1,7 @@
-// Package sinks opens the routing audit's sink that [audit] names: JSON
-// lines files (audit/file), a PostgreSQL table (audit/postgres) or a Redis
-// Stream (audit/redis). `tether serve` (server) and `tether audit`
-// (cmd/tether) open it here, so both read and write the same records.
+// Package sinks opens the routing audit's sink that [audit] names. That is
+// JSON-lines files (audit/file), a PostgreSQL table (audit/postgres) or a
+// Redis Stream (audit/redis). `tether serve` and `tether audit` both open
+// it here, so both read and write the same records.
 package sinks
 
 import (
@@ -29,19 +29,22 @@ func Keys(a config.Audit) audit.KeyConfig {
 	}
 }
 
-// Open opens the sink a names, whether or not the audit is enabled
-// (`tether audit` reads records written while it was). store is the
-// binding store: the Redis sink writes to its Redis, under its key prefix,
-// unless audit.redis_url names another Redis. closeSink releases the sink
-// and what was opened for it, not the store. A PostgreSQL server that
-// cannot be reached fails the opening (the CLI's export and forget need
-// it now); tether serve opens it with OpenLazy instead.
+// Open opens the sink a names, whether or not the audit is enabled.
+// `tether audit` reads records written while it was.
+//
+// store is the binding store. The Redis sink writes to its Redis, under
+// its key prefix, unless audit.redis_url names another Redis. closeSink
+// releases the sink and what was opened for it, not the store.
+//
+// A PostgreSQL server that cannot be reached fails the opening: the CLI's
+// export and forget need it now. tether serve opens it with OpenLazy
+// instead.
 func Open(ctx context.Context, a config.Audit, store *redisstore.Store) (sink audit.Sink, closeSink func() error, err error) {
 	return open(ctx, a, store, false)
 }
 
 // OpenLazy is Open, but a PostgreSQL sink opens even when the server
-// cannot be reached (postgres.Config.Lazy): routing must not wait for the
+// cannot be reached (postgres.Config.Lazy). Routing must not wait for the
 // audit.
 func OpenLazy(ctx context.Context, a config.Audit, store *redisstore.Store) (sink audit.Sink, closeSink func() error, err error) {
 	return open(ctx, a, store, true)
@@ -90,7 +93,7 @@ func open(ctx context.Context, a config.Audit, store *redisstore.Store, lazy boo
 // table when the sink opens.
 const postgresOpenTimeout = 10 * time.Second
 
-// openPostgres opens the PostgreSQL sink (its errors never show the DSN).
+// openPostgres opens the PostgreSQL sink. Its errors never show the DSN.
 // lazy opens it even when the server cannot be reached.
 func openPostgres(ctx context.Context, dsn string, retention time.Duration, lazy bool) (audit.Sink, func() error, error) {
 	ctx, cancel := context.WithTimeout(ctx, postgresOpenTimeout)

@@ -21,8 +21,9 @@ import (
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
-// auditStoreTimeout bounds each Redis round trip of `tether audit`: it is
-// off the request path, and a forget may pipeline hundreds of keys.
+// auditStoreTimeout bounds each Redis round trip of `tether audit`. The
+// command is off the request path, and a forget may pipeline hundreds of
+// keys.
 const auditStoreTimeout = 5 * time.Second
 
 func newAuditCmd() *cobra.Command {
@@ -75,8 +76,9 @@ keyring no longer holds is printed without user_id, and the command then fails a
 	}
 }
 
-// exported is one line of `tether audit export`: the record with the user
-// id opened, without the ciphertext, its key id and the pseudonym.
+// exported is one line of `tether audit export`. It is the record with
+// the user id opened. It leaves out the ciphertext, its key id and the
+// pseudonym.
 type exported struct {
 	audit.Record
 	UserID string `json:"user_id,omitempty"`
@@ -187,8 +189,8 @@ func (a *auditEnv) close() {
 }
 
 // openAudit reads the configuration, the user id and the keys, and opens
-// the sink (and the binding store when withStore, or when the sink is the
-// store's Redis).
+// the sink. It also opens the binding store when withStore is set, or when
+// the sink is the store's Redis.
 func openAudit(ctx context.Context, cmd *cobra.Command, o *auditOptions, withStore bool) (*auditEnv, error) {
 	cfg := config.Default()
 	if o.config != "" {
@@ -233,7 +235,7 @@ func openAudit(ctx context.Context, cmd *cobra.Command, o *auditOptions, withSto
 	return a, nil
 }
 
-// readUser checks the --user value ("-": the first line of in). Its
+// readUser checks the --user value. "-" reads the first line of in. Its
 // errors never show the user id.
 func readUser(flag string, in io.Reader, maxBytes int) (string, error) {
 	user := flag

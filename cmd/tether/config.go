@@ -31,8 +31,8 @@ func newConfigCmd() *cobra.Command {
 				}
 				return fmt.Errorf("%s: redis.url: not a usable Redis URL", args[0])
 			}
-			// A weak token in $server.admin_token_env stops `tether serve`:
-			// say so now (the error never shows the token).
+			// A weak token in $server.admin_token_env stops `tether serve`.
+			// Say so now. The error never shows the token.
 			if _, err := c.Server.AdminToken(); err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}

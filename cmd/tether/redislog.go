@@ -9,10 +9,11 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// redisLogger sends go-redis's own log lines (dial failures while Redis is
-// down, one per attempt) to tether's JSON log, sampled, instead of plain
-// text on stderr. go-redis keeps its logger in a package variable, so this
-// is set once, by tether serve, for the whole process.
+// redisLogger sends go-redis's own log lines to tether's JSON log,
+// sampled, instead of plain text on stderr. Those lines are mostly dial
+// failures while Redis is down, one per attempt. go-redis keeps its logger
+// in a package variable. So tether serve sets it once, for the whole
+// process.
 type redisLogger struct{ log zerolog.Logger }
 
 func (l redisLogger) Printf(_ context.Context, format string, v ...any) {

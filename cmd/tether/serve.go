@@ -69,8 +69,8 @@ func newServeCmd() *cobra.Command {
 	return cmd
 }
 
-// startCPUProfile profiles the process into path until stop, which
-// reports a profile it could not write out.
+// startCPUProfile profiles the process into path until stop. stop reports
+// a profile it could not write out.
 func startCPUProfile(path string) (stop func() error, err error) {
 	f, err := os.Create(path)
 	if err != nil {

@@ -17,8 +17,9 @@ import (
 	"github.com/tetherproxy/tether/internal/progress"
 )
 
-// migrateStallBatches: a migration that marks nothing this many batches in
-// a row while sessions remain stops with an error instead of looping.
+// migrateStallBatches stops a migration that marks nothing this many
+// batches in a row while sessions remain. It stops with an error instead
+// of looping.
 const migrateStallBatches = 3
 
 func newSessionsCmd() *cobra.Command {
@@ -258,9 +259,9 @@ and the migration keeps going. A progress bar on standard error counts the sessi
 	return cmd
 }
 
-// runMigrate calls migrate until no session is left, ctx ends (the summary
-// then says Interrupted) or a call fails. barTo, when not nil, gets a
-// progress bar.
+// runMigrate calls migrate until no session is left, ctx ends or a call
+// fails. When ctx ends, the summary says Interrupted. barTo, when not nil,
+// gets a progress bar.
 func runMigrate(ctx context.Context, c *admin.Client, req admin.MigrateRequest, interval time.Duration, barTo io.Writer) (sum migrateSummary, err error) {
 	start := time.Now()
 	sum = migrateSummary{FromVersion: req.FromVersion, ToVersion: req.ToVersion}
@@ -390,7 +391,7 @@ func yesNo(b bool) string {
 	return "no"
 }
 
-// printJSON writes v to w as indented JSON (the --json flags).
+// printJSON writes v to w as indented JSON, for the --json flags.
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -1,5 +1,6 @@
-// Package cli is what tether's two commands (cmd/tether, lab/cmd/tether-lab)
-// share: how they run a cobra command tree under signals, and their log.
+// Package cli is what tether's two commands share: cmd/tether and
+// lab/cmd/tether-lab. It runs a cobra command tree under signals, and
+// makes their log.
 package cli
 
 import (
@@ -13,9 +14,9 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Main runs root with a context that ends on SIGINT or SIGTERM, prints an
-// error as "name: error" on standard error and exits 1 on it. The first
-// signal starts a graceful stop; a second one, back on the default
+// Main runs root with a context that ends on SIGINT or SIGTERM. It prints
+// an error as "name: error" on standard error and exits 1 on it. The first
+// signal starts a graceful stop. A second one, back on the default
 // handler, ends the process at once.
 func Main(name string, root *cobra.Command) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -28,8 +29,8 @@ func Main(name string, root *cobra.Command) {
 	}
 }
 
-// NewLogger writes JSON lines to stderr at level ("debug", "info", …;
-// info when level does not parse).
+// NewLogger writes JSON lines to stderr at level: "debug", "info" and so
+// on. A level that does not parse means info.
 func NewLogger(level string) zerolog.Logger {
 	lvl, err := zerolog.ParseLevel(level)
 	if err != nil {

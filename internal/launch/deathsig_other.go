@@ -4,6 +4,6 @@ package launch
 
 import "os/exec"
 
-// setDeathSignal has no portable equivalent outside Linux; Stop still
+// setDeathSignal has no portable equivalent outside Linux. Stop still
 // ends the child on every ordinary exit.
 func setDeathSignal(*exec.Cmd) {}

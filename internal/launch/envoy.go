@@ -25,9 +25,9 @@ type EnvoyOptions struct {
 	// writes its admin address to (admin.addr).
 	Dir string
 	// Bootstrap is the bootstrap configuration as YAML. Its admin and
-	// listener addresses should take port 0: StartEnvoy learns the admin
-	// address from --admin-address-path and WaitServing the listener's from
-	// the admin API.
+	// listener addresses should take port 0. StartEnvoy learns the admin
+	// address from --admin-address-path. WaitServing learns the listener's
+	// from the admin API.
 	Bootstrap   []byte
 	Concurrency int             // worker threads; 0 means 1
 	LogLevel    string          // Envoy's --log-level; "" means warn
@@ -44,13 +44,13 @@ type Envoy struct {
 // URL is the listener as http://host:port (after WaitServing).
 func (e *Envoy) URL() string { return "http://" + e.Listener }
 
-// adminClient calls Envoy's admin API; a hung call fails one poll, not the
+// adminClient calls Envoy's admin API. A hung call fails one poll, not the
 // wait.
 var adminClient = &http.Client{Timeout: 2 * time.Second}
 
-// StartEnvoy writes o.Bootstrap to o.Dir, starts Envoy on it (hot restart
-// off) and waits, bounded by ctx, until Envoy has written its admin
-// address and the admin API there proves it is this Envoy: its
+// StartEnvoy writes o.Bootstrap to o.Dir and starts Envoy on it, with hot
+// restart off. It waits, bounded by ctx, until Envoy has written its admin
+// address. The admin API there must prove it is this Envoy: its
 // /server_info names the bootstrap file of o.Dir. Use WaitServing to wait
 // for the listener.
 func StartEnvoy(ctx context.Context, o EnvoyOptions) (*Envoy, error) {
@@ -111,9 +111,10 @@ func proveEnvoy(ctx context.Context, admin, cfgPath string) error {
 }
 
 // WaitServing waits, bounded by ctx, until Envoy's admin API says ready
-// (its initial configuration is in) and its one listener is bound, and
-// records the listener's address. That address is the one this Envoy
-// bound: its own admin API, proven by StartEnvoy, reports it.
+// and its one listener is bound. Ready means its initial configuration is
+// in. WaitServing records the listener's address. That address is the one
+// this Envoy bound, since its own admin API reports it. StartEnvoy proved
+// that API is this Envoy's.
 func (e *Envoy) WaitServing(ctx context.Context) error {
 	return e.Poll(ctx, "its listener", func(ctx context.Context) error {
 		if _, err := getAdmin(ctx, e.Admin, "/ready"); err != nil {
@@ -148,7 +149,7 @@ func (e *Envoy) WaitServing(ctx context.Context) error {
 	})
 }
 
-// getAdmin calls the admin API at admin (http://host:port) on path and
+// getAdmin calls the admin API at admin, http://host:port, on path. It
 // returns the body of its 200 answer.
 func getAdmin(ctx context.Context, admin, path string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, admin+path, nil)

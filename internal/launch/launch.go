@@ -1,17 +1,22 @@
-// Package launch starts the servers that the tests and the lab run against:
-// Envoy (StartEnvoy), redis-server (StartRedis), `tether serve`
-// (StartTether) and any other program (Start; StartProven for a server
-// that proves who it is; StartReady for one that logs a ready line). Every
-// process keeps its output for error reports, dies with its parent on
-// Linux, is stopped with SIGTERM and then SIGKILL within a bound, and is
-// waited for by polling with a deadline, never by a fixed sleep.
+// Package launch starts the servers that the tests and the lab run
+// against:
+//   - Envoy, with StartEnvoy;
+//   - redis-server, with StartRedis;
+//   - `tether serve`, with StartTether;
+//   - any other program, with Start. StartProven starts a server that
+//     proves who it is. StartReady starts one that logs a ready line.
+//
+// Every process keeps its output for error reports. It dies with its
+// parent on Linux. It is stopped with SIGTERM and then SIGKILL within a
+// bound. It is waited for by polling with a deadline, never by a fixed
+// sleep.
 //
 // A server counts as started only once it proves it is the process
-// started: an answer on its address may come from another process that
+// started. An answer on its address may come from another process that
 // holds the address, while the one started fails to bind it and exits.
 //
-// It never skips or fails a test: internal/testenv wraps it for tests;
-// lab/bench uses it directly.
+// The package never skips or fails a test. internal/testenv wraps it for
+// tests. lab/bench uses it directly.
 package launch
 
 import (
@@ -38,9 +43,9 @@ const outputTail = 4000
 // draw another.
 var ErrPortTaken = errors.New("port taken by another process")
 
-// addrInUse is how servers say a bind failed: redis-server, PostgreSQL and
-// Envoy write "Address already in use", Go programs "address already in
-// use".
+// addrInUse is how servers say a bind failed. redis-server, PostgreSQL and
+// Envoy write "Address already in use". Go programs write "address already
+// in use".
 const addrInUse = "address already in use"
 
 // Proc is a started child process.
@@ -51,10 +56,10 @@ type Proc struct {
 	done chan struct{} // closed once the process has exited and its output is copied
 }
 
-// Start starts cmd under name (for messages). What it writes to standard
-// output and standard error goes to log (a new buffer when nil), unless cmd
-// already sends a stream elsewhere. A goroutine waits for the exit, which
-// Done reports.
+// Start starts cmd under name, which messages use. What cmd writes to
+// standard output and standard error goes to log, unless cmd already sends
+// a stream elsewhere. A nil log means a new buffer. A goroutine waits for
+// the exit, which Done reports.
 func Start(name string, cmd *exec.Cmd, log *syncbuf.Buffer) (*Proc, error) {
 	if log == nil {
 		log = &syncbuf.Buffer{}
@@ -102,8 +107,8 @@ func (p *Proc) Exited() bool {
 	}
 }
 
-// ExitCode is the exit status of an exited process; -1 while it runs or
-// when a signal ended it.
+// ExitCode is the exit status of an exited process. It is -1 while the
+// process runs, or when a signal ended it.
 func (p *Proc) ExitCode() int {
 	if !p.Exited() {
 		return -1
@@ -116,8 +121,8 @@ func (p *Proc) ExitCode() int {
 // does nothing.
 func (p *Proc) Stop(d time.Duration) (killed bool) { return p.StopWith(syscall.SIGTERM, d) }
 
-// StopWith is Stop with another signal than SIGTERM (PostgreSQL's fast
-// shutdown is SIGINT).
+// StopWith is Stop with another signal than SIGTERM. PostgreSQL's fast
+// shutdown, for one, is SIGINT.
 func (p *Proc) StopWith(sig os.Signal, d time.Duration) (killed bool) {
 	if p.Exited() {
 		return false
@@ -142,8 +147,9 @@ func (p *Proc) Kill() {
 }
 
 // Poll calls ready every few milliseconds until it returns nil. It fails
-// when the process exits first or ctx ends, quoting ready's last error and
-// the end of the output; ready gets ctx, to bound the calls it makes.
+// when the process exits first or ctx ends. The error quotes ready's last
+// error and the end of the output. ready gets ctx, to bound the calls it
+// makes.
 //
 // It fails at once when ready's error wraps ErrPortTaken: another process
 // answers on the address. An exit whose output says the address was in use
@@ -175,10 +181,10 @@ func (p *Proc) Poll(ctx context.Context, what string, ready func(context.Context
 
 // StartProven starts cmd as Start does and polls proof, as Poll does,
 // until the server shows it is this process. A proof asks the server
-// something only this process can answer (its process id, its data
-// directory, its config file) and returns an error wrapping ErrPortTaken
-// when another process answers. When the wait fails the process is
-// killed.
+// something only this process can answer, such as its process id, its
+// data directory or its config file. It returns an error wrapping
+// ErrPortTaken when another process answers. When the wait fails the
+// process is killed.
 func StartProven(ctx context.Context, name string, cmd *exec.Cmd, log *syncbuf.Buffer, what string, proof func(context.Context, *Proc) error) (*Proc, error) {
 	p, err := Start(name, cmd, log)
 	if err != nil {

@@ -19,11 +19,11 @@ import (
 // RedisOptions describe a redis-server on a unix socket.
 type RedisOptions struct {
 	Bin string // the redis-server binary
-	// Dir holds the socket (r.sock) and the append-only file. Keep its path
-	// short: a unix socket path is limited to about 100 bytes.
+	// Dir holds the socket, r.sock, and the append-only file. Keep its
+	// path short: a unix socket path is limited to about 100 bytes.
 	Dir string
 	// Durable keeps an append-only file, fsynced on every write, and loads
-	// it at start; otherwise persistence is off and the data set starts
+	// it at start. Otherwise persistence is off and the data set starts
 	// empty.
 	Durable bool
 	Log     *syncbuf.Buffer // where the output goes; nil means a buffer of its own
@@ -41,7 +41,7 @@ func (r *Redis) URL() string { return "unix://" + r.Socket }
 // RedisSocket is the socket path of a server StartRedis starts in dir.
 func RedisSocket(dir string) string { return filepath.Join(dir, "r.sock") }
 
-// StartRedis starts redis-server on a unix socket in o.Dir and waits,
+// StartRedis starts redis-server on a unix socket in o.Dir. It waits,
 // bounded by ctx, until the server on the socket proves it is the one
 // started (RedisProof). A socket left by a killed server is removed first,
 // so a restart can reuse the directory.
@@ -72,10 +72,10 @@ func StartRedis(ctx context.Context, o RedisOptions) (*Redis, error) {
 	return &Redis{Proc: p, Socket: sock}, nil
 }
 
-// RedisProof is the proof (see StartProven) of a redis-server, or a
-// sentinel, at the address o names with its credentials: the process_id
-// that INFO reports is the process's. Another id means another process
-// holds the address.
+// RedisProof is the proof of a redis-server, or a sentinel, at the address
+// o names with its credentials (see StartProven). The process_id that INFO
+// reports must be the process's. Another id means another process holds
+// the address.
 func RedisProof(o goredis.Options) func(context.Context, *Proc) error {
 	o.MaxRetries = -1 // the poll is the retry
 	o.DialerRetries = 1
@@ -83,8 +83,8 @@ func RedisProof(o goredis.Options) func(context.Context, *Proc) error {
 	o.ContextTimeoutEnabled = true
 	return func(ctx context.Context, p *Proc) error {
 		if o.Network == "unix" {
-			// No dial before the socket exists: go-redis logs every
-			// failed dial.
+			// No dial before the socket exists. go-redis logs every failed
+			// dial.
 			if _, err := os.Stat(o.Addr); err != nil {
 				return err
 			}
@@ -106,7 +106,8 @@ func RedisProof(o goredis.Options) func(context.Context, *Proc) error {
 	}
 }
 
-// infoField is the value of key in INFO's "key:value" lines ("" if none).
+// infoField is the value of key in INFO's "key:value" lines, or "" if
+// none.
 func infoField(info, key string) string {
 	for _, line := range strings.Split(info, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimRight(line, "\r"), key+":"); ok {

@@ -32,12 +32,12 @@ type Tether struct {
 }
 
 // readyMessage is the message of the log line tether writes once every
-// listener is bound; the line carries their addresses (server.Run).
+// listener is bound. The line carries their addresses (server.Run).
 const readyMessage = "tether ready"
 
 // StartTether runs `tether serve --config o.Config` and waits, bounded by
-// ctx, for its ready line (at info level: a config that logs only warnings
-// never becomes ready here).
+// ctx, for its ready line. That line is at info level. So a config that
+// logs only warnings never becomes ready here.
 func StartTether(ctx context.Context, o TetherOptions) (*Tether, error) {
 	if o.Bin == "" || o.Config == "" {
 		return nil, errors.New("start tether: TetherOptions needs Bin and Config")
@@ -52,16 +52,16 @@ func StartTether(ctx context.Context, o TetherOptions) (*Tether, error) {
 	return &Tether{Proc: p, Extproc: ev.Extproc, Admin: ev.Admin, XDS: ev.XDS}, nil
 }
 
-// StartReady starts cmd under name, as Start does, and waits, bounded by
+// StartReady starts cmd under name, as Start does. It waits, bounded by
 // ctx, for the first JSON line on its standard error whose "message" is
-// message: a server's ready line, which carries the addresses it bound.
-// That line is decoded into v (field names match the line's keys without
-// regard to case) before StartReady returns; a process that exits first,
-// or is not ready in time, is killed and its output quoted.
+// message. That is a server's ready line, which carries the addresses it
+// bound. The line is decoded into v before StartReady returns. Field names
+// match the line's keys without regard to case. A process that exits
+// first, or is not ready in time, is killed and its output quoted.
 //
 // The ready line is the proof that the addresses are this process's (see
-// StartProven): the process writes it on its own standard error once it
-// holds their listeners, which no other process can then bind.
+// StartProven). The process writes it on its own standard error once it
+// holds their listeners. No other process can then bind them.
 func StartReady(ctx context.Context, name string, cmd *exec.Cmd, log *syncbuf.Buffer, message string, v any) (*Proc, error) {
 	if log == nil {
 		log = &syncbuf.Buffer{}
@@ -100,8 +100,8 @@ func StartReady(ctx context.Context, name string, cmd *exec.Cmd, log *syncbuf.Bu
 	return p, nil
 }
 
-// lineWriter copies what is written to it to to, and calls line for each
-// complete line (without its newline). exec writes from one goroutine per
+// lineWriter copies what is written to it to to. It calls line for each
+// complete line, without its newline. exec writes from one goroutine per
 // stream, so it needs no lock of its own.
 type lineWriter struct {
 	to      *syncbuf.Buffer

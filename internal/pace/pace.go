@@ -1,12 +1,16 @@
-// Package pace sends load open loop: arrivals on a schedule (evenly
-// spaced at a rate, or at gaps the caller draws), each started on its own
-// goroutine so that a slow answer never delays the next arrival, with a
-// bound on the work in flight, and a schedule bounded in count and in time
-// that stops by itself. The tests and the lab (loadgen, bench, the chaos
-// harness) all pace their load with it.
+// Package pace sends load open loop.
+//   - Arrivals come on a schedule: evenly spaced at a rate, or at gaps the
+//     caller draws.
+//   - Each starts on its own goroutine, so a slow answer never delays the
+//     next arrival.
+//   - The work in flight is bounded.
+//   - The schedule is bounded in count and in time, and stops by itself.
+//
+// The tests and the lab all pace their load with it: loadgen, bench and
+// the chaos harness.
 //
 // An arrival's latency is best measured from its Due time, not from when
-// its work started: a sender that falls behind then shows as latency
+// its work started. A sender that falls behind then shows as latency
 // instead of hiding it.
 package pace
 
@@ -20,20 +24,20 @@ import (
 
 // Schedule says when arrivals are due.
 type Schedule struct {
-	// Rate spaces the arrivals evenly: arrival n is due at Start + n/Rate.
+	// Rate spaces the arrivals evenly. Arrival n is due at Start + n/Rate.
 	Rate float64
-	// Gap, when set, replaces Rate: it is called for the wait before each
-	// arrival, the first included (the exponential gaps of a Poisson
-	// process, say).
+	// Gap, when set, replaces Rate. It is called for the wait before each
+	// arrival, the first included. The exponential gaps of a Poisson
+	// process are one use.
 	Gap func() time.Duration
-	// Count bounds the arrivals; 0 means no bound but For.
+	// Count bounds the arrivals. 0 means no bound but For.
 	Count int
-	// For bounds the schedule in time: no arrival is due at or after
-	// Start + For. 0 means no bound but Count; one of them must be set.
+	// For bounds the schedule in time. No arrival is due at or after
+	// Start + For. 0 means no bound but Count. One of them must be set.
 	For time.Duration
-	// Start is the schedule's origin; the zero time means when Run starts.
+	// Start is the schedule's origin. The zero time means when Run starts.
 	Start time.Time
-	// MaxInFlight bounds the work running at once: an arrival due while
+	// MaxInFlight bounds the work running at once. An arrival due while
 	// MaxInFlight works run is dropped. 0 means no bound.
 	MaxInFlight int
 }
@@ -46,12 +50,12 @@ type Arrival struct {
 	Dropped bool          // MaxInFlight works were running: none is started for it
 }
 
-// Run waits for each arrival in turn and calls next(a) on its own goroutine,
-// in schedule order, so next may keep state without a lock. Unless
-// a.Dropped, the function next returns (nil: nothing) runs on a new
-// goroutine. Run stops at the schedule's bounds or when ctx ends, and
-// returns once every work it started has returned. It fails at once on a
-// schedule with no rate or no bound.
+// Run waits for each arrival in turn and calls next(a) on its own
+// goroutine, in schedule order. So next may keep state without a lock.
+// Unless a.Dropped, the function next returns runs on a new goroutine. A
+// nil function means nothing to run. Run stops at the schedule's bounds or
+// when ctx ends. It returns once every work it started has returned. It
+// fails at once on a schedule with no rate or no bound.
 func (s Schedule) Run(ctx context.Context, next func(Arrival) func()) error {
 	switch {
 	case s.Gap == nil && (!(s.Rate > 0) || math.IsInf(s.Rate, 0)):

@@ -1,8 +1,8 @@
-// Package progress draws the progress bars of tether's and tether-lab's long
-// commands (sessions migrate, loadgen, simulate, bench soak): one look
-// (schollz/progressbar, 30 columns, the description after the bar, the
-// elapsed time), on standard error and only when it is a terminal
-// (Terminal).
+// Package progress draws the progress bars of tether's and tether-lab's
+// long commands: sessions migrate, loadgen, simulate and bench soak. All
+// share one look: schollz/progressbar, 30 columns, the description after
+// the bar, and the elapsed time. Bars go on standard error, and only when
+// it is a terminal (Terminal).
 package progress
 
 import (
@@ -14,7 +14,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 )
 
-// Terminal is w when w is a terminal, else nil: a bar is drawn only there,
+// Terminal is w when w is a terminal, else nil. A bar is drawn only there,
 // never into a log file or a pipe.
 func Terminal(w io.Writer) io.Writer {
 	f, ok := w.(*os.File)
@@ -47,7 +47,7 @@ type Bar struct {
 	read       func() (int64, string)
 }
 
-// New draws a bar on w; it returns nil (no bar) when w is nil.
+// New draws a bar on w. It returns nil, no bar, when w is nil.
 func New(w io.Writer, o Options) *Bar {
 	if w == nil {
 		return nil
@@ -67,10 +67,10 @@ func New(w io.Writer, o Options) *Bar {
 	return &Bar{w: w, bar: progressbar.NewOptions64(max(o.Total, 1), opts...)}
 }
 
-// Poll is New, redrawn every interval from read (the value, the
-// description) on a goroutine of its own until Finish. The bar stops one
-// short of full until Finish: work measured in time (a run's duration) may
-// still have requests to drain when the time is up.
+// Poll is New, redrawn every interval from read on a goroutine of its own
+// until Finish. read gives the value and the description. The bar stops
+// one short of full until Finish. Work measured in time, such as a run's
+// duration, may still have requests to drain when the time is up.
 func Poll(w io.Writer, o Options, every time.Duration, read func() (int64, string)) *Bar {
 	b := New(w, o)
 	if b == nil {
@@ -115,8 +115,8 @@ func (b *Bar) Total() int64 {
 	return b.bar.GetMax64()
 }
 
-// SetTotal changes what a full bar stands for (the first total may have been
-// an estimate, or the work may grow).
+// SetTotal changes what a full bar stands for. The first total may have
+// been an estimate, or the work may grow.
 func (b *Bar) SetTotal(n int64) {
 	if b != nil {
 		b.bar.ChangeMax64(max(n, 1))
@@ -136,8 +136,8 @@ func (b *Bar) Finish() {
 	fmt.Fprintln(b.w)
 }
 
-// End leaves the bar where it stands (the work stopped short) and ends its
-// line.
+// End leaves the bar where it stands and ends its line. It is for work
+// that stopped short.
 func (b *Bar) End() {
 	if b == nil {
 		return
@@ -147,7 +147,7 @@ func (b *Bar) End() {
 	fmt.Fprintln(b.w)
 }
 
-// stopPolling ends a Poll bar's goroutine; false for a New bar.
+// stopPolling ends a Poll bar's goroutine. It returns false for a New bar.
 func (b *Bar) stopPolling() bool {
 	if b.quit == nil {
 		return false

@@ -1,6 +1,6 @@
 // Package promtext reads the Prometheus text format, as tether's /metrics
-// serves it, for the tests and the lab: one parser (prometheus/common's
-// expfmt) and the few questions they ask of it.
+// serves it, for the tests and the lab. It holds one parser,
+// prometheus/common's expfmt, and the few questions they ask of it.
 package promtext
 
 import (
@@ -17,9 +17,9 @@ import (
 // Metrics are the metric families of one scrape, by name.
 type Metrics map[string]*dto.MetricFamily
 
-// Parse reads the text format. Names are validated as UTF-8, what
-// client_golang accepts; a TextParser must be made with a scheme (its zero
-// value has none).
+// Parse reads the text format. Names are validated as UTF-8, which is
+// what client_golang accepts. A TextParser must be made with a scheme,
+// since its zero value has none.
 func Parse(r io.Reader) (Metrics, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
@@ -51,7 +51,8 @@ func Get(ctx context.Context, client *http.Client, url string) (Metrics, error) 
 }
 
 // Sum is the sum of the samples of the counter or gauge name whose labels
-// include every pair of labels (nil: all of them); 0 when there is none.
+// include every pair of labels. nil labels match all samples. Sum is 0
+// when there is none.
 func (m Metrics) Sum(name string, labels map[string]string) float64 {
 	sum := 0.0
 	for _, s := range m[name].GetMetric() {
@@ -62,8 +63,8 @@ func (m Metrics) Sum(name string, labels map[string]string) float64 {
 	return sum
 }
 
-// SumBy sums the samples of name by the value of their label label ("" for
-// the samples without it).
+// SumBy sums the samples of name by the value of their label label. The
+// samples without it sum under "".
 func (m Metrics) SumBy(name, label string) map[string]float64 {
 	out := map[string]float64{}
 	for _, s := range m[name].GetMetric() {
@@ -99,7 +100,7 @@ func hasLabels(s *dto.Metric, want map[string]string) bool {
 	return n == len(want)
 }
 
-// value is a counter's, gauge's or untyped sample's value; histograms and
+// value is a counter's, gauge's or untyped sample's value. Histograms and
 // summaries have none.
 func value(s *dto.Metric) float64 {
 	switch {

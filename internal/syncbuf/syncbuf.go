@@ -1,6 +1,6 @@
-// Package syncbuf is a bytes.Buffer safe for concurrent writers: the output
-// of a child process, whose stdout and stderr exec copies on separate
-// goroutines, read while the process still runs.
+// Package syncbuf is a bytes.Buffer safe for concurrent writers. It holds
+// the output of a child process, read while the process still runs. exec
+// copies the child's stdout and stderr on separate goroutines.
 package syncbuf
 
 import (

@@ -20,27 +20,27 @@ import (
 
 const (
 	clusterMasters = 3
-	// clusterTimeout bounds forming the cluster (create, then every node
-	// reporting cluster_state:ok).
+	// clusterTimeout bounds forming the cluster: the create, then every
+	// node reporting cluster_state:ok.
 	clusterTimeout = 20 * time.Second
 )
 
-// Cluster is a Redis Cluster of three masters (no replicas) on loopback TCP
-// ports, private to one test.
+// Cluster is a Redis Cluster of three masters, with no replicas, on
+// loopback TCP ports. It is private to one test.
 type Cluster struct {
 	addrs  []string
 	client *goredis.ClusterClient
 }
 
-// RedisCluster starts three redis-server processes with cluster mode on,
-// joins them with `redis-cli --cluster create`, waits until every node
-// reports cluster_state:ok and stops them when the test ends. It skips or
-// fails the test (see Require) when redis-server or redis-cli
-// ($REDIS_CLI_BIN, else from PATH) is missing.
+// RedisCluster starts three redis-server processes with cluster mode on.
+// It joins them with `redis-cli --cluster create` and waits until every
+// node reports cluster_state:ok. It stops them when the test ends. It
+// skips or fails the test (see Require) when redis-server or redis-cli is
+// missing. redis-cli is $REDIS_CLI_BIN, else taken from PATH.
 //
-// Cluster mode needs TCP ports, which redis-server cannot take from a
-// listener we pass it: each node draws a random port and, if the port is
-// taken, draws again (startOnFreePort).
+// Cluster mode needs TCP ports. redis-server cannot take a listener from
+// the test. So each node draws a random port, and draws again if the port
+// is taken (startOnFreePort).
 func RedisCluster(t testing.TB) *Cluster {
 	t.Helper()
 	server := redisBin(t, "redis-server", "REDIS_SERVER_BIN")
@@ -99,8 +99,8 @@ func (c *Cluster) Addrs() []string { return c.addrs }
 func (c *Cluster) Client() *goredis.ClusterClient { return c.client }
 
 // startClusterNode starts one cluster-mode redis-server in dir on a free
-// loopback port, with the given node timeout and replicas that sync at
-// once, and waits until it proves it is the one started.
+// loopback port. It has the given node timeout, and its replicas sync at
+// once. startClusterNode waits until it proves it is the one started.
 func startClusterNode(ctx context.Context, bin, dir string, nodeTimeout time.Duration) (*launch.Proc, string, error) {
 	conf := filepath.Join(dir, "nodes.conf")
 	return startOnFreePort(ctx, bin, drawClusterPort, goredis.Options{}, func(port int) ([]string, error) {
@@ -125,10 +125,11 @@ func startClusterNode(ctx context.Context, bin, dir string, nodeTimeout time.Dur
 }
 
 // startOnFreePort starts bin with the arguments args returns for a
-// loopback port from draw, and waits until the server there proves it is
-// the one started: INFO's process_id is its pid (launch.RedisProof; probe
-// gives the credentials). When another process holds the port, the server
-// exits or another answers for it: it is killed and another port drawn.
+// loopback port from draw. It waits until the server there proves it is
+// the one started: INFO's process_id must be its pid (launch.RedisProof).
+// probe gives the credentials. When another process holds the port, the
+// server exits or another answers for it. The server is then killed and
+// another port drawn.
 func startOnFreePort(ctx context.Context, bin string, draw func() (int, error), probe goredis.Options, args func(port int) ([]string, error)) (*launch.Proc, string, error) {
 	var addr string
 	p, err := onFreePort(draw, func(port int) (*launch.Proc, error) {

@@ -19,23 +19,24 @@ import (
 	"github.com/tetherproxy/tether/internal/launch"
 )
 
-// DefaultNodeTimeout is the cluster-node-timeout of RedisClusterWithReplicas
-// when its options leave it zero: short, so that a killed master is
-// replaced in two to three seconds.
+// DefaultNodeTimeout is the cluster-node-timeout of
+// RedisClusterWithReplicas when its options leave it zero. It is short, so
+// a killed master is replaced in two to three seconds.
 const DefaultNodeTimeout = time.Second
 
 // ReplicatedClusterOptions tunes RedisClusterWithReplicas.
 type ReplicatedClusterOptions struct {
-	// NodeTimeout is every node's cluster-node-timeout: how long a master
-	// may be silent before the others mark it failed and its replica takes
-	// over. Zero means DefaultNodeTimeout.
+	// NodeTimeout is every node's cluster-node-timeout. It is how long a
+	// master may be silent before the others mark it failed and its
+	// replica takes over. Zero means DefaultNodeTimeout.
 	NodeTimeout time.Duration
 }
 
 // ReplicatedCluster is a Redis Cluster of three masters with one replica
-// each, on loopback TCP ports, private to one test. Unlike Cluster, a
-// master can fail: KillMaster kills one and waits for its replica to take
-// over, Failover hands a master's slots to its replica without data loss.
+// each, on loopback TCP ports. It is private to one test. Unlike Cluster,
+// a master can fail. KillMaster kills one and waits for its replica to
+// take over. Failover hands a master's slots to its replica without data
+// loss.
 type ReplicatedCluster struct {
 	client *goredis.ClusterClient
 
@@ -48,11 +49,11 @@ type replicatedNode struct {
 	proc *launch.Proc // nil once killed
 }
 
-// RedisClusterWithReplicas starts six cluster-mode redis-server processes,
-// joins them with `redis-cli --cluster create … --cluster-replicas 1`, waits
-// until every node reports cluster_state:ok and every replica is in sync
-// with its master, and stops them when the test ends. It skips or fails the
-// test (see Require) when redis-server or redis-cli is missing.
+// RedisClusterWithReplicas starts six cluster-mode redis-server processes.
+// It joins them with `redis-cli --cluster create … --cluster-replicas 1`.
+// It waits until every node reports cluster_state:ok and every replica is
+// in sync with its master. It stops them when the test ends. It skips or
+// fails the test (see Require) when redis-server or redis-cli is missing.
 func RedisClusterWithReplicas(t testing.TB, opts ReplicatedClusterOptions) *ReplicatedCluster {
 	t.Helper()
 	if opts.NodeTimeout == 0 {
@@ -111,8 +112,8 @@ func RedisClusterWithReplicas(t testing.TB, opts ReplicatedClusterOptions) *Repl
 	return c
 }
 
-// Addrs are every node's address, masters and replicas, in start order,
-// killed nodes included: seeds for a cluster client.
+// Addrs are every node's address, masters and replicas, in start order.
+// Killed nodes are included. They serve as seeds for a cluster client.
 func (c *ReplicatedCluster) Addrs() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -123,7 +124,7 @@ func (c *ReplicatedCluster) Addrs() []string {
 	return out
 }
 
-// URL is the cluster as a tether store URL, every node a seed:
+// URL is the cluster as a tether store URL, with every node a seed:
 // "redis+cluster://first?addr=second&addr=…".
 func (c *ReplicatedCluster) URL() string {
 	a := c.Addrs()
@@ -215,13 +216,14 @@ func (c *ReplicatedCluster) Masters(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// KillMaster kills the master at addr with SIGKILL, as a crash would, and
+// KillMaster kills the master at addr with SIGKILL, as a crash would. It
 // waits until its replica has taken over its slots and every live node
-// reports cluster_state:ok, then has Client reload the slot map (go-redis
-// otherwise keeps sending a dead master's slots to it until a MOVED reply
-// or its periodic reload). It returns the promoted replica's address.
-// Writes the master acknowledged but had not yet sent to its replica are
-// lost, as in production (replication is asynchronous).
+// reports cluster_state:ok. Then it has Client reload the slot map.
+// Otherwise go-redis keeps sending a dead master's slots to it until a
+// MOVED reply or its periodic reload. KillMaster returns the promoted
+// replica's address. Writes the master acknowledged but had not yet sent
+// to its replica are lost. Replication is asynchronous, so production
+// loses them too.
 func (c *ReplicatedCluster) KillMaster(ctx context.Context, addr string) (string, error) {
 	replica, err := c.replicaOf(ctx, addr)
 	if err != nil {
@@ -250,10 +252,10 @@ func (c *ReplicatedCluster) KillMaster(ctx context.Context, addr string) (string
 	return replica, nil
 }
 
-// Failover runs CLUSTER FAILOVER on the replica of the master at addr: the
-// master stops taking writes, the replica catches up and takes over its
-// slots, so nothing is lost. It waits as KillMaster does and returns the
-// promoted replica's address; the old master becomes its replica.
+// Failover runs CLUSTER FAILOVER on the replica of the master at addr. The
+// master stops taking writes. The replica catches up and takes over its
+// slots, so nothing is lost. Failover waits as KillMaster does and returns
+// the promoted replica's address. The old master becomes its replica.
 func (c *ReplicatedCluster) Failover(ctx context.Context, addr string) (string, error) {
 	replica, err := c.replicaOf(ctx, addr)
 	if err != nil {
@@ -313,7 +315,7 @@ func (c *ReplicatedCluster) waitPromoted(ctx context.Context, replica string) er
 }
 
 // promoted says why the live nodes do not yet agree that replica is a
-// master and the cluster ok; "" when they do.
+// master and the cluster ok. It returns "" when they do.
 func (c *ReplicatedCluster) promoted(ctx context.Context, replica string) string {
 	for _, addr := range c.liveAddrs() {
 		nodes, err := c.Nodes(ctx, addr)
@@ -337,7 +339,7 @@ func (c *ReplicatedCluster) promoted(ctx context.Context, replica string) string
 }
 
 // waitReplicasInSync polls until every replica reports its link to its
-// master up, so a failover can proceed and writes reach both copies.
+// master up. Then a failover can proceed, and writes reach both copies.
 func (c *ReplicatedCluster) waitReplicasInSync(ctx context.Context) error {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()

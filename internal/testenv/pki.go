@@ -24,7 +24,7 @@ type CA struct {
 	PEM  []byte // Cert, PEM-encoded: the contents of a CA file
 }
 
-// NewCA makes a self-signed CA named name (its common name), valid from an
+// NewCA makes a self-signed CA with common name name. It is valid from an
 // hour ago for a day.
 func NewCA(t testing.TB, name string) *CA {
 	t.Helper()
@@ -46,10 +46,11 @@ func NewCA(t testing.TB, name string) *CA {
 	return &CA{Cert: c, Key: k, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
-// Issue signs a leaf (not a CA) certificate for name, its common name and a
-// DNS name, valid from notBefore to notAfter, and returns it and its PKCS #8
-// key as PEM. A server certificate also names 127.0.0.1, ::1 and localhost
-// and is for server authentication; any other is for client authentication.
+// Issue signs a leaf certificate, not a CA, for name. name is its common
+// name and a DNS name. It is valid from notBefore to notAfter. Issue
+// returns it and its PKCS #8 key as PEM. A server certificate also names
+// 127.0.0.1, ::1 and localhost, and is for server authentication. Any
+// other is for client authentication.
 func (ca *CA) Issue(t testing.TB, name string, server bool, notBefore, notAfter time.Time) (certPEM, keyPEM []byte) {
 	t.Helper()
 	k := newKey(t)
@@ -76,9 +77,9 @@ func (ca *CA) Issue(t testing.TB, name string, server bool, notBefore, notAfter 
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb})
 }
 
-// WriteFile writes data to path (mode 0600) through a temporary file and a
-// rename, so a process watching path never reads it half-written, and
-// returns path.
+// WriteFile writes data to path, mode 0600, and returns path. It writes
+// through a temporary file and a rename. So a process watching path never
+// reads it half-written.
 func WriteFile(t testing.TB, path string, data []byte) string {
 	t.Helper()
 	tmp := path + ".tmp"
@@ -107,8 +108,8 @@ func newKey(t testing.TB) *ecdsa.PrivateKey {
 	return k
 }
 
-// serial is a random certificate serial number, so two certificates from
-// one CA (a renewal, say) never share one.
+// serial is a random certificate serial number. So two certificates from
+// one CA, such as a renewal, never share one.
 func serial(t testing.TB) *big.Int {
 	t.Helper()
 	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))

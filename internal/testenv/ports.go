@@ -11,9 +11,9 @@ import (
 
 const (
 	// Cluster and sentinel ports are drawn from [clusterPortMin,
-	// clusterPortMin+clusterPorts); a cluster node's bus port is its port
-	// + 10000. Both ranges stay below Linux's ephemeral range (32768 and
-	// up), so outgoing connections do not take them.
+	// clusterPortMin+clusterPorts). A cluster node's bus port is its port
+	// + 10000. Both ranges stay below Linux's ephemeral range, 32768 and
+	// up. So outgoing connections do not take them.
 	clusterPortMin = 20000
 	clusterPorts   = 2700
 	// portAttempts bounds the ports a start draws while it finds them
@@ -26,8 +26,9 @@ const (
 func drawClusterPort() (int, error) { return clusterPortMin + rand.IntN(clusterPorts), nil }
 
 // loopbackPort returns a port that was free on 127.0.0.1 a moment ago.
-// PostgreSQL and Prometheus cannot take a listener from us, so another
-// process may bind the port before them: onFreePort then draws again.
+// PostgreSQL and Prometheus cannot take a listener from the test. So
+// another process may bind the port before them. onFreePort then draws
+// again.
 func loopbackPort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -37,11 +38,11 @@ func loopbackPort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// onFreePort calls start with ports from draw until a server starts on one
-// and proves it is the one started, at most portAttempts times. start
-// reports a port another process holds with an error wrapping
-// launch.ErrPortTaken, and has killed its server: onFreePort then draws
-// another port. Any other error ends the search.
+// onFreePort calls start with ports from draw, at most portAttempts
+// times. It stops when a server starts on one and proves it is the one
+// started. start reports a port another process holds with an error
+// wrapping launch.ErrPortTaken, after killing its server. onFreePort then
+// draws another port. Any other error ends the search.
 func onFreePort[T any](draw func() (int, error), start func(port int) (T, error)) (T, error) {
 	var zero T
 	var taken []int

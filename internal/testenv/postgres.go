@@ -22,18 +22,18 @@ import (
 )
 
 const (
-	// initdbTimeout bounds initdb: about a second on an idle machine, 4 to
-	// 6 s on a loaded one.
+	// initdbTimeout bounds initdb. It takes about a second on an idle
+	// machine, 4 to 6 s on a loaded one.
 	initdbTimeout = time.Minute
 	// postgresReadyTimeout bounds one start of the server, until it
-	// accepts a connection (well under a second when idle).
+	// accepts a connection. That is well under a second when idle.
 	postgresReadyTimeout = 15 * time.Second
-	// postgresUser is the superuser of a test server; it logs in without a
+	// postgresUser is the superuser of a test server. It logs in without a
 	// password (trust), over 127.0.0.1 or the unix socket.
 	postgresUser = "tether"
 )
 
-// noPostgresError is what makes a test skip (or fail under CI=true): the
+// noPostgresError is what makes a test skip, or fail under CI=true. The
 // binaries are not installed, or nobody but root could run them.
 type noPostgresError struct{ msg string }
 
@@ -45,21 +45,23 @@ func isNoPostgres(err error) bool {
 }
 
 // Postgres starts a PostgreSQL server private to the test and returns its
-// DSN: superuser "tether", database "postgres", 127.0.0.1 on a free
-// port, sslmode=disable. The server runs with fsync off in a temporary
-// directory that also holds its unix socket; the test's cleanup stops it
-// and removes the directory. It skips or fails the test (see Require) when
-// the binaries are missing.
+// DSN: superuser "tether", database "postgres", 127.0.0.1 on a free port,
+// sslmode=disable. The server runs with fsync off in a temporary
+// directory. That directory also holds its unix socket. The test's cleanup
+// stops the server and removes the directory. Postgres skips or fails the
+// test (see Require) when the binaries are missing.
 //
-// The binaries are those in $POSTGRES_BIN_DIR, else the directory of
-// `postgres` on PATH (symbolic links followed), else the newest
-// /usr/lib/postgresql/<major>/bin (Debian's place, off PATH; `make tools`
-// installs the package). PostgreSQL refuses to run as root: under root,
-// initdb and the server run as the "postgres" system user the Debian
-// package creates.
+// The binaries are found in this order:
+//   - $POSTGRES_BIN_DIR;
+//   - the directory of `postgres` on PATH, symbolic links followed;
+//   - the newest /usr/lib/postgresql/<major>/bin. That is Debian's place,
+//     off PATH. `make tools` installs the package.
+//
+// PostgreSQL refuses to run as root. Under root, initdb and the server
+// run as the "postgres" system user the Debian package creates.
 //
 // A test package with several PostgreSQL tests shares one server with a
-// SharedPostgres instead: initdb takes about a second.
+// SharedPostgres instead, since initdb takes about a second.
 func Postgres(t testing.TB) string {
 	t.Helper()
 	s, err := startPostgres(loopbackPort)
@@ -95,8 +97,9 @@ type SharedPostgres struct {
 }
 
 // DSN starts the server on first use and returns its DSN (see Postgres).
-// It skips or fails the test when the binaries are missing, and fails it
-// when the server did not start (every later caller fails the same way).
+// It skips or fails the test when the binaries are missing. It fails the
+// test when the server did not start. Every later caller then fails the
+// same way.
 func (p *SharedPostgres) DSN(t testing.TB) string {
 	t.Helper()
 	p.once.Do(func() { p.s, p.err = startPostgres(loopbackPort) })
@@ -125,9 +128,9 @@ type postgresServer struct {
 	proc *launch.Proc
 }
 
-// stop asks for a fast shutdown (SIGINT: clients are disconnected, unlike
-// SIGTERM's wait for them), kills the server after stopTimeout, and
-// removes its directory.
+// stop asks for a fast shutdown with SIGINT, which disconnects clients.
+// SIGTERM would wait for them. stop kills the server after stopTimeout,
+// and removes its directory.
 func (s *postgresServer) stop() {
 	s.proc.StopWith(syscall.SIGINT, stopTimeout)
 	_ = os.RemoveAll(s.dir)
@@ -144,7 +147,7 @@ func startPostgres(draw func() (int, error)) (*postgresServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Under /tmp, not t.TempDir(): the postgres user must reach it, and a
+	// Under /tmp, not t.TempDir(). The postgres user must reach it, and a
 	// unix socket path must stay under about 100 bytes.
 	base := ""
 	if cred != nil {
@@ -205,9 +208,10 @@ func startPostgresIn(bin, dir string, cred *syscall.Credential, draw func() (int
 	})
 }
 
-// postgresCommand builds a command that runs as cred (nil: as the test
-// binary's user) in dir, with the C locale (stable messages to match);
-// launch.Start adds the death signal of the test's other servers.
+// postgresCommand builds a command that runs as cred in dir. A nil cred
+// runs as the test binary's user. The command uses the C locale, so
+// messages are stable to match. launch.Start adds the death signal of the
+// test's other servers.
 func postgresCommand(ctx context.Context, cred *syscall.Credential, dir, bin string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Dir = dir
@@ -218,9 +222,10 @@ func postgresCommand(ctx context.Context, cred *syscall.Credential, dir, bin str
 	return cmd
 }
 
-// postgresProof is the proof (see launch.StartProven) of the PostgreSQL
-// server at dsn: it connects, and the server's data directory is data.
-// Another directory means another server holds the port.
+// postgresProof is the proof of the PostgreSQL server at dsn (see
+// launch.StartProven). It connects, and checks that the server's data
+// directory is data. Another directory means another server holds the
+// port.
 func postgresProof(dsn, data string) func(context.Context, *launch.Proc) error {
 	return func(ctx context.Context, _ *launch.Proc) error {
 		ctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -293,8 +298,8 @@ func compareVersions(a, b string) int {
 	return 0
 }
 
-// postgresCredential is nil unless the test runs as root: then it is the
-// "postgres" system user's, as PostgreSQL refuses to run as root.
+// postgresCredential is nil unless the test runs as root. Then it is the
+// "postgres" system user's, since PostgreSQL refuses to run as root.
 func postgresCredential() (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, nil

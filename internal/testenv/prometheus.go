@@ -24,11 +24,11 @@ type Prometheus struct {
 	p   *launch.Proc
 }
 
-// PrometheusServer starts Prometheus ($PROMETHEUS_BIN, else from PATH)
-// with config (a prometheus.yml body; rule files it names are read
-// relative to the test's working directory, so give absolute paths), and
-// stops it when the test ends. It skips or fails the test (see Require)
-// when the binary is missing.
+// PrometheusServer starts Prometheus with config, and stops it when the
+// test ends. The binary is $PROMETHEUS_BIN, else taken from PATH. config
+// is a prometheus.yml body. Rule files it names are read relative to the
+// test's working directory, so give absolute paths. PrometheusServer skips
+// or fails the test (see Require) when the binary is missing.
 func PrometheusServer(t testing.TB, config string) *Prometheus {
 	t.Helper()
 	bin := redisBin(t, "prometheus", "PROMETHEUS_BIN")
@@ -46,10 +46,10 @@ func PrometheusServer(t testing.TB, config string) *Prometheus {
 }
 
 // startPrometheus starts Prometheus on the config file cfg and the data
-// directory data, listening on a loopback port from draw, and waits until
-// it is ready and proves it is the one started (prometheusProof).
-// Prometheus cannot take a listener from us: another process may hold the
-// port, and then another is drawn.
+// directory data. It listens on a loopback port from draw.
+// startPrometheus waits until it is ready and proves it is the one started
+// (prometheusProof). Prometheus cannot take a listener from the test.
+// Another process may hold the port, and then another is drawn.
 func startPrometheus(bin, cfg, data string, draw func() (int, error)) (*Prometheus, error) {
 	return onFreePort(draw, func(port int) (*Prometheus, error) {
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
@@ -69,9 +69,9 @@ func startPrometheus(bin, cfg, data string, draw func() (int, error)) (*Promethe
 	})
 }
 
-// prometheusProof is the proof (see launch.StartProven) of the Prometheus
-// at url: it is ready, and the config file its flags name is cfg. Another
-// file means another Prometheus holds the port.
+// prometheusProof is the proof of the Prometheus at url (see
+// launch.StartProven). It must be ready, and the config file its flags
+// name must be cfg. Another file means another Prometheus holds the port.
 func prometheusProof(url, cfg string) func(context.Context, *launch.Proc) error {
 	return func(ctx context.Context, _ *launch.Proc) error {
 		if _, err := httpGet(ctx, url+"/-/ready"); err != nil {
@@ -94,8 +94,8 @@ func prometheusProof(url, cfg string) func(context.Context, *launch.Proc) error 
 	}
 }
 
-// httpGet returns the body of url's 200 answer, giving up on a call after
-// two seconds.
+// httpGet returns the body of url's 200 answer. It gives up on a call
+// after two seconds.
 func httpGet(ctx context.Context, url string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -121,9 +121,9 @@ func httpGet(ctx context.Context, url string) ([]byte, error) {
 // Logs is what Prometheus printed so far.
 func (p *Prometheus) Logs() string { return p.p.Output() }
 
-// Query evaluates an instant PromQL query and returns its samples: one
-// value per series (labels rendered by Prometheus), or a single value
-// under "" for a scalar.
+// Query evaluates an instant PromQL query and returns its samples. There
+// is one value per series, keyed by its labels as Prometheus renders
+// them. A scalar gives a single value under "".
 func (p *Prometheus) Query(ctx context.Context, q string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/api/v1/query?query="+url.QueryEscape(q), nil)
 	if err != nil {
@@ -189,9 +189,9 @@ func sampleValue(v any) (float64, error) {
 	return strconv.ParseFloat(s, 64)
 }
 
-// UnhealthyRules lists the loaded rules Prometheus reports as not healthy
-// ("name: error"); it fails the test when the rules API does not answer
-// or no rule is loaded at all.
+// UnhealthyRules lists the loaded rules Prometheus reports as not
+// healthy, as "name: error". It fails the test when the rules API does not
+// answer or no rule is loaded at all.
 func (p *Prometheus) UnhealthyRules(ctx context.Context, t testing.TB) []string {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/api/v1/rules", nil)

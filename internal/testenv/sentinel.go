@@ -22,7 +22,7 @@ import (
 const SentinelMaster = "mymaster"
 
 // Sentinel is one Redis master watched by one sentinel, both on loopback
-// TCP ports and private to one test. RedisSentinel's has no replica: it
+// TCP ports and private to one test. RedisSentinel's has no replica. It
 // tests finding the master through Sentinel, not failover.
 // RedisSentinelWithReplica's has one, which Failover promotes.
 type Sentinel struct {
@@ -33,14 +33,15 @@ type Sentinel struct {
 	master, replica string // replica is "" without one
 }
 
-// RedisSentinel starts a master (with requirepass password, unless
-// password is empty) and a sentinel monitoring it as SentinelMaster, both
-// with redis-server ($REDIS_SERVER_BIN, else from PATH; the sentinel runs
-// it with --sentinel, as Debian's redis-sentinel does), waits until the
-// sentinel names the master and stops both when the test ends. It skips or
-// fails the test (see Require) when redis-server is missing.
+// RedisSentinel starts a master and a sentinel monitoring it as
+// SentinelMaster. The master has requirepass password, unless password is
+// empty. Both run redis-server: $REDIS_SERVER_BIN, else taken from PATH.
+// The sentinel runs it with --sentinel, as Debian's redis-sentinel does.
+// RedisSentinel waits until the sentinel names the master. It stops both
+// when the test ends. It skips or fails the test (see Require) when
+// redis-server is missing.
 //
-// A sentinel reaches its master over TCP, so both take random ports as
+// A sentinel reaches its master over TCP. So both take random ports as
 // RedisCluster's nodes do, each proving it is the one started.
 func RedisSentinel(t testing.TB, password string) *Sentinel {
 	t.Helper()
@@ -48,14 +49,16 @@ func RedisSentinel(t testing.TB, password string) *Sentinel {
 }
 
 // RedisSentinelWithReplica is RedisSentinel with a replica of the master
-// too (masterauth password): it also waits until the replica is in sync
-// and the sentinel knows it as one it could promote, so Failover can run
-// at once. The sentinel's down-after-milliseconds is one second and it
-// reads its instances' INFO every 200 ms (SENTINEL DEBUG info-period), so
-// a failover takes about a second. Its hello period is Redis's default
-// (two seconds): after a failover the sentinel reconfigures the old
-// master as a replica of the new one about eight seconds later, as it
-// would in production (WaitDemoted).
+// too, with masterauth password. It also waits until the replica is in
+// sync and the sentinel knows it as one it could promote. So Failover can
+// run at once.
+//
+// The sentinel's down-after-milliseconds is one second. It reads its
+// instances' INFO every 200 ms (SENTINEL DEBUG info-period). So a failover
+// takes about a second. Its hello period is Redis's default, two seconds.
+// After a failover the sentinel reconfigures the old master as a replica
+// of the new one about eight seconds later, as it would in production
+// (WaitDemoted).
 func RedisSentinelWithReplica(t testing.TB, password string) *Sentinel {
 	t.Helper()
 	return startSentinel(t, password, true)
@@ -144,7 +147,7 @@ func sentinelNode(dir, name, password, replicaOf string) func(port int) ([]strin
 			"--repl-diskless-sync-delay", "0",
 		}
 		if password != "" {
-			// masterauth too: after a failover the old master replicates
+			// masterauth too. After a failover the old master replicates
 			// from the new one.
 			args = append(args, "--requirepass", password, "--masterauth", password)
 		}
@@ -156,9 +159,9 @@ func sentinelNode(dir, name, password, replicaOf string) func(port int) ([]strin
 	}
 }
 
-// sentinelConf writes the sentinel's config file, which it must be able
-// to rewrite, and returns its args. A sentinel with a replica to promote
-// calls its master down after one second.
+// sentinelConf writes the sentinel's config file and returns its args. The
+// sentinel must be able to rewrite the file. A sentinel with a replica to
+// promote calls its master down after one second.
 func sentinelConf(dir, password, masterPort string, withReplica bool) func(port int) ([]string, error) {
 	return func(port int) ([]string, error) {
 		conf := filepath.Join(dir, "sentinel.conf")
@@ -183,15 +186,16 @@ func sentinelConf(dir, password, masterPort string, withReplica bool) func(port 
 // Addr is the sentinel's host:port.
 func (s *Sentinel) Addr() string { return s.sentinel }
 
-// MasterAddr is the master's host:port (the replica's after Failover).
+// MasterAddr is the master's host:port. After Failover it is the
+// replica's.
 func (s *Sentinel) MasterAddr() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.master
 }
 
-// ReplicaAddr is the replica's host:port (the old master's after
-// Failover); "" from RedisSentinel, which has none.
+// ReplicaAddr is the replica's host:port. After Failover it is the old
+// master's. It is "" from RedisSentinel, which has no replica.
 func (s *Sentinel) ReplicaAddr() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -208,14 +212,15 @@ func (s *Sentinel) URL() string {
 	return "redis+sentinel://" + s.sentinel + "?" + q.Encode()
 }
 
-// Failover has the sentinel promote the replica (SENTINEL FAILOVER, as
-// for maintenance; the master is left running) and waits until the
-// sentinel names it as the master. It first waits (WAIT) until the
-// replica has every write the master took, so nothing is lost. The old
-// master is still a master when Failover returns: the sentinel
-// reconfigures it as a replica of the new one seconds later
-// (WaitDemoted). MasterAddr and ReplicaAddr swap; Failover returns the
-// new master's address.
+// Failover has the sentinel promote the replica with SENTINEL FAILOVER, as
+// for maintenance. The master is left running. Failover first waits, with
+// WAIT, until the replica has every write the master took, so nothing is
+// lost. Then it waits until the sentinel names the replica as the master.
+//
+// The old master is still a master when Failover returns. The sentinel
+// reconfigures it as a replica of the new one seconds later (WaitDemoted).
+// MasterAddr and ReplicaAddr swap. Failover returns the new master's
+// address.
 func (s *Sentinel) Failover(ctx context.Context) (string, error) {
 	s.mu.Lock()
 	old, next := s.master, s.replica
@@ -234,7 +239,7 @@ func (s *Sentinel) Failover(ctx context.Context) (string, error) {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	// NOGOODSLAVE: the sentinel has not read the replica's INFO lately
-	// enough; it will.
+	// enough. It will.
 	for {
 		err := c.Failover(ctx, SentinelMaster).Err()
 		if err == nil {
@@ -258,9 +263,9 @@ func (s *Sentinel) Failover(ctx context.Context) (string, error) {
 	return next, nil
 }
 
-// WaitDemoted waits until the replica (the old master, after Failover)
-// replicates from the master, in sync, and the sentinel knows it as a
-// replica it could promote.
+// WaitDemoted waits until the replica replicates from the master, in
+// sync. After Failover the replica is the old master. It also waits until
+// the sentinel knows it as a replica it could promote.
 func (s *Sentinel) WaitDemoted(ctx context.Context) error {
 	s.mu.Lock()
 	master, replica := s.master, s.replica
@@ -272,8 +277,8 @@ func (s *Sentinel) WaitDemoted(ctx context.Context) error {
 }
 
 // waitReplica polls until the node at replica replicates from master with
-// its link up, and the sentinel lists it as a replica of master that is
-// not down, with its link to the master up.
+// its link up. The sentinel must also list it as a replica of master that
+// is not down, with its link to the master up.
 func (s *Sentinel) waitReplica(ctx context.Context, replica, master string) error {
 	node := s.nodeClient(replica)
 	defer node.Close()
@@ -324,7 +329,7 @@ func (s *Sentinel) nodeClient(addr string) *goredis.Client {
 }
 
 // waitSentinel polls the sentinel until it names master as the master and
-// has reached it (its flags no longer say it is down or unconnected).
+// has reached it. Then its flags no longer say it is down or unconnected.
 func waitSentinel(ctx context.Context, sentinel, master string) error {
 	c := goredis.NewSentinelClient(&goredis.Options{Addr: sentinel, ContextTimeoutEnabled: true})
 	defer c.Close()

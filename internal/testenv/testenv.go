@@ -1,8 +1,12 @@
 // Package testenv starts and finds the real components tests run against:
-// redis-server (alone, in a cluster, behind a sentinel), Envoy, PostgreSQL
-// and Prometheus, each started through internal/launch. A missing component
-// skips the test on a developer machine and fails it under CI=true, so CI
-// can never go green by skipping.
+//   - redis-server: alone, in a cluster, or behind a sentinel;
+//   - Envoy;
+//   - PostgreSQL;
+//   - Prometheus.
+//
+// Each is started through internal/launch. A missing component skips the
+// test on a developer machine and fails it under CI=true. So CI can never
+// go green by skipping.
 package testenv
 
 import (
@@ -25,12 +29,13 @@ const (
 	startTimeout = 10 * time.Second
 	stopTimeout  = 10 * time.Second
 	// envoyTimeout bounds each of Envoy's waits: starting, and getting its
-	// configuration (from tether's ADS server, when it uses one).
+	// configuration. The configuration may come from tether's ADS server.
 	envoyTimeout = 30 * time.Second
 )
 
-// Require skips (or, under CI=true, fails) the test when err says a
-// component it needs is missing. A nil err means the component is there.
+// Require skips the test when err says a component it needs is missing.
+// Under CI=true it fails the test instead. A nil err means the component
+// is there.
 func Require(t testing.TB, what string, err error) {
 	t.Helper()
 	if err == nil {
@@ -45,13 +50,13 @@ func Require(t testing.TB, what string, err error) {
 
 // rootModule is the module path of the repository root's go.mod: the
 // product. The lab (lab/) and the e2e tests (e2e/) are modules of their
-// own, with go.mod files of their own below the root.
+// own, with their own go.mod files below the root.
 const rootModule = "github.com/tetherproxy/tether"
 
 // RepoRoot is the repository root: the directory whose go.mod is the
-// product's, found by walking up from the working directory (a test's
-// working directory is its package directory), past the go.mod of the
-// lab's module or the e2e tests'.
+// product's. It is found by walking up from the working directory, past
+// the go.mod of the lab's module or the e2e tests'. A test's working
+// directory is its package directory.
 func RepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
@@ -69,7 +74,8 @@ func RepoRoot() (string, error) {
 	}
 }
 
-// modulePath is the path a go.mod's module directive names ("" if none).
+// modulePath is the path a go.mod's module directive names, or "" if
+// none.
 func modulePath(gomod []byte) string {
 	for _, l := range strings.Split(string(gomod), "\n") {
 		if rest, ok := strings.CutPrefix(strings.TrimSpace(l), "module"); ok && rest != strings.TrimLeft(rest, " \t") {
@@ -101,11 +107,11 @@ func EnvoyBin(t testing.TB) string {
 	return p
 }
 
-// Envoy starts Envoy as launch.StartEnvoy does, with EnvoyBin when o.Bin
-// is empty and in a directory of the test's when o.Dir is, and stops it
-// when the test ends. It returns once Envoy's admin address is known;
-// WaitServing waits for its listener. It fails the test when Envoy does not
-// start, and skips it (see Require) when there is no Envoy.
+// Envoy starts Envoy as launch.StartEnvoy does, and stops it when the test
+// ends. An empty o.Bin means EnvoyBin. An empty o.Dir means a directory of
+// the test's. It returns once Envoy's admin address is known. WaitServing
+// waits for its listener. It fails the test when Envoy does not start, and
+// skips it (see Require) when there is no Envoy.
 func Envoy(t testing.TB, o launch.EnvoyOptions) *launch.Envoy {
 	t.Helper()
 	if o.Bin == "" {
@@ -166,14 +172,15 @@ type Redis struct {
 	durable bool          // Durable was called: restarts load the append-only file
 }
 
-// RedisServer starts redis-server ($REDIS_SERVER_BIN, else from PATH) with
-// persistence off, waits until it answers PING and stops it when the test
-// ends. It skips or fails the test (see Require) when the binary is missing.
+// RedisServer starts redis-server with persistence off. The binary is
+// $REDIS_SERVER_BIN, else taken from PATH. RedisServer waits until the
+// server answers PING, and stops it when the test ends. It skips or fails
+// the test (see Require) when the binary is missing.
 func RedisServer(t testing.TB) *Redis {
 	t.Helper()
 	bin := redisBin(t, "redis-server", "REDIS_SERVER_BIN")
 
-	// Unix socket paths are limited to about 100 bytes; t.TempDir() paths
+	// Unix socket paths are limited to about 100 bytes. t.TempDir() paths
 	// carry the test name and can exceed that.
 	dir, err := os.MkdirTemp("", "tr")
 	if err != nil {
@@ -190,8 +197,8 @@ func RedisServer(t testing.TB) *Redis {
 	r.client = goredis.NewClient(&goredis.Options{
 		Network: "unix",
 		Addr:    r.sock,
-		// Fail fast while the server is stopped (outage tests): one dial
-		// per attempt instead of five with back-off.
+		// Fail fast while the server is stopped, as in outage tests. One
+		// dial per attempt instead of five with back-off.
 		DialerRetries:         1,
 		ContextTimeoutEnabled: true,
 	})
@@ -200,7 +207,7 @@ func RedisServer(t testing.TB) *Redis {
 }
 
 // redisBin returns the binary named by the environment variable env, else
-// name from PATH, skipping or failing the test (see Require) when missing.
+// name from PATH. It skips or fails the test (see Require) when missing.
 func redisBin(t testing.TB, name, env string) string {
 	t.Helper()
 	bin := os.Getenv(env)
@@ -221,10 +228,9 @@ func (r *Redis) URL() string { return "unix://" + r.sock }
 // reconnects by itself after Stop and Start.
 func (r *Redis) Client() goredis.UniversalClient { return r.client }
 
-// Start starts the server (again, after Stop or Kill) on the same socket
-// and waits until it answers. The data set starts empty (persistence is
-// off) unless Durable was called: then it is what the append-only file
-// holds.
+// Start starts the server again on the same socket, after Stop or Kill,
+// and waits until it answers. The data set starts empty, since persistence
+// is off. If Durable was called, it is what the append-only file holds.
 func (r *Redis) Start() {
 	r.t.Helper()
 	r.mu.Lock()
@@ -239,9 +245,9 @@ func (r *Redis) Start() {
 }
 
 // Durable turns on the append-only file with an fsync per write, on the
-// running server and for its restarts, and waits until the file holds the
-// data set: from then on Kill loses nothing, as on a production Redis
-// with persistence.
+// running server and for its restarts. It waits until the file holds the
+// data set. From then on Kill loses nothing, as on a production Redis with
+// persistence.
 func (r *Redis) Durable(ctx context.Context) error {
 	r.mu.Lock()
 	r.durable = true
@@ -276,8 +282,8 @@ func (r *Redis) Kill() {
 	}
 }
 
-// Stop stops the server (SIGTERM, then SIGKILL after a deadline) and waits
-// for it to exit. Stopping a stopped server does nothing.
+// Stop stops the server with SIGTERM, then SIGKILL after a deadline. It
+// waits for the server to exit. Stopping a stopped server does nothing.
 func (r *Redis) Stop() {
 	if p := r.take(); p != nil {
 		p.Stop(stopTimeout)

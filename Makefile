@@ -75,13 +75,16 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
 # go.mod and go.sum is whole on its own: the product's lists nothing the lab
 # alone needs. deadcode (scripts/deadcode.sh) fails on a function nothing
 # calls from the two mains, unless scripts/deadcode.allow says why it stays.
+# scripts/longest.go prints the product's longest functions and fails on one
+# over 100 lines or nested deeper than 4.
 .PHONY: lint
-lint: ## gofmt, go mod tidy, golangci-lint in each module (.golangci.yml: go vet, errcheck, staticcheck, ineffassign, unused, revive, unparam, errorlint, depguard's dependency rules), deadcode
+lint: ## gofmt, go mod tidy, golangci-lint in each module (.golangci.yml: go vet, errcheck, staticcheck, ineffassign, unused, revive, unparam, errorlint, depguard's dependency rules), deadcode, function length and depth (scripts/longest.go)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@set -e; for m in $(MODULES); do echo "cd $$m && GOWORK=off $(GO) mod tidy -diff"; (cd $$m && GOWORK=off $(GO) mod tidy -diff); done
 	@scripts/tools.sh golangci-lint deadcode
 	@set -e; for m in $(MODULES); do echo "cd $$m && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./..."; (cd $$m && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...); done
 	@scripts/deadcode.sh
+	@$(GO) run scripts/longest.go -top 10
 
 # The bench measures tether against SGLang's and vLLM's routers, from PyPI
 # (scripts/tools.sh peers): only make bench installs them, never make tools.

@@ -44,15 +44,16 @@ type Envoy struct {
 	// session headers, so sessions stay together without tether),
 	// "round_robin" or "least_request".
 	PoolLB string `toml:"pool_lb"`
-	// Outcomes is how tether hears how each request ended (its status, the
-	// host that answered, what the instance reported), which feeds the
-	// instance breaker, the in-flight counts and the metrics:
-	// "access_log" (default: Envoy's gRPC access log, on one stream per
-	// Envoy worker, at the end of each request, off the request path),
-	// "observe" (a second ext_proc filter in observability mode streams
-	// the response headers as they pass, off the path, one more stream per
-	// request) or "inline" (the routing exchange also waits for the
-	// response headers: a second blocking round trip per request).
+	// Outcomes is how tether hears how each request ended: its status, the
+	// host that answered, what the instance reported. That feeds the
+	// instance breaker, the in-flight counts and the metrics.
+	//   - "access_log", the default: Envoy's gRPC access log, one stream
+	//     per Envoy worker, at the end of each request, off the path.
+	//   - "observe": a second ext_proc filter in observability mode streams
+	//     the response headers as they pass, off the path. It costs one
+	//     more stream per request.
+	//   - "inline": the routing exchange also waits for the response
+	//     headers, a second blocking round trip per request.
 	// docs/envoy.md measures the three.
 	Outcomes string `toml:"outcomes"`
 	// OutcomeFlush is how long Envoy's access log may hold entries to send
@@ -61,10 +62,10 @@ type Envoy struct {
 	OutcomeFlush Duration `toml:"outcome_flush"`
 }
 
-// OutlierSettings are Envoy's outlier detection knobs: [outlier_detection]
-// (every key set: a key the file leaves out keeps its default) and, per
-// instance, [outlier_detection.instances.NAME], whose nil fields are keys
-// left out, which follow [outlier_detection].
+// OutlierSettings are Envoy's outlier detection knobs. In
+// [outlier_detection] every key is set: a key the file leaves out keeps
+// its default. Per instance, in [outlier_detection.instances.NAME], a nil
+// field is a key left out, which follows [outlier_detection].
 type OutlierSettings struct {
 	Consecutive5xx                     *uint32   `toml:"consecutive_5xx"`
 	EnforcingConsecutive5xx            *uint32   `toml:"enforcing_consecutive_5xx"`
@@ -90,8 +91,8 @@ type OutlierDetection struct {
 	Instances map[string]OutlierSettings `toml:"instances"`
 }
 
-// CircuitBreakerSettings are Envoy's per-cluster thresholds; an instance's
-// nil fields follow [circuit_breakers] as OutlierSettings' do.
+// CircuitBreakerSettings are Envoy's per-cluster thresholds. An
+// instance's nil fields follow [circuit_breakers], as OutlierSettings' do.
 type CircuitBreakerSettings struct {
 	MaxConnections     *uint32 `toml:"max_connections"`
 	MaxPendingRequests *uint32 `toml:"max_pending_requests"`
@@ -189,6 +190,8 @@ func defaultCircuitBreakers() CircuitBreakerSettings {
 	}
 }
 
+// validateEnvoy checks [xds], [envoy], [outlier_detection] and
+// [circuit_breakers].
 func (c *Config) validateEnvoy(bad reporter) {
 	if c.XDS.Addr != "" {
 		if _, _, err := net.SplitHostPort(c.XDS.Addr); err != nil {
@@ -234,40 +237,24 @@ func (c *Config) validateEnvoy(bad reporter) {
 			bad("envoy.default_version", v, "no instance has this version")
 		}
 	}
-	checkOutlier := func(key string, o OutlierSettings) {
-		for _, p := range []struct {
-			name string
-			v    *uint32
-		}{
-			{"max_ejection_percent", o.MaxEjectionPercent}, {"enforcing_consecutive_5xx", o.EnforcingConsecutive5xx},
-			{"enforcing_consecutive_gateway_failure", o.EnforcingConsecutiveGatewayFailure},
-			{"enforcing_success_rate", o.EnforcingSuccessRate}, {"enforcing_failure_percentage", o.EnforcingFailurePercentage},
-			{"failure_percentage_threshold", o.FailurePercentageThreshold},
-		} {
-			if p.v != nil && *p.v > 100 {
-				bad(key+"."+p.name, *p.v, "a percentage: want 0 to 100")
-			}
-		}
-		for _, p := range []struct {
-			name string
-			v    *Duration
-		}{{"interval", o.Interval}, {"base_ejection_time", o.BaseEjectionTime}, {"max_ejection_time", o.MaxEjectionTime}} {
-			if p.v != nil && p.v.D <= 0 {
-				bad(key+"."+p.name, *p.v, "must be positive")
-			}
-		}
-		for _, p := range []struct {
-			name string
-			v    *uint32
-		}{{"consecutive_5xx", o.Consecutive5xx}, {"consecutive_gateway_failure", o.ConsecutiveGatewayFailure}} {
-			if p.v != nil && *p.v == 0 {
-				bad(key+"."+p.name, 0, "must be at least 1 (use the enforcing_ percentage 0 to turn it off)")
-			}
+	c.validateSectionsSet(bad)
+	names := map[string]bool{}
+	for _, in := range c.Instances {
+		names[in.Name] = true
+	}
+	c.validateOutlier(bad, names)
+	for _, name := range sortedKeys(c.CircuitBreakers.Instances) {
+		if !names[name] {
+			bad(fmt.Sprintf("circuit_breakers.instances.%s", name), name, "no such instance")
 		}
 	}
-	// The sections' keys are all set (Default sets them; a file cannot
-	// unset one): a Config built in code that clears one is refused here,
-	// not dereferenced later.
+}
+
+// validateSectionsSet refuses a key of [outlier_detection] or
+// [circuit_breakers] left unset. Default sets them all, and a file cannot
+// unset one: a Config built in code that clears one is refused here, not
+// dereferenced later.
+func (c *Config) validateSectionsSet(bad reporter) {
 	for _, sec := range []struct {
 		name string
 		v    any
@@ -280,11 +267,13 @@ func (c *Config) validateEnvoy(bad reporter) {
 			}
 		}
 	}
-	checkOutlier("outlier_detection", c.OutlierDetection.OutlierSettings)
-	names := map[string]bool{}
-	for _, in := range c.Instances {
-		names[in.Name] = true
-	}
+}
+
+// validateOutlier checks [outlier_detection] and its sections per
+// instance, which must name one of names. An instance's ejection times
+// follow the section's where it leaves them out.
+func (c *Config) validateOutlier(bad reporter, names map[string]bool) {
+	checkOutlier(bad, "outlier_detection", c.OutlierDetection.OutlierSettings)
 	for _, name := range sortedKeys(c.OutlierDetection.Instances) {
 		key := fmt.Sprintf("outlier_detection.instances.%s", name)
 		if !names[name] {
@@ -292,7 +281,7 @@ func (c *Config) validateEnvoy(bad reporter) {
 			continue
 		}
 		o := c.OutlierDetection.Instances[name]
-		checkOutlier(key, o)
+		checkOutlier(bad, key, o)
 		base, most := c.OutlierDetection.BaseEjectionTime, c.OutlierDetection.MaxEjectionTime
 		if o.BaseEjectionTime != nil {
 			base = o.BaseEjectionTime
@@ -307,9 +296,37 @@ func (c *Config) validateEnvoy(bad reporter) {
 	if o := c.OutlierDetection; o.BaseEjectionTime != nil && o.MaxEjectionTime != nil && o.MaxEjectionTime.D < o.BaseEjectionTime.D {
 		bad("outlier_detection.max_ejection_time", *o.MaxEjectionTime, "must not be below base_ejection_time "+o.BaseEjectionTime.String())
 	}
-	for _, name := range sortedKeys(c.CircuitBreakers.Instances) {
-		if !names[name] {
-			bad(fmt.Sprintf("circuit_breakers.instances.%s", name), name, "no such instance")
+}
+
+// checkOutlier checks the keys o sets, named under key.
+func checkOutlier(bad reporter, key string, o OutlierSettings) {
+	for _, p := range []struct {
+		name string
+		v    *uint32
+	}{
+		{"max_ejection_percent", o.MaxEjectionPercent}, {"enforcing_consecutive_5xx", o.EnforcingConsecutive5xx},
+		{"enforcing_consecutive_gateway_failure", o.EnforcingConsecutiveGatewayFailure},
+		{"enforcing_success_rate", o.EnforcingSuccessRate}, {"enforcing_failure_percentage", o.EnforcingFailurePercentage},
+		{"failure_percentage_threshold", o.FailurePercentageThreshold},
+	} {
+		if p.v != nil && *p.v > 100 {
+			bad(key+"."+p.name, *p.v, "a percentage: want 0 to 100")
+		}
+	}
+	for _, p := range []struct {
+		name string
+		v    *Duration
+	}{{"interval", o.Interval}, {"base_ejection_time", o.BaseEjectionTime}, {"max_ejection_time", o.MaxEjectionTime}} {
+		if p.v != nil && p.v.D <= 0 {
+			bad(key+"."+p.name, *p.v, "must be positive")
+		}
+	}
+	for _, p := range []struct {
+		name string
+		v    *uint32
+	}{{"consecutive_5xx", o.Consecutive5xx}, {"consecutive_gateway_failure", o.ConsecutiveGatewayFailure}} {
+		if p.v != nil && *p.v == 0 {
+			bad(key+"."+p.name, 0, "must be at least 1 (use the enforcing_ percentage 0 to turn it off)")
 		}
 	}
 }

@@ -22,8 +22,9 @@ type Rule struct {
 	Value  string   `toml:"value"`
 	Regex  string   `toml:"regex"`
 	Tiers  []string `toml:"tiers"` // the value of routing.tier_header is one of these
-	// Hours ("HH:MM-HH:MM", 24-hour clock; an end before the start wraps
-	// past midnight) and Days (mon … sun) in Timezone (default UTC).
+	// Hours is "HH:MM-HH:MM" on a 24-hour clock. An end before the start
+	// wraps past midnight. Days are mon … sun. Both are read in Timezone,
+	// UTC by default.
 	Hours    string   `toml:"hours"`
 	Days     []string `toml:"days"`
 	Timezone string   `toml:"timezone"`
@@ -196,52 +197,8 @@ func (c *Config) validateRules(bad reporter, versions map[string]bool, unknownVe
 				names[rule.Name] = i
 			}
 		}
-		if rule.PathPrefix != "" && !strings.HasPrefix(rule.PathPrefix, "/") {
-			bad(key+".path_prefix", rule.PathPrefix, `must start with "/"`)
-		}
-		switch {
-		case rule.Header == "":
-		case !headerName.MatchString(rule.Header):
-			bad(key+".header", rule.Header, "want a lower-case header name")
-		case rule.Header == r.ClusterHeader:
-			bad(key+".header", rule.Header, "is routing.cluster_header, which Envoy strips from client requests")
-		}
-		if rule.Value != "" && rule.Regex != "" {
-			bad(key+".regex", rule.Regex, "set value or regex, not both")
-		}
-		if rule.Header == "" {
-			if rule.Value != "" {
-				bad(key+".value", rule.Value, "needs header")
-			}
-			if rule.Regex != "" {
-				bad(key+".regex", rule.Regex, "needs header")
-			}
-		}
-		if _, err := rule.compile(); err != nil {
-			bad(key+".regex", rule.Regex, err.Error())
-		}
-		for j, t := range rule.Tiers {
-			if t == "" {
-				bad(fmt.Sprintf("%s.tiers[%d]", key, j), t, "must not be empty")
-			}
-		}
-		if rule.Hours != "" {
-			if _, _, err := parseHours(rule.Hours); err != nil {
-				bad(key+".hours", rule.Hours, err.Error())
-			}
-		}
-		for j, d := range rule.Days {
-			if _, err := parseDay(d, rule.Days[:j]); err != nil {
-				bad(fmt.Sprintf("%s.days[%d]", key, j), d, err.Error())
-			}
-		}
-		if rule.Timezone != "" {
-			if rule.Hours == "" && len(rule.Days) == 0 {
-				bad(key+".timezone", rule.Timezone, "needs hours or days")
-			} else if _, err := loadZone(rule.Timezone); err != nil {
-				bad(key+".timezone", rule.Timezone, err.Error())
-			}
-		}
+		r.validateRuleMatch(bad, key, rule)
+		validateRuleSchedule(bad, key, rule)
 		switch rule.Mode {
 		case "", ModeSticky, ModeRandom:
 		case ModeAdaptive:
@@ -261,6 +218,62 @@ func (c *Config) validateRules(bad reporter, versions map[string]bool, unknownVe
 		}
 		if rule.Version != "" && !versions[rule.Version] {
 			bad(key+".version", rule.Version, unknownVersion)
+		}
+	}
+}
+
+// validateRuleMatch checks what a rule matches: its path, its header and
+// the value or regex it wants there, and the tiers.
+func (r Routing) validateRuleMatch(bad reporter, key string, rule Rule) {
+	if rule.PathPrefix != "" && !strings.HasPrefix(rule.PathPrefix, "/") {
+		bad(key+".path_prefix", rule.PathPrefix, `must start with "/"`)
+	}
+	switch {
+	case rule.Header == "":
+	case !headerName.MatchString(rule.Header):
+		bad(key+".header", rule.Header, "want a lower-case header name")
+	case rule.Header == r.ClusterHeader:
+		bad(key+".header", rule.Header, "is routing.cluster_header, which Envoy strips from client requests")
+	}
+	if rule.Value != "" && rule.Regex != "" {
+		bad(key+".regex", rule.Regex, "set value or regex, not both")
+	}
+	if rule.Header == "" {
+		if rule.Value != "" {
+			bad(key+".value", rule.Value, "needs header")
+		}
+		if rule.Regex != "" {
+			bad(key+".regex", rule.Regex, "needs header")
+		}
+	}
+	if _, err := rule.compile(); err != nil {
+		bad(key+".regex", rule.Regex, err.Error())
+	}
+	for j, t := range rule.Tiers {
+		if t == "" {
+			bad(fmt.Sprintf("%s.tiers[%d]", key, j), t, "must not be empty")
+		}
+	}
+}
+
+// validateRuleSchedule checks when a rule applies: its hours, its days
+// and their time zone.
+func validateRuleSchedule(bad reporter, key string, rule Rule) {
+	if rule.Hours != "" {
+		if _, _, err := parseHours(rule.Hours); err != nil {
+			bad(key+".hours", rule.Hours, err.Error())
+		}
+	}
+	for j, d := range rule.Days {
+		if _, err := parseDay(d, rule.Days[:j]); err != nil {
+			bad(fmt.Sprintf("%s.days[%d]", key, j), d, err.Error())
+		}
+	}
+	if rule.Timezone != "" {
+		if rule.Hours == "" && len(rule.Days) == 0 {
+			bad(key+".timezone", rule.Timezone, "needs hours or days")
+		} else if _, err := loadZone(rule.Timezone); err != nil {
+			bad(key+".timezone", rule.Timezone, err.Error())
 		}
 	}
 }

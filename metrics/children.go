@@ -7,11 +7,11 @@ import (
 )
 
 // children caches a vector's children by their label values. The request
-// path counts into a few vectors per request, and WithLabelValues hashes
-// the values and takes the vector's lock each time; a child, once made,
-// is the same until it is deleted, which tether never does for these
-// vectors. Reads take no lock: the map is copied on write, and writes
-// (a label combination seen for the first time) are rare and bounded.
+// path counts into a few vectors per request. WithLabelValues hashes the
+// values and takes the vector's lock each time. A child, once made, stays
+// the same until it is deleted, and tether never deletes these. Reads
+// take no lock: the map is copied on write. Writes are rare and bounded:
+// one per label combination seen for the first time.
 type children[K comparable, M any] struct {
 	newChild func(K) M // the vector's WithLabelValues
 	mu       sync.Mutex

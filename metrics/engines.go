@@ -18,8 +18,8 @@ type EngineView interface {
 
 // Engines exports the instances' engine readings and counts this
 // replica's scrapes (engine.Recorder). Every replica exports every
-// instance's reading, so aggregate with max by (upstream), never sum; the
-// counters mirror the engine's own, so rate() over them is the engine's
+// instance's reading, so aggregate with max by (upstream), never sum. The
+// counters mirror the engine's own: rate() over them is the engine's
 // rate, and a restart of the engine is an ordinary counter reset.
 type Engines struct {
 	view  EngineView

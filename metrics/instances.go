@@ -3,8 +3,8 @@ package metrics
 import "github.com/prometheus/client_golang/prometheus"
 
 // FleetView is what the per-instance gauges read at each scrape. Its
-// numbers are this replica's view of the whole fleet (its own requests
-// plus the other replicas' last load reports), so every replica exports
+// numbers are this replica's view of the whole fleet: its own requests
+// plus the other replicas' last load reports. So every replica exports
 // about the same values: aggregate them with max, not sum.
 type FleetView interface {
 	// Instances names every instance of the configured fleet.

@@ -1,7 +1,7 @@
 // Package metrics holds tether's Prometheus collectors. The registry is
 // injected: nothing registers itself globally. A label naming a GPU
-// instance is called upstream: Prometheus gives every scraped series an
-// instance label of its own (the tether replica), which would rename ours.
+// instance is called upstream. Prometheus gives every scraped series an
+// instance label of its own, the tether replica, which would rename ours.
 package metrics
 
 import (
@@ -54,53 +54,66 @@ type responseLabels struct {
 
 // New creates the collectors and registers them with reg.
 func New(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
-		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_failovers_total",
-			Help: "Requests of sessions whose instance was out (breaker open), by the fallback ladder's rung: same_zone, other_zone (rebound) or random.",
-		}, []string{"stage"}),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_requests_total",
-			Help: "Routing decisions by mode (sticky, adaptive, random), decision (hit, bind, rebind, moved, migrated, drained, spilled, random, anonymous, degraded, failover, fallback, expired) and identity source.",
-		}, []string{"mode", "decision", "source"}),
-		identityRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_identity_rejected_total",
-			Help: "Requests whose identifier was present but unusable (too long, control characters, malformed bearer token); they are routed as anonymous.",
-		}, []string{"header", "reason"}),
-		decisionErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_decision_errors_total",
-			Help: "Requests tether could not place; Envoy routes them on its default route.",
-		}, []string{"reason"}),
-		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tether_store_errors_total",
-			Help: "Binding store calls that failed; the request was placed by rendezvous hashing instead.",
-		}),
-		decisionSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "tether_decision_duration_seconds",
-			Help:    "Time to decide a request's instance, store round trip included.",
-			Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3},
-		}),
-		upstreamResponses: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_upstream_responses_total",
-			Help: "Response statuses seen per instance, by status class (2xx…5xx).",
-		}, []string{"upstream", "code"}),
-		loadSyncFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tether_load_sync_failures_total",
-			Help: "Failed exchanges of load (sessions per instance, requests in flight, drained instances) with the other replicas; placement used the last view.",
-		}),
-		indexErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tether_session_index_errors_total",
-			Help: "Failed writes to the per-instance session index; the binding itself was stored, active-session counts may lag.",
-		}),
-		redisUp: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tether_redis_up",
-			Help: "1 while the binding store's breaker on Redis is closed, 0 while it is open (Redis unreachable: requests are placed by rendezvous hashing without calling it).",
-		}),
-		redisOpens: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tether_redis_breaker_opens_total",
-			Help: "Times the binding store's breaker on Redis opened after consecutive failed calls (a start without Redis included; reopenings after a failed probe are not counted).",
-		}),
-	}
+	m := &Metrics{}
+	reg.MustRegister(m.decisionCollectors()...)
+	reg.MustRegister(m.answerCollectors()...)
+	reg.MustRegister(m.storeCollectors()...)
+	m.requestsBy = newChildren(func(l requestLabels) prometheus.Counter {
+		return m.requests.WithLabelValues(l.mode, l.kind, l.source)
+	})
+	m.responsesBy = newChildren(func(l responseLabels) prometheus.Counter {
+		return m.upstreamResponses.WithLabelValues(l.upstream, classLabel(l.class))
+	})
+	m.inferenceBy = [2]prometheus.Observer{m.inference.WithLabelValues("sticky"), m.inference.WithLabelValues("random")}
+	m.followupsBy = [2]prometheus.Counter{m.followups.WithLabelValues("broken"), m.followups.WithLabelValues("kept")}
+	return m
+}
+
+// decisionCollectors are how each request was placed, and how long
+// deciding took.
+func (m *Metrics) decisionCollectors() []prometheus.Collector {
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_requests_total",
+		Help: "Routing decisions by mode (sticky, adaptive, random), decision (hit, bind, rebind, moved, migrated, drained, spilled, random, anonymous, degraded, failover, fallback, expired) and identity source.",
+	}, []string{"mode", "decision", "source"})
+	m.failovers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_failovers_total",
+		Help: "Requests of sessions whose instance was out (breaker open), by the fallback ladder's rung: same_zone, other_zone (rebound) or random.",
+	}, []string{"stage"})
+	m.identityRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_identity_rejected_total",
+		Help: "Requests whose identifier was present but unusable (too long, control characters, malformed bearer token); they are routed as anonymous.",
+	}, []string{"header", "reason"})
+	m.decisionErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_decision_errors_total",
+		Help: "Requests tether could not place; Envoy routes them on its default route.",
+	}, []string{"reason"})
+	m.decisionSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "tether_decision_duration_seconds",
+		Help:    "Time to decide a request's instance, store round trip included.",
+		Buckets: []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3},
+	})
+	m.migrations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_session_migrations_total",
+		Help: "Sessions moved to another instance at a request, by the instance they left and the reason (the decision: moved, migrated, drained, spilled, failover, rebind). Sessions moved ahead of their next request when a breaker opened are counted in tether_sessions_evacuated_total.",
+	}, []string{"upstream", "reason"})
+	m.content = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_content_decisions_total",
+		Help: "Requests whose placement was open (a new session, one placed again, an anonymous request) with cache-aware placement on, by what their body did: " +
+			"placed (by what the caches hold of the prompt against each instance's work); identity (read, but no instance holds enough of it); " +
+			"not fetched or unusable, each placed by identity: encoded (compressed), over_limit (longer than Envoy's buffer), incomplete (the stream ended first), " +
+			"not_json, not_prompt, bad_messages, short (under one block).",
+	}, []string{"result"})
+	return []prometheus.Collector{m.requests, m.failovers, m.identityRejected, m.decisionErrors, m.decisionSeconds, m.migrations, m.content}
+}
+
+// answerCollectors are how requests ended: their status, latency and
+// continuity, and what the instances reported.
+func (m *Metrics) answerCollectors() []prometheus.Collector {
+	m.upstreamResponses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_upstream_responses_total",
+		Help: "Response statuses seen per instance, by status class (2xx…5xx).",
+	}, []string{"upstream", "code"})
 	m.inference = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "tether_inference_duration_seconds",
 		Help:    "Time from a request's headers to its response headers as tether sees them (queueing and prefill: the part a KV-cache hit shortens), by route: sticky (sticky and adaptive modes) or random (random mode, anonymous callers, the random fallback rung). Envoy's own replies without an instance are left out.",
@@ -110,10 +123,6 @@ func New(reg prometheus.Registerer) *Metrics {
 		Name: "tether_followups_total",
 		Help: "Answered follow-up requests of bound sessions, by continuity: kept when the instance the session was bound to (the one holding its KV cache) answered it without error, broken otherwise (moved, failed over, retried on a peer, or a 5xx). Continuity rate = kept / all.",
 	}, []string{"continuity"})
-	m.migrations = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tether_session_migrations_total",
-		Help: "Sessions moved to another instance at a request, by the instance they left and the reason (the decision: moved, migrated, drained, spilled, failover, rebind). Sessions moved ahead of their next request when a breaker opened are counted in tether_sessions_evacuated_total.",
-	}, []string{"upstream", "reason"})
 	m.oom = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tether_instance_oom_total",
 		Help: "Out-of-memory answers per instance: status 507, or the instance's out-of-memory report header.",
@@ -132,24 +141,33 @@ func New(reg prometheus.Registerer) *Metrics {
 			"applied; undecided (no ticket: tether did not route the request); malformed; forged (not signed by this deployment); " +
 			"late (decided more than 15 min before); duplicate (applied already). Only applied ones reach the breaker and the load view.",
 	}, []string{"result"})
-	m.content = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tether_content_decisions_total",
-		Help: "Requests whose placement was open (a new session, one placed again, an anonymous request) with cache-aware placement on, by what their body did: " +
-			"placed (by what the caches hold of the prompt against each instance's work); identity (read, but no instance holds enough of it); " +
-			"not fetched or unusable, each placed by identity: encoded (compressed), over_limit (longer than Envoy's buffer), incomplete (the stream ended first), " +
-			"not_json, not_prompt, bad_messages, short (under one block).",
-	}, []string{"result"})
-	m.requestsBy = newChildren(func(l requestLabels) prometheus.Counter {
-		return m.requests.WithLabelValues(l.mode, l.kind, l.source)
+	return []prometheus.Collector{m.upstreamResponses, m.inference, m.followups, m.oom, m.gpu, m.reportErrors, m.outcomes}
+}
+
+// storeCollectors are the binding store's failures and its guard, and
+// the load sync's failures.
+func (m *Metrics) storeCollectors() []prometheus.Collector {
+	m.storeErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tether_store_errors_total",
+		Help: "Binding store calls that failed; the request was placed by rendezvous hashing instead.",
 	})
-	m.responsesBy = newChildren(func(l responseLabels) prometheus.Counter {
-		return m.upstreamResponses.WithLabelValues(l.upstream, classLabel(l.class))
+	m.loadSyncFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tether_load_sync_failures_total",
+		Help: "Failed exchanges of load (sessions per instance, requests in flight, drained instances) with the other replicas; placement used the last view.",
 	})
-	m.inferenceBy = [2]prometheus.Observer{m.inference.WithLabelValues("sticky"), m.inference.WithLabelValues("random")}
-	m.followupsBy = [2]prometheus.Counter{m.followups.WithLabelValues("broken"), m.followups.WithLabelValues("kept")}
-	reg.MustRegister(m.requests, m.failovers, m.identityRejected, m.decisionErrors, m.storeErrors, m.decisionSeconds, m.upstreamResponses,
-		m.loadSyncFailures, m.indexErrors, m.redisUp, m.redisOpens, m.inference, m.followups, m.migrations, m.oom, m.gpu, m.reportErrors, m.outcomes, m.content)
-	return m
+	m.indexErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tether_session_index_errors_total",
+		Help: "Failed writes to the per-instance session index; the binding itself was stored, active-session counts may lag.",
+	})
+	m.redisUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tether_redis_up",
+		Help: "1 while the binding store's breaker on Redis is closed, 0 while it is open (Redis unreachable: requests are placed by rendezvous hashing without calling it).",
+	})
+	m.redisOpens = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tether_redis_breaker_opens_total",
+		Help: "Times the binding store's breaker on Redis opened after consecutive failed calls (a start without Redis included; reopenings after a failed probe are not counted).",
+	})
+	return []prometheus.Collector{m.storeErrors, m.loadSyncFailures, m.indexErrors, m.redisUp, m.redisOpens}
 }
 
 // Decision records one decision.
@@ -196,8 +214,8 @@ func (m *Metrics) Reported(result string) { m.outcomes.WithLabelValues(result).I
 // did.
 func (m *Metrics) Content(result string) { m.content.WithLabelValues(result).Inc() }
 
-// Response records how a decided request was answered (r: how it ended,
-// when it had response headers).
+// Response records how a decided request was answered. r is how it
+// ended, when it had response headers.
 func (m *Metrics) Response(d affinity.Decision, r fleet.Outcome) {
 	instance := d.Instance.Name
 	m.responsesBy.of(responseLabels{instance, statusClass(r.Status)}).Inc()
@@ -256,9 +274,9 @@ func (m *Metrics) LoadSyncFailures() prometheus.Counter { return m.loadSyncFailu
 // IndexError counts a failed session index write.
 func (m *Metrics) IndexError(error) { m.indexErrors.Inc() }
 
-// RedisGuard records the state of the store's guard on Redis (the
-// metrics keep their "breaker" names): the store's OnGuard hook, which
-// reports the state at start, then each opening and closing.
+// RedisGuard records the state of the store's guard on Redis. It is the
+// store's OnGuard hook: it hears the state at start, then each opening
+// and closing. The metrics keep their "breaker" names.
 func (m *Metrics) RedisGuard(open bool) {
 	if open {
 		m.redisUp.Set(0)

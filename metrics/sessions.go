@@ -38,19 +38,24 @@ type Counts interface {
 //   - equal: still live, and ours: ask again 30 s later, then every minute.
 //
 // Rechecks are never further apart than a minute, because a binding may
-// live as little as a second (the shortest idle timeout). Still, a replica
-// that did not serve the last request only learns so when it reads the
-// higher count while the binding lives; it reads at most every 1 min 15 s
-// (the recheck plus a sweep period). So a session whose idle timeout is
-// shorter than that may be observed more than once: by every replica that
-// served it and found its binding gone. With longer idle timeouts each
-// ended session is observed once, except that these are missed: sessions
-// whose last request this replica served when it stopped or restarted, or
-// when it tracked too many sessions (tether_session_requests_untracked_total);
-// sessions whose last requests the store counted but that got no decision
-// (refused by fallback_policy "none" or strict version affinity, cancelled);
-// and a session whose key starts a new session within a minute or so of
-// the old binding expiring may be merged into the new one.
+// live as little as a second, the shortest idle timeout. Still, a replica
+// that did not serve the last request learns so only when it reads the
+// higher count while the binding lives. It reads at most every 1 min 15 s:
+// the recheck plus a sweep period. So a session whose idle timeout is
+// shorter than that may be observed more than once, by every replica that
+// served it and found its binding gone.
+//
+// With longer idle timeouts each ended session is observed once. These
+// are missed:
+//   - sessions whose last request this replica served when it stopped or
+//     restarted, or while it tracked too many sessions
+//     (tether_session_requests_untracked_total);
+//   - sessions whose last requests the store counted but that got no
+//     decision: refused by fallback_policy "none" or by strict version
+//     affinity, or cancelled.
+//
+// A session whose key starts a new session within a minute or so of the
+// old binding expiring may be merged into the new one.
 //
 // Cost: Seen is a map update under a mutex (no allocation for a session
 // already tracked). The sweep reads one count per quiet session per

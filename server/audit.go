@@ -26,27 +26,32 @@ const auditCloseTimeout = 5 * time.Second
 // over 20,000 records with sealed user ids on redis-server 7.0).
 const recordBytes = 489
 
-// startAudit builds the routing audit [audit] configures on the binding
-// store: the sink, its Writer and the Recorder extproc calls, with the
-// writer's counters registered on reg. When the audit is off it returns a
-// nil Auditor. stop flushes the buffered records (at most
-// auditCloseTimeout) and closes the sink: call it once the ext_proc
-// server has stopped, so in-flight decisions are recorded, and before the
-// store closes. Missing keys or DSN fail the start with a message that
-// names the variable; a PostgreSQL server that cannot be reached does
-// not: routing must not wait for the audit, so records fail (counted, and
-// alerted on by TetherAuditRecordsLost) until it answers.
-func startAudit(ctx context.Context, a config.Audit, maxUserID int, store *redisstore.Store, reg prometheus.Registerer, log zerolog.Logger) (auditor extproc.Auditor, stop func(), err error) {
+// auditPart is the routing audit [audit] configures: the sink, its
+// Writer and the Recorder extproc calls. When the audit is off it does
+// nothing and its recorder is nil.
+type auditPart struct {
+	recorder  extproc.Auditor
+	w         *audit.Writer
+	closeSink func() error
+	log       zerolog.Logger
+}
+
+// openAudit opens the audit on the binding store, with the writer's
+// counters registered on reg. Missing keys or DSN fail the start with a
+// message that names the variable. A PostgreSQL server that cannot be
+// reached does not: routing must not wait for the audit. Records fail
+// until it answers, counted and alerted on (TetherAuditRecordsLost).
+func openAudit(ctx context.Context, a config.Audit, maxUserID int, store *redisstore.Store, reg prometheus.Registerer, log zerolog.Logger) (*auditPart, error) {
 	if !a.Enabled {
-		return nil, func() {}, nil
+		return &auditPart{}, nil
 	}
 	sealer, err := audit.LoadSealer(sinks.Keys(a))
 	if err != nil {
-		return nil, nil, fmt.Errorf("routing audit ([audit] enabled): %w", err)
+		return nil, fmt.Errorf("routing audit ([audit] enabled): %w", err)
 	}
 	sink, closeSink, err := sinks.OpenLazy(ctx, a, store)
 	if err != nil {
-		return nil, nil, fmt.Errorf("routing audit ([audit] enabled): %w", err)
+		return nil, fmt.Errorf("routing audit ([audit] enabled): %w", err)
 	}
 	if ps, ok := sink.(*postgres.Sink); ok && !ps.Ready() {
 		log.Error().Str("table", ps.Table()).Msg("routing audit: PostgreSQL cannot be reached; tether starts anyway, " +
@@ -59,7 +64,7 @@ func startAudit(ctx context.Context, a config.Audit, maxUserID int, store *redis
 	})
 	if err != nil {
 		_ = closeSink()
-		return nil, nil, fmt.Errorf("routing audit: %w", err)
+		return nil, fmt.Errorf("routing audit: %w", err)
 	}
 	rec, err := audit.NewRecorder(w, sealer, audit.RecorderConfig{MaxUserIDBytes: maxUserID})
 	if err == nil {
@@ -68,20 +73,7 @@ func startAudit(ctx context.Context, a config.Audit, maxUserID int, store *redis
 	if err != nil {
 		_ = w.Close(context.Background())
 		_ = closeSink()
-		return nil, nil, fmt.Errorf("routing audit: %w", err)
-	}
-	stop = func() {
-		cctx, cancel := context.WithTimeout(context.Background(), auditCloseTimeout)
-		defer cancel()
-		ev := log.Info()
-		if err := w.Close(cctx); err != nil {
-			ev = log.Warn().Err(err)
-		}
-		if err := closeSink(); err != nil {
-			ev = log.Warn().Err(err)
-		}
-		ev.Uint64("written", w.Written()).Uint64("dropped", w.Dropped()).Uint64("failed", w.Failed()).
-			Msg("routing audit closed")
+		return nil, fmt.Errorf("routing audit: %w", err)
 	}
 	log.Info().Str("sink", a.Sink).Dur("retention", a.Retention.D).Float64("sample_rate", a.SampleRate).
 		Str("key_id", sealer.CurrentKeyID()).Msg("routing audit on")
@@ -92,7 +84,29 @@ func startAudit(ctx context.Context, a config.Audit, maxUserID int, store *redis
 		log.Warn().Float64("gib_per_day_at_100_rps", 100*86400*recordBytes/(1<<30)).Dur("retention", a.Retention.D).
 			Msg("routing audit stream shares the binding store's Redis; size it for the retention, or set audit.redis_url or sink = \"postgres\"")
 	}
-	return rec, stop, nil
+	return &auditPart{recorder: rec, w: w, closeSink: closeSink, log: log}, nil
+}
+
+func (*auditPart) Name() string          { return "routing audit" }
+func (*auditPart) Start(context.Context) {}
+
+// Stop flushes the buffered records until ctx ends, and closes the sink.
+// The ext_proc server stops before it, so in-flight decisions are
+// recorded; the store stops after it, for the Redis sink.
+func (p *auditPart) Stop(ctx context.Context) error {
+	if p.w == nil {
+		return nil
+	}
+	ev := p.log.Info()
+	if err := p.w.Close(ctx); err != nil {
+		ev = p.log.Warn().Err(err)
+	}
+	if err := p.closeSink(); err != nil {
+		ev = p.log.Warn().Err(err)
+	}
+	ev.Uint64("written", p.w.Written()).Uint64("dropped", p.w.Dropped()).Uint64("failed", p.w.Failed()).
+		Msg("routing audit closed")
+	return nil
 }
 
 // registerAuditMetrics exposes the writer's and the recorder's counters.

@@ -6,8 +6,9 @@ import (
 	redisstore "github.com/tetherproxy/tether/store/redis"
 )
 
-// registerHitCache exports the Redis store's hit cache counters (all zero
-// when the cache is off: a Cluster, a Sentinel, or [redis] cache = false).
+// registerHitCache exports the Redis store's hit cache counters. They
+// stay zero when the cache is off: on a Cluster, on a Sentinel, or with
+// [redis] cache = false.
 func registerHitCache(reg prometheus.Registerer, s *redisstore.Store) {
 	counter := func(name, help string, v func(redisstore.CacheStats) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},

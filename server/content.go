@@ -12,10 +12,10 @@ import (
 )
 
 // capacities keeps each instance's share of the prefix index at what its
-// KV cache holds: the capacity its engine publishes (vllm:cache_config_info,
-// sglang:max_total_num_tokens, in any replica's reading), else
-// content.cache_tokens; an instance that left the fleet has its share
-// dropped. It reads them every interval until ctx ends.
+// KV cache holds. That is the capacity its engine publishes, as any
+// replica read it: vllm:cache_config_info or sglang:max_total_num_tokens.
+// Without it, it is content.cache_tokens. An instance that left the fleet
+// has its share dropped. run applies them every interval until ctx ends.
 type capacities struct {
 	index     *prefix.Index
 	load      *affinity.Load

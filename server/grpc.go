@@ -9,27 +9,28 @@ import (
 	"github.com/tetherproxy/tether/config"
 )
 
-// The ext_proc server's transport, for what Envoy does to it: one
-// HTTP/2 connection per Envoy worker (and one for its health checks),
-// each carrying a new stream of a few small messages per HTTP request,
-// for as long as Envoy runs.
+// The ext_proc server's transport, for what Envoy does to it. Envoy opens
+// one HTTP/2 connection per worker, and one for its health checks. Each
+// carries a new stream of a few small messages per HTTP request, for as
+// long as Envoy runs.
 const (
-	// Flow control windows, fixed. A message is under a kilobyte (but a
-	// request body tether asks for, [content]), so a stream seldom comes
+	// Flow control windows, fixed. A message is under a kilobyte, except
+	// a request body tether asks for ([content]). So a stream seldom comes
 	// near 64 KB, and 1 MB per connection is room for the streams of a
-	// burst; a body goes through in a few window updates. Fixed windows also turn off gRPC's
-	// bandwidth-delay estimation, which pings the peer while data keeps
-	// arriving: on a connection that is never quiet, a ping and its
-	// acknowledgement for nothing to gain (BENCHMARKS.md).
+	// burst. A body goes through in a few window updates. Fixed windows
+	// also turn off gRPC's bandwidth-delay estimation, which pings the
+	// peer while data keeps arriving. On a connection that is never
+	// quiet, that is a ping and its acknowledgement for nothing
+	// (BENCHMARKS.md).
 	streamWindow = 64 << 10
 	connWindow   = 1 << 20
 
-	// Envoy may be set to ping its upstreams (the ext_proc cluster's
-	// connection_keepalive); gRPC's default policy closes a connection
+	// Envoy may be set to ping its upstreams: the ext_proc cluster's
+	// connection_keepalive. gRPC's default policy closes a connection
 	// that pings more often than every 5 minutes, or at all without a
-	// stream, with GOAWAY "too_many_pings". Envoy would reconnect and
-	// its requests in flight would fail: tether accepts a ping every 5 s,
-	// idle or not.
+	// stream, with GOAWAY "too_many_pings". Envoy would reconnect, and
+	// its requests in flight would fail. So tether accepts a ping every
+	// 5 s, idle or not.
 	pingMinTime = 5 * time.Second
 
 	// tether's own pings find a dead peer (an Envoy gone without a FIN)
@@ -37,9 +38,9 @@ const (
 	idlePing    = time.Minute
 	pingTimeout = 20 * time.Second
 
-	// maxMessage is the largest message tether reads: a request body of
-	// content.max_body_bytes' bound, with room for the message around it
-	// (gRPC's default is 4 MiB).
+	// maxMessage is the largest message tether reads: a request body at
+	// content.max_body_bytes' bound, with room for the message around it.
+	// gRPC's default is 4 MiB.
 	maxMessage = config.MaxContentBodyBytes + 64<<10
 )
 

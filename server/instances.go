@@ -26,8 +26,9 @@ func (v fleetView) InFlight(instance string) int { return v.load.InFlight(instan
 func (v fleetView) Queue(instance string) int    { return v.load.Queue(instance) }
 func (v fleetView) Active(instance string) int   { return v.load.Active(instance) }
 
-// Available: in the fleet (Instances lists only those), not drained, and
-// its breaker not open; a half-open instance takes its probe.
+// Available reports whether the instance takes requests: not drained, and
+// its breaker not open. A half-open instance takes its probe. Instances
+// lists only those in the fleet.
 func (v fleetView) Available(instance string) bool {
 	return !v.load.Drained(instance) && v.breaker.State(instance) != fleet.Open
 }

@@ -14,10 +14,10 @@ import (
 	"github.com/tetherproxy/tether/replicas"
 )
 
-// newPoller is the engine scraper of this replica: one replica scrapes
+// newPoller is the engine scraper of this replica. One replica scrapes
 // each shard of the fleet's engines, by lease (replicas.Shards), and
-// shares the readings through the load sync. Its failures are logged at
-// most once a round, and the same failure at most every 30 s.
+// shares the readings through the load sync. Failures are logged at most
+// once a round, and the same failure at most every 30 s.
 func newPoller(sc plan.Scrape, replica string, fl *fleet.Fleet, load *affinity.Load, leases replicas.Leases,
 	reg prometheus.Registerer, log zerolog.Logger) *engine.Poller {
 	warn := log.Sample(&zerolog.BurstSampler{Burst: 1, Period: 30 * time.Second})

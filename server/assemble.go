@@ -170,16 +170,16 @@ func newRegistry(wrap func(prometheus.Registerer) prometheus.Registerer) (*prome
 // core is the decider and what it reads, which the background loops keep
 // current.
 type core struct {
-	replica  string
-	fleet    *fleet.Fleet
-	load     *affinity.Load
-	breaker  *fleet.Breaker
-	brec     *metrics.Breaker
-	caps     *capacities
-	hasher   *prefix.Hasher
-	share    *replicas.ContentShare
-	decider  *affinity.Decider
-	known    func(instance string) bool
+	replica string
+	fleet   *fleet.Fleet
+	load    *affinity.Load
+	breaker *fleet.Breaker
+	brec    *metrics.Breaker
+	caps    *capacities
+	hasher  *prefix.Hasher
+	share   *replicas.ContentShare
+	decider *affinity.Decider
+	known   func(instance string) bool
 }
 
 // newCore builds the decider tether-lab simulate --config builds too, on

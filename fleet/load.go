@@ -45,7 +45,8 @@ type LoadReport struct {
 	Engine map[string]EngineReading
 }
 
-// LoadState is the fleet's load as all replicas see it together.
+// LoadState is the fleet's load as all replicas see it together. MergeLoad
+// merges the replicas' reports into one.
 type LoadState struct {
 	Active   map[string]int  // instance → active sessions (from the session index)
 	InFlight map[string]int  // instance → requests in flight, summed over the other live replicas
@@ -56,4 +57,70 @@ type LoadState struct {
 	Engine map[string]EngineReading
 	// Replicas is how many other replicas are live (their reports stand).
 	Replicas int
+}
+
+// MergeLoad merges the live replicas' load reports into the load that
+// replica self sees. reports may hold self's own report. Only instances
+// are merged:
+//   - Queue: the highest depth any report gives, self's included.
+//   - InFlight: the sum over the other replicas. The caller counts self's
+//     own requests apart.
+//   - Engine: the newest reading of the other replicas. Of two taken at
+//     the same time, the reading of the replica whose name sorts first
+//     wins, so the order of reports does not matter.
+//
+// Replicas counts the other replicas' reports. Active and Drained are
+// empty and no map is nil: the store fills those two itself.
+func MergeLoad(self string, instances []string, reports []LoadReport) LoadState {
+	m := merge{
+		st:   LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]EngineReading{}},
+		from: map[string]string{},
+	}
+	for _, r := range reports {
+		own := r.Replica == self
+		if !own {
+			m.st.Replicas++
+		}
+		for _, in := range instances {
+			m.add(in, r, own)
+		}
+	}
+	return m.st
+}
+
+// merge is MergeLoad's state: from names the replica whose reading
+// st.Engine holds for each instance.
+type merge struct {
+	st   LoadState
+	from map[string]string
+}
+
+// add merges what r says of instance in.
+func (m *merge) add(in string, r LoadReport, own bool) {
+	if q, ok := r.Queue[in]; ok {
+		if cur, seen := m.st.Queue[in]; !seen || q > cur {
+			m.st.Queue[in] = q
+		}
+	}
+	if own {
+		return
+	}
+	if n, ok := r.InFlight[in]; ok {
+		m.st.InFlight[in] += n
+	}
+	if e, ok := r.Engine[in]; ok && m.newer(in, e, r.Replica) {
+		m.st.Engine[in], m.from[in] = e, r.Replica
+	}
+}
+
+// newer reports whether e, from replica, beats the reading held for in.
+func (m *merge) newer(in string, e EngineReading, replica string) bool {
+	cur, seen := m.st.Engine[in]
+	switch {
+	case !seen:
+		return true
+	case e.At.Equal(cur.At):
+		return replica < m.from[in]
+	}
+	return e.At.After(cur.At)
 }

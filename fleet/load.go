@@ -4,29 +4,32 @@ import "time"
 
 // EngineReading is what an instance's serving engine (vLLM, SGLang) last
 // said on its /metrics, summed over its data-parallel engines. One replica
-// scrapes each instance and the others learn the reading through the load
-// sync; a reading older than the staleness bound is not used.
+// scrapes each instance (engine.Parse reads the exposition, engine.Tracker
+// adds the time and the rates). The others learn the reading through the
+// load sync. A reading older than the staleness bound is not used.
 type EngineReading struct {
-	// Waiting and Running are the requests queued and being served.
+	// Waiting and Running are the requests queued and being served, in
+	// whole requests.
 	Waiting, Running int
-	// KVUsage is the share of KV-cache blocks in use, 0 to 1 (the mean over
-	// data-parallel engines); KVKnown is false when the engine gave none.
+	// KVUsage is the share of KV-cache blocks in use, 0 to 1: the mean over
+	// the data-parallel engines. KVKnown is false when the engine gave none.
 	KVUsage float64
 	KVKnown bool
-	// PrefixHits and PrefixQueries are the engine's own cumulative counters
-	// of prompt tokens served from the prefix cache and looked up in it;
-	// Preemptions its cumulative preemptions. PrefixKnown is false when the
-	// engine publishes no prefix-cache counters.
+	// PrefixHits and PrefixQueries are the engine's cumulative counts of
+	// prompt tokens served from the prefix cache and looked up in it.
+	// PrefixKnown is false when the engine publishes no such counters.
 	PrefixHits, PrefixQueries float64
 	PrefixKnown               bool
-	Preemptions               float64
+	// Preemptions is the engine's cumulative count of preempted requests
+	// (SGLang: retracted); 0 when it publishes none.
+	Preemptions float64
 	// CacheTokens is the KV cache's capacity in tokens as the engine
 	// publishes it (vLLM: num_gpu_blocks × block_size from
 	// vllm:cache_config_info; SGLang: sglang:max_total_num_tokens, summed
 	// over its data-parallel ranks); 0: not published.
 	CacheTokens int
 	// HitRate, QueryRate and PreemptionRate are per second between this
-	// reading and the one before it; RatesKnown is false for the first
+	// reading and the one before it. RatesKnown is false for the first
 	// reading and after a counter went backwards (an engine restart).
 	HitRate, QueryRate, PreemptionRate float64
 	RatesKnown                         bool

@@ -350,3 +350,43 @@ func decodeReading(s string) (fleet.EngineReading, error) {
 	}
 	return e, nil
 }
+
+// touchReply is one session's part of a touchSrc reply.
+type touchReply struct {
+	same, moving bool  // the binding written back is still there; it has a move pending
+	index, links int64 // as in bindReply
+	requests     int   // the session's count, these hits included
+	lastUse      int64 // the last use Redis knew of before (ms; -1 none)
+}
+
+// parseTouchReply decodes the reply of a touch call for n sessions.
+func parseTouchReply(res []any, n int) ([]touchReply, error) {
+	bad := func() ([]touchReply, error) { return nil, fmt.Errorf("unexpected touch reply %v", res) }
+	if len(res) != 5*n {
+		return bad()
+	}
+	out := make([]touchReply, n)
+	for i := range out {
+		v := res[5*i : 5*i+5]
+		st, ok1 := v[0].(int64)
+		ie, ok2 := v[1].(string)
+		le, ok3 := v[2].(string)
+		reqs, ok4 := v[3].(int64)
+		u, ok5 := v[4].(int64)
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || st < 0 || st > 2 {
+			return bad()
+		}
+		if st == 0 {
+			continue
+		}
+		r := touchReply{same: true, moving: st == 2, requests: int(reqs), lastUse: u}
+		if r.index, ok1 = expiry(ie); !ok1 {
+			return bad()
+		}
+		if r.links, ok1 = expiry(le); !ok1 {
+			return bad()
+		}
+		out[i] = r
+	}
+	return out, nil
+}

@@ -1,69 +1,69 @@
 package redis
 
 // The hit cache: a replica serves a sticky hit from what it already knows,
-// without a round trip, and still agrees with every other replica.
-// This file holds its options and the cache itself: lookups, stores and
-// drops. cache_queue.go holds the write-back queue, cache_flush.go the
-// flush that sends it, cache_subscribe.go the invalidation subscription
-// and the Sentinel watch, cache_stats.go the counters.
+// without a round trip, and still agrees with every other replica. This
+// file holds its options and the cache itself: lookups, stores and drops.
+// cache_queue.go holds the write-back queue, cache_flush.go the flush that
+// sends it, cache_subscribe.go the invalidation subscription and the
+// Sentinel watch, cache_stats.go the counters.
 //
-// go-redis's client-side caching does not fit: it caches allow-listed plain
-// reads only, and its tracking would invalidate a binding on every write
-// back of a hit's refresh. So the store keeps its own bounded cache of
-// bindings, and every script that changes a binding (a bind or renewal, a
-// Replace: failover, rebind, a Mark: migration, drain, evacuation, a
-// Forget) publishes the binding's key on the channel <prefix>invalidate
-// inside the script, atomically with the change. Every replica subscribes
-// and drops the entry. A link written for an alias is published too: the
+// go-redis's client-side caching does not fit. It caches allow-listed
+// plain reads only, and its tracking would invalidate a binding on every
+// write back of a hit's refresh. So the store keeps its own bounded cache
+// of bindings. Every script that changes a binding publishes the binding's
+// key on the channel <prefix>invalidate, inside the script, atomically
+// with the change: a bind or renewal, a Replace (failover, rebind), a Mark
+// (migration, drain, evacuation), a Forget. Every replica subscribes and
+// drops the entry. A link written for an alias is published too: the
 // alias's own binding, if cached, must no longer be served.
 //
 // The channel is classic pub/sub, which reaches every subscriber on every
-// deployment: behind a Sentinel the subscription follows the master (on a
+// deployment. Behind a Sentinel the subscription follows the master: on a
 // failover the cache is flushed and the store subscribes to the new
-// master: watchSentinel), and on a Cluster a PUBLISH on the node that
-// holds the session reaches the subscribers of every node over the
-// cluster bus. Sharded pub/sub (Redis 7 SPUBLISH) would spare the other
-// nodes that message (17–19 µs of a 3-master Cluster's CPU a message,
-// BenchmarkClusterInvalidationBroadcast, about a tenth of a bind), but a
-// script may only publish to a shard channel its node serves, so each
-// slot would need its channel and every replica a subscription to all of
-// them, kept in step with resharding; only changes publish (binds, moves,
-// marks, forgets: not hits), so the broadcast stays.
+// master (watchSentinel). On a Cluster, a PUBLISH on the node that holds
+// the session reaches the subscribers of every node over the cluster bus.
+// Sharded pub/sub (Redis 7 SPUBLISH) would spare the other nodes that
+// message, 17–19 µs of a 3-master Cluster's CPU, about a tenth of a bind
+// (BenchmarkClusterInvalidationBroadcast). But a script may only publish
+// to a shard channel its node serves. Each slot would need its channel,
+// and every replica a subscription to all of them, kept in step with
+// resharding. Only changes publish, not hits, so the broadcast stays.
 //
 // When the subscription drops, or a PING on it is not answered within a
-// ping interval, the whole cache is flushed and nothing is served or
-// stored from it until the store has subscribed again. A lookup that
-// started before an invalidation (or a resubscription) of its shard does
-// not store its answer, so a reply older than a change never outlives the
-// change's message.
+// ping interval, the whole cache is flushed. Nothing is served or stored
+// from it until the store has subscribed again. A lookup that started
+// before an invalidation or a resubscription of its shard does not store
+// its answer, so a reply older than a change never outlives the change's
+// message.
 //
-// A cached hit queues its session's write back (its idle-timeout refresh,
-// its request count and its last use), and the hits that follow add to
-// it: a session's write back is sent once WriteBack has passed since the
-// first hit it carries (less for a session whose idle timeout is short:
-// writeBack), by the flush that runs every FlushInterval. So Redis
-// refreshes a busy session at most once per WriteBack per replica, and
-// the hits between cost it nothing. One script call writes back up to
-// touchBatch sessions (the touch script, which writes a session only if
-// its binding is still the one cached, never shortens its TTL, and finds
-// the index entry and alias links due as a hit would). Its reply
+// A cached hit queues its session's write back: its idle-timeout refresh,
+// its request count and its last use. The hits that follow add to it. The
+// flush, every FlushInterval, sends a write back once WriteBack has passed
+// since the first hit it carries; less for a session with a short idle
+// timeout (writeBack). So Redis refreshes a busy session at most once per
+// WriteBack per replica, and the hits between cost it nothing. One touch
+// script call writes back up to touchBatch sessions. It writes a session
+// only if its binding is still the one cached, never shortens its TTL,
+// and finds the index entry and alias links due as a hit would. Its reply
 // revalidates the entry as a lookup would: the entry's age (TTL), its
 // request count and its last use are Redis's again.
 //
 // What a session cannot lose: it must not expire in Redis while its hits
 // are served from a cache. A hit is served only within a refresh period
-// (Idle/4) of the session's last index write (refreshDue), which Redis
-// made at a use that refreshed its TTL too; its write back is sent at
-// most writeBack (at most Idle/4) and a flush later, so within Idle/2 and
-// a flush of the use Redis last refreshed the session for. A hit whose
+// (Idle/4) of the session's last index write (refreshDue). Redis made that
+// write at a use that refreshed the session's TTL too. The write back is
+// sent at most writeBack (at most Idle/4) and a flush later: within Idle/2
+// and a flush of the use Redis last refreshed the session for. A hit whose
 // write back cannot be queued (QueueSize sessions wait) goes to Redis.
-// What it may lose: a replica that dies takes its queue with it, so up to
-// WriteBack of a session's last hits were never written: it expires up to
-// WriteBack early, and its count lacks those hits. The last use other
-// replicas read may be WriteBack old. A cached entry is served only while
-// the session would still be alive in Redis and younger than its max
-// lifetime, and at most TTL after Redis last answered for it (a lookup,
-// or a write back).
+//
+// What it may lose: a replica that dies takes its queue with it. Up to
+// WriteBack of a session's last hits were never written, so the session
+// expires up to WriteBack early and its count lacks those hits. The last
+// use other replicas read may be WriteBack old.
+//
+// A cached entry is served only while the session would still be alive in
+// Redis and younger than its max lifetime, and at most TTL after Redis
+// last answered for it (a lookup or a write back).
 
 import (
 	"context"

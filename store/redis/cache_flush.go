@@ -33,9 +33,9 @@ func (c *hitCache) flushLoop(ctx context.Context) {
 	}
 }
 
-// flush writes back the sessions take picks (those due, or those a caller
-// is about to read, or all on close) in one pipeline; then the index
-// entries and alias links found due.
+// flush writes back, in one pipeline, the sessions take picks: those due,
+// those a caller is about to read, or all on close. Then it writes the
+// index entries and alias links found due.
 func (c *hitCache) flush(ctx context.Context, take func(now time.Time) map[string]*touch) {
 	c.flushMu.Lock()
 	defer c.flushMu.Unlock()
@@ -92,12 +92,12 @@ func (c *hitCache) flush(ctx context.Context, take func(now time.Time) map[strin
 	}
 }
 
-// written applies what Redis answered to a write back sent at sent. The
-// binding is no longer the one cached, or has a move pending: the entry
-// goes (the change's message is on its way). Otherwise Redis has just
-// answered for the binding, as a lookup would: the entry is as fresh as
-// a lookup's, with the session's count and last use as Redis keeps them
-// (other replicas' hits included) plus this replica's hits since.
+// written applies what Redis answered to a write back sent at sent. When
+// the binding is no longer the one cached, or has a move pending, the
+// entry goes: the change's message is on its way. Otherwise Redis has just
+// answered for the binding, as a lookup would. The entry is then as fresh
+// as a lookup's, with the session's count and last use as Redis keeps them
+// (other replicas' hits included), plus this replica's hits since.
 func (c *hitCache) written(t *touch, r touchReply, sent time.Time) {
 	if !r.same || r.moving {
 		c.drop(t.key)

@@ -61,17 +61,20 @@ func (c *hitCache) switched() {
 }
 
 // watchSentinel follows one sentinel's +switch-master announcements for
-// master, and has the cache resubscribe on each (switched). The
-// subscription may be on the old master, which go-redis's failover client
-// leaves open (it closes the pooled connections only), and which still
-// answers PINGs: it does not hear the new master until the sentinel has
-// made it a replica, seconds later (when the old master can be reached at
-// all), and the messages published meanwhile would be lost without a
-// flush. The new subscription goes through the failover client, which asks
-// the sentinels for the master. Each sentinel the URL names is watched,
-// so the last switch heard comes after every one of them names the new
-// master. A watch that broke asks the sentinel for the master when it is
-// back: a switch it missed resubscribes too.
+// master, and has the cache resubscribe on each (switched).
+//
+// The subscription may be on the old master. go-redis's failover client
+// leaves it open: it closes the pooled connections only. The old master
+// still answers PINGs, and hears nothing the new one publishes until the
+// sentinel has made it a replica, seconds later if it can be reached at
+// all. Without a flush, the messages published meanwhile would be lost.
+// The new subscription goes through the failover client, which asks the
+// sentinels for the master.
+//
+// Each sentinel the URL names is watched, so the last switch heard comes
+// after every one of them names the new master. A watch that broke asks
+// its sentinel for the master when it is back, so a switch it missed
+// resubscribes too.
 func (c *hitCache) watchSentinel(ctx context.Context, opts *goredis.Options, master string) {
 	sc := goredis.NewSentinelClient(opts)
 	defer func() { _ = sc.Close() }()

@@ -45,17 +45,17 @@ type forgotten struct {
 }
 
 // Forget deletes everything the store holds for the given session keys,
-// for "forget this user" (the keys come from the routing audit's records):
+// for "forget this user". The keys come from the routing audit's records.
+// It deletes:
 //
 //   - each key's binding and alias link;
 //   - when a key was an alias, the session its link led to, with that
-//     session's own link (one hop, as a request follows it);
-//   - each deleted session's entry in the index of the instance it was
-//     bound to, and the entries of every key (and linked key) in the
-//     indexes of the instances named in instances: the instances the
-//     user's decisions went to. An entry outlives its binding by up to
-//     Idle/4, and once the binding has expired the instance is known only
-//     from there.
+//     session's own link: one hop, as a request follows it;
+//   - each deleted session's entry in its instance's index;
+//   - the entries of every key and linked key in the indexes of
+//     instances, the instances the user's decisions went to. An entry
+//     outlives its binding by up to Idle/4, and once the binding has
+//     expired only the index knows the instance.
 //
 // It returns how many bindings it deleted; alias links and index entries
 // are not counted. Empty and repeated keys are skipped.

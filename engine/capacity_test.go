@@ -3,6 +3,8 @@ package engine
 import (
 	"strings"
 	"testing"
+
+	"github.com/tetherproxy/tether/fleet"
 )
 
 // cacheInfo is one series of vllm:cache_config_info in the shape vLLM writes
@@ -31,8 +33,8 @@ func sglangCap(dpRank, tpRank, v string) string {
 // The capacity is read when it can be, and is otherwise 0: never an error,
 // never a sample refused, whatever its lines say.
 func TestCacheTokens(t *testing.T) {
-	vllmLoad := Sample{Waiting: 2, Running: 4, Engines: 1}
-	sglangLoad := Sample{Waiting: 2, Running: 4, Engines: 1}
+	vllmLoad := Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4}}
+	sglangLoad := Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4}}
 	for _, tt := range []struct {
 		name string
 		kind Kind
@@ -109,7 +111,7 @@ func TestCacheTokensOfARefusedSample(t *testing.T) {
 
 // The reading carries the capacity.
 func TestTrackerCarriesCacheTokens(t *testing.T) {
-	r, err := NewTracker().Observe("a", Sample{Engines: 1, CacheTokens: 4096}, t0)
+	r, err := NewTracker().Observe("a", Sample{Engines: 1, EngineReading: fleet.EngineReading{CacheTokens: 4096}}, t0)
 	if err != nil || r.CacheTokens != 4096 {
 		t.Errorf("Observe = %+v, %v; want CacheTokens 4096", r, err)
 	}

@@ -3,6 +3,8 @@ package engine
 import (
 	"errors"
 	"fmt"
+
+	"github.com/tetherproxy/tether/fleet"
 )
 
 // Kind names the serving engine behind an instance, which says how its
@@ -19,30 +21,11 @@ const (
 // errNotScraped is what Parse and Scrape say of the generic kind.
 var errNotScraped = errors.New("engine: a generic instance has no engine metrics to read")
 
-// Sample is what one exposition says, series summed over data-parallel
-// engines.
+// Sample is what one exposition says: a reading without its time or
+// rates (At is zero, RatesKnown false), and how many engines it sums.
+// Tracker.Observe adds the time and the rates.
 type Sample struct {
-	// Waiting and Running are the requests queued and being served, summed
-	// over the engines.
-	Waiting, Running float64
-	// KVUsage is the share of the KV cache in use, 0 to 1: the mean over the
-	// engines (vLLM's label engine, SGLang's dp_rank). KVKnown is false when
-	// the exposition has no usage gauge.
-	KVUsage float64
-	KVKnown bool
-	// PrefixHits and PrefixQueries are the engine's cumulative counts of
-	// prompt tokens served from the prefix cache and looked up in it, summed
-	// over the engines; PrefixKnown is false when the engine publishes no such
-	// counters.
-	PrefixHits, PrefixQueries float64
-	PrefixKnown               bool
-	// Preemptions is the engine's cumulative count of preempted requests
-	// (SGLang: retracted), summed over the engines; 0 when it publishes none.
-	Preemptions float64
-	// CacheTokens is the KV cache's capacity in tokens as the engine
-	// publishes it (capacity.go); 0 when it publishes none, or nothing
-	// usable. It never refuses a sample.
-	CacheTokens int
+	fleet.EngineReading
 	// Engines is how many engine series the exposition held: the distinct
 	// engine (vLLM) or dp_rank (SGLang) values of the running gauge, 1 when
 	// it carries no such label.

@@ -60,12 +60,12 @@ func FuzzParse(f *testing.F) {
 		if s.CacheTokens < 0 || int64(s.CacheTokens) > maxCacheTokens {
 			t.Fatalf("accepted a capacity of %d tokens", s.CacheTokens)
 		}
-		for _, v := range []float64{s.Waiting, s.Running, s.KVUsage, s.PrefixHits, s.PrefixQueries, s.Preemptions} {
+		for _, v := range []float64{s.KVUsage, s.PrefixHits, s.PrefixQueries, s.Preemptions} {
 			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 				t.Fatalf("accepted %+v", s)
 			}
 		}
-		if s.KVUsage > 1 || (!s.KVKnown && s.KVUsage != 0) || s.Waiting > maxCount || s.Running > maxCount ||
+		if s.KVUsage > 1 || (!s.KVKnown && s.KVUsage != 0) || s.Waiting < 0 || s.Running < 0 || s.Waiting > maxCount || s.Running > maxCount ||
 			s.Engines < 1 || (!s.PrefixKnown && (s.PrefixHits != 0 || s.PrefixQueries != 0)) {
 			t.Fatalf("accepted %+v", s)
 		}

@@ -17,7 +17,8 @@ import (
 const maxCount = 1e9
 
 // Parse reads one exposition in the Prometheus text format (what vLLM and
-// SGLang serve on /metrics) and returns what it says. Every failure is an
+// SGLang serve on /metrics) and returns what it says, with the requests
+// waiting and running rounded to whole requests. Every failure is an
 // *Error: ReasonParse when r is not the text format (or fails to read),
 // ReasonMissing when the kind's queue gauges are absent, ReasonBadValue when a
 // value tether reads is NaN, infinite, negative, or a usage above 1 (the whole
@@ -120,8 +121,10 @@ func textParse(b []byte) (families, error) {
 	return p.TextToMetricFamilies(bytes.NewReader(b))
 }
 
+// sample reads the load of fams. Waiting and Running are rounded.
 func (sp *spec) sample(fams families) (Sample, error) {
 	var s Sample
+	var runs float64
 	var buf [8]engineValue // each fold's result is used up before the next one reuses buf
 
 	running, err := sp.engine.of(fams, sp.running, false, buf[:0])
@@ -131,7 +134,7 @@ func (sp *spec) sample(fams families) (Sample, error) {
 	if len(running) == 0 {
 		return Sample{}, errorf(ReasonMissing, "no %s in the exposition", sp.running)
 	}
-	s.Running, s.Engines = sum(running), len(running)
+	runs, s.Engines = sum(running), len(running)
 
 	waiting, err := sp.engine.of(fams, sp.waiting, false, buf[:0])
 	if err != nil {
@@ -140,10 +143,11 @@ func (sp *spec) sample(fams families) (Sample, error) {
 	if len(waiting) == 0 {
 		return Sample{}, errorf(ReasonMissing, "no %s in the exposition", sp.waiting)
 	}
-	s.Waiting = sum(waiting)
-	if s.Running > maxCount || s.Waiting > maxCount {
-		return Sample{}, errorf(ReasonBadValue, "%v running and %v waiting requests: more than any engine holds", s.Running, s.Waiting)
+	waits := sum(waiting)
+	if runs > maxCount || waits > maxCount {
+		return Sample{}, errorf(ReasonBadValue, "%v running and %v waiting requests: more than any engine holds", runs, waits)
 	}
+	s.Running, s.Waiting = count(runs), count(waits)
 
 	for _, name := range sp.usage {
 		usage, err := sp.engine.of(fams, name, true, buf[:0])
@@ -166,7 +170,7 @@ func (sp *spec) sample(fams families) (Sample, error) {
 	}
 	s.Preemptions = sum(pre)
 	// Finite values can add up to infinity.
-	for _, v := range [...]float64{s.Waiting, s.Running, s.PrefixHits, s.PrefixQueries, s.Preemptions} {
+	for _, v := range [...]float64{s.PrefixHits, s.PrefixQueries, s.Preemptions} {
 		if math.IsInf(v, 0) {
 			return Sample{}, errorf(ReasonBadValue, "the engines' counts add up to %v", v)
 		}
@@ -312,4 +316,15 @@ func mean(vs []engineValue) float64 {
 		return 0
 	}
 	return sum(vs) / float64(len(vs))
+}
+
+// count rounds a sum of requests, held within 0 and maxCount.
+func count(v float64) int {
+	switch {
+	case !(v > 0): // and NaN
+		return 0
+	case v > maxCount:
+		return maxCount
+	}
+	return int(math.Round(v))
 }

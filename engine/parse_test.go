@@ -3,12 +3,14 @@ package engine
 import (
 	"bytes"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/tetherproxy/tether/fleet"
 )
 
 func fixture(t testing.TB, name string) []byte {
@@ -28,38 +30,37 @@ func TestParseRecorded(t *testing.T) {
 		kind Kind
 		want Sample
 	}{
-		{"vllm-0.12-dp2.txt", VLLM, Sample{
+		{"vllm-0.12-dp2.txt", VLLM, Sample{Engines: 2, EngineReading: fleet.EngineReading{
 			// engine 0: 12 running, 3 waiting, 0.4375 used, 1048576/393216 tokens, 5 preemptions
 			// engine 1:  9 running, 0 waiting, 0.3125 used,  524288/131072 tokens, 2 preemptions
 			Waiting: 3, Running: 21, KVUsage: 0.375, KVKnown: true,
 			PrefixHits: 524288, PrefixQueries: 1572864, PrefixKnown: true,
-			Preemptions: 7, Engines: 2,
+			Preemptions: 7,
 			CacheTokens: 29127 * 16, // cache_config_info of each engine: the API server's sum over both, not added again
-		}},
-		{"vllm-0.8.txt", VLLM, Sample{
+		}}},
+		{"vllm-0.8.txt", VLLM, Sample{Engines: 1, EngineReading: fleet.EngineReading{
 			Waiting: 1, Running: 6, KVUsage: 0.625, KVKnown: true, // gpu_cache_usage_perc
 			PrefixHits: 5120, PrefixQueries: 20480, PrefixKnown: true, // gpu_prefix_cache_*
-			Preemptions: 4, Engines: 1,
+			Preemptions: 4,
 			CacheTokens: 27864 * 16, // cache_config_info without the engine label
-		}},
-		{"vllm-0.5-v0.txt", VLLM, Sample{
+		}}},
+		{"vllm-0.5-v0.txt", VLLM, Sample{Engines: 1, EngineReading: fleet.EngineReading{
 			Waiting: 17, Running: 31, KVUsage: 0.96875, KVKnown: true,
-			Preemptions: 96, Engines: 1, // no engine label, no prefix counters
+			Preemptions: 96, // no engine label, no prefix counters
 			CacheTokens: 27540 * 16,
-		}},
-		{"sglang-dp2.txt", SGLang, Sample{
+		}}},
+		{"sglang-dp2.txt", SGLang, Sample{Engines: 2, EngineReading: fleet.EngineReading{
 			// dp 0: 7 running, 2 queued, 0.5 used, 300000 computed + 700000 cached, 3 retracted
 			// dp 1: 5 running, 1 queued, 0.25 used, 200000 computed + 300000 cached, 1 retracted
 			Waiting: 3, Running: 12, KVUsage: 0.375, KVKnown: true,
 			PrefixHits: 1000000, PrefixQueries: 1500000, PrefixKnown: true, // realtime_tokens_total, not the tokenizer's
-			Preemptions: 4, Engines: 2,
+			Preemptions: 4,
 			CacheTokens: 2 * 131072, // max_total_num_tokens of each dp rank's pool, added
-		}},
-		{"sglang-old.txt", SGLang, Sample{
+		}}},
+		{"sglang-old.txt", SGLang, Sample{Engines: 1, EngineReading: fleet.EngineReading{
 			Waiting: 4, Running: 14, KVUsage: 0.875, KVKnown: true,
 			PrefixHits: 352000, PrefixQueries: 640000, PrefixKnown: true, // cached_tokens_total, prompt_tokens_total
-			Engines: 1,
-		}},
+		}}},
 	} {
 		t.Run(tt.file, func(t *testing.T) {
 			got, err := Parse(tt.kind, bytes.NewReader(fixture(t, tt.file)))
@@ -126,17 +127,17 @@ vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e+09
 vllm:num_preemptions_total{engine="0",model_name="m"} 3.0
 vllm:num_preemptions_created{engine="0",model_name="m"} 1.7e+09
 # EOF
-`, Sample{Waiting: 2, Running: 4, PrefixHits: 200, PrefixQueries: 800, PrefixKnown: true, Preemptions: 3, Engines: 1}},
+`, Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4, PrefixHits: 200, PrefixQueries: 800, PrefixKnown: true, Preemptions: 3}}},
 		{"vllm counter family without the suffix", VLLM, vllmHead + `# TYPE vllm:prefix_cache_queries counter
 vllm:prefix_cache_queries{engine="0",model_name="m"} 80
 # TYPE vllm:prefix_cache_hits counter
 vllm:prefix_cache_hits{engine="0",model_name="m"} 20
-`, Sample{Waiting: 2, Running: 4, PrefixHits: 20, PrefixQueries: 80, PrefixKnown: true, Engines: 1}},
+`, Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4, PrefixHits: 20, PrefixQueries: 80, PrefixKnown: true}}},
 		{"vllm new usage gauge wins", VLLM, vllmHead + `# TYPE vllm:gpu_cache_usage_perc gauge
 vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.9
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
-`, Sample{Waiting: 2, Running: 4, KVUsage: 0.25, KVKnown: true, Engines: 1}},
+`, Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4, KVUsage: 0.25, KVKnown: true}}},
 		{"vllm new prefix counters win", VLLM, vllmHead + `# TYPE vllm:gpu_prefix_cache_queries_total counter
 vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 9
 # TYPE vllm:gpu_prefix_cache_hits_total counter
@@ -145,8 +146,8 @@ vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 9
 vllm:prefix_cache_queries_total{engine="0",model_name="m"} 10
 # TYPE vllm:prefix_cache_hits_total counter
 vllm:prefix_cache_hits_total{engine="0",model_name="m"} 5
-`, Sample{Waiting: 2, Running: 4, PrefixHits: 5, PrefixQueries: 10, PrefixKnown: true, Engines: 1}},
-		{"vllm without usage", VLLM, vllmHead, Sample{Waiting: 2, Running: 4, Engines: 1}},
+`, Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4, PrefixHits: 5, PrefixQueries: 10, PrefixKnown: true}}},
+		{"vllm without usage", VLLM, vllmHead, Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4}}},
 		{"vllm zero engines idle", VLLM, `vllm:num_requests_running{engine="0"} 0
 vllm:num_requests_running{engine="1"} 0
 vllm:num_requests_running{engine="2"} 0
@@ -156,7 +157,7 @@ vllm:num_requests_waiting{engine="2"} 0
 vllm:kv_cache_usage_perc{engine="0"} 0
 vllm:kv_cache_usage_perc{engine="1"} 1
 vllm:kv_cache_usage_perc{engine="2"} 0.5
-`, Sample{KVUsage: 0.5, KVKnown: true, Engines: 3}}, // no TYPE lines: untyped, still read
+`, Sample{Engines: 3, EngineReading: fleet.EngineReading{KVUsage: 0.5, KVKnown: true}}}, // no TYPE lines: untyped, still read
 		{"sglang priority breakdown dropped", SGLang, `# TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{model_name="m",priority=""} 6
 sglang:num_running_reqs{model_name="m",priority="0"} 4
@@ -164,7 +165,7 @@ sglang:num_running_reqs{model_name="m",priority="1"} 2
 # TYPE sglang:num_queue_reqs gauge
 sglang:num_queue_reqs{model_name="m",priority=""} 3
 sglang:num_queue_reqs{model_name="m",priority="0"} 3
-`, Sample{Waiting: 3, Running: 6, Engines: 1}},
+`, Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 3, Running: 6}}},
 		{"sglang every scheduler reporting", SGLang, `# TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{dp_rank="0",model_name="m",tp_rank="0"} 5
 sglang:num_running_reqs{dp_rank="0",model_name="m",tp_rank="1"} 5
@@ -183,29 +184,29 @@ sglang:token_usage{dp_rank="1",model_name="m",tp_rank="3"} 0.25
 # TYPE sglang:num_retracted_requests_total counter
 sglang:num_retracted_requests_total{dp_rank="0",model_name="m",tp_rank="0"} 2
 sglang:num_retracted_requests_total{dp_rank="0",model_name="m",tp_rank="1"} 2
-`, Sample{Waiting: 1, Running: 8, KVUsage: 0.375, KVKnown: true, Preemptions: 2, Engines: 2}},
+`, Sample{Engines: 2, EngineReading: fleet.EngineReading{Waiting: 1, Running: 8, KVUsage: 0.375, KVKnown: true, Preemptions: 2}}},
 		{"sglang NaN in a family not read", SGLang, sglangHead + `# TYPE sglang:fwd_occupancy gauge
 sglang:fwd_occupancy{engine_type="unified",model_name="m",tp_rank="0"} NaN
-`, Sample{Waiting: 2, Running: 4, Engines: 1}},
+`, Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4}}},
 		{"sglang tokenizer counters by source and stream", SGLang, sglangHead + `# TYPE sglang:prompt_tokens_total counter
 sglang:prompt_tokens_total{engine_type="unified",is_streaming="false",model_name="m"} 600
 sglang:prompt_tokens_total{engine_type="unified",is_streaming="true",model_name="m"} 400
 # TYPE sglang:cached_tokens_total counter
 sglang:cached_tokens_total{cache_source="device",engine_type="unified",model_name="m"} 300
 sglang:cached_tokens_total{cache_source="host",engine_type="unified",model_name="m"} 50
-`, Sample{Waiting: 2, Running: 4, PrefixHits: 350, PrefixQueries: 1000, PrefixKnown: true, Engines: 1}},
+`, Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4, PrefixHits: 350, PrefixQueries: 1000, PrefixKnown: true}}},
 		{"sglang no cache hit yet", SGLang, sglangHead + `# HELP sglang:cached_tokens_total Number of cached prompt tokens.
 # TYPE sglang:cached_tokens_total counter
 # TYPE sglang:prompt_tokens_total counter
 sglang:prompt_tokens_total{model_name="m"} 640
-`, Sample{Waiting: 2, Running: 4, PrefixQueries: 640, PrefixKnown: true, Engines: 1}},
+`, Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4, PrefixQueries: 640, PrefixKnown: true}}},
 		{"sglang realtime compute only", SGLang, sglangHead + `# TYPE sglang:realtime_tokens_total counter
 sglang:realtime_tokens_total{mode="prefill_compute",model_name="m",tp_rank="0"} 900
 sglang:realtime_tokens_total{mode="decode",model_name="m",tp_rank="0"} 50
-`, Sample{Waiting: 2, Running: 4, PrefixQueries: 900, PrefixKnown: true, Engines: 1}},
+`, Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4, PrefixQueries: 900, PrefixKnown: true}}},
 		{"sglang realtime decode only is no prefix figure", SGLang, sglangHead + `# TYPE sglang:realtime_tokens_total counter
 sglang:realtime_tokens_total{mode="decode",model_name="m",tp_rank="0"} 50
-`, Sample{Waiting: 2, Running: 4, Engines: 1}},
+`, Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := Parse(tt.kind, strings.NewReader(tt.text))
@@ -378,13 +379,13 @@ func TestParseLines(t *testing.T) {
 		want               Sample
 	}{
 		{name: "garbage in a family not read", text: vllmHead + "vllm:iteration_tokens_total_bucket{le=\"1\"} many\n",
-			want: Sample{Waiting: 2, Running: 4, Engines: 1}},
+			want: Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4}}},
 		{name: "comments of every kind", text: "# a comment\n#\n# UNIT vllm:x seconds\n" + vllmHead + "# EOF\n",
-			want: Sample{Waiting: 2, Running: 4, Engines: 1}},
+			want: Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4}}},
 		{name: "leading blanks", text: " \tvllm:num_requests_running{engine=\"0\"} 1\n  vllm:num_requests_waiting{engine=\"0\"} 2\n",
-			want: Sample{Waiting: 2, Running: 1, Engines: 1}},
+			want: Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 1}}},
 		{name: "quoted names are kept for expfmt", text: vllmHead + "{\"vllm:kv_cache_usage_perc\",engine=\"0\"} 0.5\n",
-			want: Sample{Waiting: 2, Running: 4, KVUsage: 0.5, KVKnown: true, Engines: 1}},
+			want: Sample{Engines: 1, EngineReading: fleet.EngineReading{Waiting: 2, Running: 4, KVUsage: 0.5, KVKnown: true}}},
 		{name: "cut inside a line of a family not read", text: vllmHead + "vllm:iteration_tokens_total_bucket{le=\"1\",mo", reason: ReasonParse},
 		{name: "cut inside a line read", text: vllmHead + "vllm:kv_cache_usage_perc{engine=\"0\"} 0.5", reason: ReasonParse},
 		{name: "HELP of a family read, twice", text: "# HELP vllm:kv_cache_usage_perc a\n# HELP vllm:kv_cache_usage_perc b\n" + vllmHead, reason: ReasonParse},
@@ -396,5 +397,18 @@ func TestParseLines(t *testing.T) {
 				t.Errorf("Parse = %+v, %v; want %+v, reason %q", got, err, tt.want, tt.reason)
 			}
 		})
+	}
+}
+
+// Parse rounds the requests waiting and running, held within 0 and a
+// billion.
+func TestCount(t *testing.T) {
+	for _, tt := range []struct {
+		in   float64
+		want int
+	}{{0, 0}, {2.4, 2}, {2.5, 3}, {-3, 0}, {math.NaN(), 0}, {math.Inf(1), 1e9}, {5e12, 1e9}} {
+		if got := count(tt.in); got != tt.want {
+			t.Errorf("count %v = %d, want %d", tt.in, got, tt.want)
+		}
 	}
 }

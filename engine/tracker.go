@@ -31,21 +31,11 @@ func NewTracker() *Tracker {
 // the reference), when the number of engines or whether the prefix counters
 // are known changed, and when a counter went backwards (an engine restart):
 // then the error is an *Error with ReasonCounterReset, and the reading is
-// still valid and should be used. A rate is never negative. Waiting and
-// Running are rounded, and held within 0 and a billion.
+// still valid and should be used. A rate is never negative.
 func (t *Tracker) Observe(instance string, s Sample, at time.Time) (fleet.EngineReading, error) {
-	r := fleet.EngineReading{
-		Waiting:       count(s.Waiting),
-		Running:       count(s.Running),
-		KVUsage:       s.KVUsage,
-		KVKnown:       s.KVKnown,
-		PrefixHits:    s.PrefixHits,
-		PrefixQueries: s.PrefixQueries,
-		PrefixKnown:   s.PrefixKnown,
-		Preemptions:   s.Preemptions,
-		CacheTokens:   s.CacheTokens,
-		At:            at,
-	}
+	r := s.EngineReading
+	r.At = at
+	r.HitRate, r.QueryRate, r.PreemptionRate, r.RatesKnown = 0, 0, 0, false
 	t.mu.Lock()
 	prev, seen := t.last[instance]
 	if seen && !at.After(prev.at) {
@@ -96,13 +86,3 @@ func backwards(prev, s Sample) (what string, was, is float64) {
 }
 
 func rate(v float64) bool { return v >= 0 && !math.IsInf(v, 0) }
-
-func count(v float64) int {
-	switch {
-	case !(v > 0): // and NaN
-		return 0
-	case v > maxCount:
-		return maxCount
-	}
-	return int(math.Round(v))
-}

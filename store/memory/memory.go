@@ -69,9 +69,8 @@ type link struct {
 }
 
 type report struct {
-	inFlight, queue map[string]int
-	engine          map[string]fleet.EngineReading
-	expires         time.Time
+	load    fleet.LoadReport
+	expires time.Time
 }
 
 type lease struct {
@@ -304,7 +303,8 @@ func (s *Store) Requests(ctx context.Context, keys []string, now time.Time) ([]i
 	return out, nil
 }
 
-// SyncLoad implements replicas.LoadSyncer.
+// SyncLoad implements replicas.LoadSyncer. fleet.MergeLoad merges the
+// reports, as in the Redis store.
 func (s *Store) SyncLoad(ctx context.Context, r fleet.LoadReport, instances []string, ttl time.Duration, now time.Time) (fleet.LoadState, error) {
 	if err := replicas.CheckReport(r, ttl); err != nil {
 		return fleet.LoadState{}, fmt.Errorf("memory sync load: %w", err)
@@ -313,29 +313,17 @@ func (s *Store) SyncLoad(ctx context.Context, r fleet.LoadReport, instances []st
 		return fleet.LoadState{}, fmt.Errorf("memory sync load: %w", err)
 	}
 	defer s.mu.Unlock()
-	s.reports[r.Replica] = report{inFlight: maps.Clone(r.InFlight), queue: maps.Clone(r.Queue), engine: maps.Clone(r.Engine), expires: now.Add(ttl)}
+	s.reports[r.Replica] = report{load: fleet.LoadReport{Replica: r.Replica, InFlight: maps.Clone(r.InFlight), Queue: maps.Clone(r.Queue), Engine: maps.Clone(r.Engine)}, expires: now.Add(ttl)}
 	maps.DeleteFunc(s.reports, func(_ string, rep report) bool { return !now.Before(rep.expires) })
 
 	s.expire(now)
-	st := fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]fleet.EngineReading{}}
-	st.Replicas = len(s.reports) - 1 // r's own stands
+	reports := make([]fleet.LoadReport, 0, len(s.reports))
+	for _, rep := range s.reports {
+		reports = append(reports, rep.load)
+	}
+	st := fleet.MergeLoad(r.Replica, instances, reports)
 	for _, in := range instances {
 		st.Active[in] = s.active(in)
-		for name, rep := range s.reports {
-			if e, ok := rep.engine[in]; ok && name != r.Replica {
-				if cur, seen := st.Engine[in]; !seen || e.At.After(cur.At) {
-					st.Engine[in] = e
-				}
-			}
-			if n, ok := rep.inFlight[in]; ok && name != r.Replica {
-				st.InFlight[in] += n
-			}
-			if q, ok := rep.queue[in]; ok {
-				if cur, seen := st.Queue[in]; !seen || q > cur {
-					st.Queue[in] = q
-				}
-			}
-		}
 	}
 	maps.Copy(st.Drained, s.drained)
 	return st, nil

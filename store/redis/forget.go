@@ -45,17 +45,17 @@ type forgotten struct {
 }
 
 // Forget deletes everything the store holds for the given session keys,
-// for "forget this user" (the keys come from the routing audit's records):
+// for "forget this user". The keys come from the routing audit's records.
+// It deletes:
 //
 //   - each key's binding and alias link;
 //   - when a key was an alias, the session its link led to, with that
-//     session's own link (one hop, as a request follows it);
-//   - each deleted session's entry in the index of the instance it was
-//     bound to, and the entries of every key (and linked key) in the
-//     indexes of the instances named in instances: the instances the
-//     user's decisions went to. An entry outlives its binding by up to
-//     Idle/4, and once the binding has expired the instance is known only
-//     from there.
+//     session's own link: one hop, as a request follows it;
+//   - each deleted session's entry in its instance's index;
+//   - the entries of every key and linked key in the indexes of
+//     instances, the instances the user's decisions went to. An entry
+//     outlives its binding by up to Idle/4, and once the binding has
+//     expired only the index knows the instance.
 //
 // It returns how many bindings it deleted; alias links and index entries
 // are not counted. Empty and repeated keys are skipped.
@@ -66,49 +66,71 @@ type forgotten struct {
 // of the keys while Forget runs may bind the session again: forget a user
 // whose traffic has stopped.
 func (s *Store) Forget(ctx context.Context, keys []string, instances ...string) (int, error) {
+	f := forgetting{seen: make(map[string]bool, len(keys)), indexed: map[string][]string{}}
 	var todo, all []string
-	seen := make(map[string]bool, len(keys))
 	for _, k := range keys {
-		if k != "" && !seen[k] {
-			seen[k] = true
+		if k != "" && !f.seen[k] {
+			f.seen[k] = true
 			todo = append(todo, k)
 		}
 	}
-	indexed := map[string][]string{} // instance → session keys to remove from its index
-	deleted := 0
 	// Round 0: the keys given; round 1: the keys their links led to.
 	for round := 0; round < 2 && len(todo) > 0; round++ {
 		all = append(all, todo...)
-		var next []string
-		for chunk := range slices.Chunk(todo, markBatch) {
-			got, err := s.forgetChunk(ctx, chunk)
-			for i, f := range got {
-				if f.binding {
-					deleted++
-					if f.instance != "" {
-						indexed[f.instance] = append(indexed[f.instance], chunk[i])
-					}
-				}
-				if round == 0 && f.linkedKey != "" && !seen[f.linkedKey] {
-					seen[f.linkedKey] = true
-					next = append(next, f.linkedKey)
-				}
-			}
-			if err != nil {
-				return deleted, fmt.Errorf("redis forget: %w", err)
-			}
+		next, err := s.forgetRound(ctx, &f, todo, round == 0)
+		if err != nil {
+			return f.deleted, fmt.Errorf("redis forget: %w", err)
 		}
 		todo = next
 	}
 	for _, in := range instances {
 		if in != "" {
-			indexed[in] = append(indexed[in], all...)
+			f.indexed[in] = append(f.indexed[in], all...)
 		}
 	}
-	if err := s.unindex(ctx, indexed); err != nil {
-		return deleted, fmt.Errorf("redis forget: %w", err)
+	if err := s.unindex(ctx, f.indexed); err != nil {
+		return f.deleted, fmt.Errorf("redis forget: %w", err)
 	}
-	return deleted, nil
+	return f.deleted, nil
+}
+
+// forgetting is what a Forget has done so far.
+type forgetting struct {
+	seen    map[string]bool     // keys forgotten or due in the next round
+	indexed map[string][]string // instance → session keys to remove from its index
+	deleted int                 // bindings deleted
+}
+
+// forgetRound forgets keys in pipelines of markBatch. When follow is true
+// it returns the keys their links led to, those not seen before.
+func (s *Store) forgetRound(ctx context.Context, f *forgetting, keys []string, follow bool) ([]string, error) {
+	var next []string
+	for chunk := range slices.Chunk(keys, markBatch) {
+		got, err := s.forgetChunk(ctx, chunk)
+		for i, g := range got {
+			next = f.add(chunk[i], g, follow, next)
+		}
+		if err != nil {
+			return next, err
+		}
+	}
+	return next, nil
+}
+
+// add records what forgetting key found. When follow is true and key was
+// a link to a session not seen before, it appends that session to next.
+func (f *forgetting) add(key string, g forgotten, follow bool, next []string) []string {
+	if g.binding {
+		f.deleted++
+		if g.instance != "" {
+			f.indexed[g.instance] = append(f.indexed[g.instance], key)
+		}
+	}
+	if follow && g.linkedKey != "" && !f.seen[g.linkedKey] {
+		f.seen[g.linkedKey] = true
+		next = append(next, g.linkedKey)
+	}
+	return next
 }
 
 // forgetChunk runs the forget script on each key in one pipeline. It

@@ -50,14 +50,11 @@ func listen(ctx context.Context, ps *goredis.PubSub, ping time.Duration, on func
 	for {
 		msg, err := ps.ReceiveTimeout(ctx, ping)
 		if err != nil {
-			var ne interface{ Timeout() bool }
-			if ctx.Err() == nil && !pinged && worked && errors.As(err, &ne) && ne.Timeout() {
-				pinged = true
-				if ps.Ping(ctx) == nil {
-					continue
-				}
+			if pinged || !worked || !silence(ctx, err) || ps.Ping(ctx) != nil {
+				return worked
 			}
-			return worked
+			pinged = true
+			continue
 		}
 		pinged = false
 		if m, ok := msg.(*goredis.Subscription); ok && (m.Kind == "subscribe" || m.Kind == "ssubscribe") {
@@ -67,4 +64,11 @@ func listen(ctx context.Context, ps *goredis.PubSub, ping time.Duration, on func
 			return worked
 		}
 	}
+}
+
+// silence reports whether err is a receive's timeout while ctx is live:
+// nothing came, which a PING tells from a dead connection.
+func silence(ctx context.Context, err error) bool {
+	var ne interface{ Timeout() bool }
+	return ctx.Err() == nil && errors.As(err, &ne) && ne.Timeout()
 }

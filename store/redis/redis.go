@@ -623,9 +623,9 @@ func (s *Store) showOnce(ctx context.Context, key string, follow bool) (sess bin
 }
 
 // Mark implements admin.SessionIndex. It reads the live members of the
-// instance's index, checks (and marks) their bindings in pipelines of
-// markBatch, and prunes the members whose binding is gone or on another
-// instance. Each round trip gets its own Options.Timeout.
+// instance's index and checks (and marks) their bindings in pipelines of
+// markBatch. Then it prunes the members whose binding is gone or on
+// another instance. Each round trip gets its own Options.Timeout.
 func (s *Store) Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move, now time.Time) (marked, remaining int, err error) {
 	if err := bindings.CheckMark(f, m); err != nil {
 		return 0, 0, fmt.Errorf("redis mark: %w", err)
@@ -639,52 +639,72 @@ func (s *Store) Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move
 	if err != nil {
 		return 0, 0, fmt.Errorf("redis mark: %w", err)
 	}
-	var gone []goredis.Z
+	var t markTally
 	for len(members) > 0 {
-		// Mark while the limit allows, then only count.
-		n, doMark := min(len(members), markBatch), true
-		if f.Limit > 0 {
-			if need := f.Limit - marked; need > 0 {
-				n = min(n, need)
-			} else {
-				doMark = false
-			}
+		n, mark := markSize(len(members), f.Limit, t.marked)
+		if err := s.markMembers(ctx, f, m, members[:n], mark, &t); err != nil {
+			return t.marked, t.remaining, fmt.Errorf("redis mark: %w", err)
 		}
-		batch := members[:n]
 		members = members[n:]
-		calls := make([]*scriptCall, len(batch))
-		for i, z := range batch {
-			calls[i] = &scriptCall{sc: s.mark, keys: []string{s.bindingKey(z.Member.(string))},
-				args: []any{f.Instance, f.Version, boolArg(doMark), m.Version, m.Off, s.channel, s.origin}}
+	}
+	if len(t.gone) > 0 {
+		s.pruneIndex(ctx, idx, t.gone)
+	}
+	return t.marked, t.remaining, nil
+}
+
+// markTally is what Mark's batches found.
+type markTally struct {
+	marked, remaining int
+	gone              []goredis.Z // members whose binding is gone or elsewhere
+}
+
+// markSize is how many of the left members Mark's next batch checks, and
+// whether it marks them. It marks while the limit allows (0: no limit),
+// then only counts.
+func markSize(left, limit, marked int) (n int, mark bool) {
+	n = min(left, markBatch)
+	if limit <= 0 {
+		return n, true
+	}
+	if need := limit - marked; need > 0 {
+		return min(n, need), true
+	}
+	return n, false
+}
+
+// markMembers checks the bindings of batch in one pipeline, marks them
+// when mark is true, and adds what it found to t.
+func (s *Store) markMembers(ctx context.Context, f bindings.MarkFilter, m bindings.Move, batch []goredis.Z, mark bool, t *markTally) error {
+	calls := make([]*scriptCall, len(batch))
+	for i, z := range batch {
+		calls[i] = &scriptCall{sc: s.mark, keys: []string{s.bindingKey(z.Member.(string))},
+			args: []any{f.Instance, f.Version, boolArg(mark), m.Version, m.Off, s.channel, s.origin}}
+	}
+	bctx, cancel := s.opContext(ctx)
+	s.exec(bctx, calls, nil)
+	cancel()
+	for i, c := range calls {
+		v, err := c.cmd.Int64()
+		if err != nil {
+			return err
 		}
-		bctx, cancel := s.opContext(ctx)
-		s.exec(bctx, calls, nil)
-		cancel()
-		for i, c := range calls {
-			v, err := c.cmd.Int64()
-			if err != nil {
-				return marked, remaining, fmt.Errorf("redis mark: %w", err)
+		switch v {
+		case markGone:
+			t.gone = append(t.gone, batch[i])
+		case markDone:
+			t.marked++
+			if s.cache != nil {
+				s.cache.drop(batch[i].Member.(string))
 			}
-			switch v {
-			case markGone:
-				gone = append(gone, batch[i])
-			case markDone:
-				marked++
-				if s.cache != nil {
-					s.cache.drop(batch[i].Member.(string))
-				}
-			case markUnmarked:
-				remaining++
-			case markOther, markPending:
-			default:
-				return marked, remaining, fmt.Errorf("redis mark: unexpected script reply %d", v)
-			}
+		case markUnmarked:
+			t.remaining++
+		case markOther, markPending:
+		default:
+			return fmt.Errorf("unexpected script reply %d", v)
 		}
 	}
-	if len(gone) > 0 {
-		s.pruneIndex(ctx, idx, gone)
-	}
-	return marked, remaining, nil
+	return nil
 }
 
 // liveMembers drops the expired members of an index and returns the others

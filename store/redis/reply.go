@@ -173,13 +173,13 @@ func parseShowReply(res []any) (s bindings.Session, link string, ok bool, err er
 	return bindings.Session{}, "", false, bad
 }
 
-// parseLoadReply decodes a syncLoadSrc reply into the load of instances,
-// adding r's own queue depths. A reply of the wrong shape is an error; a
-// report value that is not an integer (another replica's bug, a damaged
-// key) is skipped and described in skipped, so that one bad field does
-// not stop every replica's load sync.
+// parseLoadReply decodes a syncLoadSrc reply and merges the other
+// replicas' reports with r, this replica's own (fleet.MergeLoad). A reply
+// of the wrong shape is an error. A report value that is not an integer or
+// a reading (another replica's bug, a damaged key) is skipped and
+// described in skipped: one bad field must not stop every replica's load
+// sync.
 func parseLoadReply(res []any, r fleet.LoadReport, instances []string) (st fleet.LoadState, skipped []string, err error) {
-	st = fleet.LoadState{Active: map[string]int{}, InFlight: map[string]int{}, Queue: map[string]int{}, Drained: map[string]bool{}, Engine: map[string]fleet.EngineReading{}}
 	bad := func(what string) (fleet.LoadState, []string, error) {
 		return fleet.LoadState{}, nil, fmt.Errorf("unexpected sync-load reply (%s): %v", what, res)
 	}
@@ -192,63 +192,22 @@ func parseLoadReply(res []any, r fleet.LoadReport, instances []string) (st fleet
 	if !ok1 || !ok2 || !ok3 || len(active) != len(instances) || len(others)%2 != 0 {
 		return bad("shape")
 	}
-	listed := make(map[string]bool, len(instances))
+	reports := make([]fleet.LoadReport, 1, 1+len(others)/2)
+	reports[0] = r
+	for i := 0; i < len(others); i += 2 {
+		rep, what := parseReport(others[i], others[i+1], &skipped)
+		if what != "" {
+			return bad(what)
+		}
+		reports = append(reports, rep)
+	}
+	st = fleet.MergeLoad(r.Replica, instances, reports)
 	for i, in := range instances {
 		n, ok := active[i].(int64)
 		if !ok {
 			return bad("active count")
 		}
 		st.Active[in] = int(n)
-		listed[in] = true
-	}
-	st.Replicas = len(others) / 2
-	queue := func(in string, q int) {
-		if cur, seen := st.Queue[in]; listed[in] && (!seen || q > cur) {
-			st.Queue[in] = q
-		}
-	}
-	for in, q := range r.Queue {
-		queue(in, q)
-	}
-	for i := 0; i < len(others); i += 2 {
-		replica, ok1 := others[i].(string)
-		fields, ok2 := others[i+1].([]any)
-		if !ok1 || !ok2 || len(fields)%2 != 0 {
-			return bad("report")
-		}
-		for j := 0; j < len(fields); j += 2 {
-			field, ok := fields[j].(string)
-			if !ok {
-				return bad("report field")
-			}
-			kind, in, _ := strings.Cut(field, ":")
-			if kind != "f" && kind != "q" && kind != "e" {
-				continue // a newer replica's field: not ours to read
-			}
-			val, ok := fields[j+1].(string)
-			if !ok {
-				return bad("report value")
-			}
-			if kind == "e" {
-				e, err := decodeReading(val)
-				if err != nil {
-					skipped = append(skipped, fmt.Sprintf("replica %q field %q: %v", replica, field, err))
-				} else if cur, seen := st.Engine[in]; listed[in] && (!seen || e.At.After(cur.At)) {
-					st.Engine[in] = e
-				}
-				continue
-			}
-			n, err := strconv.Atoi(val)
-			if err != nil {
-				skipped = append(skipped, fmt.Sprintf("replica %q field %q = %q", replica, field, val))
-				continue
-			}
-			if kind == "f" && listed[in] {
-				st.InFlight[in] += n
-			} else if kind == "q" {
-				queue(in, n)
-			}
-		}
 	}
 	for _, d := range drained {
 		in, ok := d.(string)
@@ -258,6 +217,52 @@ func parseLoadReply(res []any, r fleet.LoadReport, instances []string) (st fleet
 		st.Drained[in] = true
 	}
 	return st, skipped, nil
+}
+
+// parseReport decodes one replica's report: its name, and the HGETALL of
+// its report key. what names the part of the wrong shape ("" when none).
+// A value that does not decode is described in skipped and left out.
+func parseReport(name, hash any, skipped *[]string) (r fleet.LoadReport, what string) {
+	replica, ok1 := name.(string)
+	fields, ok2 := hash.([]any)
+	if !ok1 || !ok2 || len(fields)%2 != 0 {
+		return r, "report"
+	}
+	r = fleet.LoadReport{Replica: replica, InFlight: map[string]int{}, Queue: map[string]int{}, Engine: map[string]fleet.EngineReading{}}
+	for j := 0; j < len(fields); j += 2 {
+		field, ok := fields[j].(string)
+		if !ok {
+			return r, "report field"
+		}
+		kind, in, _ := strings.Cut(field, ":")
+		if kind != "f" && kind != "q" && kind != "e" {
+			continue // a newer replica's field: not ours to read
+		}
+		val, ok := fields[j+1].(string)
+		if !ok {
+			return r, "report value"
+		}
+		if kind == "e" {
+			e, err := decodeReading(val)
+			if err != nil {
+				*skipped = append(*skipped, fmt.Sprintf("replica %q field %q: %v", replica, field, err))
+				continue
+			}
+			r.Engine[in] = e
+			continue
+		}
+		n, err := strconv.Atoi(val)
+		if err != nil {
+			*skipped = append(*skipped, fmt.Sprintf("replica %q field %q = %q", replica, field, val))
+			continue
+		}
+		if kind == "f" {
+			r.InFlight[in] = n
+		} else {
+			r.Queue[in] = n
+		}
+	}
+	return r, ""
 }
 
 // strings5 returns the five elements of v as strings.
@@ -344,4 +349,44 @@ func decodeReading(s string) (fleet.EngineReading, error) {
 		return fleet.EngineReading{}, fmt.Errorf("engine reading out of range: %s", s)
 	}
 	return e, nil
+}
+
+// touchReply is one session's part of a touchSrc reply.
+type touchReply struct {
+	same, moving bool  // the binding written back is still there; it has a move pending
+	index, links int64 // as in bindReply
+	requests     int   // the session's count, these hits included
+	lastUse      int64 // the last use Redis knew of before (ms; -1 none)
+}
+
+// parseTouchReply decodes the reply of a touch call for n sessions.
+func parseTouchReply(res []any, n int) ([]touchReply, error) {
+	bad := func() ([]touchReply, error) { return nil, fmt.Errorf("unexpected touch reply %v", res) }
+	if len(res) != 5*n {
+		return bad()
+	}
+	out := make([]touchReply, n)
+	for i := range out {
+		v := res[5*i : 5*i+5]
+		st, ok1 := v[0].(int64)
+		ie, ok2 := v[1].(string)
+		le, ok3 := v[2].(string)
+		reqs, ok4 := v[3].(int64)
+		u, ok5 := v[4].(int64)
+		if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || st < 0 || st > 2 {
+			return bad()
+		}
+		if st == 0 {
+			continue
+		}
+		r := touchReply{same: true, moving: st == 2, requests: int(reqs), lastUse: u}
+		if r.index, ok1 = expiry(ie); !ok1 {
+			return bad()
+		}
+		if r.links, ok1 = expiry(le); !ok1 {
+			return bad()
+		}
+		out[i] = r
+	}
+	return out, nil
 }

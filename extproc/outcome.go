@@ -80,13 +80,6 @@ func (s *Server) redeem(o observation) {
 	s.finish(t.decision(in), o)
 }
 
-// end finishes a decision of this process's whose request ended without
-// an answer on its routing stream.
-func (s *Server) end(d affinity.Decision) {
-	s.pending.add(d.At, false, -1)
-	s.decider.Finish(d, fleet.Outcome{})
-}
-
 // finish reads o against the decision d its request was routed by, and
 // tells the recorder and the decider how the request ended.
 func (s *Server) finish(d affinity.Decision, o observation) {

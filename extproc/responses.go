@@ -197,10 +197,14 @@ func annotateResponse(hs ...header) *extprocv3.ProcessingResponse {
 	}}
 }
 
-// continueOther answers the phases tether does not configure (bodies,
-// trailers) with an empty "continue", in case Envoy is set to send them.
+// continueOther answers a message tether does nothing with by an empty
+// "continue" of its phase. nil: a message with no phase.
 func continueOther(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	switch req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return passRequest(nil)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return annotateResponse()
 	case *extprocv3.ProcessingRequest_RequestBody:
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}
 	case *extprocv3.ProcessingRequest_ResponseBody:

@@ -195,41 +195,13 @@ func New(ids Identifier, decider Decider, rec Recorder, opts Options) *Server {
 		routes: newRoutes(opts.ClusterHeader), plain: annotateResponse(), pending: newPending()}
 }
 
-// exchange is what one stream (one HTTP request) remembers between phases.
-type exchange struct {
-	start    time.Time // request headers arrived
-	decided  bool
-	finished bool // the decider heard how the request ended
-	// apart: the request's end is reported apart (ApartMarker), not on
-	// this stream.
-	apart    bool
-	decision affinity.Decision
-	failure  string
-	// An observing stream's: the ticket of the request it observes.
-	observed bool
-	ticket   string
-	// body: the headers reply asked for the body, not yet arrived; the
-	// decision's audit waits for it, with what it records of the request
-	// (audit).
-	body            bool
-	requestID, user string
-	id              identity.Identity
-}
-
-// Process serves one HTTP request's stream.
+// Process serves one stream: one HTTP request, routed or observed. Each
+// message moves the stream on (stream.go); the request headers go through
+// identity, then the decision, then come back as the routing header.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
-	ex := exchange{apart: s.opts.Tickets != nil && marked(ctx)}
-	defer func() {
-		s.bodyMissed(&ex)
-		switch {
-		case ex.finished, ex.apart && ex.decided: // apart: its report finishes it (redeem)
-		case ex.decided: // the stream ended before the instance answered
-			s.end(ex.decision)
-		case ex.observed:
-			s.redeem(observation{ticket: ex.ticket, none: true}) // the request ended before an answer
-		}
-	}()
+	var ex exchange
+	defer s.advance(&ex, unanswered, observation{}) // whatever the stream awaited comes no more
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
@@ -238,93 +210,81 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		if err != nil {
 			return err
 		}
-		if req.GetObservabilityMode() {
-			// An observing filter's stream: it reports how a request
-			// another stream decided ended, and reads no reply.
-			if s.observe(req, &ex) {
-				return nil // nothing more to hear: close, not wait for Envoy's deferred close
-			}
-			continue
+		if ex.kind == unopened {
+			ex = s.open(ctx, req)
 		}
-		var resp *extprocv3.ProcessingResponse
-		switch r := req.Request.(type) {
-		case *extprocv3.ProcessingRequest_RequestHeaders:
-			resp = s.onRequestHeaders(ctx, r.RequestHeaders, &ex)
-		case *extprocv3.ProcessingRequest_RequestBody:
-			resp = s.onRequestBody(ctx, r.RequestBody, &ex)
-		case *extprocv3.ProcessingRequest_ResponseHeaders:
-			resp = s.onResponseHeaders(r.ResponseHeaders, upstreamOf(req.GetAttributes()), &ex)
-		default:
-			resp = continueOther(req)
-		}
-		if resp == nil {
+		resp := s.reply(ctx, &ex, req)
+		if resp == nil && !req.GetObservabilityMode() {
 			return status.Error(codes.InvalidArgument, "processing request carries no known phase")
 		}
-		if err := stream.Send(resp); err != nil {
-			if _, headers := req.Request.(*extprocv3.ProcessingRequest_RequestHeaders); headers && ex.apart {
-				// Envoy never had the ticket: no report will bring it
-				// back, and the stream's end ends the decision. (A later
-				// reply's failure leaves Envoy the headers reply's ticket.)
-				ex.apart = false
-				if ex.decided {
-					s.pending.add(ex.decision.At, true, -1)
-					s.pending.add(ex.decision.At, false, 1)
-				}
+		if resp != nil {
+			if err := stream.Send(resp); err != nil {
+				s.unsent(&ex, req)
+				return err
 			}
-			return err
 		}
-		if ex.apart && !ex.body {
-			// Reported apart, the filter sends nothing after the request
-			// headers (or the body they asked for): the stream is done.
-			// Ending it now frees it on both sides at once, without
-			// waiting for Envoy to close it.
+		if ex.done() {
 			return nil
 		}
 	}
 }
 
+// reply handles one message and returns its reply. A message in
+// observability mode gets none: Envoy does not read it. nil otherwise: a
+// message with no phase.
+func (s *Server) reply(ctx context.Context, ex *exchange, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	switch {
+	case req.GetObservabilityMode():
+		if ex.kind == observing {
+			s.observe(ex, req)
+		}
+		return nil
+	case ex.kind == observing: // Envoy sends an observing filter's messages in observability mode
+		return continueOther(req)
+	}
+	switch r := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return s.onRequestHeaders(ctx, r.RequestHeaders, ex)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return s.onRequestBody(ctx, r.RequestBody, ex)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return s.onResponseHeaders(r.ResponseHeaders, upstreamOf(req.GetAttributes()), ex)
+	}
+	return continueOther(req)
+}
+
+// unsent handles a reply that never reached Envoy. On an apart stream, a
+// lost request-headers reply is a lost ticket: no report will bring the
+// end, so the stream ends the decision. A later reply's loss leaves Envoy
+// the first reply's ticket.
+func (s *Server) unsent(ex *exchange, req *extprocv3.ProcessingRequest) {
+	if _, headers := req.Request.(*extprocv3.ProcessingRequest_RequestHeaders); headers && ex.kind == apart {
+		s.advance(ex, lost, observation{})
+	}
+}
+
 // onRequestHeaders: headers → identity → decision → routing header.
 func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeaders, ex *exchange) *extprocv3.ProcessingResponse {
-	if ex.decided && !ex.finished && !ex.apart {
-		// A second request-headers message on one stream (Envoy sends one):
-		// the first decision ends unanswered, so its in-flight count does too.
-		s.end(ex.decision)
-	}
+	s.advance(ex, restarted, observation{}) // Envoy sends one; a second ends the first request unanswered
 	start := time.Now()
-	*ex = exchange{start: start, apart: ex.apart}
+	*ex = exchange{kind: ex.kind, state: ex.state, start: start}
 	h := s.headers(msg)
 	var hi identity.Headers = h // boxed once for both
 	id := s.ids.Extract(hi)
 	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(HeaderPath), Headers: hi})
 	if err != nil {
-		ex.failure = failureReason(err)
-		s.rec.DecisionFailed(id, ex.failure)
-		if errors.Is(err, affinity.ErrNoVersion) {
-			// Strict version affinity: the default route would change the
-			// session's model, so the request is refused instead.
-			s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: no instance of the session's model version")
-			return refuse(503, err.Error()+" (version_affinity = \"strict\")\n")
-		}
-		if errors.Is(err, affinity.ErrInstanceUnavailable) {
-			// fallback_policy = "none": the operator wants a clear
-			// failure rather than the session on another instance.
-			s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: the session's instance is unavailable")
-			return refuse(503, err.Error()+"; retry when it recovers\n")
-		}
-		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("no decision; Envoy uses its default route")
-		return passRequest(s.metadata(ex, nil))
+		return s.undecided(ex, h, id, err)
 	}
 	s.rec.Decision(id, d, time.Since(start))
-	ex.decided, ex.decision = true, d
-	s.pending.add(d.At, ex.apart, 1)
-	ex.body = d.Content && s.opts.Prompts != nil && s.wantBody(h, msg.GetEndOfStream())
-	switch {
-	case s.opts.Auditor == nil:
-	case ex.body: // audited where the body places it
-		ex.requestID, ex.user, ex.id = h.Get(HeaderRequestID), h.Get(s.opts.UserHeader), id
-	default:
-		s.opts.Auditor.Audit(h.Get(HeaderRequestID), h.Get(s.opts.UserHeader), id, d, start)
+	ex.decision = d
+	ev := decided
+	if d.Content && s.opts.Prompts != nil && s.wantBody(h, msg.GetEndOfStream()) {
+		ev = askedBody // audited once the body places it
 	}
+	if s.opts.Auditor != nil {
+		ex.requestID, ex.user, ex.id = h.Get(HeaderRequestID), h.Get(s.opts.UserHeader), id
+	}
+	s.advance(ex, ev, observation{})
 	if d.Err != nil {
 		s.warn.Warn().Err(d.Err).Str("session", id.Key).Msg("binding store failed; placed by rendezvous hashing")
 	}
@@ -332,15 +292,36 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 		e.Str("request_id", requestID(h)).Str("session", id.Key).Str("source", string(id.Source)).
 			Str("instance", d.Instance.Name).Str("decision", string(d.Kind)).Msg("routed")
 	}
-	if ex.body {
-		return readBody(s.routes.mutation(d.Instance), s.metadata(ex, &d), ex.apart)
+	if ev == askedBody {
+		return readBody(s.routes.mutation(d.Instance), s.metadata(ex, &d), ex.kind == apart)
 	}
 	return routeTo(s.routes.mutation(d.Instance), s.metadata(ex, &d))
 }
 
+// undecided answers request headers the decider could not place. Most go
+// on to Envoy's default route. Two failures refuse the request instead.
+func (s *Server) undecided(ex *exchange, h headers, id identity.Identity, err error) *extprocv3.ProcessingResponse {
+	ex.failure = failureReason(err)
+	s.rec.DecisionFailed(id, ex.failure)
+	switch {
+	case errors.Is(err, affinity.ErrNoVersion):
+		// Strict version affinity: the default route would change the
+		// session's model.
+		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: no instance of the session's model version")
+		return refuse(503, err.Error()+" (version_affinity = \"strict\")\n")
+	case errors.Is(err, affinity.ErrInstanceUnavailable):
+		// fallback_policy = "none": the operator wants a clear failure
+		// rather than the session on another instance.
+		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: the session's instance is unavailable")
+		return refuse(503, err.Error()+"; retry when it recovers\n")
+	}
+	s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("no decision; Envoy uses its default route")
+	return passRequest(s.metadata(ex, nil))
+}
+
 // wantBody says whether a request whose placement is open may have its
-// body read: not one that has none (its headers end the stream), nor a
-// compressed one (counted).
+// body read. Not when it has none: its headers end the stream. Not when
+// it is compressed: that is counted.
 func (s *Server) wantBody(h headers, end bool) bool {
 	if end || h.Get(HeaderContentLength) == "0" {
 		return false
@@ -352,52 +333,19 @@ func (s *Server) wantBody(h headers, end bool) bool {
 	return true
 }
 
-// audit records the decision of a request that waited for its body.
-func (s *Server) audit(ex *exchange) {
-	if s.opts.Auditor != nil {
-		s.opts.Auditor.Audit(ex.requestID, ex.user, ex.id, ex.decision, ex.start)
-	}
-}
-
-// bodyMissed ends the wait for a body that did not come: the request went
-// as its headers reply routed it.
-func (s *Server) bodyMissed(ex *exchange) {
-	if ex.body {
-		ex.body = false
-		s.rec.Content(ContentIncomplete)
-		s.audit(ex)
-	}
-}
-
-// onRequestBody: the body of a request the headers reply asked it of →
-// its prompt → Refine → the routing header again, where it changed. Any
-// body tether did not ask for is let through.
+// onRequestBody: the body the headers reply asked for → its prompt →
+// Refine → the routing header again, where it moved. A body not asked for
+// is let through.
 func (s *Server) onRequestBody(ctx context.Context, msg *extprocv3.HttpBody, ex *exchange) *extprocv3.ProcessingResponse {
-	if !ex.body {
+	if ex.state != reading {
 		return rerouteTo(nil, nil)
 	}
-	ex.body = false
 	d := ex.decision
-	defer s.audit(ex)
-	if !msg.GetEndOfStream() || s.opts.MaxBody > 0 && len(msg.GetBody()) > s.opts.MaxBody {
-		// BUFFERED_PARTIAL sends what fit in Envoy's buffer.
-		s.rec.Content(ContentOverLimit)
-		return rerouteTo(nil, nil)
-	}
-	var buf [256]uint64
-	chain, reason := s.opts.Prompts.Chain(buf[:0], msg.GetBody())
-	if reason != "" {
-		s.rec.Content(string(reason))
-		return rerouteTo(nil, nil)
-	}
-	next := s.decider.Refine(ctx, d, chain)
+	next, result := s.place(ctx, d, msg)
 	ex.decision = next
-	if !next.ByContent {
-		s.rec.Content(ContentIdentity)
-		return rerouteTo(nil, nil)
-	}
-	s.rec.Content(ContentPlaced)
-	if next.Instance.Name == d.Instance.Name {
+	s.rec.Content(result)
+	s.advance(ex, gotBody, observation{})
+	if !next.ByContent || next.Instance.Name == d.Instance.Name {
 		return rerouteTo(nil, nil)
 	}
 	if e := s.opts.Logger.Debug(); e.Enabled() {
@@ -407,13 +355,31 @@ func (s *Server) onRequestBody(ctx context.Context, msg *extprocv3.HttpBody, ex 
 	return rerouteTo(s.routes.mutation(next.Instance), s.metadata(ex, &next))
 }
 
+// place has the decider place d by the body's prompt. It returns the
+// decision the request goes with, and what became of it (Recorder.Content).
+func (s *Server) place(ctx context.Context, d affinity.Decision, msg *extprocv3.HttpBody) (affinity.Decision, string) {
+	if !msg.GetEndOfStream() || s.opts.MaxBody > 0 && len(msg.GetBody()) > s.opts.MaxBody {
+		return d, ContentOverLimit // BUFFERED_PARTIAL sends what fit in Envoy's buffer
+	}
+	var buf [256]uint64
+	chain, reason := s.opts.Prompts.Chain(buf[:0], msg.GetBody())
+	if reason != "" {
+		return d, string(reason)
+	}
+	next := s.decider.Refine(ctx, d, chain)
+	if !next.ByContent {
+		return next, ContentIdentity
+	}
+	return next, ContentPlaced
+}
+
 // metadata is what the routing reply writes in the request's dynamic
-// metadata: on a stream reported apart, the decision's ticket and, with debug
-// headers, the decision for Envoy to copy into the response (d nil: none,
-// for failure). nil when there is nothing to write.
+// metadata, or nil for nothing. An apart stream writes the decision's
+// ticket. With debug headers, the decision goes too, for Envoy to copy
+// into the response. d nil: the decision failed.
 func (s *Server) metadata(ex *exchange, d *affinity.Decision) *structpb.Struct {
 	var ticket string
-	if d != nil && ex.apart {
+	if d != nil && ex.kind == apart {
 		ticket = s.opts.Tickets.Issue(*d)
 	}
 	switch {
@@ -425,33 +391,23 @@ func (s *Server) metadata(ex *exchange, d *affinity.Decision) *structpb.Struct {
 	return metadata(ticket, header{MetadataDecision, "none:" + ex.failure})
 }
 
-// observe reads one message of an observing filter's stream: the request
-// headers bring the ticket (in the forwarded dynamic metadata), the
-// response headers how the request ended, redeemed at once; a stream that
-// ends before them is redeemed as unanswered (Process). Anything else is
-// ignored, and a stream is redeemed once. It reports whether this message
-// redeemed the stream's observation.
-func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) bool {
-	if ex.finished || ex.decided {
-		return false // a stream that decided: not an observer's
+// observe reads an observing stream's message. The response headers say
+// how the request ended: its ticket is redeemed at once. Other messages
+// say nothing.
+func (s *Server) observe(ex *exchange, req *extprocv3.ProcessingRequest) {
+	if r, ok := req.Request.(*extprocv3.ProcessingRequest_ResponseHeaders); ok {
+		s.advance(ex, answered, s.answer(r.ResponseHeaders, upstreamOf(req.GetAttributes()), 0))
 	}
-	if !ex.observed {
-		ex.observed, ex.ticket = true, ticketOf(req.GetMetadataContext().GetFilterMetadata()[MetadataNamespace])
+}
+
+// answer is the observation of response headers msg. elapsed 0: since the
+// decision, by this replica's clock.
+func (s *Server) answer(msg *extprocv3.HttpHeaders, up upstream, elapsed time.Duration) observation {
+	h := s.headers(msg)
+	return observation{
+		status: statusOf(h.Get(HeaderStatus)), upstream: up,
+		overloaded: h.Get(HeaderOverloaded) == "true", headers: h, elapsed: elapsed,
 	}
-	r, ok := req.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
-	if !ok {
-		return false
-	}
-	ex.finished = true
-	h := s.headers(r.ResponseHeaders)
-	s.redeem(observation{
-		ticket:     ex.ticket,
-		status:     statusOf(h.Get(HeaderStatus)),
-		upstream:   upstreamOf(req.GetAttributes()),
-		overloaded: h.Get(HeaderOverloaded) == "true",
-		headers:    h,
-	})
-	return true
 }
 
 // marked reports whether a stream carries ApartMarker.
@@ -466,22 +422,14 @@ func ticketOf(md *structpb.Struct) string {
 	return md.GetFields()[ticketField].GetStringValue()
 }
 
-// onResponseHeaders records the instance's status and adds debug headers.
+// onResponseHeaders hears how the request ended, on an inline stream. With
+// debug headers, it adds the decision to the response.
 func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *exchange) *extprocv3.ProcessingResponse {
-	s.bodyMissed(ex)
-	if ex.decided && !ex.finished && !ex.apart {
-		h := s.headers(msg)
-		s.pending.add(ex.decision.At, false, -1)
-		s.finish(ex.decision, observation{
-			status: statusOf(h.Get(HeaderStatus)), upstream: up,
-			overloaded: h.Get(HeaderOverloaded) == "true", headers: h, elapsed: time.Since(ex.start),
-		})
-		ex.finished = true
-	}
-	if !s.opts.DebugHeaders {
+	s.advance(ex, answered, s.answer(msg, up, time.Since(ex.start)))
+	switch {
+	case !s.opts.DebugHeaders:
 		return s.plain
-	}
-	if !ex.decided {
+	case ex.state == idle:
 		return annotateResponse(header{HeaderDecision, "none:" + ex.failure})
 	}
 	return annotateResponse(

@@ -1,7 +1,8 @@
-// Package extproc is Envoy's external processor: one gRPC stream per HTTP
-// request. Request headers go through identity, then the decision, then come
-// back as the routing header; response headers report the instance's status.
-// Envoy protos stop here: the decision core sees plain structs.
+// Package extproc is Envoy's external processor. Envoy opens one gRPC
+// stream per HTTP request. Its request headers go through identity, then
+// the decision, and come back as the routing header. How it ended reaches
+// the decider as a fleet.Outcome. Envoy protos stop here: the decision core
+// sees plain structs.
 package extproc
 
 import (
@@ -51,7 +52,7 @@ type Recorder interface {
 	// response headers.
 	Response(d affinity.Decision, o fleet.Outcome)
 	// Reported counts an outcome report that arrived apart from its
-	// exchange, by result (ReportApplied, ReportDuplicate, ...).
+	// stream, by result (ReportApplied, ReportDuplicate, ...).
 	Reported(result string)
 	// Content counts a decision whose placement was open, by what its
 	// body did (ContentPlaced, ContentIdentity, a prefix.Reason, ...).
@@ -67,24 +68,23 @@ type Prompts interface {
 // What became of a decision whose placement was open (Recorder.Content),
 // besides the prefix.Reason of a body that gave no prompt.
 const (
-	// ContentPlaced: placed by what the caches hold of the prompt against
-	// each instance's work (perhaps where identity had placed it too).
+	// ContentPlaced: placed by what the caches hold of the prompt, weighed
+	// against each instance's work. It may be where identity placed it.
 	ContentPlaced = "placed"
 	// ContentIdentity: the prompt was read, but no instance holds enough
-	// of it: identity placement stands.
+	// of it. Identity placement stands.
 	ContentIdentity = "identity"
 	// ContentOverLimit: the body was longer than Envoy's buffer for it.
 	ContentOverLimit = "over_limit"
-	// ContentEncoded: the body is compressed (content-encoding); it is not
-	// asked for.
+	// ContentEncoded: the body is compressed, so it is not asked for.
 	ContentEncoded = "encoded"
-	// ContentIncomplete: the stream ended before the body arrived (the
-	// client left, or Envoy does not allow the mode override).
+	// ContentIncomplete: the body never arrived. The client left, or Envoy
+	// refused the mode override.
 	ContentIncomplete = "incomplete"
 )
 
-// Instances looks up an instance by name, for outcomes that arrive with
-// a ticket (fleet.Fleet).
+// Instances looks up an instance by name (fleet.Fleet). A ticket names
+// its instance.
 type Instances interface {
 	Lookup(name string) (fleet.Instance, bool)
 }
@@ -93,8 +93,8 @@ type Instances interface {
 // block: it runs on the request path.
 type Auditor interface {
 	// Audit records one decision. requestID is Envoy's x-request-id as
-	// received ("" when absent) and userID the raw user header ("" when
-	// absent); neither has been checked.
+	// received, and userID the raw user header. Either may be empty.
+	// Neither has been checked.
 	Audit(requestID, userID string, id identity.Identity, d affinity.Decision, at time.Time)
 }
 
@@ -108,23 +108,21 @@ type Options struct {
 	GPUHeader     string  // response header in which instances report GPU utilisation in percent (0–100)
 	DebugHeaders  bool    // add x-tether-instance / x-tether-decision to responses
 	Logger        zerolog.Logger
-	// Tickets, when set, serves routing streams whose request's end is
-	// reported apart (they carry ApartMarker): each decision's ticket
-	// goes in the routing reply's dynamic metadata, and the report that
-	// brings it back (AccessLog, an observing filter) finishes the
-	// decision. Other streams, and all with nil, hear the outcome on the
-	// routing stream itself (its response phase).
+	// Tickets serves apart streams: those that carry ApartMarker. Each
+	// decision's ticket goes in the routing reply's dynamic metadata. The
+	// report that brings it back finishes the decision: an access-log
+	// entry, or an observing stream. nil: every routing stream is inline.
 	Tickets *Tickets
 	// Instances resolves a ticket's instance; required with Tickets.
 	Instances Instances
-	// Prompts, when set, reads the prompt of each request whose placement
-	// is open (a new session, an anonymous request): the headers reply
-	// routes by identity and asks Envoy for the body, and the reply to the
-	// body routes where the decider's Refine places it. nil: never a body.
+	// Prompts reads the prompt of a request whose placement is open, such
+	// as a new session. The headers reply routes by identity and asks
+	// Envoy for the body. The reply to the body routes where Refine places
+	// it. nil: never a body.
 	Prompts Prompts
-	// MaxBody is the longest body read (content.max_body_bytes): Envoy
-	// bounds what it buffers, but sends a body that arrived whole before
-	// the headers reply in one piece, whatever its length.
+	// MaxBody is the longest body read (content.max_body_bytes). Envoy
+	// bounds what it buffers. But a body that arrived whole before the
+	// headers reply comes in one piece, however long.
 	MaxBody int
 }
 
@@ -145,11 +143,11 @@ const (
 	HeaderOverloaded      = "x-envoy-overloaded" // Envoy's circuit breaker turned it away
 )
 
-// RequestHeaders are the request headers the handler reads itself (its
-// Identifier and Decider read their own): the path, the request id, the
-// user header for the audit and, when it may ask for a body (bodies:
-// Prompts set and a policy that places by content), what says whether the
-// body is there and readable. Envoy need send no other for it
+// RequestHeaders are the request headers the handler reads itself: the
+// path, the request id and the user header for the audit. Its Identifier
+// and Decider declare their own. bodies says it may ask for a body:
+// Prompts is set, and the policy places by content. It then also reads
+// whether the body is there and readable. Envoy need send no other
 // (forward_rules).
 func (o Options) RequestHeaders(bodies bool) []string {
 	out := []string{HeaderPath, HeaderRequestID, o.UserHeader}
@@ -159,9 +157,9 @@ func (o Options) RequestHeaders(bodies bool) []string {
 	return out
 }
 
-// ResponseHeaders are the response headers the handler reads, on the
-// routing stream's response phase or an observing filter's stream: the
-// status, Envoy's overload mark and the instances' reports.
+// ResponseHeaders are the response headers the handler reads: the status,
+// Envoy's overload mark and the instances' reports. They come on an
+// inline stream or an observing one.
 func (o Options) ResponseHeaders() []string {
 	return []string{HeaderStatus, HeaderOverloaded, o.QueueHeader, o.OOMHeader, o.GPUHeader}
 }
@@ -173,14 +171,12 @@ type Server struct {
 	decider Decider
 	rec     Recorder
 	opts    Options
-	// warn logs per-request trouble (a store outage fails every request)
-	// at most a few lines a second; the metrics count every one.
+	// warn logs per-request trouble at most a few lines a second. A store
+	// outage fails every request; the metrics count each.
 	warn    zerolog.Logger
 	seen    seenTickets // outcomes applied lately, against duplicates
 	pending *pending    // requests routed here whose end is still to come
-	// read, when set (tests), hears the name of every header the handler
-	// reads (headers.Get): what Envoy must send (RequestHeaders,
-	// ResponseHeaders).
+	// read hears the name of every header the handler reads (tests).
 	read func(name string)
 	// What the replies share: the routing header's mutation per instance,
 	// and the response phase's reply without debug headers.
@@ -196,12 +192,12 @@ func New(ids Identifier, decider Decider, rec Recorder, opts Options) *Server {
 }
 
 // Process serves one stream: one HTTP request, routed or observed. Each
-// message moves the stream on (stream.go); the request headers go through
-// identity, then the decision, then come back as the routing header.
+// message moves the stream on (stream.go). The stream's end ends whatever
+// it still awaited.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
 	var ex exchange
-	defer s.advance(&ex, unanswered, observation{}) // whatever the stream awaited comes no more
+	defer s.advance(&ex, unanswered, observation{})
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
@@ -213,9 +209,9 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		if ex.kind == unopened {
 			ex = s.open(ctx, req)
 		}
-		resp := s.reply(ctx, &ex, req)
-		if resp == nil && !req.GetObservabilityMode() {
-			return status.Error(codes.InvalidArgument, "processing request carries no known phase")
+		resp, err := s.reply(ctx, &ex, req)
+		if err != nil {
+			return err
 		}
 		if resp != nil {
 			if err := stream.Send(resp); err != nil {
@@ -229,19 +225,33 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	}
 }
 
+// errNoPhase ends a stream whose message has no phase.
+var errNoPhase = status.Error(codes.InvalidArgument, "processing request carries no known phase")
+
 // reply handles one message and returns its reply. A message in
-// observability mode gets none: Envoy does not read it. nil otherwise: a
-// message with no phase.
-func (s *Server) reply(ctx context.Context, ex *exchange, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+// observability mode gets none: Envoy does not read it.
+func (s *Server) reply(ctx context.Context, ex *exchange, req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+	var resp *extprocv3.ProcessingResponse
 	switch {
 	case req.GetObservabilityMode():
 		if ex.kind == observing {
 			s.observe(ex, req)
 		}
-		return nil
-	case ex.kind == observing: // Envoy sends an observing filter's messages in observability mode
-		return continueOther(req)
+		return nil, nil
+	case ex.kind == observing: // it sends in observability mode only: let anything else through
+		resp = continueOther(req)
+	default:
+		resp = s.route(ctx, ex, req)
 	}
+	if resp == nil {
+		return nil, errNoPhase
+	}
+	return resp, nil
+}
+
+// route answers a routing stream's message by its phase. A phase it does
+// nothing with gets an empty reply. nil: no phase.
+func (s *Server) route(ctx context.Context, ex *exchange, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	switch r := req.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		return s.onRequestHeaders(ctx, r.RequestHeaders, ex)
@@ -267,7 +277,7 @@ func (s *Server) unsent(ex *exchange, req *extprocv3.ProcessingRequest) {
 func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeaders, ex *exchange) *extprocv3.ProcessingResponse {
 	s.advance(ex, restarted, observation{}) // Envoy sends one; a second ends the first request unanswered
 	start := time.Now()
-	*ex = exchange{kind: ex.kind, state: ex.state, start: start}
+	*ex = exchange{kind: ex.kind, state: ex.state, start: start} // a new request: forget the last
 	h := s.headers(msg)
 	var hi identity.Headers = h // boxed once for both
 	id := s.ids.Extract(hi)
@@ -438,9 +448,9 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *
 	)
 }
 
-// readReports reads what the instance reported in its response headers:
-// its queue depth, running out of memory (or status 507), its GPU
-// utilisation in percent. A header that is present but unreadable is
+// readReports reads what the instance reports in its response headers:
+// its queue depth, running out of memory, its GPU utilisation in percent.
+// Status 507 also says out of memory. A header present but unreadable is
 // ignored and named in BadReports.
 func (s *Server) readReports(h getter, status int) fleet.Outcome {
 	o := fleet.Outcome{Status: status, OOM: status == http.StatusInsufficientStorage}
@@ -472,17 +482,14 @@ func (s *Server) readReports(h getter, status int) fleet.Outcome {
 	return o
 }
 
-// failed says whether a status counts against the instance: any 5xx,
-// the instance's own or one Envoy made because it could not reach it
-// (refused, reset, timed out). Envoy's circuit breaker turning a request
-// away (x-envoy-overloaded: the instance is busy, not broken) and replies
-// for which Envoy picked no host are neutral (see onResponseHeaders).
+// failed says whether a status counts against the instance: any 5xx. It
+// is the instance's own, or Envoy's when it could not reach it. finish
+// leaves out Envoy's replies that never reached the instance.
 // docs/envoy-replies.md lists what reaches the response phase.
 func failed(status int) bool { return status >= 500 && status <= 599 }
 
-// Response attributes the ext_proc filter asks for (its
-// response_attributes): the host that answered, and the status, which is
-// always there and so shows that Envoy sends attributes at all.
+// The response attributes the filter asks for (response_attributes). The
+// status is always there, so it shows that Envoy sends attributes at all.
 const (
 	AttrUpstreamAddress = "upstream.address"
 	AttrResponseCode    = "response.code"
@@ -510,9 +517,8 @@ func upstreamOf(attrs map[string]*structpb.Struct) upstream {
 	return u
 }
 
-// none: Envoy sent attributes but picked no host (no such cluster, no
-// host in it, its circuit breaker full): the reply is about Envoy's
-// configuration or load, not the instance's health.
+// none says Envoy sent attributes but picked no host. The reply is then
+// about Envoy's configuration or load, not the instance's health.
 func (u upstream) none() bool { return u.attrs && u.address == "" }
 
 // elsewhere reports whether the answer came from another host than the
@@ -545,8 +551,8 @@ func failureReason(err error) string {
 	return "error"
 }
 
-// requestID is Envoy's x-request-id for logs, cut short: a client can send
-// its own, of any length.
+// requestID is Envoy's x-request-id for logs, cut short. A client can
+// send its own, of any length.
 func requestID(h headers) string {
 	id := h.Get(HeaderRequestID)
 	if len(id) > 64 {
@@ -555,8 +561,8 @@ func requestID(h headers) string {
 	return id
 }
 
-// headers reads Envoy's header list without copying it into a map: a
-// request has a dozen headers and identity asks for a handful. Every
+// headers reads Envoy's header list without copying it into a map. A
+// request has a dozen headers, and identity asks for a handful. Every
 // header the handler reads, it reads here.
 type headers struct {
 	list []*corev3.HeaderValue

@@ -14,19 +14,18 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// AccessLog receives Envoy's gRPC access log (envoy.access_loggers.http_grpc)
-// and redeems every entry that carries a ticket: how a request ended
-// reaches tether batched, after the request, off its path. Each Envoy
-// worker keeps one stream open and sends entries in batches (the logger's
-// buffer_flush_interval); entries are handled on the stream's goroutine,
-// so a flood slows Envoy's log stream (which Envoy buffers and then drops,
-// counting it) and never grows a queue here.
+// AccessLog receives Envoy's gRPC access log (envoy.access_loggers.http_grpc).
+// It redeems every entry that carries a ticket. How a request ended thus
+// arrives after the request, off its path. Each Envoy worker keeps one
+// stream open and sends entries in batches. Entries are handled on the
+// stream's goroutine: a flood slows Envoy's log stream, and never grows a
+// queue here. Envoy buffers what waits, then drops it and counts it.
 type AccessLog struct {
 	accesslogv3.UnimplementedAccessLogServiceServer
 	s *Server
 }
 
-// AccessLog returns the access-log receiver, which finishes decisions with
+// AccessLog returns the access-log receiver. It finishes decisions with
 // s's decider and recorder. s must have Options.Tickets.
 func (s *Server) AccessLog() *AccessLog { return &AccessLog{s: s} }
 
@@ -49,17 +48,15 @@ func (a *AccessLog) StreamAccessLogs(stream accesslogv3.AccessLogService_StreamA
 	}
 }
 
-// observationOf reads an access-log entry. Envoy writes one for every request,
-// at its end: the response code (0 when none was sent), the response
-// flags saying why Envoy answered itself, the host of the last attempt,
-// and the response headers the logger was told to keep (the instances'
-// report headers).
+// observationOf reads an access-log entry. Envoy writes one for every
+// request, at its end. It holds the response code, 0 when none was sent.
+// Its response flags say why Envoy answered itself. It names the host of
+// the last attempt, and keeps the instances' report headers.
 func observationOf(e *accesslogdatav3.HTTPAccessLogEntry) observation {
 	c := e.GetCommonProperties()
 	code := int(e.GetResponse().GetResponseCode().GetValue())
 	f := c.GetResponseFlags()
-	// Envoy picked no host: no such cluster or route, no healthy host,
-	// or its circuit breaker turned the request away.
+	// Envoy picked no host: no such cluster or route, or no healthy host.
 	noHost := f.GetNoHealthyUpstream() || f.GetNoClusterFound() || f.GetNoRouteFound()
 	addr := socketAddr(c.GetUpstreamRemoteAddress())
 	o := observation{

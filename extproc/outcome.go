@@ -10,21 +10,21 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 )
 
-// This file is how a request ended (its outcome, fleet.Outcome) reaching
-// the decider and the metrics. Envoy tells it in one of three ways
-// (envoy.outcomes): on the routing stream's own response phase
-// (onResponseHeaders), in its access log (accesslog.go), or on an
-// observing ext_proc filter's stream (Server.observe). Each gives an
-// observation of the request's end; finish turns it into the outcome of
-// the decision. The last two arrive apart from the exchange, with the
-// ticket the routing reply put in the request's dynamic metadata, and go
-// through redeem first, which finds the decision in the ticket.
+// This file brings how a request ended to the decider and the metrics.
+// Envoy tells it in one of three ways, chosen by envoy.outcomes:
+//   - inline: the routing stream's response headers (onResponseHeaders);
+//   - access_log: an entry of Envoy's access log (accesslog.go);
+//   - observe: an observing filter's stream (Server.observe).
+//
+// Each gives an observation, and finish reads it against the decision.
+// The last two arrive apart from the routing stream, with its ticket.
+// redeem first finds the decision in the ticket.
 
 // The results of redeeming an outcome report, as the recorder counts them
 // (tether_outcomes_total).
 const (
 	ReportApplied   = "applied"   // the decider and the metrics heard it
-	ReportUndecided = "undecided" // no ticket: tether did not decide the request (fail-open, refused, not routed by tether)
+	ReportUndecided = "undecided" // no ticket: tether did not decide the request
 	ReportMalformed = "malformed" // a ticket that does not parse
 	ReportForged    = "forged"    // a ticket without this deployment's signature
 	ReportLate      = "late"      // decided longer ago than a request counts as in flight
@@ -34,8 +34,8 @@ const (
 // getter reads a header (ext_proc's list, the access log's map).
 type getter interface{ Get(string) string }
 
-// observation is how one request ended, as Envoy reported it, before it
-// is read against the decision (finish).
+// observation is how one request ended, as Envoy reported it. finish
+// reads it against the decision.
 type observation struct {
 	ticket     string
 	none       bool // the request ended without response headers
@@ -48,9 +48,9 @@ type observation struct {
 	elapsed time.Duration
 }
 
-// redeem finishes the decision o's ticket carries with o: once per ticket
-// on this replica, never for a request tether did not decide, and within
-// the horizon a request counts as in flight (affinity.FlightHorizon).
+// redeem finishes the decision o's ticket carries. It does so once per
+// ticket on this replica, and only within affinity.FlightHorizon. A report
+// without a valid ticket is only counted.
 func (s *Server) redeem(o observation) {
 	t, err := s.opts.Tickets.read(o.ticket)
 	if err != nil {
@@ -78,13 +78,6 @@ func (s *Server) redeem(o observation) {
 		s.pending.add(t.at, true, -1)
 	}
 	s.finish(t.decision(in), o)
-}
-
-// end finishes a decision of this process's whose request ended without
-// an answer on its routing stream.
-func (s *Server) end(d affinity.Decision) {
-	s.pending.add(d.At, false, -1)
-	s.decider.Finish(d, fleet.Outcome{})
 }
 
 // finish reads o against the decision d its request was routed by, and
@@ -123,11 +116,11 @@ func reportOf(err error) string {
 	return ReportMalformed
 }
 
-// seenTickets remembers the tickets applied within one to two flight
-// horizons, at most 2 × seenMax of them (some 40 bytes each): a duplicate of
-// one of them is refused, so below seenMax / FlightHorizon (about 145) reports a
-// second per replica every duplicate of a ticket still in flight is;
-// memory stays bounded whatever arrives.
+// seenTickets remembers the tickets applied in the last one to two flight
+// horizons, and refuses their duplicates. It holds at most 2 × seenMax of
+// them, some 40 bytes each: memory stays bounded whatever arrives. Below
+// seenMax / FlightHorizon reports a second per replica (about 145), every
+// duplicate of a ticket in flight is caught.
 type seenTickets struct {
 	mu        sync.Mutex
 	cur, prev map[string]struct{}

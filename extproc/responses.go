@@ -38,9 +38,9 @@ func setHeaders(hs ...header) *extprocv3.HeaderMutation {
 	return m
 }
 
-// routeTo answers the request-headers phase: route with m (a routing
-// header's mutation, routes.mutation) and re-select the route. md (nil:
-// none) goes in the request's dynamic metadata (Server.metadata).
+// routeTo answers the request headers: route with m, the routing header's
+// mutation, and re-select the route. md goes in the request's dynamic
+// metadata; nil: none.
 func routeTo(m *extprocv3.HeaderMutation, md *structpb.Struct) *extprocv3.ProcessingResponse {
 	// The reply's four messages in one allocation.
 	r := &struct {
@@ -56,12 +56,12 @@ func routeTo(m *extprocv3.HeaderMutation, md *structpb.Struct) *extprocv3.Proces
 	return &r.resp
 }
 
-// readBody is routeTo that also asks Envoy for the request's body
-// (mode_override to BUFFERED_PARTIAL: Envoy buffers the body up to its
-// limit and sends what it has, marked incomplete when the body is longer,
-// instead of failing the request as BUFFERED would). The route it sets
-// stands unless the reply to the body (rerouteTo) sets another. apart says
-// the stream hears no response phase (its outcome is reported apart).
+// readBody is routeTo that also asks Envoy for the request's body. Its
+// mode_override is BUFFERED_PARTIAL: Envoy buffers the body up to its
+// limit and sends what it has. A longer body arrives marked incomplete,
+// where BUFFERED would fail the request. The route set here stands unless
+// the reply to the body sets another (rerouteTo). apart: the stream has no
+// response phase.
 func readBody(m *extprocv3.HeaderMutation, md *structpb.Struct, apart bool) *extprocv3.ProcessingResponse {
 	r := routeTo(m, md)
 	r.ModeOverride = bodyModes[0]
@@ -71,11 +71,11 @@ func readBody(m *extprocv3.HeaderMutation, md *structpb.Struct, apart bool) *ext
 	return r
 }
 
-// bodyModes are readBody's overrides, inline and apart: the routing
-// filter's processing mode (xds) with the request body buffered. Envoy
-// takes an override whole (a mode left at DEFAULT would turn the response
-// phase on), and checks it against the filter's allowed_override_modes,
-// which xds writes out alike.
+// bodyModes are readBody's overrides, inline and apart. Each is the
+// routing filter's processing mode with the request body buffered. Envoy
+// takes an override whole: a mode left at DEFAULT would turn the response
+// phase on. Envoy checks it against the filter's allowed_override_modes,
+// which xds writes alike.
 var bodyModes = [2]*extprocv3filter.ProcessingMode{
 	bodyMode(extprocv3filter.ProcessingMode_SEND),
 	bodyMode(extprocv3filter.ProcessingMode_SKIP),
@@ -92,8 +92,8 @@ func bodyMode(response extprocv3filter.ProcessingMode_HeaderSendMode) *extprocv3
 	}
 }
 
-// rerouteTo answers the request-body phase: route with m and re-select
-// the route (m nil: go on as the headers reply routed).
+// rerouteTo answers the request body: route with m and re-select the
+// route. m nil: go on as the headers reply routed.
 func rerouteTo(m *extprocv3.HeaderMutation, md *structpb.Struct) *extprocv3.ProcessingResponse {
 	var common *extprocv3.CommonResponse
 	if m != nil {
@@ -105,11 +105,10 @@ func rerouteTo(m *extprocv3.HeaderMutation, md *structpb.Struct) *extprocv3.Proc
 }
 
 // routes holds the routing header's mutation per instance. It is the same
-// for every request routed to the instance, so it is built once and
-// shared by their replies: gRPC only reads a reply (marshalling one
-// message from several goroutines is safe), and nothing else touches it.
-// Only the immutable mutation is shared; each reply's own messages and
-// metadata (its ticket) are built per request.
+// for every request to the instance, so their replies share it. gRPC only
+// reads a reply, and marshalling one message from several goroutines is
+// safe. Nothing else touches it. Each reply's own messages and metadata
+// are built per request.
 type routes struct {
 	header string // the routing header
 	mu     sync.Mutex
@@ -148,8 +147,8 @@ func (r *routes) mutation(in fleet.Instance) *extprocv3.HeaderMutation {
 	return m
 }
 
-// metadata is the request's dynamic metadata: ticket ("" none) and fields
-// in tether's namespace; nil when there is nothing to write.
+// metadata is the request's dynamic metadata in tether's namespace: the
+// ticket, if any, and fields. nil: nothing to write.
 func metadata(ticket string, fields ...header) *structpb.Struct {
 	if ticket == "" && len(fields) == 0 {
 		return nil
@@ -176,17 +175,17 @@ func metadata(ticket string, fields ...header) *structpb.Struct {
 	return &m.outer
 }
 
-// passRequest answers the request-headers phase without a decision: Envoy
-// keeps the default route (the pool cluster, hashed on the session header).
+// passRequest answers the request headers without a route. Envoy keeps
+// its default route: the pool cluster, hashed on the session header.
 func passRequest(md *structpb.Struct) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 		RequestHeaders: &extprocv3.HeadersResponse{},
 	}, DynamicMetadata: md}
 }
 
-// annotateResponse answers the response-headers phase, adding hs (the debug
-// headers) to what the client sees. Without headers the reply is always
-// the same, and a Server sends one value for all (Server.plain).
+// annotateResponse answers the response headers, adding hs to what the
+// client sees. Without headers the reply is always the same: a Server
+// shares one (Server.plain).
 func annotateResponse(hs ...header) *extprocv3.ProcessingResponse {
 	var common *extprocv3.CommonResponse
 	if m := setHeaders(hs...); m != nil {
@@ -197,10 +196,14 @@ func annotateResponse(hs ...header) *extprocv3.ProcessingResponse {
 	}}
 }
 
-// continueOther answers the phases tether does not configure (bodies,
-// trailers) with an empty "continue", in case Envoy is set to send them.
+// continueOther answers a message tether does nothing with by an empty
+// "continue" of its phase. nil: a message with no phase.
 func continueOther(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	switch req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return passRequest(nil)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return annotateResponse()
 	case *extprocv3.ProcessingRequest_RequestBody:
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}
 	case *extprocv3.ProcessingRequest_ResponseBody:
@@ -213,8 +216,8 @@ func continueOther(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingRespon
 	return nil
 }
 
-// refuse answers the request-headers phase with an immediate reply: Envoy
-// sends status and body to the client without routing the request.
+// refuse answers the request headers with an immediate reply. Envoy sends
+// status and body to the client without routing the request.
 func refuse(status int, body string) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{

@@ -1,7 +1,8 @@
-// Package extproc is Envoy's external processor: one gRPC stream per HTTP
-// request. Request headers go through identity, then the decision, then come
-// back as the routing header; response headers report the instance's status.
-// Envoy protos stop here: the decision core sees plain structs.
+// Package extproc is Envoy's external processor. Envoy opens one gRPC
+// stream per HTTP request. Its request headers go through identity, then
+// the decision, and come back as the routing header. How it ended reaches
+// the decider as a fleet.Outcome. Envoy protos stop here: the decision core
+// sees plain structs.
 package extproc
 
 import (
@@ -51,7 +52,7 @@ type Recorder interface {
 	// response headers.
 	Response(d affinity.Decision, o fleet.Outcome)
 	// Reported counts an outcome report that arrived apart from its
-	// exchange, by result (ReportApplied, ReportDuplicate, ...).
+	// stream, by result (ReportApplied, ReportDuplicate, ...).
 	Reported(result string)
 	// Content counts a decision whose placement was open, by what its
 	// body did (ContentPlaced, ContentIdentity, a prefix.Reason, ...).
@@ -67,24 +68,23 @@ type Prompts interface {
 // What became of a decision whose placement was open (Recorder.Content),
 // besides the prefix.Reason of a body that gave no prompt.
 const (
-	// ContentPlaced: placed by what the caches hold of the prompt against
-	// each instance's work (perhaps where identity had placed it too).
+	// ContentPlaced: placed by what the caches hold of the prompt, weighed
+	// against each instance's work. It may be where identity placed it.
 	ContentPlaced = "placed"
 	// ContentIdentity: the prompt was read, but no instance holds enough
-	// of it: identity placement stands.
+	// of it. Identity placement stands.
 	ContentIdentity = "identity"
 	// ContentOverLimit: the body was longer than Envoy's buffer for it.
 	ContentOverLimit = "over_limit"
-	// ContentEncoded: the body is compressed (content-encoding); it is not
-	// asked for.
+	// ContentEncoded: the body is compressed, so it is not asked for.
 	ContentEncoded = "encoded"
-	// ContentIncomplete: the stream ended before the body arrived (the
-	// client left, or Envoy does not allow the mode override).
+	// ContentIncomplete: the body never arrived. The client left, or Envoy
+	// refused the mode override.
 	ContentIncomplete = "incomplete"
 )
 
-// Instances looks up an instance by name, for outcomes that arrive with
-// a ticket (fleet.Fleet).
+// Instances looks up an instance by name (fleet.Fleet). A ticket names
+// its instance.
 type Instances interface {
 	Lookup(name string) (fleet.Instance, bool)
 }
@@ -93,8 +93,8 @@ type Instances interface {
 // block: it runs on the request path.
 type Auditor interface {
 	// Audit records one decision. requestID is Envoy's x-request-id as
-	// received ("" when absent) and userID the raw user header ("" when
-	// absent); neither has been checked.
+	// received, and userID the raw user header. Either may be empty.
+	// Neither has been checked.
 	Audit(requestID, userID string, id identity.Identity, d affinity.Decision, at time.Time)
 }
 
@@ -108,23 +108,21 @@ type Options struct {
 	GPUHeader     string  // response header in which instances report GPU utilisation in percent (0–100)
 	DebugHeaders  bool    // add x-tether-instance / x-tether-decision to responses
 	Logger        zerolog.Logger
-	// Tickets, when set, serves routing streams whose request's end is
-	// reported apart (they carry ApartMarker): each decision's ticket
-	// goes in the routing reply's dynamic metadata, and the report that
-	// brings it back (AccessLog, an observing filter) finishes the
-	// decision. Other streams, and all with nil, hear the outcome on the
-	// routing stream itself (its response phase).
+	// Tickets serves apart streams: those that carry ApartMarker. Each
+	// decision's ticket goes in the routing reply's dynamic metadata. The
+	// report that brings it back finishes the decision: an access-log
+	// entry, or an observing stream. nil: every routing stream is inline.
 	Tickets *Tickets
 	// Instances resolves a ticket's instance; required with Tickets.
 	Instances Instances
-	// Prompts, when set, reads the prompt of each request whose placement
-	// is open (a new session, an anonymous request): the headers reply
-	// routes by identity and asks Envoy for the body, and the reply to the
-	// body routes where the decider's Refine places it. nil: never a body.
+	// Prompts reads the prompt of a request whose placement is open, such
+	// as a new session. The headers reply routes by identity and asks
+	// Envoy for the body. The reply to the body routes where Refine places
+	// it. nil: never a body.
 	Prompts Prompts
-	// MaxBody is the longest body read (content.max_body_bytes): Envoy
-	// bounds what it buffers, but sends a body that arrived whole before
-	// the headers reply in one piece, whatever its length.
+	// MaxBody is the longest body read (content.max_body_bytes). Envoy
+	// bounds what it buffers. But a body that arrived whole before the
+	// headers reply comes in one piece, however long.
 	MaxBody int
 }
 
@@ -145,11 +143,11 @@ const (
 	HeaderOverloaded      = "x-envoy-overloaded" // Envoy's circuit breaker turned it away
 )
 
-// RequestHeaders are the request headers the handler reads itself (its
-// Identifier and Decider read their own): the path, the request id, the
-// user header for the audit and, when it may ask for a body (bodies:
-// Prompts set and a policy that places by content), what says whether the
-// body is there and readable. Envoy need send no other for it
+// RequestHeaders are the request headers the handler reads itself: the
+// path, the request id and the user header for the audit. Its Identifier
+// and Decider declare their own. bodies says it may ask for a body:
+// Prompts is set, and the policy places by content. It then also reads
+// whether the body is there and readable. Envoy need send no other
 // (forward_rules).
 func (o Options) RequestHeaders(bodies bool) []string {
 	out := []string{HeaderPath, HeaderRequestID, o.UserHeader}
@@ -159,9 +157,9 @@ func (o Options) RequestHeaders(bodies bool) []string {
 	return out
 }
 
-// ResponseHeaders are the response headers the handler reads, on the
-// routing stream's response phase or an observing filter's stream: the
-// status, Envoy's overload mark and the instances' reports.
+// ResponseHeaders are the response headers the handler reads: the status,
+// Envoy's overload mark and the instances' reports. They come on an
+// inline stream or an observing one.
 func (o Options) ResponseHeaders() []string {
 	return []string{HeaderStatus, HeaderOverloaded, o.QueueHeader, o.OOMHeader, o.GPUHeader}
 }
@@ -173,14 +171,12 @@ type Server struct {
 	decider Decider
 	rec     Recorder
 	opts    Options
-	// warn logs per-request trouble (a store outage fails every request)
-	// at most a few lines a second; the metrics count every one.
+	// warn logs per-request trouble at most a few lines a second. A store
+	// outage fails every request; the metrics count each.
 	warn    zerolog.Logger
 	seen    seenTickets // outcomes applied lately, against duplicates
 	pending *pending    // requests routed here whose end is still to come
-	// read, when set (tests), hears the name of every header the handler
-	// reads (headers.Get): what Envoy must send (RequestHeaders,
-	// ResponseHeaders).
+	// read hears the name of every header the handler reads (tests).
 	read func(name string)
 	// What the replies share: the routing header's mutation per instance,
 	// and the response phase's reply without debug headers.
@@ -195,41 +191,13 @@ func New(ids Identifier, decider Decider, rec Recorder, opts Options) *Server {
 		routes: newRoutes(opts.ClusterHeader), plain: annotateResponse(), pending: newPending()}
 }
 
-// exchange is what one stream (one HTTP request) remembers between phases.
-type exchange struct {
-	start    time.Time // request headers arrived
-	decided  bool
-	finished bool // the decider heard how the request ended
-	// apart: the request's end is reported apart (ApartMarker), not on
-	// this stream.
-	apart    bool
-	decision affinity.Decision
-	failure  string
-	// An observing stream's: the ticket of the request it observes.
-	observed bool
-	ticket   string
-	// body: the headers reply asked for the body, not yet arrived; the
-	// decision's audit waits for it, with what it records of the request
-	// (audit).
-	body            bool
-	requestID, user string
-	id              identity.Identity
-}
-
-// Process serves one HTTP request's stream.
+// Process serves one stream: one HTTP request, routed or observed. Each
+// message moves the stream on (stream.go). The stream's end ends whatever
+// it still awaited.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
-	ex := exchange{apart: s.opts.Tickets != nil && marked(ctx)}
-	defer func() {
-		s.bodyMissed(&ex)
-		switch {
-		case ex.finished, ex.apart && ex.decided: // apart: its report finishes it (redeem)
-		case ex.decided: // the stream ended before the instance answered
-			s.end(ex.decision)
-		case ex.observed:
-			s.redeem(observation{ticket: ex.ticket, none: true}) // the request ended before an answer
-		}
-	}()
+	var ex exchange
+	defer s.advance(&ex, unanswered, observation{})
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
@@ -238,93 +206,95 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		if err != nil {
 			return err
 		}
-		if req.GetObservabilityMode() {
-			// An observing filter's stream: it reports how a request
-			// another stream decided ended, and reads no reply.
-			if s.observe(req, &ex) {
-				return nil // nothing more to hear: close, not wait for Envoy's deferred close
-			}
-			continue
+		if ex.kind == unopened {
+			ex = s.open(ctx, req)
 		}
-		var resp *extprocv3.ProcessingResponse
-		switch r := req.Request.(type) {
-		case *extprocv3.ProcessingRequest_RequestHeaders:
-			resp = s.onRequestHeaders(ctx, r.RequestHeaders, &ex)
-		case *extprocv3.ProcessingRequest_RequestBody:
-			resp = s.onRequestBody(ctx, r.RequestBody, &ex)
-		case *extprocv3.ProcessingRequest_ResponseHeaders:
-			resp = s.onResponseHeaders(r.ResponseHeaders, upstreamOf(req.GetAttributes()), &ex)
-		default:
-			resp = continueOther(req)
-		}
-		if resp == nil {
-			return status.Error(codes.InvalidArgument, "processing request carries no known phase")
-		}
-		if err := stream.Send(resp); err != nil {
-			if _, headers := req.Request.(*extprocv3.ProcessingRequest_RequestHeaders); headers && ex.apart {
-				// Envoy never had the ticket: no report will bring it
-				// back, and the stream's end ends the decision. (A later
-				// reply's failure leaves Envoy the headers reply's ticket.)
-				ex.apart = false
-				if ex.decided {
-					s.pending.add(ex.decision.At, true, -1)
-					s.pending.add(ex.decision.At, false, 1)
-				}
-			}
+		resp, err := s.reply(ctx, &ex, req)
+		if err != nil {
 			return err
 		}
-		if ex.apart && !ex.body {
-			// Reported apart, the filter sends nothing after the request
-			// headers (or the body they asked for): the stream is done.
-			// Ending it now frees it on both sides at once, without
-			// waiting for Envoy to close it.
+		if resp != nil {
+			if err := stream.Send(resp); err != nil {
+				s.unsent(&ex, req)
+				return err
+			}
+		}
+		if ex.done() {
 			return nil
 		}
 	}
 }
 
+// errNoPhase ends a stream whose message has no phase.
+var errNoPhase = status.Error(codes.InvalidArgument, "processing request carries no known phase")
+
+// reply handles one message and returns its reply. A message in
+// observability mode gets none: Envoy does not read it.
+func (s *Server) reply(ctx context.Context, ex *exchange, req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+	var resp *extprocv3.ProcessingResponse
+	switch {
+	case req.GetObservabilityMode():
+		if ex.kind == observing {
+			s.observe(ex, req)
+		}
+		return nil, nil
+	case ex.kind == observing: // it sends in observability mode only: let anything else through
+		resp = continueOther(req)
+	default:
+		resp = s.route(ctx, ex, req)
+	}
+	if resp == nil {
+		return nil, errNoPhase
+	}
+	return resp, nil
+}
+
+// route answers a routing stream's message by its phase. A phase it does
+// nothing with gets an empty reply. nil: no phase.
+func (s *Server) route(ctx context.Context, ex *exchange, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	switch r := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return s.onRequestHeaders(ctx, r.RequestHeaders, ex)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return s.onRequestBody(ctx, r.RequestBody, ex)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return s.onResponseHeaders(r.ResponseHeaders, upstreamOf(req.GetAttributes()), ex)
+	}
+	return continueOther(req)
+}
+
+// unsent handles a reply that never reached Envoy. On an apart stream, a
+// lost request-headers reply is a lost ticket: no report will bring the
+// end, so the stream ends the decision. A later reply's loss leaves Envoy
+// the first reply's ticket.
+func (s *Server) unsent(ex *exchange, req *extprocv3.ProcessingRequest) {
+	if _, headers := req.Request.(*extprocv3.ProcessingRequest_RequestHeaders); headers && ex.kind == apart {
+		s.advance(ex, lost, observation{})
+	}
+}
+
 // onRequestHeaders: headers → identity → decision → routing header.
 func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeaders, ex *exchange) *extprocv3.ProcessingResponse {
-	if ex.decided && !ex.finished && !ex.apart {
-		// A second request-headers message on one stream (Envoy sends one):
-		// the first decision ends unanswered, so its in-flight count does too.
-		s.end(ex.decision)
-	}
+	s.advance(ex, restarted, observation{}) // Envoy sends one; a second ends the first request unanswered
 	start := time.Now()
-	*ex = exchange{start: start, apart: ex.apart}
+	*ex = exchange{kind: ex.kind, state: ex.state, start: start} // a new request: forget the last
 	h := s.headers(msg)
 	var hi identity.Headers = h // boxed once for both
 	id := s.ids.Extract(hi)
 	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(HeaderPath), Headers: hi})
 	if err != nil {
-		ex.failure = failureReason(err)
-		s.rec.DecisionFailed(id, ex.failure)
-		if errors.Is(err, affinity.ErrNoVersion) {
-			// Strict version affinity: the default route would change the
-			// session's model, so the request is refused instead.
-			s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: no instance of the session's model version")
-			return refuse(503, err.Error()+" (version_affinity = \"strict\")\n")
-		}
-		if errors.Is(err, affinity.ErrInstanceUnavailable) {
-			// fallback_policy = "none": the operator wants a clear
-			// failure rather than the session on another instance.
-			s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: the session's instance is unavailable")
-			return refuse(503, err.Error()+"; retry when it recovers\n")
-		}
-		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("no decision; Envoy uses its default route")
-		return passRequest(s.metadata(ex, nil))
+		return s.undecided(ex, h, id, err)
 	}
 	s.rec.Decision(id, d, time.Since(start))
-	ex.decided, ex.decision = true, d
-	s.pending.add(d.At, ex.apart, 1)
-	ex.body = d.Content && s.opts.Prompts != nil && s.wantBody(h, msg.GetEndOfStream())
-	switch {
-	case s.opts.Auditor == nil:
-	case ex.body: // audited where the body places it
-		ex.requestID, ex.user, ex.id = h.Get(HeaderRequestID), h.Get(s.opts.UserHeader), id
-	default:
-		s.opts.Auditor.Audit(h.Get(HeaderRequestID), h.Get(s.opts.UserHeader), id, d, start)
+	ex.decision = d
+	ev := decided
+	if d.Content && s.opts.Prompts != nil && s.wantBody(h, msg.GetEndOfStream()) {
+		ev = askedBody // audited once the body places it
 	}
+	if s.opts.Auditor != nil {
+		ex.requestID, ex.user, ex.id = h.Get(HeaderRequestID), h.Get(s.opts.UserHeader), id
+	}
+	s.advance(ex, ev, observation{})
 	if d.Err != nil {
 		s.warn.Warn().Err(d.Err).Str("session", id.Key).Msg("binding store failed; placed by rendezvous hashing")
 	}
@@ -332,15 +302,36 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 		e.Str("request_id", requestID(h)).Str("session", id.Key).Str("source", string(id.Source)).
 			Str("instance", d.Instance.Name).Str("decision", string(d.Kind)).Msg("routed")
 	}
-	if ex.body {
-		return readBody(s.routes.mutation(d.Instance), s.metadata(ex, &d), ex.apart)
+	if ev == askedBody {
+		return readBody(s.routes.mutation(d.Instance), s.metadata(ex, &d), ex.kind == apart)
 	}
 	return routeTo(s.routes.mutation(d.Instance), s.metadata(ex, &d))
 }
 
+// undecided answers request headers the decider could not place. Most go
+// on to Envoy's default route. Two failures refuse the request instead.
+func (s *Server) undecided(ex *exchange, h headers, id identity.Identity, err error) *extprocv3.ProcessingResponse {
+	ex.failure = failureReason(err)
+	s.rec.DecisionFailed(id, ex.failure)
+	switch {
+	case errors.Is(err, affinity.ErrNoVersion):
+		// Strict version affinity: the default route would change the
+		// session's model.
+		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: no instance of the session's model version")
+		return refuse(503, err.Error()+" (version_affinity = \"strict\")\n")
+	case errors.Is(err, affinity.ErrInstanceUnavailable):
+		// fallback_policy = "none": the operator wants a clear failure
+		// rather than the session on another instance.
+		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: the session's instance is unavailable")
+		return refuse(503, err.Error()+"; retry when it recovers\n")
+	}
+	s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("no decision; Envoy uses its default route")
+	return passRequest(s.metadata(ex, nil))
+}
+
 // wantBody says whether a request whose placement is open may have its
-// body read: not one that has none (its headers end the stream), nor a
-// compressed one (counted).
+// body read. Not when it has none: its headers end the stream. Not when
+// it is compressed: that is counted.
 func (s *Server) wantBody(h headers, end bool) bool {
 	if end || h.Get(HeaderContentLength) == "0" {
 		return false
@@ -352,52 +343,19 @@ func (s *Server) wantBody(h headers, end bool) bool {
 	return true
 }
 
-// audit records the decision of a request that waited for its body.
-func (s *Server) audit(ex *exchange) {
-	if s.opts.Auditor != nil {
-		s.opts.Auditor.Audit(ex.requestID, ex.user, ex.id, ex.decision, ex.start)
-	}
-}
-
-// bodyMissed ends the wait for a body that did not come: the request went
-// as its headers reply routed it.
-func (s *Server) bodyMissed(ex *exchange) {
-	if ex.body {
-		ex.body = false
-		s.rec.Content(ContentIncomplete)
-		s.audit(ex)
-	}
-}
-
-// onRequestBody: the body of a request the headers reply asked it of →
-// its prompt → Refine → the routing header again, where it changed. Any
-// body tether did not ask for is let through.
+// onRequestBody: the body the headers reply asked for → its prompt →
+// Refine → the routing header again, where it moved. A body not asked for
+// is let through.
 func (s *Server) onRequestBody(ctx context.Context, msg *extprocv3.HttpBody, ex *exchange) *extprocv3.ProcessingResponse {
-	if !ex.body {
+	if ex.state != reading {
 		return rerouteTo(nil, nil)
 	}
-	ex.body = false
 	d := ex.decision
-	defer s.audit(ex)
-	if !msg.GetEndOfStream() || s.opts.MaxBody > 0 && len(msg.GetBody()) > s.opts.MaxBody {
-		// BUFFERED_PARTIAL sends what fit in Envoy's buffer.
-		s.rec.Content(ContentOverLimit)
-		return rerouteTo(nil, nil)
-	}
-	var buf [256]uint64
-	chain, reason := s.opts.Prompts.Chain(buf[:0], msg.GetBody())
-	if reason != "" {
-		s.rec.Content(string(reason))
-		return rerouteTo(nil, nil)
-	}
-	next := s.decider.Refine(ctx, d, chain)
+	next, result := s.place(ctx, d, msg)
 	ex.decision = next
-	if !next.ByContent {
-		s.rec.Content(ContentIdentity)
-		return rerouteTo(nil, nil)
-	}
-	s.rec.Content(ContentPlaced)
-	if next.Instance.Name == d.Instance.Name {
+	s.rec.Content(result)
+	s.advance(ex, gotBody, observation{})
+	if !next.ByContent || next.Instance.Name == d.Instance.Name {
 		return rerouteTo(nil, nil)
 	}
 	if e := s.opts.Logger.Debug(); e.Enabled() {
@@ -407,13 +365,31 @@ func (s *Server) onRequestBody(ctx context.Context, msg *extprocv3.HttpBody, ex 
 	return rerouteTo(s.routes.mutation(next.Instance), s.metadata(ex, &next))
 }
 
+// place has the decider place d by the body's prompt. It returns the
+// decision the request goes with, and what became of it (Recorder.Content).
+func (s *Server) place(ctx context.Context, d affinity.Decision, msg *extprocv3.HttpBody) (affinity.Decision, string) {
+	if !msg.GetEndOfStream() || s.opts.MaxBody > 0 && len(msg.GetBody()) > s.opts.MaxBody {
+		return d, ContentOverLimit // BUFFERED_PARTIAL sends what fit in Envoy's buffer
+	}
+	var buf [256]uint64
+	chain, reason := s.opts.Prompts.Chain(buf[:0], msg.GetBody())
+	if reason != "" {
+		return d, string(reason)
+	}
+	next := s.decider.Refine(ctx, d, chain)
+	if !next.ByContent {
+		return next, ContentIdentity
+	}
+	return next, ContentPlaced
+}
+
 // metadata is what the routing reply writes in the request's dynamic
-// metadata: on a stream reported apart, the decision's ticket and, with debug
-// headers, the decision for Envoy to copy into the response (d nil: none,
-// for failure). nil when there is nothing to write.
+// metadata, or nil for nothing. An apart stream writes the decision's
+// ticket. With debug headers, the decision goes too, for Envoy to copy
+// into the response. d nil: the decision failed.
 func (s *Server) metadata(ex *exchange, d *affinity.Decision) *structpb.Struct {
 	var ticket string
-	if d != nil && ex.apart {
+	if d != nil && ex.kind == apart {
 		ticket = s.opts.Tickets.Issue(*d)
 	}
 	switch {
@@ -425,33 +401,23 @@ func (s *Server) metadata(ex *exchange, d *affinity.Decision) *structpb.Struct {
 	return metadata(ticket, header{MetadataDecision, "none:" + ex.failure})
 }
 
-// observe reads one message of an observing filter's stream: the request
-// headers bring the ticket (in the forwarded dynamic metadata), the
-// response headers how the request ended, redeemed at once; a stream that
-// ends before them is redeemed as unanswered (Process). Anything else is
-// ignored, and a stream is redeemed once. It reports whether this message
-// redeemed the stream's observation.
-func (s *Server) observe(req *extprocv3.ProcessingRequest, ex *exchange) bool {
-	if ex.finished || ex.decided {
-		return false // a stream that decided: not an observer's
+// observe reads an observing stream's message. The response headers say
+// how the request ended: its ticket is redeemed at once. Other messages
+// say nothing.
+func (s *Server) observe(ex *exchange, req *extprocv3.ProcessingRequest) {
+	if r, ok := req.Request.(*extprocv3.ProcessingRequest_ResponseHeaders); ok {
+		s.advance(ex, answered, s.answer(r.ResponseHeaders, upstreamOf(req.GetAttributes()), 0))
 	}
-	if !ex.observed {
-		ex.observed, ex.ticket = true, ticketOf(req.GetMetadataContext().GetFilterMetadata()[MetadataNamespace])
+}
+
+// answer is the observation of response headers msg. elapsed 0: since the
+// decision, by this replica's clock.
+func (s *Server) answer(msg *extprocv3.HttpHeaders, up upstream, elapsed time.Duration) observation {
+	h := s.headers(msg)
+	return observation{
+		status: statusOf(h.Get(HeaderStatus)), upstream: up,
+		overloaded: h.Get(HeaderOverloaded) == "true", headers: h, elapsed: elapsed,
 	}
-	r, ok := req.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
-	if !ok {
-		return false
-	}
-	ex.finished = true
-	h := s.headers(r.ResponseHeaders)
-	s.redeem(observation{
-		ticket:     ex.ticket,
-		status:     statusOf(h.Get(HeaderStatus)),
-		upstream:   upstreamOf(req.GetAttributes()),
-		overloaded: h.Get(HeaderOverloaded) == "true",
-		headers:    h,
-	})
-	return true
 }
 
 // marked reports whether a stream carries ApartMarker.
@@ -466,22 +432,14 @@ func ticketOf(md *structpb.Struct) string {
 	return md.GetFields()[ticketField].GetStringValue()
 }
 
-// onResponseHeaders records the instance's status and adds debug headers.
+// onResponseHeaders hears how the request ended, on an inline stream. With
+// debug headers, it adds the decision to the response.
 func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *exchange) *extprocv3.ProcessingResponse {
-	s.bodyMissed(ex)
-	if ex.decided && !ex.finished && !ex.apart {
-		h := s.headers(msg)
-		s.pending.add(ex.decision.At, false, -1)
-		s.finish(ex.decision, observation{
-			status: statusOf(h.Get(HeaderStatus)), upstream: up,
-			overloaded: h.Get(HeaderOverloaded) == "true", headers: h, elapsed: time.Since(ex.start),
-		})
-		ex.finished = true
-	}
-	if !s.opts.DebugHeaders {
+	s.advance(ex, answered, s.answer(msg, up, time.Since(ex.start)))
+	switch {
+	case !s.opts.DebugHeaders:
 		return s.plain
-	}
-	if !ex.decided {
+	case ex.state == idle:
 		return annotateResponse(header{HeaderDecision, "none:" + ex.failure})
 	}
 	return annotateResponse(
@@ -490,9 +448,9 @@ func (s *Server) onResponseHeaders(msg *extprocv3.HttpHeaders, up upstream, ex *
 	)
 }
 
-// readReports reads what the instance reported in its response headers:
-// its queue depth, running out of memory (or status 507), its GPU
-// utilisation in percent. A header that is present but unreadable is
+// readReports reads what the instance reports in its response headers:
+// its queue depth, running out of memory, its GPU utilisation in percent.
+// Status 507 also says out of memory. A header present but unreadable is
 // ignored and named in BadReports.
 func (s *Server) readReports(h getter, status int) fleet.Outcome {
 	o := fleet.Outcome{Status: status, OOM: status == http.StatusInsufficientStorage}
@@ -524,17 +482,14 @@ func (s *Server) readReports(h getter, status int) fleet.Outcome {
 	return o
 }
 
-// failed says whether a status counts against the instance: any 5xx,
-// the instance's own or one Envoy made because it could not reach it
-// (refused, reset, timed out). Envoy's circuit breaker turning a request
-// away (x-envoy-overloaded: the instance is busy, not broken) and replies
-// for which Envoy picked no host are neutral (see onResponseHeaders).
+// failed says whether a status counts against the instance: any 5xx. It
+// is the instance's own, or Envoy's when it could not reach it. finish
+// leaves out Envoy's replies that never reached the instance.
 // docs/envoy-replies.md lists what reaches the response phase.
 func failed(status int) bool { return status >= 500 && status <= 599 }
 
-// Response attributes the ext_proc filter asks for (its
-// response_attributes): the host that answered, and the status, which is
-// always there and so shows that Envoy sends attributes at all.
+// The response attributes the filter asks for (response_attributes). The
+// status is always there, so it shows that Envoy sends attributes at all.
 const (
 	AttrUpstreamAddress = "upstream.address"
 	AttrResponseCode    = "response.code"
@@ -562,9 +517,8 @@ func upstreamOf(attrs map[string]*structpb.Struct) upstream {
 	return u
 }
 
-// none: Envoy sent attributes but picked no host (no such cluster, no
-// host in it, its circuit breaker full): the reply is about Envoy's
-// configuration or load, not the instance's health.
+// none says Envoy sent attributes but picked no host. The reply is then
+// about Envoy's configuration or load, not the instance's health.
 func (u upstream) none() bool { return u.attrs && u.address == "" }
 
 // elsewhere reports whether the answer came from another host than the
@@ -597,8 +551,8 @@ func failureReason(err error) string {
 	return "error"
 }
 
-// requestID is Envoy's x-request-id for logs, cut short: a client can send
-// its own, of any length.
+// requestID is Envoy's x-request-id for logs, cut short. A client can
+// send its own, of any length.
 func requestID(h headers) string {
 	id := h.Get(HeaderRequestID)
 	if len(id) > 64 {
@@ -607,8 +561,8 @@ func requestID(h headers) string {
 	return id
 }
 
-// headers reads Envoy's header list without copying it into a map: a
-// request has a dozen headers and identity asks for a handful. Every
+// headers reads Envoy's header list without copying it into a map. A
+// request has a dozen headers, and identity asks for a handful. Every
 // header the handler reads, it reads here.
 type headers struct {
 	list []*corev3.HeaderValue

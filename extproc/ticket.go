@@ -19,28 +19,25 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 )
 
-// A ticket is a decision as it travels to its outcome. When how a request
-// ended reaches tether apart from the blocking exchange (Envoy's access
-// log, or a second ext_proc filter that only observes), it may reach
-// another replica than the one that decided, later, or not at all. So the
-// decision goes along with the request, in Envoy's dynamic metadata, as a
-// short signed string holding what Finish needs: the instance, when, the
-// breaker's probe flag, and the metrics' route and previous instance.
+// A ticket is a decision as it travels to its outcome. An outcome reported
+// apart may reach another replica, later, or not at all. So the decision
+// goes along with the request, in Envoy's dynamic metadata. It is a short
+// signed string with what Finish needs: the instance, when, the breaker's
+// probe flag, the mode and the previous instance.
 //
 //	1|<decided, Unix ms>|<issuer>-<seq>|<flags>|<instance>|<previous>|<mac>
 //
 // flags: "r" random mode, "p" the half-open circuit's probe, "-" neither.
-// The MAC is HMAC-SHA256 under a key derived from the identity secret,
-// which every replica sharing a store has, cut to 9 bytes: an outcome that
-// does not carry one of tether's tickets is counted and ignored, so
-// nothing else that can reach tether's port can feed the breaker.
+// The MAC is HMAC-SHA256, cut to 9 bytes. Its key derives from the
+// identity secret, which every replica sharing a store has. An outcome
+// without one of tether's tickets is counted and ignored. So nothing else
+// that reaches tether's port can feed the breaker.
 const ticketVersion = "1"
 
-// The dynamic metadata namespace the routing reply writes in (the
-// filters' metadata_options), its ticket field, and the fields of the
-// debug headers (Options.DebugHeaders), which Envoy copies into the
-// response (MetadataDecision holds "none:<reason>" when tether did not
-// decide).
+// The dynamic metadata namespace the routing reply writes in, and its
+// fields. The filters' metadata_options name the namespace. Envoy copies
+// the debug fields into the response (Options.DebugHeaders).
+// MetadataDecision holds "none:<reason>" when tether did not decide.
 const (
 	MetadataNamespace = "tether"
 	ticketField       = "t"
@@ -48,11 +45,10 @@ const (
 	MetadataDecision  = "decision"
 )
 
-// ApartMarker is the gRPC metadata key (value "1") of a routing stream
-// whose request's end is reported apart (the access log, an observing
-// filter): the decision is finished by its ticket's report, never by the
-// end of the routing stream, which Envoy may close as soon as the
-// request headers are answered.
+// ApartMarker is the gRPC metadata key of an apart stream, with value "1".
+// Its request's end is reported apart: in the access log, or by an
+// observing filter. The report finishes the decision, never the stream's
+// end. Envoy may close the stream once the request headers are answered.
 const ApartMarker = "x-tether-outcomes-apart"
 
 // Tickets issues and reads tickets. It is safe for concurrent use.
@@ -129,8 +125,14 @@ func (k *Tickets) Issue(d affinity.Decision) string {
 	return t
 }
 
-// macScratch is one MAC under the ticket key and a buffer, reused
-// through a pool: a ticket is issued on every routing reply.
+// own reports whether a ticket's id is one this process issued.
+func (k *Tickets) own(id string) bool {
+	rest, ok := strings.CutPrefix(id, k.issuer)
+	return ok && strings.HasPrefix(rest, "-")
+}
+
+// macScratch is a MAC under the ticket key, and a buffer. A pool reuses
+// them: every apart routing reply issues a ticket.
 type macScratch struct {
 	mac hash.Hash
 	buf []byte

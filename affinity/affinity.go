@@ -92,13 +92,13 @@ type Decision struct {
 	At    time.Time
 	Probe bool
 
-	// Content says the decision's placement is open (a new session, one
-	// placed again, an anonymous request) and cache-aware placement is on:
-	// the request's prompt may place it better (Decider.Refine).
-	Content bool
-	// ByContent says Refine placed the request where its cache holds the
-	// longest prefix of its prompt, Matched blocks of it (0: none that
-	// counts).
+	// Open says the request's prompt may still place it better
+	// (Decider.Refine). It is set when cache-aware placement is on and the
+	// decision is a new session, one placed again or an anonymous request.
+	Open bool
+	// ByContent says Refine placed the request by its prompt's cost.
+	// Matched is how many blocks of the prompt that instance holds; 0 is
+	// none that counts.
 	ByContent bool
 	Matched   int
 	// lifetime is the session's binding lifetime, and subset the
@@ -249,7 +249,7 @@ func (d *Decider) decide(ctx context.Context, req Request) (Decision, error) {
 		return Decision{}, err
 	}
 	dec.Rule, dec.At, dec.subset = c.rule, now, req.Subset
-	dec.Content = p.Content.Enabled && d.index != nil && contentKinds[dec.Kind]
+	dec.Open = p.Content.Enabled && d.index != nil && openKinds[dec.Kind]
 	return dec, nil
 }
 

@@ -3,29 +3,28 @@ package affinity
 // Cache-aware placement: where a request goes when what the instances'
 // KV caches hold of its prompt should decide.
 //
-// Decide answers from the request's headers, as always. A decision whose
-// placement is open (a new session, a session placed again, an anonymous
-// request) says so (Decision.Content): the caller may then read the
-// request's prompt and hand its chained block hashes (package prefix) to
-// Refine, which runs the placement pipeline again with the prompt's score
-// (promptScore). A hit on a live binding never comes here: it is answered
-// from the headers, without the body.
+// Decide answers from the request's headers, as always. Some decisions
+// leave their placement open: a new session, a session placed again, an
+// anonymous request. They say so (Decision.Open). The caller may then read
+// the request's prompt and hand its chained block hashes (package prefix)
+// to Refine. Refine runs the placement pipeline again with the prompt's
+// score (promptScore). A hit on a live binding never comes here: it is
+// answered from the headers, without the body.
 //
-// The prompt's score weighs, in prompt tokens, what each candidate would
-// make the request wait:
+// The prompt's score is what each candidate would make the request wait,
+// in prompt tokens:
 //
 //	cost = tokens of the prompt it does not hold (the prefill there)
 //	     + queued_tokens  × its requests waiting for a prefill
 //	     + running_tokens × its requests running
 //
-// the load part scaled by the candidates' mean weight over its own. The
-// cheapest candidate takes the request; on a tie, the instance identity
-// chose keeps it. A prefix therefore pulls a request only where what it
-// saves outweighs what the instance's work costs, and an instance with
-// nothing queued takes what a busy one would hold. A prompt that no
-// candidate holds at least Content.MinBlocks of is not worth
-// matching: the request stays where identity placed it, where Envoy's
-// fail-open pool sends it too.
+// The load part is scaled by the candidates' mean weight over the
+// instance's own. The cheapest candidate takes the request. On a tie, the
+// instance identity chose keeps it. So a prefix pulls a request only where
+// what it saves outweighs the instance's work, and an idle instance takes
+// what a busy one would hold. A prompt of which no candidate holds
+// Content.MinBlocks is not worth matching. The request then stays where
+// identity placed it, where Envoy's fail-open pool sends it too.
 
 import (
 	"context"
@@ -54,8 +53,8 @@ func WithPrefixIndex(c PrefixIndex) Option { return func(d *Decider) { d.index =
 
 // Content is cache-aware placement's part of the policy.
 type Content struct {
-	// Enabled: decisions whose placement is open say so (Decision.Content),
-	// and Refine places them by what the caches hold.
+	// Enabled makes decisions whose placement is open say so
+	// (Decision.Open). Refine then places them by what the caches hold.
 	Enabled bool
 	// MinBlocks is the shortest match that counts: a shorter one (a few
 	// blocks of a shared template) decides nothing.
@@ -68,10 +67,10 @@ type Content struct {
 	QueuedTokens, RunningTokens float64
 }
 
-// contentKinds are the decisions whose placement is open: the request's
+// openKinds are the decisions whose placement is open: the request's
 // instance was just chosen by identity, and what the caches hold may
 // choose better.
-var contentKinds = map[Kind]bool{KindBind: true, KindRebind: true, KindMoved: true, KindAnonymous: true, KindExpired: true}
+var openKinds = map[Kind]bool{KindBind: true, KindRebind: true, KindMoved: true, KindAnonymous: true, KindExpired: true}
 
 // Refine places dec by the prompt's chained block hashes (see the file's
 // comment) and returns the decision the request goes with. It returns dec
@@ -80,7 +79,7 @@ var contentKinds = map[Kind]bool{KindBind: true, KindRebind: true, KindMoved: tr
 // error keeps dec: the request goes where identity placed it.
 func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) (out Decision) {
 	p := d.policy.Load()
-	if !dec.Content || len(chain) == 0 || d.index == nil {
+	if !dec.Open || len(chain) == 0 || d.index == nil {
 		return dec
 	}
 	now := d.now()

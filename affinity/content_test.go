@@ -51,8 +51,8 @@ func TestRefinePlacesANewSessionWhereItsPromptIs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !dec.Content || dec.Kind != affinity.KindBind {
-		t.Fatalf("a new session's decision: kind %s, content %v", dec.Kind, dec.Content)
+	if !dec.Open || dec.Kind != affinity.KindBind {
+		t.Fatalf("a new session's decision: kind %s, content %v", dec.Kind, dec.Open)
 	}
 	got := d.Refine(ctx, dec, chainOf(1, 50))
 	if got.Instance.Name != "gpu-5" || !got.ByContent || got.Matched != 40 {
@@ -60,8 +60,8 @@ func TestRefinePlacesANewSessionWhereItsPromptIs(t *testing.T) {
 	}
 	// The binding followed: the next turn is a hit there, header-only.
 	next, err := d.Decide(ctx, session("s1"))
-	if err != nil || next.Kind != affinity.KindHit || next.Instance.Name != "gpu-5" || next.Content {
-		t.Fatalf("next turn: %s on %s (content %v, %v)", next.Kind, next.Instance.Name, next.Content, err)
+	if err != nil || next.Kind != affinity.KindHit || next.Instance.Name != "gpu-5" || next.Open {
+		t.Fatalf("next turn: %s on %s (content %v, %v)", next.Kind, next.Instance.Name, next.Open, err)
 	}
 	if s, ok, _ := st.Show(ctx, got.Key, clk.now()); !ok || s.Binding.Instance != "gpu-5" {
 		t.Errorf("store holds %+v", s)
@@ -91,7 +91,7 @@ func TestRefineKeepsIdentityWhenTheIndexSaysNothing(t *testing.T) {
 	}
 	// A hit is never content's to decide.
 	hit, _ := d.Decide(ctx, session("s2"))
-	if hit.Content {
+	if hit.Open {
 		t.Error("a hit asks for content")
 	}
 	if r := d.Refine(ctx, hit, chainOf(2, 10)); r.Instance.Name != hit.Instance.Name || r.ByContent {
@@ -111,8 +111,8 @@ func TestRefineSendsPastALoadedHolder(t *testing.T) {
 	}
 	anon := affinity.Request{ID: identity.Identity{}}
 	dec, err := d.Decide(ctx, anon)
-	if err != nil || dec.Kind != affinity.KindAnonymous || !dec.Content {
-		t.Fatalf("anonymous: %s content %v (%v)", dec.Kind, dec.Content, err)
+	if err != nil || dec.Kind != affinity.KindAnonymous || !dec.Open {
+		t.Fatalf("anonymous: %s content %v (%v)", dec.Kind, dec.Open, err)
 	}
 	got := d.Refine(ctx, dec, chainOf(3, 30))
 	if got.Instance.Name != "gpu-1" || got.Matched != 10 {
@@ -124,7 +124,7 @@ func TestContentOffAsksForNothing(t *testing.T) {
 	d := affinity.New(memory.New(), fleet.New(instances(4)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime},
 		affinity.WithPrefixIndex(prefix.NewIndex(10)))
 	dec, _ := d.Decide(context.Background(), session("s"))
-	if dec.Content {
+	if dec.Open {
 		t.Error("content asked for with Content off")
 	}
 }
@@ -151,15 +151,15 @@ func TestSessionPastItsInstanceHorizonIsPlacedAgain(t *testing.T) {
 	clk.add(5 * time.Second)
 	d.Load().SetEngine(home, fleet.EngineReading{CacheTokens: 1000, QueryRate: 110, HitRate: 10, RatesKnown: true, At: clk.now()})
 	hit, _ := d.Decide(ctx, session("h1"))
-	if hit.Kind != affinity.KindHit || hit.Content {
-		t.Fatalf("5 s idle, within the horizon: %s (content %v)", hit.Kind, hit.Content)
+	if hit.Kind != affinity.KindHit || hit.Open {
+		t.Fatalf("5 s idle, within the horizon: %s (content %v)", hit.Kind, hit.Open)
 	}
 	d.Finish(hit, fleet.Outcome{Answered: true})
 	clk.add(20 * time.Second)
 	d.Load().SetEngine(home, fleet.EngineReading{CacheTokens: 1000, QueryRate: 110, HitRate: 10, RatesKnown: true, At: clk.now()})
 	exp, _ := d.Decide(ctx, session("h1"))
-	if exp.Kind != affinity.KindExpired || !exp.Content || exp.Instance.Name != home {
-		t.Fatalf("20 s idle, past the horizon: %s on %s (content %v), want expired on %s", exp.Kind, exp.Instance.Name, exp.Content, home)
+	if exp.Kind != affinity.KindExpired || !exp.Open || exp.Instance.Name != home {
+		t.Fatalf("20 s idle, past the horizon: %s on %s (content %v), want expired on %s", exp.Kind, exp.Instance.Name, exp.Open, home)
 	}
 	// The index still holds its prompt on its instance: it stays.
 	if got := d.Refine(ctx, exp, chainOf(9, 25)); got.Instance.Name != home || !got.ByContent {

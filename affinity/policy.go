@@ -111,7 +111,7 @@ func (p *Policy) Headers() []string {
 }
 
 // OpensPlacement reports whether a decision under p may leave its
-// placement open to the request's body (Decision.Content). It may when
+// placement open to the request's body (Decision.Open). It may when
 // content placement is on and the policy's mode or a rule's binds
 // sessions.
 func (p *Policy) OpensPlacement() bool {

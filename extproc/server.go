@@ -37,7 +37,7 @@ type Identifier interface {
 // Decider picks the instance, and hears how the request ended.
 type Decider interface {
 	Decide(context.Context, affinity.Request) (affinity.Decision, error)
-	// Refine places a decision whose placement is open (Decision.Content)
+	// Refine places a decision whose placement is open (Decision.Open)
 	// by its prompt's chained block hashes.
 	Refine(ctx context.Context, d affinity.Decision, chain []uint64) affinity.Decision
 	// Finish is called once per decision with how the request ended.
@@ -288,7 +288,7 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	s.rec.Decision(id, d, time.Since(start))
 	ex.decision = d
 	ev := decided
-	if d.Content && s.opts.Prompts != nil && s.wantBody(h, msg.GetEndOfStream()) {
+	if d.Open && s.opts.Prompts != nil && s.wantBody(h, msg.GetEndOfStream()) {
 		ev = askedBody // audited once the body places it
 	}
 	if s.opts.Auditor != nil {

@@ -345,7 +345,7 @@ func (t *tetherRouter) route(ctx context.Context, k *call) (int, affinity.Kind, 
 		return 0, "", fmt.Errorf("simulate: decide: %w", err)
 	}
 	var chain []uint64
-	if d.Content {
+	if d.Open {
 		// What tether does with the body Envoy then sends.
 		t.prompts.conv = c // what the chain is made of
 		chain = c.chain()

@@ -190,7 +190,7 @@ func serveDecisions(t *testing.T, cfg config.Config, calls []deciderCall) []affi
 			if err != nil {
 				t.Fatalf("serve's decision %d: %v", c.n, err)
 			}
-			if d.Content && c.chain != nil {
+			if d.Open && c.chain != nil {
 				// The body Envoy sends for an open placement.
 				d = decider.Refine(ctx, d, c.chain)
 			}

@@ -119,7 +119,7 @@ type Decider struct {
 
 	failOpen          FailOpen
 	failOpenOverrides atomic.Uint64
-	index          PrefixIndex // nil: no cache-aware placement
+	index             PrefixIndex // nil: no cache-aware placement
 }
 
 // Option configures a Decider.

@@ -167,8 +167,8 @@ func TestStreamTransitions(t *testing.T) {
 			fl := fleet.New([]fleet.Instance{{Name: "a", Address: "127.0.0.1:9001", Weight: 1}, {Name: "b", Address: "127.0.0.1:9002", Weight: 1}})
 			dec := affinity.New(memory.New(), fl, affinity.Policy{
 				Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Hour},
-				Content: affinity.ContentPolicy{Enabled: true, MinBlocks: 2, BlockTokens: 16, QueuedTokens: 1024, RunningTokens: 128},
-			}, affinity.WithContents(prefix.NewIndex(1<<10)))
+				Content: affinity.Content{Enabled: true, MinBlocks: 2, BlockTokens: 16, QueuedTokens: 1024, RunningTokens: 128},
+			}, affinity.WithPrefixIndex(prefix.NewIndex(1<<10)))
 			l, rec := &ledger{Decider: dec}, &recorded{}
 			srv := extproc.New(ids, l, rec, extproc.Options{
 				ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop(), Auditor: l, DebugHeaders: true,

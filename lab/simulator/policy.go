@@ -250,7 +250,7 @@ func newTetherRouter(p plan.Plan, clock func() int64, rng *rand.Rand) (*tetherRo
 	}
 	d := plan.NewDecider(p, fl, plan.Deps{
 		Index: contents,
-		Store:    store,
+		Store: store,
 		// The load view reads active sessions from the store as tether's
 		// does, so bounded-load placement sees sessions expire.
 		Load:    load,

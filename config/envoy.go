@@ -57,8 +57,8 @@ type Envoy struct {
 	// docs/envoy.md measures the three.
 	Outcomes string `toml:"outcomes"`
 	// OutcomeFlush is how long Envoy's access log may hold entries to send
-	// them in batches (outcomes = "access_log"); it delays the breaker by
-	// as much. 0 (default): each entry is sent as it is written.
+	// them in batches, with outcomes = "access_log". It delays the breaker
+	// by as much. 0, the default, sends each entry as it is written.
 	OutcomeFlush Duration `toml:"outcome_flush"`
 }
 
@@ -144,18 +144,19 @@ func dur(d time.Duration) *Duration {
 }
 
 // defaultOutlier is tuned for LLM traffic: few, slow requests per host.
-//   - Gateway failures (502/503/504, connect failures, resets) eject after 3
-//     in a row: an overloaded or dead model server answers that way, and each
-//     failed request costs a user seconds.
-//   - Any 5xx ejects after 5 in a row: a model server's 500 is more often
+//
+//   - Gateway failures eject after 3 in a row. They are 502, 503, 504,
+//     connect failures and resets. An overloaded or dead model server
+//     answers that way, and each failed request costs a user seconds.
+//   - Any 5xx ejects after 5 in a row. A model server's 500 is more often
 //     one bad prompt than a bad host.
-//   - Success-rate and failure-percentage detection are off: they need a
-//     request volume per interval (default 100) that a GPU instance serving
-//     a few requests a second reaches only on long intervals.
-//   - Ejection starts at 30 s (a model server restart takes longer than the
-//     5 s a web server might need) and is capped at 5 min.
-//   - At most half a cluster is ejected, so a fleet-wide problem (a bad
-//     model rollout) does not empty every cluster at once.
+//   - Success-rate and failure-percentage detection are off. They need a
+//     request volume per interval, 100 by default. A GPU instance serving a
+//     few requests a second reaches that only on long intervals.
+//   - Ejection starts at 30 s and is capped at 5 min. A model server
+//     restart takes longer than the 5 s a web server might need.
+//   - At most half a cluster is ejected. So a fleet-wide problem, such as a
+//     bad model rollout, does not empty every cluster at once.
 func defaultOutlier() OutlierSettings {
 	return OutlierSettings{
 		Consecutive5xx:                     u32(5),
@@ -178,9 +179,9 @@ func defaultOutlier() OutlierSettings {
 }
 
 // defaultCircuitBreakers bound what Envoy sends one instance. Upstreams
-// speak HTTP/1.1, so connections are concurrent requests; a model server
-// batches 64–256 sequences, so 256 in flight and 512 queued in Envoy keep
-// a burst from piling unbounded onto one GPU while not refusing normal load.
+// speak HTTP/1.1, so connections are concurrent requests. A model server
+// batches 64–256 sequences. So 256 in flight and 512 queued in Envoy keep a
+// burst from piling unbounded onto one GPU. They do not refuse normal load.
 func defaultCircuitBreakers() CircuitBreakerSettings {
 	return CircuitBreakerSettings{
 		MaxConnections:     u32(256),

@@ -16,8 +16,9 @@ type Rule struct {
 
 	// Match fields.
 	PathPrefix string `toml:"path_prefix"`
-	// Header alone matches when the header is present; with Value its value
-	// must be exactly Value; with Regex it must match Regex (RE2, unanchored).
+	// Header alone matches when the header is present. With Value, its
+	// value must be exactly Value. With Regex, it must match Regex, an
+	// unanchored RE2.
 	Header string   `toml:"header"`
 	Value  string   `toml:"value"`
 	Regex  string   `toml:"regex"`
@@ -36,7 +37,7 @@ type Rule struct {
 	Version     string   `toml:"version"`      // new sessions start on this model version
 
 	// What the match keys resolve to, filled in by Validate: the compiled
-	// regex (nil: none) and the time window (nil: none).
+	// regex and the time window. Nil means none.
 	Pattern *regexp.Regexp `toml:"-" json:"-"`
 	Window  *Window        `toml:"-" json:"-"`
 }

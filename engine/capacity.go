@@ -5,26 +5,31 @@ import (
 	"strconv"
 )
 
-// maxCacheTokens bounds a KV cache's capacity: no instance holds a trillion
+// maxCacheTokens bounds a KV cache's capacity. No instance holds a trillion
 // tokens of KV cache, so a larger figure is garbage, not capacity.
 const maxCacheTokens int64 = 1 << 40
 
-// The capacity is read apart from the load: its lines are parsed on their
-// own (capacityNames), after the sample, and anything wrong with them (a
-// malformed line, a label that is no number, zero, a negative or huge value)
-// makes the capacity 0, unknown, and never refuses the sample. It is a
+// The capacity is read apart from the load. Its lines, capacityNames, are
+// parsed on their own, after the sample. Anything wrong with them makes the
+// capacity 0, unknown: a malformed line, a label that is no number, zero, a
+// negative or huge value. It never refuses the sample. The capacity is a
 // static figure a router can do without, not a reason to drop a reading.
 
-// vllmCapacity reads vllm:cache_config_info, an info gauge (always 1)
-// whose labels are vLLM's CacheConfig, each value as Python's str() writes it
-// (metrics_info in vllm/config/cache.py; "None" before the engine set it):
-// the capacity is num_gpu_blocks × block_size. With several data-parallel
-// engines there is one series per engine (label engine), and each carries
-// the API server's num_gpu_blocks, which is already the sum over its engines
-// (vllm/v1/engine/utils.py, wait_for_engine_startup: "Sum values from all
-// engines in DP case"): the series are copies, the largest stands for the
-// instance. Newer releases also carry kv_cache_size_tokens, per engine and
-// aware of hybrid models' KV groups; it is not read.
+// vllmCapacity reads vllm:cache_config_info. The capacity is
+// num_gpu_blocks × block_size.
+//
+// It is an info gauge, always 1. Its labels are vLLM's CacheConfig, each
+// value as Python's str() writes it (metrics_info in vllm/config/cache.py).
+// A value is "None" before the engine sets it.
+//
+// Several data-parallel engines give one series each, told apart by the
+// label engine. Each carries the API server's num_gpu_blocks, which is
+// already the sum over its engines. See wait_for_engine_startup in
+// vllm/v1/engine/utils.py: "Sum values from all engines in DP case". So the
+// series are copies, and the largest stands for the instance.
+//
+// Newer releases also carry kv_cache_size_tokens. It is per engine and aware
+// of hybrid models' KV groups. It is not read.
 func vllmCapacity(fams families) int {
 	var best int64
 	for _, m := range fams["vllm:cache_config_info"].GetMetric() {
@@ -41,14 +46,15 @@ func vllmCapacity(fams families) int {
 	return tokens(best)
 }
 
-// sglangCapacity reads sglang:max_total_num_tokens, the gauge of the KV
-// pool's size in tokens each scheduler sets once at start (the constants of
-// SGLang's metrics collector; older releases publish it only in
-// /get_server_info, and then the capacity is unknown). Each data-parallel
-// rank has a pool of its own: the ranks add up, and within a rank the
-// series of its TP, PP and EP ranks are copies, as for the load gauges. One
-// unusable series makes the whole capacity unknown: a sum without a rank
-// would understate it.
+// sglangCapacity reads sglang:max_total_num_tokens. It is the gauge of the KV
+// pool's size in tokens, which each scheduler sets once at start. It is among
+// the constants of SGLang's metrics collector. Older releases publish it only
+// in /get_server_info, and then the capacity is unknown.
+//
+// Each data-parallel rank has a pool of its own, so the ranks add up. Within
+// a rank, the series of its TP, PP and EP ranks are copies, as for the load
+// gauges. One unusable series makes the whole capacity unknown, because a
+// sum without a rank would understate it.
 func sglangCapacity(fams families) int {
 	var buf [8]engineValue
 	ranks, err := sglangSchedulers.of(fams, "sglang:max_total_num_tokens", false, buf[:0])

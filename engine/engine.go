@@ -21,14 +21,14 @@ const (
 // errNotScraped is what Parse and Scrape say of the generic kind.
 var errNotScraped = errors.New("engine: a generic instance has no engine metrics to read")
 
-// Sample is what one exposition says: a reading without its time or
-// rates (At is zero, RatesKnown false), and how many engines it sums.
+// Sample is what one exposition says: a reading and how many engines it
+// sums. It has no time or rates: At is zero and RatesKnown false.
 // Tracker.Observe adds the time and the rates.
 type Sample struct {
 	fleet.EngineReading
-	// Engines is how many engine series the exposition held: the distinct
-	// engine (vLLM) or dp_rank (SGLang) values of the running gauge, 1 when
-	// it carries no such label.
+	// Engines is how many engine series the exposition held. It counts the
+	// distinct values of the running gauge's engine label (vLLM) or dp_rank
+	// label (SGLang). It is 1 when the gauge carries no such label.
 	Engines int
 }
 

@@ -5,20 +5,27 @@ import (
 	"strings"
 )
 
-// An exposition of vLLM runs to ~900 lines, nearly all of them histogram
-// buckets and families tether does not read, and expfmt's parser spends ~30
-// allocations on each. So before parsing, the lines of families certainly not
-// read are dropped: a line whose first token names a metric (a sample line,
-// or a # HELP or # TYPE line) is kept when that name is one the kind reads,
-// and any line the filter is not sure of (not starting with a plain metric
-// name, a quoted name, anything odd) is kept for expfmt to judge. Comments
-// other than HELP and TYPE, which expfmt ignores, are dropped. This decides
-// only what is parsed, never how: expfmt parses what is kept.
+// An exposition of vLLM runs to ~900 lines. Nearly all are histogram buckets
+// and families tether does not read. expfmt's parser spends ~30 allocations
+// on each line. So before parsing, the lines of families certainly not read
+// are dropped:
+//
+//   - A line whose first token names a metric is kept when the kind reads
+//     that name. Such a line is a sample, a # HELP or a # TYPE line.
+//   - A line the filter is not sure of is kept for expfmt to judge. Examples
+//     are a line not starting with a plain metric name, or a quoted name.
+//   - Comments other than HELP and TYPE are dropped. expfmt ignores them.
+//
+// The filter decides only what is parsed, never how. expfmt parses what is
+// kept.
 
-// readNames is the set of names whose lines are kept: the sample names a
-// spec reads, their bare counter names (OpenMetrics' # TYPE lines, and
-// counters exposed without the suffix), and the _bucket, _sum and _count
-// series a wrongly typed family would have, so that it is refused as such.
+// readNames is the set of names whose lines are kept:
+//
+//   - the sample names a spec reads;
+//   - their bare counter names, for OpenMetrics' # TYPE lines and for
+//     counters exposed without the suffix;
+//   - the _bucket, _sum and _count series a wrongly typed family would have.
+//     They are kept so that such a family is refused.
 type readNames map[string]bool
 
 func namesOf(sp *spec, prefixNames ...string) readNames {
@@ -101,8 +108,8 @@ func token(s []byte) (tok, rest []byte) {
 	return s[:i], s[i:]
 }
 
-// metricName is the plain (unquoted) metric name s starts with, and the byte
-// after it (0 at the end of s).
+// metricName is the unquoted metric name s starts with, and the byte after
+// it. That byte is 0 at the end of s.
 func metricName(s []byte) (name []byte, next byte) {
 	i := 0
 	for i < len(s) {

@@ -12,21 +12,26 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// maxCount bounds the waiting and running requests of one instance: no
+// maxCount bounds the waiting and running requests of one instance. No
 // engine holds a billion requests, so a larger count is garbage, not load.
 const maxCount = 1e9
 
-// Parse reads one exposition in the Prometheus text format (what vLLM and
-// SGLang serve on /metrics) and returns what it says, with the requests
-// waiting and running rounded to whole requests. Every failure is an
-// *Error: ReasonParse when r is not the text format (or fails to read),
-// ReasonMissing when the kind's queue gauges are absent, ReasonBadValue when a
-// value tether reads is NaN, infinite, negative, or a usage above 1 (the whole
-// sample is refused). The KV cache's capacity never refuses a sample: what
-// cannot be read of it leaves Sample.CacheTokens 0. The generic kind, or an
-// unknown one, is an error.
+// Parse reads one exposition in the Prometheus text format and returns what
+// it says. vLLM and SGLang serve that format on /metrics. The requests
+// waiting and running are rounded to whole requests.
 //
-// Parse reads r to its end; bound it (Scrape does, to its MaxBody).
+// Every failure is an *Error:
+//
+//   - ReasonParse: r is not the text format, or fails to read.
+//   - ReasonMissing: the kind's queue gauges are absent.
+//   - ReasonBadValue: a value tether reads is NaN, infinite, negative, or a
+//     usage above 1. The whole sample is refused.
+//
+// The KV cache's capacity never refuses a sample. What cannot be read of it
+// leaves Sample.CacheTokens 0. The generic kind, or an unknown one, is an
+// error.
+//
+// Parse reads r to its end, so bound it. Scrape bounds it to its MaxBody.
 func Parse(kind Kind, r io.Reader) (Sample, error) {
 	sp, err := specOf(kind)
 	if err != nil {
@@ -44,20 +49,21 @@ type families map[string]*dto.MetricFamily
 
 // spec is how the exposition of one kind of engine is read.
 type spec struct {
-	// running and waiting are the queue gauges (required), usage the
-	// candidate KV-cache usage gauges, the first present wins.
+	// running and waiting are the queue gauges. Both are required.
+	// usage lists the candidate KV-cache usage gauges. The first present
+	// wins.
 	running, waiting string
 	usage            []string
-	// engine is how the engine's own series (the scheduler's) combine.
+	// engine is how the engine's own series, the scheduler's, combine.
 	engine fold
 	// prefix reads the cumulative prefix-cache token counters.
 	prefix func(families) (hits, queries float64, known bool, err error)
-	// preemptions is the cumulative preemption counter (by sample name).
+	// preemptions is the sample name of the cumulative preemption counter.
 	preemptions string
-	// names are the names whose lines are parsed (see lines.go).
+	// names are the names whose lines are parsed. See lines.go.
 	names readNames
-	// capacity reads the KV cache's capacity in tokens (capacity.go) from
-	// the lines of capacityNames, parsed apart: 0 when unknown.
+	// capacity reads the KV cache's capacity in tokens, 0 when unknown.
+	// It reads the lines of capacityNames, parsed apart. See capacity.go.
 	capacity      func(families) int
 	capacityNames readNames
 }
@@ -84,11 +90,15 @@ func specOf(kind Kind) (*spec, error) {
 	return nil, fmt.Errorf("engine: unknown engine %q", string(kind))
 }
 
-// parse parses the lines of b that sp reads (lines.go). Every line of the
-// text format ends in a newline, so a body that does not (blanks aside) was
-// cut short: refused whatever family the cut fell in. When the queue gauges
-// are missing, the whole of b is parsed to tell an exposition without them
-// (ReasonMissing) from something that is no exposition at all (ReasonParse).
+// parse parses the lines of b that sp reads. See lines.go.
+//
+// Every line of the text format ends in a newline. A body that does not end
+// in one, blanks aside, was cut short. It is refused, whatever family the cut
+// fell in.
+//
+// When the queue gauges are missing, the whole of b is parsed. That tells an
+// exposition without them (ReasonMissing) from something that is no
+// exposition at all (ReasonParse).
 func (sp *spec) parse(b []byte) (Sample, error) {
 	if len(trimBlank(b[bytes.LastIndexByte(b, '\n')+1:])) > 0 {
 		return Sample{}, errorf(ReasonParse, "the exposition ends inside a line (%d bytes)", len(b))
@@ -186,22 +196,23 @@ type engineValue struct {
 
 // fold says how the series of one family become one value per engine.
 type fold struct {
-	// label groups the series by engine: its value names the engine (a
-	// series without it belongs to the engine ""). Empty: one engine.
+	// label groups the series by engine. Its value names the engine. A
+	// series without it belongs to the engine "". An empty label means
+	// one engine.
 	label string
-	// copies: the series of one engine that differ in other labels are
-	// copies of one view (SGLang's TP, PP and EP ranks each report their
-	// scheduler's state), so the largest stands for the engine. Otherwise
-	// they add up.
+	// copies says the series of one engine that differ in other labels
+	// are copies of one view. SGLang's TP, PP and EP ranks each report
+	// their scheduler's state. The largest then stands for the engine.
+	// Otherwise the series add up.
 	copies bool
-	// keep, when set, drops the series it refuses (a per-priority
-	// breakdown of a total, say) before anything is checked.
+	// keep, when set, drops the series it refuses before anything is
+	// checked. A per-priority breakdown of a total is one such series.
 	keep func(*dto.Metric) bool
 }
 
 // of folds the family whose samples are named name into dst, one value per
-// engine; nothing when the family is absent. ratio says the values are
-// shares, 0 to 1.
+// engine. It adds nothing when the family is absent. ratio says the values
+// are shares, 0 to 1.
 func (f fold) of(fams families, name string, ratio bool, dst []engineValue) ([]engineValue, error) {
 	mf := lookup(fams, name)
 	if mf == nil {
@@ -243,15 +254,19 @@ func (f fold) of(fams families, name string, ratio bool, dst []engineValue) ([]e
 	return dst, nil
 }
 
-// lookup finds the family whose samples are named name. The text format
-// names a family as its # TYPE line does, and client_python writes that line
-// with the sample's name (a counter vllm:prefix_cache_hits as
-// vllm:prefix_cache_hits_total, its _created series as a gauge family of its
-// own); OpenMetrics writes the bare name (# TYPE vllm:prefix_cache_hits
-// counter over vllm:prefix_cache_hits_total samples), which expfmt's text
-// parser turns into an untyped family named after the samples. Both are found
-// by the sample name. A counter family that drops the suffix from its samples
-// too is found by the bare name.
+// lookup finds the family whose samples are named name.
+//
+// The text format names a family as its # TYPE line does. client_python
+// writes that line with the sample's name. A counter vllm:prefix_cache_hits
+// becomes vllm:prefix_cache_hits_total. Its _created series becomes a gauge
+// family of its own.
+//
+// OpenMetrics writes the bare name: # TYPE vllm:prefix_cache_hits counter,
+// over vllm:prefix_cache_hits_total samples. expfmt's text parser turns that
+// into an untyped family named after the samples.
+//
+// Both are found by the sample name. A counter family that also drops the
+// suffix from its samples is found by the bare name.
 func lookup(fams families, name string) *dto.MetricFamily {
 	if mf := fams[name]; mf != nil {
 		return mf
@@ -264,7 +279,7 @@ func lookup(fams families, name string) *dto.MetricFamily {
 	return nil
 }
 
-// number is the value of a counter, gauge or untyped sample; a histogram or
+// number is the value of a counter, gauge or untyped sample. A histogram or
 // summary has none.
 func number(t dto.MetricType, m *dto.Metric) (float64, bool) {
 	switch t {

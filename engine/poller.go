@@ -11,11 +11,12 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 )
 
-// Recorder counts the scrapes (the metrics package implements it).
+// Recorder counts the scrapes. The metrics package implements it.
 type Recorder interface {
 	// Scraped records one scrape of instance: how long it took, and the
-	// reason it failed ("" when it did not; a reading with a counter that
-	// went backwards is used and reported as ReasonCounterReset).
+	// reason it failed. The reason is "" when it did not fail. A reading
+	// with a counter that went backwards is used, and reported as
+	// ReasonCounterReset.
 	Scraped(instance string, took time.Duration, reason string)
 	// Shards records how many shards this replica holds.
 	Shards(held int)
@@ -24,30 +25,30 @@ type Recorder interface {
 // Logger receives at most one line per round: the failures of that round.
 type Logger func(failed int, summary string)
 
-// Shards says which instances this replica scrapes (replicas.Shards: the
-// scrapes are split between the replicas by leases in the store).
+// Shards says which instances this replica scrapes. replicas.Shards splits
+// the scrapes between the replicas by leases in the store.
 type Shards interface {
 	// Take returns the instances of instances this replica scrapes this
-	// round, and how many shards it holds; err says a lease could not be
-	// read, mine then holds the instances scraped anyway.
+	// round, and how many shards it holds. err says a lease could not be
+	// read. mine then holds the instances scraped anyway.
 	Take(ctx context.Context, instances []fleet.Instance, now time.Time) (mine []fleet.Instance, held int, err error)
-	// Release gives the shards up (the poller stopping).
+	// Release gives the shards up when the poller stops.
 	Release()
 }
 
-// Readings is where the poller puts what it reads: the load view
-// (affinity.Load), which shares it with the other replicas on its next
-// sync.
+// Readings is where the poller puts what it reads. It is the load view,
+// affinity.Load. The view shares the readings with the other replicas on
+// its next sync.
 type Readings interface {
 	SetEngine(instance string, r fleet.EngineReading)
 	ForgetEngine(instance string)
 }
 
 // Poller scrapes, every Interval, the engines of the instances Shards
-// gives this replica, and hands each reading to the load view. A failed
-// scrape leaves the last reading to expire: it never marks an instance
-// unhealthy (Envoy's outlier detection and the instance breaker decide
-// that).
+// gives this replica. It hands each reading to the load view. A failed
+// scrape leaves the last reading to expire. It never marks an instance
+// unhealthy: Envoy's outlier detection and the instance breaker decide
+// that.
 type Poller struct {
 	Instances func() []fleet.Instance // the current fleet
 	Shards    Shards

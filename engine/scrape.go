@@ -20,25 +20,27 @@ const (
 	DefaultMaxBody = 4 << 20
 )
 
-// accept asks for the Prometheus text format. client_python (vLLM, SGLang)
-// answers in OpenMetrics only when asked for it, and OpenMetrics may carry
-// exemplars, which the text parser refuses.
+// accept asks for the Prometheus text format. client_python, which vLLM and
+// SGLang use, answers in OpenMetrics only when asked for it. OpenMetrics may
+// carry exemplars, which the text parser refuses.
 const accept = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 // Scraper reads instances' /metrics. Its fields are read at each Scrape and
-// must not change while scrapes run; it is safe for concurrent use.
+// must not change while scrapes run. It is safe for concurrent use.
 type Scraper struct {
-	// Client makes the requests. Nil: a client of the Scraper's own, which
-	// keeps its connections alive (a few idle per instance), goes straight
-	// to the instance whatever HTTP_PROXY says (the metrics URLs are on the
-	// serving network), and does not ask for gzip (it would cost the
-	// engine's API server more CPU than the bytes cost the network).
+	// Client makes the requests. Nil means a client of the Scraper's own:
+	//
+	//   - It keeps a few idle connections per instance alive.
+	//   - It goes straight to the instance, whatever HTTP_PROXY says. The
+	//     metrics URLs are on the serving network.
+	//   - It does not ask for gzip. That would cost the engine's API server
+	//     more CPU than the bytes cost the network.
 	Client *http.Client
-	// Timeout bounds one scrape, from the request to the end of the body;
-	// zero or negative: DefaultTimeout.
+	// Timeout bounds one scrape, from the request to the end of the body.
+	// Zero or negative means DefaultTimeout.
 	Timeout time.Duration
-	// MaxBody is the largest body read; a larger one is refused whole
-	// (ReasonTooLarge). Zero or negative: DefaultMaxBody.
+	// MaxBody is the largest body read. A larger one is refused whole with
+	// ReasonTooLarge. Zero or negative means DefaultMaxBody.
 	MaxBody int64
 
 	once    sync.Once
@@ -46,11 +48,13 @@ type Scraper struct {
 	buffers sync.Pool // of *bytes.Buffer
 }
 
-// Scrape GETs url and parses the answer as an exposition of kind. Errors
-// are *Error (ReasonConnect, ReasonTimeout, ReasonStatus, ReasonTooLarge,
-// and Parse's reasons), except when ctx itself is cancelled: then the error
-// wraps ctx's and its Reason is ReasonOther. The generic kind is never
-// scraped: an error, and no request.
+// Scrape GETs url and parses the answer as an exposition of kind.
+//
+// Errors are *Error, with ReasonConnect, ReasonTimeout, ReasonStatus,
+// ReasonTooLarge or one of Parse's reasons. The exception is ctx itself
+// being cancelled. Then the error wraps ctx's, and its Reason is
+// ReasonOther. The generic kind is never scraped: it gives an error and
+// makes no request.
 func (s *Scraper) Scrape(ctx context.Context, kind Kind, url string) (Sample, error) {
 	sp, err := specOf(kind)
 	if err != nil {
@@ -78,8 +82,8 @@ func (s *Scraper) Scrape(ctx context.Context, kind Kind, url string) (Sample, er
 		return Sample{}, transportError(parent, url, err)
 	}
 	defer func() {
-		// Read a little of what is left so that a short unread tail does
-		// not cost the connection; a long one does.
+		// Read a little of what is left, so that a short unread tail does
+		// not cost the connection. A long one does.
 		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10)
 		_ = resp.Body.Close()
 	}()
@@ -94,8 +98,8 @@ func (s *Scraper) Scrape(ctx context.Context, kind Kind, url string) (Sample, er
 			return Sample{}, errorf(ReasonParse, "GET %s: a %s body, not the Prometheus text format", url, mt)
 		}
 	}
-	// The body is read whole (to the limit) before it is parsed: a body
-	// over the limit costs a copy, not the parse of MaxBody bytes.
+	// The body is read whole, up to the limit, before it is parsed. So a
+	// body over the limit costs a copy, not the parse of MaxBody bytes.
 	buf := s.buffer()
 	defer s.release(buf)
 	_, err = buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
@@ -108,8 +112,8 @@ func (s *Scraper) Scrape(ctx context.Context, kind Kind, url string) (Sample, er
 	return sp.parse(buf.Bytes())
 }
 
-// transportError classifies a failed request or body read: the caller's own
-// cancellation as itself, a deadline as ReasonTimeout, the rest as
+// transportError classifies a failed request or body read. The caller's own
+// cancellation stays itself. A deadline is ReasonTimeout. The rest is
 // ReasonConnect.
 func transportError(parent context.Context, url string, err error) error {
 	if errors.Is(parent.Err(), context.Canceled) {
@@ -122,8 +126,8 @@ func transportError(parent context.Context, url string, err error) error {
 	return &Error{Reason: ReasonConnect, Err: err}
 }
 
-// keptBuffer is the largest body buffer kept for the next scrape; a larger
-// one (a fleet's odd instance) is left to the garbage collector.
+// keptBuffer is the largest body buffer kept for the next scrape. A larger
+// one, from a fleet's odd instance, is left to the garbage collector.
 const keptBuffer = 1 << 20
 
 func (s *Scraper) buffer() *bytes.Buffer {
@@ -157,9 +161,9 @@ func newTransport() *http.Transport {
 	}
 	t.Proxy = nil
 	t.DisableCompression = true
-	// One scrape per instance at a time, every scrape_interval: two idle
-	// connections per instance are plenty, and no cap over the fleet (the
-	// default 100 would churn connections past 100 instances).
+	// There is one scrape per instance at a time, every scrape_interval. So
+	// two idle connections per instance are plenty. There is no cap over the
+	// fleet: the default 100 would churn connections past 100 instances.
 	t.MaxIdleConns = 0
 	t.MaxIdleConnsPerHost = 2
 	t.IdleConnTimeout = 90 * time.Second

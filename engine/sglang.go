@@ -2,13 +2,17 @@ package engine
 
 import dto "github.com/prometheus/client_model/go"
 
-// SGLang's schedulers label their metrics model_name and engine_type (and,
-// in later releases, tp_rank, pp_rank, moe_ep_rank, and dp_rank when there is
-// more than one data-parallel rank). Only a scheduler of attention-TP rank 0
-// reports, one per dp rank, unless --enable-metrics-for-all-schedulers makes
-// every rank report the same state; so the series of one dp_rank are copies,
-// and the largest stands for the rank. With priority scheduling the total is
-// the series priority="" and priority="<n>" are a breakdown of it, dropped.
+// SGLang's schedulers label their metrics model_name and engine_type. Later
+// releases add tp_rank, pp_rank and moe_ep_rank. They add dp_rank when there
+// is more than one data-parallel rank.
+//
+// Only a scheduler of attention-TP rank 0 reports, one per dp rank.
+// --enable-metrics-for-all-schedulers makes every rank report the same state.
+// So the series of one dp_rank are copies, and the largest stands for the
+// rank.
+//
+// With priority scheduling, the series priority="" is the total. The
+// priority="<n>" series are a breakdown of it, and are dropped.
 var sglangSpec = spec{
 	running:     "sglang:num_running_reqs",
 	waiting:     "sglang:num_queue_reqs",
@@ -22,15 +26,21 @@ var sglangSchedulers = fold{label: "dp_rank", copies: true, keep: noPriorityBrea
 
 func noPriorityBreakdown(m *dto.Metric) bool { return labelValue(m, "priority") == "" }
 
-// sglangPrefix reads the scheduler's realtime_tokens_total, whose mode
-// prefill_cache counts the prompt tokens found in the radix cache and
-// prefill_compute those computed (SGLang's cache_hit_rate gauge is
-// cache / (cache + compute) over its log interval); it counts as prefill is
-// scheduled. Older releases lack it: there the tokenizer manager's
-// prompt_tokens_total and cached_tokens_total, counted when a request
-// finishes, summed over all their series (custom labels, is_streaming,
-// cache_source). cached_tokens_total has no series until the first cache hit,
-// so prompt tokens alone make the counters known.
+// sglangPrefix reads the scheduler's realtime_tokens_total. It counts as
+// prefill is scheduled.
+//
+//   - mode prefill_cache counts the prompt tokens found in the radix cache.
+//   - mode prefill_compute counts those computed.
+//
+// SGLang's cache_hit_rate gauge is cache / (cache + compute) over its log
+// interval.
+//
+// Older releases lack realtime_tokens_total. There it reads the tokenizer
+// manager's prompt_tokens_total and cached_tokens_total. Those count when a
+// request finishes. They are summed over all their series, whatever the
+// custom labels, is_streaming or cache_source. cached_tokens_total has no
+// series until the first cache hit. So prompt tokens alone make the counters
+// known.
 func sglangPrefix(fams families) (hits, queries float64, known bool, err error) {
 	var buf [8]engineValue
 	cache, err := sglangCacheTokens.of(fams, "sglang:realtime_tokens_total", false, buf[:0])

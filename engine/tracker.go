@@ -26,12 +26,16 @@ func NewTracker() *Tracker {
 }
 
 // Observe returns the reading of s taken at at, with the rates since the
-// instance's sample before. There are none (RatesKnown false) for the first
-// sample of an instance, when at is not after the sample before (which stays
-// the reference), when the number of engines or whether the prefix counters
-// are known changed, and when a counter went backwards (an engine restart):
-// then the error is an *Error with ReasonCounterReset, and the reading is
-// still valid and should be used. A rate is never negative.
+// instance's sample before. There are no rates, and RatesKnown is false:
+//
+//   - for the first sample of an instance;
+//   - when at is not after the sample before, which stays the reference;
+//   - when the number of engines changed, or whether the prefix counters
+//     are known;
+//   - when a counter went backwards, as on an engine restart.
+//
+// In the last case the error is an *Error with ReasonCounterReset. The
+// reading is still valid and should be used. A rate is never negative.
 func (t *Tracker) Observe(instance string, s Sample, at time.Time) (fleet.EngineReading, error) {
 	r := s.EngineReading
 	r.At = at
@@ -64,8 +68,8 @@ func (t *Tracker) Observe(instance string, s Sample, at time.Time) (fleet.Engine
 	return r, nil
 }
 
-// Forget drops what the Tracker knows of instance (one leaving the fleet):
-// its next sample is a first one.
+// Forget drops what the Tracker knows of instance, as when it leaves the
+// fleet. Its next sample is a first one.
 func (t *Tracker) Forget(instance string) {
 	t.mu.Lock()
 	delete(t.last, instance)

@@ -14,15 +14,17 @@ import (
 	"github.com/tetherproxy/tether/fleet"
 )
 
-// This file is the one place that builds ext_proc replies, so Envoy's rules
+// This file is the one place that builds ext_proc replies. So Envoy's rules
 // live here only:
-//   - header values go in raw_value, never also in value (Envoy rejects both);
-//   - the deprecated append field is left unset, which means overwrite: a
-//     client cannot pre-set the routing header;
+//
+//   - Header values go in raw_value, never also in value. Envoy rejects
+//     both.
+//   - The deprecated append field is left unset, which means overwrite. So
+//     a client cannot pre-set the routing header.
 //   - clear_route_cache only takes effect when the same reply carries a
-//     header mutation, so the routing header and the bit travel together.
+//     header mutation. So the routing header and the bit travel together.
 
-// header is one header to set (or one metadata field).
+// header is one header to set, or one metadata field.
 type header struct{ key, value string }
 
 func setHeaders(hs ...header) *extprocv3.HeaderMutation {

@@ -50,11 +50,11 @@ type Report struct {
 }
 
 // Breaker tracks instance failures for one tether replica. Each replica
-// counts what it sees itself and opens a circuit on its own count at once;
-// the replicas' counts also meet in a shared store (Reports go out, Sync
-// brings the shared circuits back), so a circuit opened by the fleet's
-// combined count, or closed by another replica's probe, holds everywhere.
-// Without a store (or while it is down) the local view decides alone.
+// counts what it sees itself, and opens a circuit on its own count at once.
+// The replicas' counts also meet in a shared store. Reports go out, and Sync
+// brings the shared circuits back. So a circuit holds everywhere when the
+// fleet's combined count opened it, or another replica's probe closed it.
+// Without a store, or while it is down, the local view decides alone.
 //
 // It is safe for concurrent use. Available is lock-free while every
 // circuit is closed.
@@ -78,8 +78,8 @@ type circuit struct {
 	probeAt  time.Time   // when the last probe began
 	shared   bool        // the store holds this open circuit
 	// recovered is the cooldown end of the opening this replica's own
-	// probe closed: the store may still hold that opening until the
-	// report reaches it, and Sync must not reopen the circuit for it.
+	// probe closed. The store may still hold that opening until the report
+	// reaches it. Sync must not reopen the circuit for it.
 	recovered time.Time
 }
 
@@ -87,10 +87,10 @@ type circuit struct {
 // drops reports (counted): the local view still decides.
 const reportBuffer = 1024
 
-// NewBreaker returns a breaker with every circuit closed. now is the clock
-// (time.Now when nil). onChange, when not nil, hears every state change,
-// for metrics and logs; it is called with the breaker's lock held and must
-// not call back into it.
+// NewBreaker returns a breaker with every circuit closed. now is the clock,
+// time.Now when nil. onChange, when not nil, hears every state change, for
+// metrics and logs. It is called with the breaker's lock held, and must not
+// call back into it.
 func NewBreaker(cfg BreakerConfig, now func() time.Time, onChange func(instance string, s State)) *Breaker {
 	if now == nil {
 		now = time.Now
@@ -152,9 +152,10 @@ func (b *Breaker) Begin(instance string) (probe bool) {
 	return probe
 }
 
-// TryBegin is Begin that refuses (ok false, nothing counted) a half-open
-// instance whose probe is in flight: Available said yes to every request
-// that asked before the first of them began, and only one may probe.
+// TryBegin is Begin that refuses a half-open instance whose probe is in
+// flight. It then returns ok false and counts nothing. Available said yes to
+// every request that asked before the first of them began. Only one may
+// probe.
 func (b *Breaker) TryBegin(instance string) (probe, ok bool) {
 	return b.begin(instance, false)
 }
@@ -178,10 +179,10 @@ func (b *Breaker) begin(instance string, force bool) (probe, ok bool) {
 }
 
 // Done records how a request Begin counted ended. While the circuit is
-// half-open only its probes count: a request sent before the circuit
-// opened says nothing of the instance since its cooldown. probe is what
-// Begin returned: the request was a half-open probe. It returns true when
-// this failure opened the circuit.
+// half-open only its probes count. A request sent before the circuit opened
+// says nothing of the instance since its cooldown. probe is what Begin
+// returned, true when the request was a half-open probe. Done returns true
+// when this failure opened the circuit.
 func (b *Breaker) Done(instance string, probe bool, o Outcome) (opened bool) {
 	answered, failed := o.Answered, o.Failed
 	if !failed && b.notClosed.Load() == 0 {
@@ -249,14 +250,16 @@ func (b *Breaker) Opened(instance string, until time.Time) {
 	}
 }
 
-// Sync applies the shared circuits: open maps each instance the store
-// holds open (or half-open: its cooldown is over) to the end of its
-// cooldown. A circuit this replica learnt from the store and the store no
-// longer holds was closed by another replica's probe; circuits this
-// replica opened alone (the store was down) run their own course. known
-// says which instances are in the fleet: the others' circuits are
-// dropped, so an instance removed while out does not keep the breaker
-// busy.
+// Sync applies the shared circuits. open maps each instance the store holds
+// open to the end of its cooldown. That includes half-open circuits, whose
+// cooldown is over.
+//
+// A circuit this replica learnt from the store, and the store no longer
+// holds, was closed by another replica's probe. Circuits this replica
+// opened alone, while the store was down, run their own course.
+//
+// known says which instances are in the fleet. The others' circuits are
+// dropped. So an instance removed while out does not keep the breaker busy.
 func (b *Breaker) Sync(open map[string]time.Time, known func(instance string) bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -310,10 +313,10 @@ func (b *Breaker) Snapshot() map[string]State {
 	return out
 }
 
-// stateLocked is c's state now: an open circuit whose cooldown is over is
-// half-open. A probe not heard of within a cooldown frees its place: its
-// outcome may have gone to another replica, whose report then reaches
-// this one through the store, or been lost.
+// stateLocked is c's state now. An open circuit whose cooldown is over is
+// half-open. A probe not heard of within a cooldown frees its place. Its
+// outcome may have gone to another replica, whose report then reaches this
+// one through the store. Or it may have been lost.
 func (b *Breaker) stateLocked(instance string, c *circuit) State {
 	now := b.now()
 	if c.state == Open && !now.Before(c.until) {

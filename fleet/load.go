@@ -23,10 +23,11 @@ type EngineReading struct {
 	// Preemptions is the engine's cumulative count of preempted requests
 	// (SGLang: retracted); 0 when it publishes none.
 	Preemptions float64
-	// CacheTokens is the KV cache's capacity in tokens as the engine
-	// publishes it (vLLM: num_gpu_blocks × block_size from
-	// vllm:cache_config_info; SGLang: sglang:max_total_num_tokens, summed
-	// over its data-parallel ranks); 0: not published.
+	// CacheTokens is the KV cache's capacity in tokens, as the engine
+	// publishes it. 0 means not published.
+	//   - vLLM: num_gpu_blocks × block_size, from vllm:cache_config_info.
+	//   - SGLang: sglang:max_total_num_tokens, summed over its data-parallel
+	//     ranks.
 	CacheTokens int
 	// HitRate, QueryRate and PreemptionRate are per second between this
 	// reading and the one before it. RatesKnown is false for the first

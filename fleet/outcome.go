@@ -3,18 +3,19 @@ package fleet
 import "time"
 
 // Outcome is how a request sent to an instance ended, as Envoy reported it
-// to tether (its response headers, or its access-log entry): the decider
-// and its instance breaker, and the metrics, hear it. The zero value is a
-// request that ended before any response (the client left, the stream
-// broke), which says nothing about the instance.
+// to tether. Envoy reports it in the response headers or the access-log
+// entry. The decider, its instance breaker and the metrics hear it. The
+// zero value is a request that ended before any response, as when the
+// client left or the stream broke. It says nothing about the instance.
 type Outcome struct {
 	// Answered: a host answered, with any status; not Envoy's own reply for
 	// which it picked no host, nor its overflow, which say nothing about
 	// the instance either.
 	Answered bool
-	// Failed: the instance failed the request: a 5xx of its own, a reply
-	// Envoy made because it could not reach or hear from it, or an answer
-	// from another host (Peer). The instance breaker counts it.
+	// Failed says the instance failed the request. That is a 5xx of its
+	// own, or a reply Envoy made because it could not reach or hear from
+	// it. It is also an answer from another host (Peer). The instance
+	// breaker counts it.
 	Failed bool
 	// Status is the response's HTTP status (0: none).
 	Status int

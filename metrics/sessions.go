@@ -14,28 +14,30 @@ import (
 // from the binding store, for the session-length metrics.
 type Counts interface {
 	// Requests returns the request count of each session key's live
-	// binding at now, in the order of keys: 0 for a key without one
-	// (ended, never bound). keys are session keys (bindings.Result.Key):
-	// an alias link is not followed.
+	// binding at now, in the order of keys. A key without one, ended or
+	// never bound, gives 0. keys are session keys (bindings.Result.Key). An
+	// alias link is not followed.
 	Requests(ctx context.Context, keys []string, now time.Time) ([]int, error)
 }
 
-// SessionLengths measures how many requests a session makes before it ends
-// (its binding expires or is deleted): tether_session_requests.
+// SessionLengths measures how many requests a session makes before it ends,
+// in tether_session_requests. A session ends when its binding expires or is
+// deleted.
 //
-// No replica sees every request of a session, but every request carries
-// the session's count from the binding store (affinity.Decision.Requests),
-// so the replica that served the last request holds the final count. Each
+// No replica sees every request of a session. But every request carries the
+// session's count from the binding store (affinity.Decision.Requests). So
+// the replica that served the last request holds the final count. Each
 // replica remembers, per session key, the highest count it saw and when
 // (Seen). Once a session has been quiet here for 30 s, Sweep asks the store
 // for its current count:
 //
-//   - lower than ours, 0 included: the binding we saw is gone (a new
-//     session may have started on the key since), and nobody served it
-//     after us: observe our count, forget the session;
-//   - higher: another replica served it later and will observe it: forget
-//     the session without observing;
-//   - equal: still live, and ours: ask again 30 s later, then every minute.
+//   - Lower than ours, 0 included: the binding we saw is gone, and nobody
+//     served it after us. A new session may have started on the key since.
+//     Observe our count and forget the session.
+//   - Higher: another replica served it later and will observe it. Forget
+//     the session without observing.
+//   - Equal: it is still live, and ours. Ask again 30 s later, then every
+//     minute.
 //
 // Rechecks are never further apart than a minute, because a binding may
 // live as little as a second, the shortest idle timeout. Still, a replica
@@ -47,20 +49,22 @@ type Counts interface {
 //
 // With longer idle timeouts each ended session is observed once. These
 // are missed:
+//
 //   - sessions whose last request this replica served when it stopped or
-//     restarted, or while it tracked too many sessions
-//     (tether_session_requests_untracked_total);
+//     restarted;
+//   - sessions whose last request this replica served while it tracked too
+//     many sessions. tether_session_requests_untracked_total counts them.
 //   - sessions whose last requests the store counted but that got no
-//     decision: refused by fallback_policy "none" or by strict version
-//     affinity, or cancelled.
+//     decision. They were refused by fallback_policy "none" or by strict
+//     version affinity, or cancelled.
 //
 // A session whose key starts a new session within a minute or so of the
 // old binding expiring may be merged into the new one.
 //
-// Cost: Seen is a map update under a mutex (no allocation for a session
-// already tracked). The sweep reads one count per quiet session per
-// replica that served it (in pipelines), and one a minute for the replica
-// that served the last request, while the session stays quiet. Memory is
+// Cost: Seen is a map update under a mutex. It allocates nothing for a
+// session already tracked. The sweep reads, in pipelines, one count per
+// quiet session per replica that served it. The replica that served the
+// last request reads one a minute while the session stays quiet. Memory is
 // about 100 bytes per tracked session, bounded by MaxSessions.
 type SessionLengths struct {
 	store       Counts // the binding store
@@ -93,12 +97,13 @@ const (
 	// and the first recheck's wait; maxRecheck caps the doubling waits.
 	quiet      = 30 * time.Second
 	maxRecheck = time.Minute
-	// reorderWindow: a count lower than the highest seen, arriving later
-	// than this after it, is a new session on the key; earlier, it is a
-	// request that raced the one with the higher count.
+	// reorderWindow tells a new session from a race. A count lower than
+	// the highest seen, arriving later than this after it, is a new session
+	// on the key. Arriving earlier, it is a request that raced the one with
+	// the higher count.
 	reorderWindow = 500 * time.Millisecond
-	// checkBatch is how many counts one store call reads; checkTimeout
-	// bounds the call; scanChunk is how many sessions the sweep looks at
+	// checkBatch is how many counts one store call reads. checkTimeout
+	// bounds the call. scanChunk is how many sessions the sweep looks at
 	// between releases of the lock, so Seen never waits long.
 	checkBatch   = 256
 	checkTimeout = 5 * time.Second

@@ -1,11 +1,17 @@
-// Package store opens tether's binding store by its URL (redis.url): the
-// in-process memory store for "embedded", a Redis store for anything else.
+// Package store opens tether's binding store by its URL, redis.url.
+// "embedded" opens the in-process memory store. Anything else opens a Redis
+// store.
+//
 // Each package that uses the store declares the interface it needs, where
-// it uses it: the decision (affinity.Store), the replicas' sync
-// (replicas.LoadSyncer, Circuits, Leases, ContentBus), the admin API
-// (admin.SessionIndex, admin.Checker), the session-length metrics
-// (metrics.Counts). Store here is all of them together, which is what the
-// server wires; the types they speak are in package bindings.
+// it uses it:
+//
+//   - the decision: affinity.Store;
+//   - the replicas' sync: replicas.LoadSyncer, Circuits, Leases, ContentBus;
+//   - the admin API: admin.SessionIndex, admin.Checker;
+//   - the session-length metrics: metrics.Counts.
+//
+// Store here is all of them together, which is what the server wires. The
+// types they speak are in package bindings.
 package store
 
 import (
@@ -20,10 +26,10 @@ import (
 	"github.com/tetherproxy/tether/store/redis"
 )
 
-// Embedded is the URL of the in-process memory store (store/memory): the
-// local stack and demos run without a Redis server. Bindings live only as
-// long as the process and are not shared with other replicas. It takes no
-// settings: the value is exactly "embedded".
+// Embedded is the URL of the in-process memory store, store/memory. With it
+// the local stack and demos run without a Redis server. Bindings live only
+// as long as the process and are not shared with other replicas. It takes
+// no settings: the value is exactly "embedded".
 const Embedded = "embedded"
 
 // Store is everything a tether replica uses of its binding store.
@@ -34,15 +40,15 @@ type Store interface {
 	replicas.Leases     // who scrapes which engines
 	replicas.ContentBus // the prefix index's records, between replicas
 
-	// The session index (admin.SessionIndex; replicas.CircuitShare reads
-	// Bound).
+	// The session index, admin.SessionIndex. replicas.CircuitShare reads
+	// Bound.
 	Show(ctx context.Context, key string, now time.Time) (s bindings.Session, ok bool, err error)
 	Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move, now time.Time) (marked, remaining int, err error)
 	Bound(ctx context.Context, instance string, limit int, now time.Time) ([]bindings.Session, error)
-	// Requests reads sessions' request counts (metrics.Counts).
+	// Requests reads sessions' request counts, for metrics.Counts.
 	Requests(ctx context.Context, keys []string, now time.Time) ([]int, error)
-	// Ping and Health tell readiness whether the store reaches its backend
-	// (admin.Checker).
+	// Ping and Health tell readiness whether the store reaches its backend.
+	// They are admin.Checker.
 	Ping(ctx context.Context) error
 	Health() bindings.Health
 
@@ -55,29 +61,30 @@ var (
 )
 
 // Options tune what Open builds. The memory store has no round trip to
-// bound, no write that can fail apart from the decision, and no guard that
-// opens: it uses only OnGuard, which it calls once with false.
+// bound. It has no write that can fail apart from the decision, and no guard
+// that opens. It uses only OnGuard, which it calls once with false.
 type Options struct {
-	// Timeout bounds each round trip of the request path
-	// (redis.Options.Timeout); 0 disables it.
+	// Timeout bounds each round trip of the request path. 0 disables it.
+	// See redis.Options.Timeout.
 	Timeout time.Duration
-	// OnIndexError hears of failed writes that do not fail the decision
-	// (redis.Options.OnIndexError).
+	// OnIndexError hears of failed writes that do not fail the decision.
+	// See redis.Options.OnIndexError.
 	OnIndexError func(error)
-	// OnGuard hears the state of the store's guard on its backend: once
-	// when the store is built (true: open, the backend unreachable), then
-	// each time it opens or closes (redis.Options.OnGuard).
+	// OnGuard hears the state of the store's guard on its backend. It hears
+	// it once when the store is built: true when the backend is
+	// unreachable. Then it hears each time the guard opens or closes. See
+	// redis.Options.OnGuard.
 	OnGuard func(open bool)
-	// Cache tunes the Redis store's hit cache (redis.Options.Cache); the
+	// Cache tunes the Redis store's hit cache, redis.Options.Cache. The
 	// memory store has no round trip to save and ignores it.
 	Cache redis.CacheOptions
 }
 
-// Open returns the store rawURL names: Embedded gives a new memory store,
-// any other value a Redis store (redis.Open: standalone, Cluster or
-// Sentinel URLs; a Redis that does not answer gives a store whose guard is
-// open rather than an error). A URL Open cannot use fails it with a
-// *redis.URLError, whose text never shows a password.
+// Open returns the store rawURL names. Embedded gives a new memory store.
+// Any other value gives a Redis store from redis.Open, which takes
+// standalone, Cluster or Sentinel URLs. A Redis that does not answer gives
+// a store whose guard is open, not an error. A URL Open cannot use fails it
+// with a *redis.URLError. Its text never shows a password.
 func Open(ctx context.Context, rawURL string, opts Options) (Store, error) {
 	if rawURL == Embedded {
 		s := memory.New()
@@ -93,7 +100,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (Store, error) {
 	return s, nil
 }
 
-// CheckURL reports, without connecting, whether Open accepts rawURL; when
+// CheckURL reports, without connecting, whether Open accepts rawURL. When
 // not, the error is a *redis.URLError. `tether config validate` calls it,
 // so a config file and Open agree on what a store URL is.
 func CheckURL(rawURL string) error {

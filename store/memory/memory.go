@@ -1,21 +1,21 @@
-// Package memory is the in-process binding store: every store interface
-// of affinity (store.go), the instance circuits included, in mutex-guarded
-// maps. It is what redis.url = "embedded" opens (store.Open), for a single
-// tether process and the local stack, and what unit tests of the decision
-// core use. Nothing is persisted or shared with other replicas.
+// Package memory is the in-process binding store. It implements every store
+// interface of affinity (store.go), the instance circuits included, in
+// mutex-guarded maps. redis.url = "embedded" opens it (store.Open). It
+// serves a single tether process, the local stack, and unit tests of the
+// decision core. Nothing is persisted or shared with other replicas.
 //
-// The store has no clock of its own: "now" is l.Candidate.Since
-// (GetOrBind), next.Since (Replace) or the now argument (Show, Mark,
-// SyncLoad), so tests drive time by choosing those values and the store
-// behaves exactly like the caller's clock says. Expired bindings and alias
-// links are removed lazily and by an amortised sweep on the call path;
-// there is no background goroutine to stop. The circuits follow the
-// Redis store's scripts (store/redis circuits.go) step for step.
+// The store has no clock of its own. "now" is l.Candidate.Since in
+// GetOrBind, next.Since in Replace, and the now argument in Show, Mark and
+// SyncLoad. So tests drive time by choosing those values, and the store
+// behaves exactly as the caller's clock says. Expired bindings and alias
+// links are removed lazily, and by an amortised sweep on the call path.
+// There is no background goroutine to stop. The circuits follow the Redis
+// store's scripts (store/redis circuits.go) step for step.
 //
-// Unlike the Redis store, whose session index may count a session for a
-// while after it ends and which links a request's aliases only when the
-// session's refresh is due, this store is exact: a session is counted
-// while its binding lives, and every request links its aliases.
+// This store is exact, unlike the Redis store. A session is counted while
+// its binding lives, and every request links its aliases. The Redis store's
+// session index may count a session for a while after it ends. It links a
+// request's aliases only when the session's refresh is due.
 package memory
 
 import (
@@ -34,15 +34,16 @@ import (
 )
 
 const (
-	// sampleEvery and sampleSize bound the incremental sweep: every
-	// sampleEvery calls, look at up to sampleSize entries of each map (Go map
-	// iteration starts at a random point, so successive samples cover it).
+	// sampleEvery and sampleSize bound the incremental sweep. Every
+	// sampleEvery calls, it looks at up to sampleSize entries of each map.
+	// Go map iteration starts at a random point, so successive samples
+	// cover the map.
 	sampleEvery = 64
 	sampleSize  = 128
-	// minFullSweep is the smallest size (bindings plus links) that triggers
-	// a full sweep; after one, the next runs when the size has doubled, so a
-	// sweep costs O(1) amortised per insert and the maps stay within about
-	// twice the live set.
+	// minFullSweep is the smallest size, bindings plus links, that triggers
+	// a full sweep. After one, the next runs when the size has doubled. So
+	// a sweep costs O(1) amortised per insert, and the maps stay within
+	// about twice the live set.
 	minFullSweep = 1024
 )
 
@@ -85,10 +86,10 @@ type Store struct {
 	bindings map[string]entry
 	links    map[string]link
 	index    map[string]map[string]struct{} // instance → session keys bound to it
-	// expiry holds, for every binding, an item at its expiry time (and
-	// stale items of older expiry times and dropped bindings), so that
+	// expiry holds, for every binding, an item at its expiry time. It also
+	// holds stale items of older expiry times and dropped bindings. With it
 	// SyncLoad counts the live sessions of an instance without visiting
-	// them: it drops the expired bindings first, then counts the index.
+	// them. It drops the expired bindings first, then counts the index.
 	expiry  expiryHeap
 	reports map[string]report // replica → its last load report
 	drained map[string]bool
@@ -287,7 +288,7 @@ func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.
 }
 
 // Requests returns the request count of each session key's live binding
-// at now, 0 for a key without one. keys are session keys: an alias link
+// at now. A key without one gives 0. keys are session keys. An alias link
 // is not followed.
 func (s *Store) Requests(ctx context.Context, keys []string, now time.Time) ([]int, error) {
 	if err := s.lock(ctx); err != nil {
@@ -378,10 +379,10 @@ func (s *Store) SetDrained(ctx context.Context, instance string, drained bool) e
 }
 
 // ReportFailure implements replicas.Circuits, as store/redis's script
-// does: a failure while the circuit is open is not counted, one while it
-// is half-open opens it again, and otherwise it joins the window (the
-// failures of the last cfg.Window), opening the circuit when the window
-// holds more than cfg.Threshold.
+// does. A failure while the circuit is open is not counted. One while it
+// is half-open opens it again. Otherwise it joins the window, the failures
+// of the last cfg.Window. The circuit opens when the window holds more than
+// cfg.Threshold.
 func (s *Store) ReportFailure(ctx context.Context, instance string, at time.Time, member string, cfg fleet.BreakerConfig) (opened bool, until time.Time, err error) {
 	if err := replicas.CheckFailure(instance, member, cfg); err != nil {
 		return false, time.Time{}, fmt.Errorf("memory report failure: %w", err)
@@ -505,9 +506,9 @@ func (s *Store) drop(key string) {
 	}
 }
 
-// active counts the live sessions in instance's index. Called with s.mu
-// held, after s.expire(now): every binding left is live at now, and the
-// index holds only bindings to its instance (put, drop), so the count is
+// active counts the live sessions in instance's index. It is called with
+// s.mu held, after s.expire(now). So every binding left is live at now. The
+// index holds only bindings to its instance (put, drop). So the count is
 // the index's size.
 func (s *Store) active(instance string) int {
 	n := len(s.index[instance])
@@ -517,9 +518,9 @@ func (s *Store) active(instance string) int {
 	return n
 }
 
-// expireAt records that key's binding expires at t. Called with s.mu held,
-// whenever a binding's expiry is set. When stale items outnumber the
-// bindings, the heap is rebuilt from them (amortised O(1) per call).
+// expireAt records that key's binding expires at t. It is called with s.mu
+// held, whenever a binding's expiry is set. When stale items outnumber the
+// bindings, the heap is rebuilt from them. That is amortised O(1) per call.
 func (s *Store) expireAt(key string, t time.Time) {
 	heap.Push(&s.expiry, expiryItem{at: t, key: key})
 	if len(s.expiry) > 2*len(s.bindings)+minFullSweep {

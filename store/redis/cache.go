@@ -10,12 +10,15 @@ package redis
 // go-redis's client-side caching does not fit. It caches allow-listed
 // plain reads only, and its tracking would invalidate a binding on every
 // write back of a hit's refresh. So the store keeps its own bounded cache
-// of bindings. Every script that changes a binding publishes the binding's
-// key on the channel <prefix>invalidate, inside the script, atomically
-// with the change: a bind or renewal, a Replace (failover, rebind), a Mark
-// (migration, drain, evacuation), a Forget. Every replica subscribes and
-// drops the entry. A link written for an alias is published too: the
-// alias's own binding, if cached, must no longer be served.
+// of bindings.
+//
+// Every script that changes a binding publishes the binding's key on the
+// channel <prefix>invalidate. It publishes inside the script, atomically
+// with the change. The changes are a bind or renewal, a Replace for a
+// failover or rebind, a Mark for a migration, drain or evacuation, and a
+// Forget. Every replica subscribes and drops the entry. A link written for an
+// alias is published too. The alias's own binding, if cached, must no longer
+// be served.
 //
 // The channel is classic pub/sub, which reaches every subscriber on every
 // deployment. Behind a Sentinel the subscription follows the master: on a
@@ -39,8 +42,8 @@ package redis
 // A cached hit queues its session's write back: its idle-timeout refresh,
 // its request count and its last use. The hits that follow add to it. The
 // flush, every FlushInterval, sends a write back once WriteBack has passed
-// since the first hit it carries; less for a session with a short idle
-// timeout (writeBack). So Redis refreshes a busy session at most once per
+// since the first hit it carries. A session with a short idle timeout waits
+// less (writeBack). So Redis refreshes a busy session at most once per
 // WriteBack per replica, and the hits between cost it nothing. One touch
 // script call writes back up to touchBatch sessions. It writes a session
 // only if its binding is still the one cached, never shortens its TTL,
@@ -62,8 +65,8 @@ package redis
 // use other replicas read may be WriteBack old.
 //
 // A cached entry is served only while the session would still be alive in
-// Redis and younger than its max lifetime, and at most TTL after Redis
-// last answered for it (a lookup or a write back).
+// Redis and younger than its max lifetime. It is served at most TTL after
+// Redis last answered for it, to a lookup or a write back.
 
 import (
 	"context"
@@ -109,14 +112,14 @@ type CacheOptions struct {
 	// DefaultCacheFlushInterval).
 	FlushInterval time.Duration
 	// WriteBack is how long a session's cached hits wait to be written
-	// back together, counted from the first of them (default
-	// DefaultCacheWriteBack; never less than FlushInterval, and at most a
-	// quarter of the session's idle timeout). Keep it well below TTL: its
-	// write back is what keeps a busy session's entry fresh.
+	// back together, counted from the first of them. The default is
+	// DefaultCacheWriteBack. It is never less than FlushInterval, and at
+	// most a quarter of the session's idle timeout. Keep it well below TTL.
+	// The write back is what keeps a busy session's entry fresh.
 	WriteBack time.Duration
-	// QueueSize is the most sessions waiting for a write back (default
-	// DefaultCacheQueueSize); past it, a hit that would queue another goes
-	// to Redis instead, and is counted (CacheStats.Dropped).
+	// QueueSize is the most sessions waiting for a write back. The default
+	// is DefaultCacheQueueSize. Past it, a hit that would queue another goes
+	// to Redis instead, and is counted in CacheStats.Dropped.
 	QueueSize int
 	// PingInterval is how often the subscription is checked with a PING;
 	// an unanswered one flushes the cache (default DefaultCachePingInterval).
@@ -194,8 +197,8 @@ type hitCache struct {
 	qmu    sync.Mutex // taken inside a shard's lock, never around one
 	queue  map[string]*touch
 	due    dueHeap // queue's write backs, soonest due first
-	// inflight is the batch a flush is writing back, done closed when it
-	// has: a miss on one of its sessions waits for it, so that the count
+	// inflight is the batch a flush is writing back. done is closed when it
+	// has. A miss on one of its sessions waits for it, so that the count
 	// Redis returns includes the cached hits.
 	inflight map[string]*touch
 	done     chan struct{}
@@ -343,9 +346,9 @@ func (c *hitCache) dropAll() {
 	}
 }
 
-// setReady turns serving on (subscribed) or off (flushing everything).
-// Both flush: entries stored before a subscription may have missed a
-// message, and lookups that started before it must not store theirs.
+// setReady turns serving on when subscribed, or off. Both flush
+// everything. Entries stored before a subscription may have missed a
+// message. Lookups that started before it must not store theirs.
 func (c *hitCache) setReady(ready bool) {
 	if !ready && c.ready.Load() {
 		c.flushes.Add(1)

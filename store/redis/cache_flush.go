@@ -129,21 +129,34 @@ func (c *hitCache) written(t *touch, r touchReply, sent time.Time) {
 	}
 }
 
-// touchSrc: KEYS[k] the binding of the k-th session written back, and
-// ten arguments for each from ARGV[10(k-1)+1]: [1] instance, [2] since
-// (the cached binding's), [3] hits to count, [4] TTL ms left of the last
-// hit's idle timeout, [5] the last hit's now, [6] now + idle*5/4, [7]
-// refresh period ms, [8] margin ms, [9] idle ms, [10] '1' when the hits
-// had alias links.
+// touchSrc writes back cached hits. KEYS[k] is the binding of the k-th
+// session written back. Each session has ten arguments, from
+// ARGV[10(k-1)+1]:
 //
-// Writes back each session's cached hits: only to the binding they were
-// served from (another one, or none, is left alone), never shortening its
-// TTL, never moving its last use back. Four commands a session: this is
-// what a busy session costs Redis per write back. Replies five values a
-// session: 0 and four empty strings when the binding is another; else 1
-// (2 when a move is pending), the index expiry and the link expiry to
-// write (each empty unless due, as getOrBindSrc says), the count n now and
-// the last use u it had before (-1 when absent).
+//	[1]   instance
+//	[2]   since, the cached binding's
+//	[3]   hits to count
+//	[4]   TTL ms left of the last hit's idle timeout
+//	[5]   the last hit's now
+//	[6]   now + idle*5/4
+//	[7]   refresh period ms
+//	[8]   margin ms
+//	[9]   idle ms
+//	[10]  '1' when the hits had alias links
+//
+// It writes each session's hits only to the binding they were served from.
+// Another binding, or none, is left alone. It never shortens the TTL and
+// never moves the last use back. It costs four commands a session. That is
+// what a busy session costs Redis per write back.
+//
+// It replies five values a session. When the binding is another, they are 0
+// and four empty strings. Otherwise they are:
+//
+//   - 1, or 2 when a move is pending;
+//   - the index expiry to write, empty unless due, as getOrBindSrc says;
+//   - the link expiry to write, likewise;
+//   - the count n now;
+//   - the last use u it had before, -1 when absent.
 const touchSrc = `
 local function int(v)
   if v and string.match(v, '^%d+$') then return tonumber(v) end
@@ -195,8 +208,8 @@ return out
 var touchScript = goredis.NewScript(touchSrc)
 
 // touchPer is how many sessions one touch call writes back: touchBatch,
-// but one on a Cluster, where a script's keys must share a hash slot and
-// each session's binding has a slot of its own (its key's hash tag).
+// but one on a Cluster. There a script's keys must share a hash slot. Each
+// session's binding has a slot of its own, from its key's hash tag.
 func (s *Store) touchPer() int {
 	if _, ok := s.client.(*goredis.ClusterClient); ok {
 		return 1

@@ -41,9 +41,9 @@ func (h *dueHeap) Pop() any {
 }
 
 // writeBack is how long after a session's first queued hit its write back
-// is sent: Options.WriteBack, but at most a quarter of the idle timeout,
-// so that a session with a short one is refreshed in time and still
-// served from the cache.
+// is sent. It is Options.WriteBack, but at most a quarter of the idle
+// timeout. So a session with a short idle timeout is refreshed in time and
+// still served from the cache.
 func (c *hitCache) writeBack(idle time.Duration) time.Duration {
 	return min(c.opts.WriteBack, idle/4)
 }

@@ -12,21 +12,31 @@ import (
 	"github.com/tetherproxy/tether/replicas"
 )
 
-// The instance breaker's shared state, in the {fleet} slot: per instance a
-// sorted set of recent failures (score: when, member: unique per report),
-// and one hash of the circuits that are open or half-open (field: the
-// instance, value: the end of its cooldown, unix ms). An instance absent
-// from the hash is closed. A circuit whose cooldown has ended stays in the
-// hash, half-open, until a probe's answer closes it (ReportRecovered) or
-// opens it again (ReportFailure).
-
-// circuitFailSrc: KEYS[1] the instance's failures, KEYS[2] the circuits
-// hash. ARGV[1] instance, [2] now ms, [3] window ms, [4] threshold,
-// [5] cooldown ms, [6] member.
+// The instance breaker's shared state lives in the {fleet} slot:
 //
-// Replies {opened, cooldown end}: opened is 1 when this failure opened the
-// circuit (or re-opened a half-open one); cooldown end is the circuit's
-// (” when closed). A failure while the circuit is open is not counted: it
+//   - per instance, a sorted set of recent failures. The score is when; the
+//     member is unique per report.
+//   - one hash of the circuits that are open or half-open. The field is the
+//     instance; the value is the end of its cooldown, unix ms.
+//
+// An instance absent from the hash is closed. A circuit whose cooldown has
+// ended stays in the hash, half-open. A probe's answer then closes it
+// (ReportRecovered) or opens it again (ReportFailure).
+
+// circuitFailSrc counts a failure of an instance.
+//
+//	KEYS[1]  the instance's failures
+//	KEYS[2]  the circuits hash
+//	ARGV[1]  instance
+//	ARGV[2]  now ms
+//	ARGV[3]  window ms
+//	ARGV[4]  threshold
+//	ARGV[5]  cooldown ms
+//	ARGV[6]  member
+//
+// It replies {opened, cooldown end}. opened is 1 when this failure opened
+// the circuit, or re-opened a half-open one. cooldown end is the circuit's,
+// empty when closed. A failure while the circuit is open is not counted. It
 // was in flight when the circuit opened.
 const circuitFailSrc = `
 local now = tonumber(ARGV[2])

@@ -7,11 +7,11 @@ import (
 )
 
 // Client is the go-redis client the store calls, for other users of the
-// same Redis (the routing audit's stream). It stays the store's: do not
-// close it. Its calls go through the store's guard, so while Redis is
-// unreachable they fail at once, and their failures count towards opening
-// it (a failed call is a sign of the same outage); they are bounded by the
-// caller's context, not by Options.Timeout.
+// same Redis, such as the routing audit's stream. It stays the store's: do
+// not close it. Its calls go through the store's guard. So while Redis is
+// unreachable they fail at once. Their failures count towards opening the
+// guard, as a failed call is a sign of the same outage. They are bounded by
+// the caller's context, not by Options.Timeout.
 func (s *Store) Client() goredis.UniversalClient { return s.client }
 
 // Prefix is the prefix of every key the store writes (Options.Prefix or

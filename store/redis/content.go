@@ -1,15 +1,19 @@
 package redis
 
-// The content share's bus (replicas.ContentBus): the replicas' prefix
-// index records, PUBLISHed on the channel <prefix>content, to which every
-// replica SUBSCRIBEs. Classic pub/sub works alike on a standalone Redis,
-// behind a Sentinel (the failover client's subscription follows the
-// master) and on a Cluster, where a PUBLISH on any node reaches the
-// subscribers of every node (over the cluster bus: each message costs
-// every node, which is fine at the rates of cache-aware placement's
-// decisions; sharded pub/sub would keep it to one shard, and is not
-// needed yet). Nothing is stored: a replica that is not subscribed when a
-// message is published misses it.
+// The content share's bus, replicas.ContentBus. The replicas' prefix index
+// records are PUBLISHed on the channel <prefix>content. Every replica
+// SUBSCRIBEs to it.
+//
+// Classic pub/sub works alike on a standalone Redis, behind a Sentinel and
+// on a Cluster. Behind a Sentinel, the failover client's subscription
+// follows the master. On a Cluster, a PUBLISH on any node reaches the
+// subscribers of every node over the cluster bus. So each message costs
+// every node. That is fine at the rates of cache-aware placement's
+// decisions. Sharded pub/sub would keep it to one shard, and is not needed
+// yet.
+//
+// Nothing is stored. A replica that is not subscribed when a message is
+// published misses it.
 
 import (
 	"context"
@@ -37,9 +41,9 @@ func (s *Store) PublishContent(ctx context.Context, msg []byte) error {
 }
 
 // SubscribeContent calls on with each message of the content channel until
-// ctx ends, subscribing again (after a backoff of 50 ms, doubling to 1 s)
-// when the subscription drops or a ping goes unanswered, as the hit
-// cache's invalidation subscription does (cache.go).
+// ctx ends. It subscribes again when the subscription drops or a ping goes
+// unanswered. It waits a backoff of 50 ms first, doubling to 1 s. The hit
+// cache's invalidation subscription does the same (cache.go).
 func (s *Store) SubscribeContent(ctx context.Context, on func(msg []byte)) {
 	keepSubscribed(ctx, func() *goredis.PubSub { return s.client.Subscribe(ctx, s.contentChannel()) }, func(ps *goredis.PubSub) bool {
 		return listen(ctx, ps, contentPing, func(msg any) bool {

@@ -8,13 +8,22 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// forgetSrc: KEYS[1] binding, KEYS[2] alias link of the same key (one
-// slot). Deletes both. Replies {binding deleted (0/1), link deleted (0/1),
-// the binding's instance or an empty string, the key the link led to or
-// an empty string}. A key of another type than the layout's is deleted
-// without being read. ARGV[1] is the invalidation channel (” when the
-// deployment does not cache hits): a deleted binding is published on it;
-// ARGV[2] is the calling store's origin.
+// forgetSrc deletes a binding and its alias link. Both are in one slot.
+//
+//	KEYS[1]  binding
+//	KEYS[2]  alias link of the same key
+//	ARGV[1]  the invalidation channel; empty when the deployment does not
+//	         cache hits. A deleted binding is published on it.
+//	ARGV[2]  the calling store's origin
+//
+// It replies with four values:
+//
+//	binding deleted   0 or 1
+//	link deleted      0 or 1
+//	instance          the binding's instance, or an empty string
+//	linked key        the key the link led to, or an empty string
+//
+// A key of another type than the layout's is deleted without being read.
 const forgetSrc = `
 local inst, to = '', ''
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then
@@ -30,8 +39,8 @@ end
 return {b, redis.call('DEL', KEYS[2]), inst, to}
 `
 
-// forgetScript is immutable (its source and hash); exec loads it into a
-// server's script cache on first use (NOSCRIPT, then EVAL).
+// forgetScript is immutable: its source and hash. exec loads it into a
+// server's script cache on first use, by NOSCRIPT then EVAL.
 var forgetScript = goredis.NewScript(forgetSrc)
 
 // zremBatch is the most members one ZREM of Forget names.
@@ -57,14 +66,14 @@ type forgotten struct {
 //     outlives its binding by up to Idle/4, and once the binding has
 //     expired only the index knows the instance.
 //
-// It returns how many bindings it deleted; alias links and index entries
+// It returns how many bindings it deleted. Alias links and index entries
 // are not counted. Empty and repeated keys are skipped.
 //
-// Each script touches one session's keys (one slot), and the index
-// removals are one pipeline on the {fleet} slot, so it works on Redis
-// Cluster. Each round trip gets at least OpTimeout. A request carrying one
-// of the keys while Forget runs may bind the session again: forget a user
-// whose traffic has stopped.
+// Each script touches one session's keys, in one slot. The index removals
+// are one pipeline on the {fleet} slot. So it works on Redis Cluster. Each
+// round trip gets at least OpTimeout. A request carrying one of the keys
+// while Forget runs may bind the session again. So forget a user whose
+// traffic has stopped.
 func (s *Store) Forget(ctx context.Context, keys []string, instances ...string) (int, error) {
 	f := forgetting{seen: make(map[string]bool, len(keys)), indexed: map[string][]string{}}
 	var todo, all []string

@@ -24,16 +24,16 @@ const (
 	// guardMaxCooldown.
 	guardCooldown    = 500 * time.Millisecond
 	guardMaxCooldown = 2 * time.Second
-	// startTimeout bounds the store's start-up PING: past it the store
+	// startTimeout bounds the store's start-up PING. Past it the store
 	// starts with its guard open. loadTimeout bounds loading the scripts
-	// once Redis answered, which a loaded machine can make slow.
+	// once Redis answered. A loaded machine can make that slow.
 	startTimeout = time.Second
 	loadTimeout  = 5 * time.Second
 )
 
 // ErrGuardOpen is the error of a call the store refused without sending
-// it, because its guard is open: Redis failed the calls before it, and is
-// taken as unreachable. The errors the store returns wrap it; test with
+// it, because its guard is open. Redis failed the calls before it, and is
+// taken as unreachable. The errors the store returns wrap it. Test with
 // errors.Is.
 var ErrGuardOpen = errors.New("redis unavailable")
 
@@ -53,32 +53,32 @@ type guardConfig struct {
 	now                   func() time.Time
 	// redact removes secrets from an error text (nil: none).
 	redact func(string) string
-	// onFailure, when set, hears every failed call (outside the lock): a
-	// cluster client reloads its slot map, because a dead master sends no
-	// MOVED to say its replica took over.
+	// onFailure, when set, hears every failed call, outside the lock. A
+	// cluster client reloads its slot map then, because a dead master sends
+	// no MOVED to say its replica took over.
 	onFailure func()
 }
 
-// guard is a store's guard on Redis: a go-redis hook that fails calls at
-// once while Redis is taken as down (a circuit breaker, named apart from
-// the instance breaker, fleet.Breaker). It is safe for concurrent use; a
-// closed guard costs an atomic load before a call and another after it,
-// and takes its lock only when the call failed or follows a failure.
+// guard is a store's guard on Redis. It is a go-redis hook that fails calls
+// at once while Redis is taken as down. It is a circuit breaker, named
+// apart from the instance breaker, fleet.Breaker. It is safe for concurrent
+// use. A closed guard costs an atomic load before a call and another after
+// it. It takes its lock only when the call failed or follows a failure.
 type guard struct {
 	threshold             int
 	cooldown, maxCooldown time.Duration
 	now                   func() time.Time
 	redact                func(string) string
 	onFailure             func()
-	// off: the store was closed. go-redis cannot remove a hook, so on a
-	// client the caller owns (New) the guard stays installed and must let
-	// every call through untouched.
+	// off says the store was closed. go-redis cannot remove a hook. So on a
+	// client the caller owns, from New, the guard stays installed. It must
+	// let every call through untouched.
 	off atomic.Bool
 
 	// word holds the state in its low bits and, above them, a generation
 	// bumped at every change of state. A call's outcome counts only if the
-	// word is still the one it was admitted under: calls sent before the
-	// guard opened cannot close it, nor a late failure reopen it.
+	// word is still the one it was admitted under. So calls sent before the
+	// guard opened cannot close it, and a late failure cannot reopen it.
 	word      atomic.Uint64
 	openUntil atomic.Int64 // unix nanoseconds; meaningful while open
 	reject    atomic.Pointer[unavailableError]
@@ -132,9 +132,10 @@ type unavailableError struct{ msg string }
 func (e *unavailableError) Error() string { return e.msg }
 func (e *unavailableError) Unwrap() error { return ErrGuardOpen }
 
-// DialHook counts dials and keeps the last one's error; it never refuses a
-// dial, so go-redis's own pool recovery (a background dial once a second
-// after many failed dials) keeps working while the guard is open.
+// DialHook counts dials and keeps the last one's error. It never refuses a
+// dial. So go-redis's own pool recovery keeps working while the guard is
+// open. That recovery is a background dial once a second after many failed
+// dials.
 func (g *guard) DialHook(next goredis.DialHook) goredis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		g.dials.Add(1)
@@ -186,11 +187,11 @@ func (g *guard) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.Pr
 }
 
 // setupCommand reports whether cmd is one go-redis sends to set up a new
-// connection (HELLO, AUTH, SELECT, READONLY, CLIENT SETNAME/SETINFO/…).
+// connection: HELLO, AUTH, SELECT, READONLY, CLIENT SETNAME/SETINFO/….
 // go-redis sends them through the client's hooks, from within the call that
-// needed the connection: they pass unguarded and uncounted, or a probe
-// would be refused its own connection, and a failed set-up would count
-// twice. The store sends none of them itself.
+// needed the connection. They pass unguarded and uncounted. Otherwise a
+// probe would be refused its own connection, and a failed set-up would
+// count twice. The store sends none of them itself.
 func setupCommand(cmd goredis.Cmder) bool {
 	switch cmd.Name() {
 	case "hello", "auth", "select", "readonly", "client":
@@ -385,13 +386,14 @@ func (g *guard) health() bindings.Health {
 	}
 }
 
-// start checks that Redis answers a PING within startTimeout, then loads
-// the scripts, within loadTimeout, so that calls go straight to EVALSHA. A
-// Redis that cannot be reached (see classify) does not fail it: the store
-// starts with its guard open, and a call that finds its script missing
-// sends it with EVAL (see exec), which caches it. A Redis that answers
-// with an error (a wrong password, no permission to run scripts) does fail
-// it.
+// start checks that Redis answers a PING within startTimeout. Then it loads
+// the scripts within loadTimeout, so that calls go straight to EVALSHA.
+//
+// A Redis that cannot be reached, as classify says, does not fail start.
+// The store starts with its guard open. A call that finds its script
+// missing sends it with EVAL, which caches it (exec). A Redis that answers
+// with an error does fail start. Such errors are a wrong password, or no
+// permission to run scripts.
 func (s *Store) start(ctx context.Context, scripts []*goredis.Script) error {
 	unavailable := func(err error) bool {
 		if classify(err) == failed || errors.Is(err, ErrGuardOpen) {

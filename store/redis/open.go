@@ -58,12 +58,12 @@ func CheckURL(rawURL string) error {
 // unknown ones are errors. Errors name the problem and show the URL with
 // its password hidden.
 //
-// A URL Open cannot use fails it with a *URLError, and a Redis that
-// answers with an error (a wrong password) fails it too; a Redis (or
-// every sentinel, or every cluster seed) that does not answer within a
-// second does not: Open returns a store whose guard is open, which
-// recovers by itself once Redis answers (see New and the package comment).
-// Open logs nothing; Store.Health says how it started.
+// A URL Open cannot use fails it with a *URLError. A Redis that answers
+// with an error, such as a wrong password, fails it too. A Redis that does
+// not answer within a second does not fail it. Neither do every sentinel or
+// every cluster seed not answering. Open then returns a store whose guard is
+// open. The store recovers by itself once Redis answers (see New and the
+// package comment). Open logs nothing. Store.Health says how it started.
 func Open(ctx context.Context, rawURL string, opts Options) (*Store, error) {
 	co, err := parseURL(rawURL)
 	if err != nil {
@@ -172,12 +172,12 @@ func parseURL(rawURL string) (clientOptions, error) {
 	}
 }
 
-// checkAddrs checks the addresses of a cluster or sentinel URL: the host
+// checkAddrs checks the addresses of a cluster or sentinel URL. The host
 // and every addr parameter must be host:port with a port go-redis can
-// dial. go-redis would otherwise default a missing host to localhost and a
-// missing port to 6379 (a sentinel listens on 26379), or accept any port
-// text. It also refuses a query that does not parse, which go-redis would
-// silently cut short.
+// dial. Otherwise go-redis would default a missing host to localhost. It
+// would default a missing port to 6379, but a sentinel listens on 26379.
+// It would accept any port text. checkAddrs also refuses a query that does
+// not parse, which go-redis would silently cut short.
 func checkAddrs(u *url.URL, kind string) error {
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
@@ -234,9 +234,9 @@ func newClient(co clientOptions) (c goredis.UniversalClient, err error) {
 }
 
 // sentinelWatch is what the hit cache needs to hear a Sentinel's
-// failovers (hitCache.watchSentinel): the master's name, and a client's
-// options for each sentinel the URL names, with the sentinels'
-// credentials and TLS, as go-redis's failover client has.
+// failovers (hitCache.watchSentinel). It holds the master's name. It holds
+// a client's options for each sentinel the URL names. Those carry the
+// sentinels' credentials and TLS, as go-redis's failover client has them.
 type sentinelWatch struct {
 	master    string
 	sentinels []*goredis.Options

@@ -8,10 +8,11 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// The store's subscriptions (the hit cache's invalidations, a sentinel's
-// master switches, the content channel) are kept alike: one subscription
-// after another until the store closes, each read until it fails or a
-// PING sent after a silence goes unanswered.
+// The store's subscriptions are kept alike. They are the hit cache's
+// invalidations, a sentinel's master switches and the content channel.
+// Each is one subscription after another until the store closes. Each
+// subscription is read until it fails, or until a PING sent after a
+// silence goes unanswered.
 
 // keepSubscribed runs subscriptions until ctx ends: subscribe opens one,
 // read reads it until it fails and reports whether it had worked. After

@@ -1,14 +1,15 @@
-// Package redis is the binding store shared by every tether replica:
-// standalone Redis, Sentinel or Redis Cluster through a go-redis
+// Package redis is the binding store shared by every tether replica. It
+// reaches standalone Redis, Sentinel or Redis Cluster through a go-redis
 // UniversalClient. It implements every store interface of affinity
-// (store.go): the hot path, the session index, the load exchange, the
-// instance circuits, the request counts and the readiness check.
+// (store.go). They cover the hot path, the session index, the load
+// exchange, the instance circuits, the request counts and the readiness
+// check.
 //
 // # Key layout
 //
 // Every Lua script touches the keys of one hash slot only, so the layout
 // works on Redis Cluster. Per-session keys carry the session key as their
-// hash tag, so a session's binding and its alias link share a slot:
+// hash tag. So a session's binding and its alias link share a slot:
 //
 //	tether:{<key>}:b          HASH    i instance, v version, s since ms,
 //	                                  f failovers, n requests made,
@@ -20,103 +21,103 @@
 //	                                  PTTL = Idle*5/4 from its last write
 //
 // Fleet-wide state shares the hash tag {fleet}, so one script reads it all.
-// The trade-off: one slot (one Cluster shard) holds the whole fleet state.
-// It takes writes only on binds, index refreshes (about every Idle/4 per
-// session in use) and load syncs (once a second per replica), never on an
-// ordinary hit:
+// The trade-off is that one slot, on one Cluster shard, holds the whole fleet
+// state. It takes writes only on binds, index refreshes and load syncs, never
+// on an ordinary hit. An index refresh comes about every Idle/4 per session
+// in use. A load sync comes once a second per replica.
 //
 //	tether:{fleet}:i:<instance>  ZSET  member session key, score expiry ms
 //	tether:{fleet}:r:<replica>   HASH  f:<instance> in flight, q:<instance> queue
 //	tether:{fleet}:replicas      ZSET  member replica, score report expiry ms
 //	tether:{fleet}:drained       SET   drained instances
 //
-// "tether:" is Options.Prefix. A '{', '}' or '%' in a session key is
-// escaped in the key name (%7B, %7D, %25), so any key keeps its own slot;
-// member and link values keep the key as it is.
+// "tether:" is Options.Prefix. A '{', '}' or '%' in a session key is escaped
+// in the key name as %7B, %7D or %25. So any key keeps its own slot. Member
+// and link values keep the key as it is.
 //
 // # Round trips
 //
-// Scripts are loaded when the store is built, if Redis answers then, and
-// run with EVALSHA; when Redis did not answer, or after a server restart or
-// SCRIPT FLUSH, a call refused with NOSCRIPT is sent again with EVAL once,
-// which caches the script again.
+// Scripts are loaded when the store is built, if Redis answers then. They run
+// with EVALSHA. Redis may not have them: it did not answer at build, or it
+// restarted, or it ran SCRIPT FLUSH. Then a call refused with NOSCRIPT is
+// sent again once with EVAL, which caches the script again.
 //
-//   - With the hit cache (Options.Cache; see cache.go), a hit whose
-//     refresh is not due and that the replica has cached is NO round
-//     trip: its refresh, count and last use are written back later, with
-//     the session's other hits of the next CacheOptions.WriteBack, in a
-//     batch of sessions. Every other case below is unchanged.
-//   - A hit whose refresh is not due is ONE round trip: the get-or-bind
-//     script alone, and nothing else is sent.
-//   - A bind, or a hit whose refresh is due, is two: the script, then one
-//     pipeline with the index script on the {fleet} slot and a SET per
-//     alias link.
-//   - A key that is itself an alias adds one round trip before those: the
+//   - With the hit cache on (Options.Cache, cache.go), a cached hit whose
+//     refresh is not due is NO round trip. Its refresh, count and last use
+//     are written back later, in a batch. The batch goes with the session's
+//     other hits of the next CacheOptions.WriteBack.
+//   - Otherwise a hit whose refresh is not due is ONE round trip. The
+//     get-or-bind script is sent alone.
+//   - A bind, or a hit whose refresh is due, is two round trips. The script
+//     goes first. Then one pipeline carries the index script on the {fleet}
+//     slot and a SET per alias link.
+//   - A key that is itself an alias adds one round trip before those. The
 //     first finds the link, the second gets or binds the linked key.
 //
 // # Refreshes
 //
-// The binding records when its index entry and its alias links expire (e,
-// l). A use that keeps the binding alive to within a margin (Idle/8, at
-// most a second) of either rewrites it to expire Idle*5/4 from now, never
-// earlier than before; the index entry is also rewritten once it is Idle/4
-// old, which heals a lost entry. With one idle timeout throughout,
-// that is a refresh every Idle/4 or a little sooner, and the entry and the
-// links always outlive the binding, whatever idle timeout each request
-// carries. So a session may be counted in its instance's index after it
-// ends: up to Idle/4 with one idle timeout, up to the longest Idle*5/4 its
-// requests carried otherwise. A link may outlive its session as long; a
-// request carrying only that alias then binds under the ended session's
-// key.
+// The binding records when its index entry (e) and its alias links (l)
+// expire. A use may keep the binding alive to within a margin of either:
+// Idle/8, at most a second. Then the use rewrites it to expire Idle*5/4 from
+// now, never earlier than before. The index entry is also rewritten once it
+// is Idle/4 old, which heals a lost entry.
 //
-// Alias links are written only once the request's key is resolved, and
-// only when due: on a bind, and with the refreshes above. An alias that a
-// session's requests start to carry mid-session is linked at the next
-// refresh, up to Idle/4 later; a request carrying only that alias before
-// then starts a session of its own. The links a refresh writes are those
-// of the request that makes it due (its aliases, and its key when that key
-// is an alias).
+// With one idle timeout throughout, that is a refresh every Idle/4 or a
+// little sooner. The entry and the links always outlive the binding,
+// whatever idle timeout each request carries. So a session may be counted in
+// its instance's index after it ends. That lasts up to Idle/4 with one idle
+// timeout. Otherwise it lasts up to the longest Idle*5/4 its requests
+// carried. A link may outlive its session as long. A request carrying only
+// that alias then binds under the ended session's key.
 //
-// A failed index or alias write does not fail the decision;
-// Options.OnIndexError hears of it, as it does of report values SyncLoad
+// Alias links are written only once the request's key is resolved. They are
+// written only when due: on a bind, and with the refreshes above. An alias
+// that a session's requests start to carry mid-session is linked at the next
+// refresh, up to Idle/4 later. A request carrying only that alias before then
+// starts a session of its own. A refresh writes the links of the request
+// that makes it due: its aliases, and its key when that key is an alias.
+//
+// A failed index or alias write does not fail the decision.
+// Options.OnIndexError hears of it. It also hears of report values SyncLoad
 // skipped.
 //
 // # Outages
 //
-// A request must never wait on a dead Redis: its caller decides without
-// the store when a call fails. So every call is bounded by Options.Timeout
-// (DefaultTimeout, 10 ms), and each store has a guard on Redis (a circuit
-// breaker, called the guard to tell it from the instance breaker), a
-// go-redis hook on its client:
+// A request must never wait on a dead Redis. Its caller decides without the
+// store when a call fails. So every call is bounded by Options.Timeout
+// (DefaultTimeout, 10 ms). Each store also has a guard on Redis, a go-redis
+// hook on its client. The guard is a circuit breaker. It is called the guard
+// to tell it from the instance breaker.
 //
-//   - It opens after 5 calls in a row fail (a pipeline is one call): a
-//     network error, a timeout, a pool timeout, or a reply saying the
-//     server cannot serve now (LOADING, CLUSTERDOWN, TRYAGAIN, MASTERDOWN,
-//     READONLY, BUSY, max clients). Other replies (NOSCRIPT, WRONGTYPE, a
-//     script error, no such key) are answers: Redis is up. A caller's
-//     cancellation counts neither way.
-//   - While open, every call fails at once, without touching the network,
-//     with an error wrapping ErrGuardOpen.
-//   - After a cooldown of 500 ms it lets one call through as a probe (half
-//     open; the others still fail at once). Its success closes the
-//     guard; its failure opens it again for twice the cooldown, up to
-//     2 s, so tether uses Redis again at most about 2 s after it returns.
-//     Recovery needs no operator, only calls (tether makes at least one a
-//     second, its load sync).
-//   - On a Redis Cluster every failed call also asks the client to reload
-//     its slot map (lazily, one reload at a time): a master that died sends
-//     no MOVED to say its replica took over.
+//   - It opens after 5 calls in a row fail. A pipeline is one call. A call
+//     fails on a network error, a timeout or a pool timeout. It also fails
+//     on a reply saying the server cannot serve now: LOADING, CLUSTERDOWN,
+//     TRYAGAIN, MASTERDOWN, READONLY, BUSY, max clients.
+//   - Other replies are answers, and say Redis is up. Examples are NOSCRIPT,
+//     WRONGTYPE, a script error, or no such key.
+//   - A caller's cancellation counts neither way.
+//   - While open, every call fails at once with an error wrapping
+//     ErrGuardOpen. It does not touch the network.
+//   - After a cooldown of 500 ms, the guard is half open. It lets one call
+//     through as a probe. The others still fail at once.
+//   - The probe's success closes the guard. Its failure opens it again for
+//     twice the cooldown, up to 2 s. So tether uses Redis again at most
+//     about 2 s after it returns.
+//   - Recovery needs no operator, only calls. tether makes at least one call
+//     a second, its load sync.
+//   - On a Redis Cluster, every failed call also asks the client to reload
+//     its slot map. The reload is lazy, one at a time. A master that died
+//     sends no MOVED to say its replica took over.
 //
-// Store.Health reports the guard's state, for readiness and metrics
-// (whose names keep "breaker": tether_redis_breaker_opens_total, the
-// /readyz "breaker" field);
-// Options.OnGuard hears when it opens and closes.
+// Store.Health reports the guard's state, for readiness and metrics. Their
+// names keep "breaker": tether_redis_breaker_opens_total and the /readyz
+// "breaker" field. Options.OnGuard hears when the guard opens and closes.
 //
-// A store starts without Redis: New and Open wait at most a second for
-// Redis to answer a PING, and when it does not return a store whose
-// guard is open, which recovers as above. A Redis that answers
-// with an error (a wrong password, a missing permission) fails them, as a
-// malformed URL fails Open.
+// A store starts without Redis. New and Open wait at most a second for Redis
+// to answer a PING. When it does not, they return a store whose guard is
+// open, which recovers as above. A Redis that answers with an error fails
+// them, as a malformed URL fails Open. Such errors are a wrong password or a
+// missing permission.
 package redis
 
 import (
@@ -159,38 +160,40 @@ var (
 // Options tunes a Store. Start from defaultOptions: the zero value has no
 // per-call timeout.
 type Options struct {
-	// Timeout bounds each round trip of the request path (GetOrBind,
-	// Replace, Ping) with context.WithTimeout; round trips off it (Show,
-	// Mark, Bound, SyncLoad, SetDrained, the instance circuits) get at
-	// least OpTimeout. 0 disables both (the client's own read and write
-	// timeouts still apply).
+	// Timeout bounds each round trip of the request path with
+	// context.WithTimeout. That path is GetOrBind, Replace and Ping. Round
+	// trips off it get at least OpTimeout: Show, Mark, Bound, SyncLoad,
+	// SetDrained and the instance circuits. 0 disables both. The client's
+	// own read and write timeouts still apply.
 	Timeout time.Duration
 	// Prefix replaces DefaultPrefix when not empty, for example to share one
-	// Redis between two tether deployments. It must not contain '{' or '}'
-	// (it would change the keys' hash tags).
+	// Redis between two tether deployments. It must not contain '{' or '}',
+	// which would change the keys' hash tags.
 	Prefix string
 	// OnIndexError, when not nil, is called with the error of a write that
-	// is not part of the decision and so does not fail it: a session index
-	// update, an alias link. The decision stands; both heal at the
-	// session's next refresh. It also hears, once per SyncLoad, of other
-	// replicas' report values that were not integers and were skipped. It
-	// is called from the calling goroutine, so concurrently: make it safe
-	// for that.
+	// is not part of the decision. Such a write does not fail the decision:
+	// a session index update, an alias link. The decision stands. Both heal
+	// at the session's next refresh. OnIndexError also hears, once per
+	// SyncLoad, of other replicas' report values that were not integers and
+	// were skipped. It is called from the calling goroutine, so
+	// concurrently. Make it safe for that.
 	OnIndexError func(error)
-	// OnGuard, when not nil, is called with the guard's state once when
-	// the store is built (true: open, Redis unreachable), then each time the
-	// guard opens (true) or closes again (false); reopenings after a
-	// failed probe are not reported. It is called with the guard's lock
-	// held, from the goroutine whose call changed the state: keep it short
-	// (set a gauge) and do not call the Store from it.
+	// OnGuard, when not nil, hears the guard's state. It is called once
+	// when the store is built, with true when Redis is unreachable. Then it
+	// is called each time the guard opens (true) or closes again (false).
+	// Reopenings after a failed probe are not reported. It is called with
+	// the guard's lock held, from the goroutine whose call changed the
+	// state. Keep it short, such as setting a gauge. Do not call the Store
+	// from it.
 	OnGuard func(open bool)
-	// Cache serves sticky hits without a round trip (cache.go), on a
-	// standalone Redis, behind a Sentinel and on a Cluster alike (Store.Hits
-	// says whether it is on). A store with the cache on must be closed: it
-	// runs two goroutines, and behind a Sentinel one more for each
-	// sentinel the URL names, which it watches for failovers (a store Open
-	// made; New's does not know the sentinels, and only flushes when its
-	// subscription drops).
+	// Cache serves sticky hits without a round trip (cache.go). It works on
+	// a standalone Redis, behind a Sentinel and on a Cluster alike.
+	// Store.Hits says whether it is on.
+	//
+	// A store with the cache on must be closed. It runs two goroutines.
+	// Behind a Sentinel, a store Open made runs one more for each sentinel
+	// the URL names, to watch it for failovers. A store from New does not
+	// know the sentinels. It only flushes when its subscription drops.
 	Cache CacheOptions
 }
 
@@ -208,7 +211,9 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// Store implements the interfaces of the binding store (affinity.Store and those admin, metrics and replicas declare) over a go-redis client.
+// Store implements the interfaces of the binding store over a go-redis
+// client. They are affinity.Store and those admin, metrics and replicas
+// declare.
 type Store struct {
 	client       goredis.UniversalClient
 	timeout      time.Duration
@@ -219,9 +224,9 @@ type Store struct {
 
 	getOrBind, replace, index, show, mark, prune, syncLoad *goredis.Script
 
-	// channel is where the scripts publish a changed binding's key; cache
-	// is nil when this store does not cache hits; hits and hitsWhy say so
-	// (Hits).
+	// channel is where the scripts publish a changed binding's key. cache
+	// is nil when this store does not cache hits. hits and hitsWhy say so,
+	// for Hits.
 	channel       string
 	origin        string // this store's name in its messages, random
 	cache         *hitCache
@@ -233,23 +238,26 @@ type Store struct {
 	closeErr  error
 }
 
-// New returns a store over a client the caller owns (Close leaves it open).
-// It adds the store's guard to the client as a hook and, if Redis answers
-// a PING within a second, loads the scripts (on every shard of a cluster):
-// a Redis that answers with an error (a wrong password) fails New, one that
-// does not answer gives a store whose guard is open (see the package
-// comment). With a
-// per-call timeout the client must have ContextTimeoutEnabled; otherwise
-// go-redis ignores context deadlines and a slow Redis would hold requests
-// for its read timeout.
+// New returns a store over a client the caller owns. Close leaves the
+// client open.
+//
+// New adds the store's guard to the client as a hook. If Redis answers a
+// PING within a second, New loads the scripts, on every shard of a cluster.
+// A Redis that answers with an error, such as a wrong password, fails New.
+// A Redis that does not answer gives a store whose guard is open. See the
+// package comment.
+//
+// With a per-call timeout the client must have ContextTimeoutEnabled.
+// Otherwise go-redis ignores context deadlines, and a slow Redis would hold
+// requests for its read timeout.
 func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	return newStore(context.Background(), client, opts, nil, nil)
 }
 
-// newStore builds the store and checks Redis (see New). redact removes
-// secrets from the error texts Health reports (nil: none); sentinels,
-// when the client is Open's failover client, are the sentinels its hit
-// cache watches for failovers.
+// newStore builds the store and checks Redis, as New says. redact removes
+// secrets from the error texts Health reports. Nil redacts nothing.
+// sentinels are the sentinels the hit cache watches for failovers. They are
+// set only when the client is Open's failover client.
 func newStore(ctx context.Context, client goredis.UniversalClient, opts Options, redact func(string) string, sentinels *sentinelWatch) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redis store: nil client")
@@ -294,8 +302,8 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options,
 	}
 	s.guard = newGuard(bc)
 	client.AddHook(s.guard)
-	// SCRIPT LOAD now (a cluster client loads on every shard), so calls can
-	// go straight to EVALSHA.
+	// SCRIPT LOAD now, so calls can go straight to EVALSHA. A cluster
+	// client loads on every shard.
 	scripts := []*goredis.Script{s.getOrBind, s.replace, s.index, s.show, s.mark, s.prune, s.syncLoad}
 	if s.cache != nil {
 		scripts = append(scripts, touchScript)
@@ -311,7 +319,7 @@ func newStore(ctx context.Context, client goredis.UniversalClient, opts Options,
 }
 
 // contextTimeoutEnabled reports whether c honours context deadlines. Unknown
-// client types (wrappers) are trusted.
+// client types, such as wrappers, are trusted.
 func contextTimeoutEnabled(c goredis.UniversalClient) bool {
 	switch c := c.(type) {
 	case *goredis.Client:
@@ -324,7 +332,7 @@ func contextTimeoutEnabled(c goredis.UniversalClient) bool {
 	return true
 }
 
-// Close releases the client Open created; a store from New leaves the
+// Close releases the client Open created. A store from New leaves the
 // caller's client open. Close is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
@@ -343,8 +351,8 @@ func (s *Store) Close() error {
 }
 
 // Ping checks that Redis answers, for readiness probes. Like every call it
-// goes through the guard: while the guard is open it fails at once with
-// ErrGuardOpen, and once the cooldown has passed it may be the probe.
+// goes through the guard. While the guard is open it fails at once with
+// ErrGuardOpen. Once the cooldown has passed it may be the probe.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := s.callContext(ctx)
 	defer cancel()
@@ -371,14 +379,14 @@ func (s *Store) reportPrefix() string            { return s.fleet + "r:" }
 func (s *Store) replicasKey() string             { return s.fleet + "replicas" }
 func (s *Store) drainedKey() string              { return s.fleet + "drained" }
 
-// GetOrBind implements affinity.Store: one EVALSHA on a hit whose refresh
-// is not due (see the package comment for the other cases).
+// GetOrBind implements affinity.Store. A hit whose refresh is not due is
+// one EVALSHA. The package comment has the other cases.
 func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Result, error) {
 	if err := bindings.CheckBinding(l.Candidate, l.Lifetime); err != nil {
 		return bindings.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
 
-	// Nothing is linked until the key is resolved: l.Key may itself be an
+	// Nothing is linked until the key is resolved. l.Key may itself be an
 	// alias, and the links must lead to the key the binding lives under.
 	key, aliases := l.Key, aliasesOf(l.Aliases, l.Key)
 	var epoch uint64
@@ -408,8 +416,8 @@ func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Resu
 		return bindings.Result{}, fmt.Errorf("redis get-or-bind: %w", err)
 	}
 	if r.link != "" {
-		// l.Key is an alias: it is linked again, with the other aliases,
-		// whenever the session's links are due, so following it keeps it.
+		// l.Key is an alias. It is linked again, with the other aliases,
+		// whenever the session's links are due. So following it keeps it.
 		key, aliases = r.link, aliasesOf(append([]string{l.Key}, l.Aliases...), r.link)
 		var pending *touch
 		if s.cache != nil {
@@ -449,8 +457,8 @@ func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Resu
 	return res, nil
 }
 
-// aliasesOf returns the aliases to link to key: without empty ones, key
-// itself and repeats.
+// aliasesOf returns the aliases to link to key. It leaves out empty ones,
+// key itself and repeats.
 func aliasesOf(aliases []string, key string) []string {
 	var out []string
 	for _, a := range aliases {
@@ -461,11 +469,10 @@ func aliasesOf(aliases []string, key string) []string {
 	return out
 }
 
-// getOrBindOnce runs the get-or-bind script on key, alone: a hit whose
+// getOrBindOnce runs the get-or-bind script on key, alone. A hit whose
 // refresh is not due is this one EVALSHA. hasLinks tells the script that
-// the request has alias links to write when they are due.
-// A pending write back of key's cached hits is sent before it, in one
-// pipeline.
+// the request has alias links to write when they are due. A pending write
+// back of key's cached hits is sent before it, in one pipeline.
 func (s *Store) getOrBindOnce(ctx context.Context, l bindings.Lookup, key string, follow, hasLinks bool, pending *touch) (bindReply, error) {
 	now, idle := l.Candidate.Since.UnixMilli(), l.Lifetime.Idle
 	c := &scriptCall{
@@ -486,8 +493,9 @@ func (s *Store) getOrBindOnce(ctx context.Context, l bindings.Lookup, key string
 	return parseBindReply(res)
 }
 
-// Replace implements affinity.Store: one EVALSHA, plus the index script
-// when the session moved (or its index entry is due for a refresh).
+// Replace implements affinity.Store in one EVALSHA. The index script
+// follows when the session moved, or when its index entry is due for a
+// refresh.
 func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Binding, lt bindings.Lifetime) (bindings.Binding, error) {
 	if err := bindings.CheckBinding(next, lt); err != nil {
 		return bindings.Binding{}, fmt.Errorf("redis replace: %w", err)
@@ -503,9 +511,9 @@ func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Bind
 			refreshPeriod(lt.Idle), refreshMargin(lt.Idle), next.Failovers, s.channel, s.origin}}
 	calls := []*scriptCall{c}
 	if s.cache != nil {
-		// The binding changes (or another replica's is kept): forget it
-		// here at once, the message comes back later. Cached hits not
-		// yet written back go first, so the count moves with the binding.
+		// The binding changes, or another replica's is kept. Forget it here
+		// at once: the message comes back later. Cached hits not yet
+		// written back go first, so the count moves with the binding.
 		s.cache.drop(key)
 		if t, ok := s.cache.take(ctx, key); ok {
 			calls = []*scriptCall{s.touchCalls([]*touch{t}, 1)[0], c}
@@ -529,10 +537,13 @@ func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Bind
 	return r.b, nil
 }
 
-// refresh writes, in one pipeline, what a script found due: key's entry in
-// instance's index with score index (removing it from prev's index) when
-// index is not 0, and the aliases' links to key until linkExpiry. Errors
-// go to OnIndexError: the decision stands.
+// refresh writes, in one pipeline, what a script found due:
+//
+//   - when index is not 0, key's entry in instance's index, with score
+//     index, removing it from prev's index;
+//   - the aliases' links to key, until linkExpiry.
+//
+// Errors go to OnIndexError. The decision stands.
 func (s *Store) refresh(ctx context.Context, key, instance, prev string, now, index int64, aliases []string, linkExpiry int64) {
 	var calls []*scriptCall
 	if index != 0 {
@@ -540,9 +551,9 @@ func (s *Store) refresh(ctx context.Context, key, instance, prev string, now, in
 		if prev != "" {
 			from = s.indexKey(prev)
 		}
-		// The index key's own TTL is garbage collection only; twice the
-		// entry's lifetime leaves room for clock skew between replicas
-		// and Redis.
+		// The index key's own TTL is garbage collection only. Twice the
+		// entry's lifetime leaves room for clock skew between replicas and
+		// Redis.
 		keyTTL := 2 * max(index-now, 1)
 		calls = append(calls, &scriptCall{sc: s.index, keys: []string{s.indexKey(instance), from}, args: []any{key, index, keyTTL}})
 	}
@@ -555,7 +566,7 @@ func (s *Store) refresh(ctx context.Context, key, instance, prev string, now, in
 		for _, a := range aliases {
 			sets = append(sets, p.Set(ctx, s.linkKey(a), key, ttl))
 			if s.channel != "" {
-				// A request for a now leads to key: a replica that cached a's
+				// A request for a now leads to key. A replica that cached a's
 				// own binding must ask Redis again.
 				p.Publish(ctx, s.channel, s.origin+" "+s.bindingKey(a))
 			}
@@ -584,8 +595,8 @@ func (s *Store) indexError(err error) {
 	}
 }
 
-// Show implements admin.SessionIndex: one round trip, two when key is
-// an alias. It refreshes nothing.
+// Show implements admin.SessionIndex in one round trip, two when key is an
+// alias. It refreshes nothing.
 func (s *Store) Show(ctx context.Context, key string, _ time.Time) (bindings.Session, bool, error) {
 	ctx, cancel := s.opContext(ctx)
 	defer cancel()
@@ -623,7 +634,7 @@ func (s *Store) showOnce(ctx context.Context, key string, follow bool) (sess bin
 }
 
 // Mark implements admin.SessionIndex. It reads the live members of the
-// instance's index and checks (and marks) their bindings in pipelines of
+// instance's index. It checks and marks their bindings in pipelines of
 // markBatch. Then it prunes the members whose binding is gone or on
 // another instance. Each round trip gets its own Options.Timeout.
 func (s *Store) Mark(ctx context.Context, f bindings.MarkFilter, m bindings.Move, now time.Time) (marked, remaining int, err error) {
@@ -660,8 +671,8 @@ type markTally struct {
 }
 
 // markSize is how many of the left members Mark's next batch checks, and
-// whether it marks them. It marks while the limit allows (0: no limit),
-// then only counts.
+// whether it marks them. It marks while the limit allows, then only
+// counts. A limit of 0 is no limit.
 func markSize(left, limit, marked int) (n int, mark bool) {
 	n = min(left, markBatch)
 	if limit <= 0 {
@@ -727,7 +738,7 @@ func (s *Store) liveMembers(ctx context.Context, idx string, now int64) ([]gored
 	return zs, nil
 }
 
-// Bound implements admin.SessionIndex: the live members of the
+// Bound implements admin.SessionIndex. It reads the live members of the
 // instance's index, then their bindings in pipelines of markBatch. Each
 // round trip gets its own Options.Timeout.
 func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.Time) ([]bindings.Session, error) {
@@ -771,7 +782,7 @@ func (s *Store) Bound(ctx context.Context, instance string, limit int, now time.
 }
 
 // pruneIndex removes members whose score has not changed since they were
-// read. Errors go to OnIndexError: the counts Mark returns are right anyway.
+// read. Errors go to OnIndexError. The counts Mark returns are right anyway.
 func (s *Store) pruneIndex(ctx context.Context, idx string, zs []goredis.Z) {
 	for chunk := range slices.Chunk(zs, markBatch) {
 		args := make([]any, 0, 2*len(chunk))
@@ -856,7 +867,7 @@ func (s *Store) SetDrained(ctx context.Context, instance string, drained bool) e
 	return nil
 }
 
-// scriptCall is one script invocation in a pipeline; cmd holds its result
+// scriptCall is one script invocation in a pipeline. cmd holds its result
 // after exec.
 type scriptCall struct {
 	sc   *goredis.Script
@@ -866,13 +877,13 @@ type scriptCall struct {
 }
 
 // exec sends calls with EVALSHA, and the commands extra adds, in one
-// pipeline. Calls refused with NOSCRIPT (the server restarted, failed over
-// or flushed its scripts) are sent again with EVAL, which caches the
-// scripts again: one more round trip, once. Errors are left in each
-// command.
+// pipeline. A call is refused with NOSCRIPT when the server restarted,
+// failed over or flushed its scripts. Such calls are sent again with EVAL,
+// which caches the scripts again. That costs one more round trip, once.
+// Errors are left in each command.
 func (s *Store) exec(ctx context.Context, calls []*scriptCall, extra func(goredis.Pipeliner)) {
 	if len(calls) == 1 && extra == nil {
-		// The hot path (a follow-up turn) is one call: no pipeline.
+		// The hot path, a follow-up turn, is one call: no pipeline.
 		c := calls[0]
 		if c.cmd = c.sc.EvalSha(ctx, s.client, c.keys, c.args...); goredis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
 			c.cmd = c.sc.Eval(ctx, s.client, c.keys, c.args...)
@@ -903,9 +914,9 @@ func (s *Store) exec(ctx context.Context, calls []*scriptCall, extra func(goredi
 	_, _ = pipe.Exec(ctx)
 }
 
-// flushCache writes back the cached hits queued, for a call that reads
-// what they change (counts, TTLs, the index): those of keys, or all when
-// none is named.
+// flushCache writes back the queued cached hits of keys, or all of them
+// when no key is named. A call that reads what they change calls it
+// first. They change counts, TTLs and the index.
 func (s *Store) flushCache(ctx context.Context, keys ...string) {
 	if s.cache == nil {
 		return
@@ -923,7 +934,8 @@ func (s *Store) flushCache(ctx context.Context, keys ...string) {
 // HitsOneRoundTrip with the reason.
 func (s *Store) Hits() (mode, why string) { return s.hits, s.hitsWhy }
 
-// CacheStats returns the hit cache's counters (zero when it is off).
+// CacheStats returns the hit cache's counters. They are zero when it is
+// off.
 func (s *Store) CacheStats() CacheStats {
 	if s.cache == nil {
 		return CacheStats{}
@@ -938,12 +950,12 @@ func (s *Store) callContext(ctx context.Context) (context.Context, context.Cance
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// opContext bounds a round trip off the request path (operations, load
-// sync, the instance circuits): Options.Timeout, but at least
-// OpTimeout. Such a call may read a whole instance's index or every
-// replica's report; nobody waits on it, and cutting it at the request
-// path's 10 ms would turn a large fleet's ordinary work into failures
-// (and the guard's count).
+// opContext bounds a round trip off the request path: operations, the
+// load sync, the instance circuits. The bound is Options.Timeout, but at
+// least OpTimeout. Such a call may read a whole instance's index or every
+// replica's report. Nobody waits on it. Cutting it at the request path's
+// 10 ms would turn a large fleet's ordinary work into failures, and into
+// the guard's count.
 func (s *Store) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if s.timeout <= 0 {
 		return ctx, func() {}
@@ -959,24 +971,24 @@ func boolArg(b bool) string {
 }
 
 // entryLifetime is how long an index entry or alias link written now
-// lasts: Idle*5/4, so it outlives the binding until the next refresh.
+// lasts: Idle*5/4. So it outlives the binding until the next refresh.
 func entryLifetime(idle time.Duration) int64 { return millis(idle * 5 / 4) }
 
 // refreshPeriod is how old an index entry may get before a hit rewrites it
-// anyway (which heals a lost entry).
+// anyway. That heals a lost entry.
 func refreshPeriod(idle time.Duration) int64 { return millis(idle / 4) }
 
 // maxMargin bounds refreshMargin.
 const maxMargin = time.Second
 
 // refreshMargin is how long an index entry or alias link must outlive the
-// binding a request refreshes, else it is written again: slack for the
-// clocks of the replicas and Redis. With one idle timeout throughout, a
-// session's entry is rewritten every Idle/4 minus this margin.
+// binding a request refreshes. Else it is written again. The margin is
+// slack for the clocks of the replicas and Redis. With one idle timeout
+// throughout, a session's entry is rewritten every Idle/4 minus this margin.
 func refreshMargin(idle time.Duration) int64 { return millis(min(idle/8, maxMargin)) }
 
-// millis rounds d up to whole milliseconds, so a positive duration never
-// becomes PEXPIRE 0 (which deletes the key).
+// millis rounds d up to whole milliseconds. So a positive duration never
+// becomes PEXPIRE 0, which deletes the key.
 func millis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }

@@ -173,12 +173,12 @@ func parseShowReply(res []any) (s bindings.Session, link string, ok bool, err er
 	return bindings.Session{}, "", false, bad
 }
 
-// parseLoadReply decodes a syncLoadSrc reply and merges the other
+// parseLoadReply decodes a syncLoadSrc reply. It merges the other
 // replicas' reports with r, this replica's own (fleet.MergeLoad). A reply
-// of the wrong shape is an error. A report value that is not an integer or
-// a reading (another replica's bug, a damaged key) is skipped and
-// described in skipped: one bad field must not stop every replica's load
-// sync.
+// of the wrong shape is an error. A report value may not be an integer or
+// a reading, from another replica's bug or a damaged key. It is skipped
+// and described in skipped. One bad field must not stop every replica's
+// load sync.
 func parseLoadReply(res []any, r fleet.LoadReport, instances []string) (st fleet.LoadState, skipped []string, err error) {
 	bad := func(what string) (fleet.LoadState, []string, error) {
 		return fleet.LoadState{}, nil, fmt.Errorf("unexpected sync-load reply (%s): %v", what, res)

@@ -11,13 +11,15 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// Requests returns the request count of each session key's binding (its
-// n field), 0 for a key without a binding (ended, never bound, or stored
-// before counts were kept). keys are session keys (Result.Key): an alias
-// link is not followed. It reads the bindings with HGET in pipelines of
-// markBatch, each bounded like the other calls off the request path; a
-// pipeline may span slots on a Cluster (the client splits it per node).
-// now is unused: Redis expires bindings on its own clock.
+// Requests returns the request count of each session key's binding, its
+// n field. A key without a binding gives 0. That is a session that ended,
+// was never bound, or was stored before counts were kept. keys are session
+// keys (Result.Key). An alias link is not followed.
+//
+// It reads the bindings with HGET in pipelines of markBatch. Each is bounded
+// like the other calls off the request path. A pipeline may span slots on a
+// Cluster. The client splits it per node. now is unused, as Redis expires
+// bindings on its own clock.
 func (s *Store) Requests(ctx context.Context, keys []string, _ time.Time) ([]int, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("redis requests: %w", err)

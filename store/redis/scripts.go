@@ -1,65 +1,94 @@
 package redis
 
-// The Lua scripts. Each touches the keys of ONE hash slot only (the keys it
-// is given and, for syncLoadSrc, other {fleet} keys it names itself), so
-// every script runs on Redis Cluster. Times are unix milliseconds on the
-// caller's clock ("now" is an argument); TTLs are real PEXPIREs on the
+// The Lua scripts. Each touches the keys of ONE hash slot only, so every
+// script runs on Redis Cluster. Those are the keys it is given. syncLoadSrc
+// also names other {fleet} keys itself. Times are unix milliseconds on the
+// caller's clock: "now" is an argument. TTLs are real PEXPIREs on the
 // server's clock.
 //
-// Binding hash fields: i instance, v version, s since, f failovers (the
-// fallback ladder's stage, absent for 0), n the session's request count
-// (1 on a bind, +1 on every hit and renewal, kept by a replace), mv
-// move-to-version, mo move-off-instance, and the refresh bookkeeping: x
-// when the session's index entry was last written, e that entry's expiry
-// (its score), l the expiry of the alias links last written for the
-// session, u the session's last use (a request, or a hit written back).
+// Binding hash fields:
+//
+//	i   instance
+//	v   version
+//	s   since
+//	f   failovers: the fallback ladder's stage, absent for 0
+//	n   the session's request count: 1 on a bind, +1 on every hit and
+//	    renewal, kept by a replace
+//	mv  move-to-version
+//	mo  move-off-instance
+//	x   when the session's index entry was last written
+//	e   that entry's expiry, its score
+//	l   the expiry of the alias links last written for the session
+//	u   the session's last use: a request, or a hit written back
+//
 // s, x, e, l and u are unix milliseconds on the callers' clock.
 //
-// A binding without an instance or an integer s is damaged: it counts as
+// A binding without an instance or an integer s is damaged. It counts as
 // absent and is overwritten, so a bad record heals instead of failing
 // forever. A missing or non-integer x, e or l makes the refresh it guards
-// due, which rewrites it. A missing or non-integer n (a binding stored
-// before counts were kept) counts as 0.
+// due, which rewrites it. A missing or non-integer n counts as 0. Bindings
+// stored before counts were kept have none.
 //
-// The refresh rule, shared by getOrBindSrc and replaceSrc: a use at now
-// with idle timeout idle keeps the binding until now + idle. The index
-// entry must outlive that whatever idle each request carries, so it is
-// rewritten when now + idle + margin would pass e, or when x is a refresh
-// period (the request's idle/4) old, which heals a lost entry. It is then
-// written to expire at max(e, now + idle*5/4): never earlier than it was,
-// so a short-idle request cannot cut short the entry of a session a
-// long-idle request keeps alive. Alias links follow the same rule with l,
-// and are written along with any index write, but only by a request that
-// has links to write (the caller says so).
+// getOrBindSrc and replaceSrc share the refresh rule. A use at now with idle
+// timeout idle keeps the binding until now + idle. The index entry must
+// outlive that, whatever idle each request carries. So it is rewritten when
+// now + idle + margin would pass e. It is also rewritten when x is a refresh
+// period old, the request's idle/4, which heals a lost entry. It is then
+// written to expire at max(e, now + idle*5/4), never earlier than it was. So
+// a short-idle request cannot cut short the entry of a session a long-idle
+// request keeps alive. Alias links follow the same rule with l. They are
+// written along with any index write, but only by a request that has links
+// to write. The caller says so.
 
-// getOrBindSrc: KEYS[1] binding, KEYS[2] alias link of the same key.
-// ARGV[1] candidate instance, [2] candidate version, [3] now, [4] idle ms,
-// [5] max ms (0: none), [6] '1' to follow an alias link, [7] now +
-// idle*5/4 (a new entry or link expiry), [8] refresh period ms, [9] margin
-// ms, [10] '1' when the request has alias links to write, [11] the
-// invalidation channel (” when the deployment does not cache hits), [12]
-// the calling store's origin. A message is "<origin> <binding key>": a
-// replica skips its own (it has already dropped or stored the entry).
+// getOrBindSrc gets the binding of a session, or binds it.
 //
-// A bind (created or renewed) publishes KEYS[1] on the channel, in the
-// script, so every replica drops what it cached of the session before any
+//	KEYS[1]  binding
+//	KEYS[2]  alias link of the same key
+//	ARGV[1]  candidate instance
+//	ARGV[2]  candidate version
+//	ARGV[3]  now
+//	ARGV[4]  idle ms
+//	ARGV[5]  max ms; 0 is none
+//	ARGV[6]  '1' to follow an alias link
+//	ARGV[7]  now + idle*5/4, a new entry or link expiry
+//	ARGV[8]  refresh period ms
+//	ARGV[9]  margin ms
+//	ARGV[10] '1' when the request has alias links to write
+//	ARGV[11] the invalidation channel; empty when the deployment does not
+//	         cache hits
+//	ARGV[12] the calling store's origin
+//
+// A message is "<origin> <binding key>". A replica skips its own, as it has
+// already dropped or stored the entry.
+//
+// A bind, created or renewed, publishes KEYS[1] on the channel, in the
+// script. So every replica drops what it cached of the session before any
 // other command sees the new binding. A hit publishes nothing.
 //
-// Replies {0, linked key} when KEYS[2] links the key to another session
-// (nothing is written), otherwise {outcome, instance, since, version,
-// move-to-version, move-off, previous instance, previous since, previous
-// version, index expiry, link expiry, failovers, previous failovers,
-// requests, index written, index expiry now, links expiry now}: outcome is affinity.Origin (1 found, 2 created, 3 renewed);
-// requests is the count n with this request (an integer, the other
-// fields are strings); the previous fields are the binding a bind
-// replaced (empty if none; a created binding may replace a damaged record's
-// instance, whose index the entry leaves); index expiry is empty unless
-// the caller must write the index entry with that score, link expiry empty
-// unless it must write the request's alias links to expire then. The
-// next three are the binding's x, e and l after the call (empty when
-// absent): the hit cache serves a hit only while none would be due. The
-// last is, on a hit, how long the session had gone unused (ms: now less
-// u, the last use; -1 when u is absent or later), -1 on a bind.
+// When KEYS[2] links the key to another session, it writes nothing and
+// replies {0, linked key}. Otherwise it replies with 18 values. requests is
+// an integer. The others are strings.
+//
+//	outcome              affinity.Origin: 1 found, 2 created, 3 renewed
+//	instance, since, version
+//	move-to-version, move-off
+//	previous instance, previous since, previous version
+//	                     the binding a bind replaced, empty if none.
+//	                     A created binding may replace a damaged record's
+//	                     instance. The entry leaves that instance's index.
+//	index expiry         empty unless the caller must write the index entry
+//	                     with that score
+//	link expiry          empty unless the caller must write the request's
+//	                     alias links to expire then
+//	failovers, previous failovers
+//	requests             the count n with this request
+//	index written, index expiry now, links expiry now
+//	                     the binding's x, e and l after the call, empty when
+//	                     absent. The hit cache serves a hit only while none
+//	                     would be due.
+//	unused               on a hit, how long the session had gone unused, in
+//	                     ms: now less u, the last use. It is -1 when u is
+//	                     absent or later, and -1 on a bind.
 const getOrBindSrc = `
 if ARGV[6] == '1' then
   local to = redis.call('GET', KEYS[2])
@@ -131,21 +160,35 @@ end
 return {outcome, ARGV[1], ARGV[3], ARGV[2], '', '', prev[1], prev[2], prev[3], ARGV[7], le, '', prev[4], n, ARGV[3], ARGV[7], le, -1}
 `
 
-// replaceSrc: KEYS[1] binding. ARGV[1] old instance, [2] next instance,
-// [3] next version, [4] now (next.Since), [5] idle ms, [6] now +
-// idle*5/4, [7] refresh period ms, [8] margin ms, [9] next failovers,
-// [10] the invalidation channel (” when the deployment does not cache
-// hits): a stored next (a failover, a rebind) is published on it, [11]
-// the calling store's origin.
+// replaceSrc moves a session from old to next.
+//
+//	KEYS[1]  binding
+//	ARGV[1]  old instance
+//	ARGV[2]  next instance
+//	ARGV[3]  next version
+//	ARGV[4]  now, next.Since
+//	ARGV[5]  idle ms
+//	ARGV[6]  now + idle*5/4
+//	ARGV[7]  refresh period ms
+//	ARGV[8]  margin ms
+//	ARGV[9]  next failovers
+//	ARGV[10] the invalidation channel; empty when the deployment does not
+//	         cache hits. A stored next, such as a failover or a rebind, is
+//	         published on it.
+//	ARGV[11] the calling store's origin
 //
 // Replies {replaced, instance, since, version, index expiry, previous
-// instance, failovers}: replaced is 1 when next was stored (the binding was absent,
-// damaged or still on old), 0 when another caller's binding was kept; its
-// idle timeout is refreshed too, the caller is using the session. Index
-// expiry is empty unless the caller must write the index entry with that
-// score (always after a store). A stored next has no pending move and
-// keeps l (the session's links still lead to it) and n (it is the same
-// session).
+// instance, failovers}.
+//
+//   - replaced is 1 when next was stored. The binding was absent, damaged or
+//     still on old.
+//   - replaced is 0 when another caller's binding was kept. Its idle timeout
+//     is refreshed too, as the caller is using the session.
+//   - index expiry is empty unless the caller must write the index entry
+//     with that score. It is always set after a store.
+//
+// A stored next has no pending move. It keeps l, as the session's links
+// still lead to it. It keeps n, as it is the same session.
 const replaceSrc = `
 local function int(v)
   if v and string.match(v, '^%d+$') then return tonumber(v) end
@@ -182,15 +225,19 @@ end
 return {1, ARGV[2], ARGV[4], ARGV[3], ARGV[6], cur[1] or '', ARGV[9]}
 `
 
-// indexSrc: KEYS[1] index of the session's instance, KEYS[2] index of the
-// instance it leaves (KEYS[1] again when none). ARGV[1] session key,
-// [2] entry expiry (score), [3] minimum key TTL ms.
+// indexSrc writes a session's index entry.
 //
-// An entry's score is only ever raised: index writes of one session can
-// arrive out of order (they follow their script in a second round trip),
-// and a late write of a short-idle request must not cut short the entry a
-// long-idle one extended. The index key's own TTL only collects the index
-// of an instance that no longer takes sessions; it is only ever extended,
+//	KEYS[1]  index of the session's instance
+//	KEYS[2]  index of the instance it leaves; KEYS[1] again when none
+//	ARGV[1]  session key
+//	ARGV[2]  entry expiry, the score
+//	ARGV[3]  minimum key TTL ms
+//
+// An entry's score is only ever raised. Index writes of one session can
+// arrive out of order, as they follow their script in a second round trip.
+// A late write of a short-idle request must not cut short the entry a
+// long-idle one extended. The index key's own TTL only collects the index of
+// an instance that no longer takes sessions. It is only ever extended,
 // because sessions with different idle lifetimes share the key. Members
 // expire by their score.
 const indexSrc = `
@@ -207,12 +254,17 @@ end
 return 1
 `
 
-// showSrc: KEYS[1] binding, KEYS[2] alias link of the same key. ARGV[1]
-// '1' to follow an alias link. Read-only.
+// showSrc reads a session. It writes nothing.
 //
-// Replies {0, linked key}, {2} when there is no (undamaged) binding, or
-// {1, instance, since, version, move-to-version, move-off, pttl ms,
-// failovers}.
+//	KEYS[1]  binding
+//	KEYS[2]  alias link of the same key
+//	ARGV[1]  '1' to follow an alias link
+//
+// It replies one of:
+//
+//	{0, linked key}
+//	{2}  no undamaged binding
+//	{1, instance, since, version, move-to-version, move-off, pttl ms, failovers}
 const showSrc = `
 if ARGV[1] == '1' then
   local to = redis.call('GET', KEYS[2])
@@ -236,13 +288,21 @@ const (
 	markUnmarked = 4 // selected and unmarked (check only)
 )
 
-// markSrc: KEYS[1] binding. ARGV[1] instance, [2] version (empty: any),
-// [3] '1' to mark, '0' to check only, [4] move-to-version, [5] move-off,
-// [6] the invalidation channel (” when the deployment does not cache
-// hits): a mark (a migration, a drain, an evacuation) is published on it,
-// [7] the calling store's origin.
-// Replies one of the mark* values. HSET keeps the binding's TTL, so the mark
-// expires with the session.
+// markSrc checks a session of an instance's index, and marks it with a move.
+//
+//	KEYS[1]  binding
+//	ARGV[1]  instance
+//	ARGV[2]  version; empty is any
+//	ARGV[3]  '1' to mark, '0' to check only
+//	ARGV[4]  move-to-version
+//	ARGV[5]  move-off
+//	ARGV[6]  the invalidation channel; empty when the deployment does not
+//	         cache hits. A mark, for a migration, a drain or an evacuation,
+//	         is published on it.
+//	ARGV[7]  the calling store's origin
+//
+// It replies one of the mark* values. HSET keeps the binding's TTL, so the
+// mark expires with the session.
 const markSrc = `
 local cur = redis.call('HMGET', KEYS[1], 'i', 's', 'v', 'mv', 'mo')
 if not (cur[2] and string.match(cur[2], '^%d+$')) or cur[1] ~= ARGV[1] then
@@ -264,9 +324,13 @@ end
 return 4
 `
 
-// pruneSrc: KEYS[1] an index. ARGV pairs of (session key, score read
-// earlier). Removes each member whose score is still the one read, so a
-// session re-added meanwhile (a new score) stays.
+// pruneSrc prunes an index.
+//
+//	KEYS[1]  an index
+//	ARGV     pairs of session key and the score read earlier
+//
+// It removes each member whose score is still the one read. So a session
+// re-added meanwhile, with a new score, stays.
 const pruneSrc = `
 local n = 0
 for i = 1, #ARGV, 2 do
@@ -278,17 +342,29 @@ end
 return n
 `
 
-// syncLoadSrc: KEYS[1] replicas zset, KEYS[2] drained set, KEYS[3] this
-// replica's report, KEYS[4..] the index of each listed instance. ARGV[1]
-// now, [2] this report's expiry (score), [3] report key TTL ms, [4] replica
-// name, [5] report key prefix, [6..] report hash field/value pairs.
+// syncLoadSrc exchanges the replicas' load reports.
 //
-// Publishes the report, drops the reports of replicas whose expiry has
-// passed, prunes expired index members. Replies {active counts in KEYS
-// order, {replica, HGETALL of its report, ...} for the other live replicas,
-// drained members}. The other replicas' report keys are not in KEYS (their
-// names are only known here); they share the {fleet} hash tag, so they are
-// in the same slot.
+//	KEYS[1]    replicas zset
+//	KEYS[2]    drained set
+//	KEYS[3]    this replica's report
+//	KEYS[4..]  the index of each listed instance
+//	ARGV[1]    now
+//	ARGV[2]    this report's expiry, its score
+//	ARGV[3]    report key TTL ms
+//	ARGV[4]    replica name
+//	ARGV[5]    report key prefix
+//	ARGV[6..]  report hash field/value pairs
+//
+// It publishes the report. It drops the reports of replicas whose expiry has
+// passed. It prunes expired index members. It replies with three values:
+//
+//   - the active counts, in KEYS order;
+//   - {replica, HGETALL of its report, ...} for the other live replicas;
+//   - the drained members.
+//
+// The other replicas' report keys are not in KEYS, as their names are only
+// known inside the script. They share the {fleet} hash tag, so they are in
+// the same slot.
 const syncLoadSrc = `
 redis.call('DEL', KEYS[3])
 if #ARGV > 5 then

@@ -1,8 +1,8 @@
 // Package storetest is the conformance suite every store must pass.
-// store/memory and store/redis run the same cases, so "two tether replicas
-// agree", the lifetime rules, aliases, the session index, the load
-// exchange, the request counts and the instance circuits mean the same
-// thing whichever store is wired.
+// store/memory and store/redis run the same cases. So these mean the same
+// thing whichever store is wired: "two tether replicas agree", the lifetime
+// rules, aliases, the session index, the load exchange, the request counts
+// and the instance circuits.
 package storetest
 
 import (
@@ -42,20 +42,20 @@ type Store interface {
 
 // Harness tells Run how to make a store and how to move its clock.
 type Harness struct {
-	// New returns an empty store for one case. Cases run in parallel, so
-	// stores returned for different t must not share state (on a shared
-	// server, give each its own key prefix) nor expiry clocks (a shared
-	// server is fine when Advance only waits).
+	// New returns an empty store for one case. Cases run in parallel. So
+	// stores returned for different t must not share state. On a shared
+	// server, give each its own key prefix. They must not share expiry
+	// clocks either. A shared server is fine when Advance only waits.
 	New func(t *testing.T) Store
-	// Advance lets d pass on the store's own expiry clock: FastForward for
-	// miniredis, nothing for a store that reads "now" from its arguments, a
-	// real wait for a real server.
+	// Advance lets d pass on the store's own expiry clock. It is
+	// FastForward for miniredis. It is nothing for a store that reads "now"
+	// from its arguments. It is a real wait for a real server.
 	Advance func(t *testing.T, d time.Duration)
-	// Idle is the idle timeout the expiry cases use (0: one minute). A
-	// harness whose Advance really waits sets it small, a few seconds:
-	// the cases keep margins of Idle/4 to Idle/2 on the store's expiry
-	// clock, which must hold on a loaded machine. Cases run in parallel,
-	// so a larger Idle adds little to the suite's time.
+	// Idle is the idle timeout the expiry cases use. 0 means one minute. A
+	// harness whose Advance really waits sets it small, a few seconds. The
+	// cases keep margins of Idle/4 to Idle/2 on the store's expiry clock,
+	// which must hold on a loaded machine. Cases run in parallel, so a
+	// larger Idle adds little to the suite's time.
 	Idle time.Duration
 }
 
@@ -94,9 +94,9 @@ func (e *env) advance(d time.Duration) {
 	e.h.Advance(e.t, d)
 }
 
-// skew moves only the caller's clock: by less than the idle timeout, or in
-// Max cases that run with an hour of Idle, so the store's own expiry clock
-// cannot change the outcome.
+// skew moves only the caller's clock. It moves it by less than the idle
+// timeout, or in Max cases that run with an hour of Idle. So the store's
+// own expiry clock cannot change the outcome.
 func (e *env) skew(d time.Duration) { e.now = e.now.Add(d) }
 
 func (e *env) lt() bindings.Lifetime { return bindings.Lifetime{Idle: e.idle} }
@@ -369,9 +369,9 @@ var cases = []testCase{
 		e.getOrBind(e.key("k"), p, e.lt(), p, bindings.Created)
 	}},
 	{"keys with braces keep their own binding", func(e *env) {
-		// Redis Cluster hashes the text between the first '{' and '}': a
-		// key must not change which slot its binding and link go to, and
-		// escaping must keep distinct keys distinct.
+		// Redis Cluster hashes the text between the first '{' and '}'. A
+		// key must not change which slot its binding and link go to.
+		// Escaping must keep distinct keys distinct.
 		keys := []string{"{", "}", "}x", "{}", "a{b}c", "%7B", "%", "{fleet}"}
 		for i, k := range keys {
 			b := e.bind(fmt.Sprint("i", i))
@@ -1107,10 +1107,10 @@ func Run(t *testing.T, h Harness) {
 	}
 }
 
-// Benchmark measures GetOrBind on s: the Found path (one hot key, with and
-// without an alias), the Created path (a new key per call), serial and with
-// b.RunParallel. It reports no verdict; compare stores as ratios within
-// one run.
+// Benchmark measures GetOrBind on s, serial and with b.RunParallel. It
+// measures the Found path: one hot key, with and without an alias. It
+// measures the Created path: a new key per call. It reports no verdict.
+// Compare stores as ratios within one run.
 func Benchmark(b *testing.B, s affinity.Store) {
 	lt := bindings.Lifetime{Idle: time.Hour, Max: time.Hour}
 	cand := bindings.Binding{Instance: "inst-a", Version: "v1", Since: start}

@@ -66,8 +66,8 @@ package redis
 // other command sees the new binding. A hit publishes nothing.
 //
 // When KEYS[2] links the key to another session, it writes nothing and
-// replies {0, linked key}. Otherwise it replies with 18 values. requests is
-// an integer. The others are strings.
+// replies {0, linked key}. Otherwise it replies with 18 values. requests
+// and unused are integers. The others are strings.
 //
 //	outcome              affinity.Origin: 1 found, 2 created, 3 renewed
 //	instance, since, version

@@ -101,6 +101,10 @@ type Decision struct {
 	// none that counts.
 	ByContent bool
 	Matched   int
+	// Fallbacks are where a retry of the request goes, in order: the next
+	// instances of the ranking that would place its session anew, without
+	// Instance. The request asks for them (Request.Fallbacks).
+	Fallbacks []fleet.Instance
 	// lifetime is the session's binding lifetime, and subset the
 	// request's, for Refine's move.
 	lifetime bindings.Lifetime
@@ -220,7 +224,26 @@ func (d *Decider) Decide(ctx context.Context, req Request) (Decision, error) {
 		dec.Probe = probe
 	}
 	d.load.Begin(dec.Instance.Name, dec.At)
+	if req.Fallbacks > 0 {
+		dec.Fallbacks = d.fallbacks(req, dec.Instance)
+	}
 	return dec, nil
+}
+
+// fallbacks is where a retry of a request placed on chosen goes: the next
+// req.Fallbacks instances of the ranking that would place its session
+// anew, or of a random ranking for a request without one. They are of
+// chosen's version, within bounded load, and in req's subset.
+func (d *Decider) fallbacks(req Request, chosen fleet.Instance) []fleet.Instance {
+	key := fnv64(req.ID.Key)
+	if req.ID.Anonymous() {
+		key = d.rand()
+	}
+	pl := placement{key: key, from: d.available(req.Subset), version: chosen.Version, leave: chosen.Name, sessions: true}
+	var r Ranking
+	d.rank(&pl, &r)
+	order := r.Order()
+	return order[:min(req.Fallbacks, len(order))]
 }
 
 // decide is Decide before the request is counted on its instance.

@@ -154,8 +154,28 @@ func (d *Decider) moveTo(ctx context.Context, dec Decision, r *Ranking, now time
 	}
 	d.load.End(dec.Instance.Name, dec.At, 0, false)
 	d.load.Begin(target.Name, dec.At)
+	dec.Fallbacks = shiftFallbacks(dec.Fallbacks, dec.Instance, target)
 	dec.Instance, dec.Probe = target, probe
 	return dec
+}
+
+// shiftFallbacks is the fallbacks of a request moved from one instance to
+// another: the one it leaves first, then the rest without the one it
+// goes to. The list keeps its length.
+func shiftFallbacks(fallbacks []fleet.Instance, from, to fleet.Instance) []fleet.Instance {
+	if len(fallbacks) == 0 {
+		return nil
+	}
+	out := make([]fleet.Instance, 0, len(fallbacks))
+	if from.Version == to.Version {
+		out = append(out, from)
+	}
+	for _, in := range fallbacks {
+		if in.Name != to.Name && len(out) < len(fallbacks) {
+			out = append(out, in)
+		}
+	}
+	return out
 }
 
 // promptScore is the pipeline's score of a prompt (stage 3): what each

@@ -374,3 +374,49 @@ func TestSubset(t *testing.T) {
 		t.Error("a session was bound for a request refused for its subset")
 	}
 }
+
+// TestFallbacks: a request that asks for fallbacks gets the next instances
+// of its session's ranking, never its own, alike on every call, within its
+// subset; a request Refine moves keeps the one it left as its first.
+func TestFallbacks(t *testing.T) {
+	ctx := context.Background()
+	d := affinity.New(memory.New(), fleet.New(instances(4)), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25})
+	names := func(in []fleet.Instance) []string {
+		var out []string
+		for _, i := range in {
+			out = append(out, i.Name)
+		}
+		return out
+	}
+	for i := range 20 {
+		req := session(fmt.Sprint("fb-", i))
+		req.Fallbacks = 2
+		first, err := d.Decide(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := d.Decide(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := names(first.Fallbacks)
+		if len(got) != 2 || slices.Contains(got, first.Instance.Name) || got[0] == got[1] {
+			t.Fatalf("session on %s: fallbacks %v", first.Instance.Name, got)
+		}
+		if !slices.Equal(got, names(again.Fallbacks)) {
+			t.Errorf("the same session's fallbacks differ: %v, then %v", got, names(again.Fallbacks))
+		}
+	}
+	req := session("fb-subset")
+	req.Fallbacks, req.Subset = 3, []string{"gpu-0", "gpu-2"}
+	got, err := d.Decide(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fb := names(got.Fallbacks); len(fb) != 1 || !slices.Contains(req.Subset, fb[0]) || fb[0] == got.Instance.Name {
+		t.Errorf("subset %v, placed on %s: fallbacks %v", req.Subset, got.Instance.Name, fb)
+	}
+	if plain := decide(t, d, session("fb-none")); plain.Fallbacks != nil {
+		t.Errorf("a request that asked for none got fallbacks %v", names(plain.Fallbacks))
+	}
+}

@@ -3,6 +3,7 @@ package affinity
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/tetherproxy/tether/fleet"
@@ -104,6 +105,31 @@ func TestPickOnEqualWeightsIsRendezvous(t *testing.T) {
 			if got, want := r.Order()[0].Name, Rendezvous(key, insts).Name; got != want {
 				t.Fatalf("weight %g, key %s: picked %s, rendezvous %s", w, key, got, want)
 			}
+		}
+	}
+}
+
+func TestShiftFallbacks(t *testing.T) {
+	a, b, c, d := fleet.Instance{Name: "a", Version: "v1"}, fleet.Instance{Name: "b", Version: "v1"},
+		fleet.Instance{Name: "c", Version: "v1"}, fleet.Instance{Name: "d", Version: "v2"}
+	for _, tc := range []struct {
+		name     string
+		in       []fleet.Instance
+		from, to fleet.Instance
+		want     []string
+	}{
+		{"none asked", nil, a, b, nil},
+		{"moved to a fallback", []fleet.Instance{b, c}, a, b, []string{"a", "c"}},
+		{"moved elsewhere", []fleet.Instance{b, c}, a, d, []string{"b", "c"}},
+		{"moved to the last", []fleet.Instance{b, c}, a, c, []string{"a", "b"}},
+		{"one long", []fleet.Instance{b}, a, c, []string{"a"}},
+	} {
+		var got []string
+		for _, in := range shiftFallbacks(tc.in, tc.from, tc.to) {
+			got = append(got, in.Name)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -203,6 +203,9 @@ type Request struct {
 	// to (a gateway's subset hint): a session bound elsewhere moves into
 	// it, and none eligible in it is ErrNoEligible.
 	Subset []string
+	// Fallbacks is how many instances the decision names after its own,
+	// for a gateway to retry on (Decision.Fallbacks). 0 names none.
+	Fallbacks int
 }
 
 func (r Request) header(name string) string {

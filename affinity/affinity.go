@@ -242,8 +242,7 @@ func (d *Decider) fallbacks(req Request, chosen fleet.Instance) []fleet.Instance
 	pl := placement{key: key, from: d.available(req.Subset), version: chosen.Version, leave: chosen.Name, sessions: true}
 	var r Ranking
 	d.rank(&pl, &r)
-	order := r.Order()
-	return order[:min(req.Fallbacks, len(order))]
+	return r.Top(req.Fallbacks)
 }
 
 // decide is Decide before the request is counted on its instance.

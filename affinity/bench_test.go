@@ -55,6 +55,17 @@ func BenchmarkDecide(b *testing.B) {
 					}
 				}
 			})
+			b.Run("hit-fallbacks", func(b *testing.B) {
+				// A gateway's request: the decision names two fallbacks.
+				id := session("bench-hit")
+				id.Fallbacks = 2
+				b.ReportAllocs()
+				for b.Loop() {
+					if got, _ := d.Decide(ctx, id); len(got.Fallbacks) != 2 {
+						b.Fatalf("fallbacks %v", got.Fallbacks)
+					}
+				}
+			})
 			b.Run("bind", func(b *testing.B) {
 				b.ReportAllocs()
 				i := 0

@@ -116,16 +116,31 @@ func (r *Ranking) First() (fleet.Instance, bool) {
 	return r.from[r.idx()[r.best]], true
 }
 
-// Order is the whole ranking, best first.
-func (r *Ranking) Order() []fleet.Instance {
-	order := make([]int, r.n)
-	for i := range order {
-		order[i] = i
+// Top is the first n of the ranking, best first, without sorting the
+// rest.
+func (r *Ranking) Top(n int) []fleet.Instance {
+	n = min(n, r.n)
+	if n <= 0 {
+		return nil
 	}
-	slices.SortFunc(order, func(a, b int) int { return r.compare(a, b) })
-	out := make([]fleet.Instance, len(order))
-	for i, j := range order {
-		out[i] = r.from[r.idx()[j]]
+	var topArr [8]int
+	top := topArr[:0]
+	for c := range r.n {
+		i := len(top)
+		for i > 0 && r.compare(c, top[i-1]) < 0 {
+			i--
+		}
+		if i < n {
+			if len(top) < n {
+				top = append(top, 0)
+			}
+			copy(top[i+1:], top[i:len(top)-1])
+			top[i] = c
+		}
+	}
+	out := make([]fleet.Instance, len(top))
+	for i, c := range top {
+		out[i] = r.from[r.idx()[c]]
 	}
 	return out
 }

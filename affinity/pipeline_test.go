@@ -133,3 +133,38 @@ func TestShiftFallbacks(t *testing.T) {
 		}
 	}
 }
+
+// TestTopIsOrderCut: Top(n) is the first n of Order, for every n.
+func TestTopIsOrderCut(t *testing.T) {
+	d := New(nil, fleet.New(nil), Policy{})
+	from := make([]fleet.Instance, 12)
+	for i := range from {
+		from[i] = fleet.Instance{Name: string(rune('a' + i)), Weight: float64(1 + i%3)}
+	}
+	for key := range uint64(50) {
+		pl := placement{key: key * 0x9e3779b97f4a7c15, from: from}
+		var r Ranking
+		d.rank(&pl, &r)
+		order := r.Order()
+		for n := range len(from) + 2 {
+			top := r.Top(n)
+			if want := order[:min(n, len(order))]; !slices.EqualFunc(top, want, func(a, b fleet.Instance) bool { return a.Name == b.Name }) {
+				t.Fatalf("key %d, n %d: Top %v, Order %v", key, n, top, want)
+			}
+		}
+	}
+}
+
+// Order is the whole ranking, best first: what Top cuts short.
+func (r *Ranking) Order() []fleet.Instance {
+	order := make([]int, r.n)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return r.compare(a, b) })
+	out := make([]fleet.Instance, len(order))
+	for i, j := range order {
+		out[i] = r.from[r.idx()[j]]
+	}
+	return out
+}

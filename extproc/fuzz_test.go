@@ -383,9 +383,15 @@ func checkReply(req *extprocv3.ProcessingRequest, resp *extprocv3.ProcessingResp
 		switch r := resp.GetResponse().(type) {
 		case *extprocv3.ProcessingResponse_RequestHeaders:
 			common = r.RequestHeaders.GetResponse()
-			if m := common.GetHeaderMutation(); m != nil {
-				if len(m.GetSetHeaders()) != 1 || m.GetSetHeaders()[0].GetHeader().GetKey() != "x-tether-cluster" {
-					return "request headers: the mutation is not the routing header alone"
+			if m := common.GetHeaderMutation(); m != nil && len(m.GetSetHeaders()) == 0 {
+				// Unrouted: the client's destination goes, nothing else.
+				if rm := m.GetRemoveHeaders(); len(rm) != 1 || rm[0] != extproc.HeaderDestination {
+					return "request headers: an unrouted reply removes the destination alone"
+				}
+			} else if m != nil {
+				if set := m.GetSetHeaders(); set[0].GetHeader().GetKey() != "x-tether-cluster" ||
+					len(set) > 2 || len(set) == 2 && set[1].GetHeader().GetKey() != extproc.HeaderDestination {
+					return "request headers: the mutation is not the routing header and the destination"
 				}
 				cluster := string(m.GetSetHeaders()[0].GetHeader().GetRawValue())
 				if !knownCluster(cluster) {
@@ -445,7 +451,7 @@ func checkReply(req *extprocv3.ProcessingRequest, resp *extprocv3.ProcessingResp
 			return "dynamic metadata outside the request-headers reply"
 		}
 		for ns := range md.GetFields() {
-			if ns != extproc.MetadataNamespace {
+			if ns != extproc.MetadataNamespace && ns != extproc.MetadataLB {
 				return "dynamic metadata outside tether's namespace: " + ns
 			}
 		}
@@ -455,8 +461,10 @@ func checkReply(req *extprocv3.ProcessingRequest, resp *extprocv3.ProcessingResp
 
 // checkMutation applies Envoy's header mutation rules (see responses.go).
 func checkMutation(m *extprocv3.HeaderMutation) string {
-	if len(m.GetRemoveHeaders()) > 0 {
-		return "a mutation removes headers"
+	for _, h := range m.GetRemoveHeaders() {
+		if h != extproc.HeaderDestination {
+			return "a mutation removes a header other than a client's destination: " + h
+		}
 	}
 	for _, o := range m.GetSetHeaders() {
 		h := o.GetHeader()

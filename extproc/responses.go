@@ -134,6 +134,9 @@ func (r *routes) mutation(in fleet.Instance) *extprocv3.HeaderMutation {
 		return m
 	}
 	m := setHeaders(header{r.header, in.Cluster()})
+	if in.Address != "" {
+		m = setHeaders(header{r.header, in.Cluster()}, header{HeaderDestination, in.Address})
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	cur := *r.byName.Load()
@@ -149,11 +152,15 @@ func (r *routes) mutation(in fleet.Instance) *extprocv3.HeaderMutation {
 	return m
 }
 
-// metadata is the request's dynamic metadata in tether's namespace: the
-// ticket, if any, and fields. nil: nothing to write.
-func metadata(ticket string, fields ...header) *structpb.Struct {
-	if ticket == "" && len(fields) == 0 {
+// metadata is the request's dynamic metadata. In MetadataLB goes dest,
+// the gateway's destination, if any. In tether's namespace go the ticket,
+// if any, and fields. nil: nothing to write.
+func metadata(dest, ticket string, fields ...header) *structpb.Struct {
+	if dest == "" && ticket == "" && len(fields) == 0 {
 		return nil
+	}
+	if ticket == "" && len(fields) == 0 {
+		return destinationMetadata(dest)
 	}
 	// The messages in one allocation, the maps apart.
 	m := &struct {
@@ -174,11 +181,43 @@ func metadata(ticket string, fields ...header) *structpb.Struct {
 	m.nsKind.StructValue = &m.inner
 	m.ns.Kind = &m.nsKind
 	m.outer.Fields = map[string]*structpb.Value{MetadataNamespace: &m.ns}
+	if dest != "" {
+		m.outer.Fields[MetadataLB] = destinationMetadata(dest).Fields[MetadataLB]
+	}
 	return &m.outer
 }
 
-// passRequest answers the request headers without a route. Envoy keeps
-// its default route: the pool cluster, hashed on the session header.
+// destinationMetadata is dest in MetadataLB, under HeaderDestination.
+func destinationMetadata(dest string) *structpb.Struct {
+	// The messages in one allocation, the maps apart.
+	m := &struct {
+		outer, inner structpb.Struct
+		ns, dv       structpb.Value
+		nsKind       structpb.Value_StructValue
+		dvKind       structpb.Value_StringValue
+	}{}
+	m.dvKind.StringValue = dest
+	m.dv.Kind = &m.dvKind
+	m.inner.Fields = map[string]*structpb.Value{HeaderDestination: &m.dv}
+	m.nsKind.StructValue = &m.inner
+	m.ns.Kind = &m.nsKind
+	m.outer.Fields = map[string]*structpb.Value{MetadataLB: &m.ns}
+	return &m.outer
+}
+
+// unrouted answers the request headers without a route, and removes a
+// destination the client set. Envoy keeps its default route: the pool
+// cluster, hashed on the session header.
+func unrouted(md *structpb.Struct) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
+			HeaderMutation: &extprocv3.HeaderMutation{RemoveHeaders: []string{HeaderDestination}},
+		}},
+	}, DynamicMetadata: md}
+}
+
+// passRequest answers the request headers without a route and without a
+// change.
 func passRequest(md *structpb.Struct) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 		RequestHeaders: &extprocv3.HeadersResponse{},

@@ -83,10 +83,11 @@ const (
 	ContentIncomplete = "incomplete"
 )
 
-// Instances looks up an instance by name (fleet.Fleet). A ticket names
-// its instance.
+// Instances looks up an instance (fleet.Fleet): by name for a ticket, by
+// address for a gateway's subset hint.
 type Instances interface {
 	Lookup(name string) (fleet.Instance, bool)
+	AtAddress(addr string) (fleet.Instance, bool)
 }
 
 // Auditor hears every decision, for the routing audit. Audit must not
@@ -113,8 +114,13 @@ type Options struct {
 	// report that brings it back finishes the decision: an access-log
 	// entry, or an observing stream. nil: every routing stream is inline.
 	Tickets *Tickets
-	// Instances resolves a ticket's instance; required with Tickets.
+	// Instances resolves a ticket's instance and a subset hint's
+	// endpoints. It is required with Tickets. nil: a subset hint names
+	// nothing.
 	Instances Instances
+	// Fallbacks is how many instances a routing reply names after its own
+	// in HeaderDestination, for a gateway's retries (DefaultFallbacks).
+	Fallbacks int
 	// Prompts reads the prompt of a request whose placement is open, such
 	// as a new session. The headers reply routes by identity and asks
 	// Envoy for the body. The reply to the body routes where Refine places
@@ -254,11 +260,11 @@ func (s *Server) reply(ctx context.Context, ex *exchange, req *extprocv3.Process
 func (s *Server) route(ctx context.Context, ex *exchange, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	switch r := req.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return s.onRequestHeaders(ctx, r.RequestHeaders, ex)
+		return s.onRequestHeaders(ctx, r.RequestHeaders, req.GetMetadataContext(), ex)
 	case *extprocv3.ProcessingRequest_RequestBody:
 		return s.onRequestBody(ctx, r.RequestBody, ex)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		return s.onResponseHeaders(r.ResponseHeaders, upstreamOf(req.GetAttributes()), ex)
+		return s.onResponseHeaders(r.ResponseHeaders, upstreamOf(req), ex)
 	}
 	return continueOther(req)
 }
@@ -273,17 +279,25 @@ func (s *Server) unsent(ex *exchange, req *extprocv3.ProcessingRequest) {
 	}
 }
 
-// onRequestHeaders: headers → identity → decision → routing header.
-func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeaders, ex *exchange) *extprocv3.ProcessingResponse {
+// onRequestHeaders: headers → identity → decision → routing header. md is
+// the request's metadata, where a gateway may send a subset hint.
+func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeaders, md *corev3.Metadata, ex *exchange) *extprocv3.ProcessingResponse {
 	s.advance(ex, restarted, observation{}) // Envoy sends one; a second ends the first request unanswered
 	start := time.Now()
 	*ex = exchange{kind: ex.kind, state: ex.state, start: start} // a new request: forget the last
 	h := s.headers(msg)
 	var hi identity.Headers = h // boxed once for both
 	id := s.ids.Extract(hi)
-	d, err := s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(HeaderPath), Headers: hi})
+	subset, hinted, err := s.subsetOf(md.GetFilterMetadata())
+	if err == nil && hinted && len(subset) == 0 {
+		err = affinity.ErrNoEligible // no endpoint of the hint is one tether knows
+	}
+	var d affinity.Decision
+	if err == nil {
+		d, err = s.decider.Decide(ctx, affinity.Request{ID: id, Path: h.Get(HeaderPath), Headers: hi, Subset: subset, Fallbacks: s.opts.Fallbacks})
+	}
 	if err != nil {
-		return s.undecided(ex, h, id, err)
+		return s.undecided(ex, h, id, err, hinted)
 	}
 	s.rec.Decision(id, d, time.Since(start))
 	ex.decision = d
@@ -303,17 +317,35 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 			Str("instance", d.Instance.Name).Str("decision", string(d.Kind)).Msg("routed")
 	}
 	if ev == askedBody {
-		return readBody(s.routes.mutation(d.Instance), s.metadata(ex, &d), ex.kind == apart)
+		return readBody(s.mutation(&d), s.metadata(ex, &d), ex.kind == apart)
 	}
-	return routeTo(s.routes.mutation(d.Instance), s.metadata(ex, &d))
+	return routeTo(s.mutation(&d), s.metadata(ex, &d))
+}
+
+// mutation is the routing reply's headers for d: tether's routing header
+// and the gateway's destination. Without fallbacks they are the same for
+// every request to the instance, and shared.
+func (s *Server) mutation(d *affinity.Decision) *extprocv3.HeaderMutation {
+	if len(d.Fallbacks) == 0 || d.Instance.Address == "" {
+		return s.routes.mutation(d.Instance)
+	}
+	return setHeaders(header{s.routes.header, d.Instance.Cluster()}, header{HeaderDestination, destination(d)})
 }
 
 // undecided answers request headers the decider could not place. Most go
-// on to Envoy's default route. Two failures refuse the request instead.
-func (s *Server) undecided(ex *exchange, h headers, id identity.Identity, err error) *extprocv3.ProcessingResponse {
+// on to Envoy's default route, without a destination a client set. A
+// gateway's request with no eligible endpoint, and two failures of
+// policy, refuse the request instead. hinted: the gateway sent a subset
+// hint.
+func (s *Server) undecided(ex *exchange, h headers, id identity.Identity, err error, hinted bool) *extprocv3.ProcessingResponse {
 	ex.failure = failureReason(err)
 	s.rec.DecisionFailed(id, ex.failure)
 	switch {
+	case errors.Is(err, errBadSubset), errors.Is(err, affinity.ErrNoEligible),
+		hinted && errors.Is(err, affinity.ErrNoInstance):
+		// The endpoint picker protocol: the pick must come from the hint.
+		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: no eligible endpoint in the gateway's subset")
+		return refuse(503, err.Error()+"\n")
 	case errors.Is(err, affinity.ErrNoVersion):
 		// Strict version affinity: the default route would change the
 		// session's model.
@@ -326,7 +358,7 @@ func (s *Server) undecided(ex *exchange, h headers, id identity.Identity, err er
 		return refuse(503, err.Error()+"; retry when it recovers\n")
 	}
 	s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("no decision; Envoy uses its default route")
-	return passRequest(s.metadata(ex, nil))
+	return unrouted(s.metadata(ex, nil))
 }
 
 // wantBody says whether a request whose placement is open may have its
@@ -362,7 +394,7 @@ func (s *Server) onRequestBody(ctx context.Context, msg *extprocv3.HttpBody, ex 
 		e.Str("session", next.Key).Str("from", d.Instance.Name).Str("instance", next.Instance.Name).
 			Int("blocks", next.Matched).Msg("placed by content")
 	}
-	return rerouteTo(s.routes.mutation(next.Instance), s.metadata(ex, &next))
+	return rerouteTo(s.mutation(&next), s.metadata(ex, &next))
 }
 
 // place has the decider place d by the body's prompt. It returns the
@@ -388,17 +420,20 @@ func (s *Server) place(ctx context.Context, d affinity.Decision, msg *extprocv3.
 // ticket. With debug headers, the decision goes too, for Envoy to copy
 // into the response. d nil: the decision failed.
 func (s *Server) metadata(ex *exchange, d *affinity.Decision) *structpb.Struct {
-	var ticket string
+	var ticket, dest string
+	if d != nil {
+		dest = destination(d)
+	}
 	if d != nil && ex.kind == apart {
 		ticket = s.opts.Tickets.Issue(*d)
 	}
 	switch {
 	case !s.opts.DebugHeaders:
-		return metadata(ticket)
+		return metadata(dest, ticket)
 	case d != nil:
-		return metadata(ticket, header{MetadataInstance, d.Instance.Name}, header{MetadataDecision, string(d.Kind)})
+		return metadata(dest, ticket, header{MetadataInstance, d.Instance.Name}, header{MetadataDecision, string(d.Kind)})
 	}
-	return metadata(ticket, header{MetadataDecision, "none:" + ex.failure})
+	return metadata(dest, ticket, header{MetadataDecision, "none:" + ex.failure})
 }
 
 // observe reads an observing stream's message. The response headers say
@@ -406,7 +441,7 @@ func (s *Server) metadata(ex *exchange, d *affinity.Decision) *structpb.Struct {
 // say nothing.
 func (s *Server) observe(ex *exchange, req *extprocv3.ProcessingRequest) {
 	if r, ok := req.Request.(*extprocv3.ProcessingRequest_ResponseHeaders); ok {
-		s.advance(ex, answered, s.answer(r.ResponseHeaders, upstreamOf(req.GetAttributes()), 0))
+		s.advance(ex, answered, s.answer(r.ResponseHeaders, upstreamOf(req), 0))
 	}
 }
 
@@ -502,10 +537,12 @@ type upstream struct {
 	address string // the host that answered ("" none)
 }
 
-// upstreamOf reads the attributes Envoy sent (one struct per filter name).
-func upstreamOf(attrs map[string]*structpb.Struct) upstream {
+// upstreamOf reads the attributes Envoy sent, one struct per filter
+// name. Without an upstream address among them, the endpoint a gateway
+// reports as the one that served the request stands in.
+func upstreamOf(req *extprocv3.ProcessingRequest) upstream {
 	var u upstream
-	for _, st := range attrs {
+	for _, st := range req.GetAttributes() {
 		f := st.GetFields()
 		if _, ok := f[AttrResponseCode]; ok {
 			u.attrs = true
@@ -513,6 +550,9 @@ func upstreamOf(attrs map[string]*structpb.Struct) upstream {
 		if v, ok := f[AttrUpstreamAddress]; ok {
 			u.attrs, u.address = true, v.GetStringValue()
 		}
+	}
+	if served := servedOf(req.GetMetadataContext().GetFilterMetadata()); u.address == "" && served != "" {
+		u.attrs, u.address = true, served
 	}
 	return u
 }
@@ -541,6 +581,10 @@ func failureReason(err error) string {
 	switch {
 	case errors.Is(err, affinity.ErrNoInstance):
 		return "no_instance"
+	case errors.Is(err, affinity.ErrNoEligible):
+		return "no_eligible"
+	case errors.Is(err, errBadSubset):
+		return "bad_subset"
 	case errors.Is(err, affinity.ErrNoVersion):
 		return "no_version"
 	case errors.Is(err, affinity.ErrInstanceUnavailable):

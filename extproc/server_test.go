@@ -263,8 +263,8 @@ func TestBadIdentityIsAnonymousAndCounted(t *testing.T) {
 func TestNoInstanceLeavesTheDefaultRoute(t *testing.T) {
 	c, rec := start(t, nil, true)
 	got := exchange(t, c, reqHeaders("x-session-id", "s"), respHeaders(":status", "200"))
-	if m := got[0].GetRequestHeaders().GetResponse(); m != nil {
-		t.Fatalf("want an empty headers reply, got %v", m)
+	if m := got[0].GetRequestHeaders().GetResponse(); !unrouted(m) {
+		t.Fatalf("want the default route, the client's destination removed; got %v", m)
 	}
 	if v := string(got[1].GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()[0].GetHeader().GetRawValue()); v != "none:no_instance" {
 		t.Fatalf("debug decision %q", v)
@@ -365,8 +365,8 @@ func TestCanceledDecisionIsCountedAsSuch(t *testing.T) {
 	rec := &recorded{}
 	srv := extproc.New(ids, goneDecider{}, rec, extproc.Options{ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop()})
 	got := exchange(t, serve(t, srv), reqHeaders("x-session-id", "s"))
-	if got[0].GetRequestHeaders().GetResponse() != nil {
-		t.Fatalf("want a plain continue, got %v", got[0])
+	if !unrouted(got[0].GetRequestHeaders().GetResponse()) {
+		t.Fatalf("want the default route, got %v", got[0])
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -448,4 +448,12 @@ func TestInstanceReports(t *testing.T) {
 			t.Errorf("case %d %v (-want +got):\n%s", i, tc.resp, diff)
 		}
 	}
+}
+
+// unrouted says a headers reply leaves Envoy its default route: no header
+// set, no route cleared, only a client's destination removed.
+func unrouted(r *extprocv3.CommonResponse) bool {
+	m := r.GetHeaderMutation()
+	return !r.GetClearRouteCache() && len(m.GetSetHeaders()) == 0 &&
+		len(m.GetRemoveHeaders()) == 1 && m.GetRemoveHeaders()[0] == extproc.HeaderDestination
 }

@@ -4,6 +4,7 @@
 package fleet
 
 import (
+	"net/netip"
 	"sync/atomic"
 )
 
@@ -48,6 +49,7 @@ type Fleet struct {
 type snapshot struct {
 	all    []Instance
 	byName map[string]int
+	byAddr map[string]int // by Endpoint(Address)
 }
 
 // New returns a fleet holding instances.
@@ -59,9 +61,13 @@ func New(instances []Instance) *Fleet {
 
 // Replace installs a new set of instances.
 func (f *Fleet) Replace(instances []Instance) {
-	s := &snapshot{all: append([]Instance(nil), instances...), byName: make(map[string]int, len(instances))}
+	s := &snapshot{all: append([]Instance(nil), instances...),
+		byName: make(map[string]int, len(instances)), byAddr: make(map[string]int, len(instances))}
 	for i, in := range s.all {
 		s.byName[in.Name] = i
+		if _, taken := s.byAddr[Endpoint(in.Address)]; !taken {
+			s.byAddr[Endpoint(in.Address)] = i
+		}
 	}
 	f.cur.Store(s)
 }
@@ -71,6 +77,29 @@ func (f *Fleet) Replace(instances []Instance) {
 // and drains are applied by the decision on top of it, so a circuit's
 // state never changes the fleet.
 func (f *Fleet) All() []Instance { return f.cur.Load().all }
+
+// AtAddress finds the instance at addr, a host:port. An IP address
+// matches in any of its spellings: "[::1]:80" is "[0:0::1]:80". Of two
+// instances at one address, the first configured is found.
+func (f *Fleet) AtAddress(addr string) (Instance, bool) {
+	s := f.cur.Load()
+	i, ok := s.byAddr[Endpoint(addr)]
+	if !ok {
+		return Instance{}, false
+	}
+	return s.all[i], true
+}
+
+// Endpoint is addr in one spelling: an IP address and port as
+// netip.AddrPort writes them, IPv6 in brackets. A host name, or anything
+// that is not an IP address and port, is returned as it is.
+func Endpoint(addr string) string {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return addr
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap().WithZone(""), ap.Port()).String()
+}
 
 // Lookup finds an instance by name.
 func (f *Fleet) Lookup(name string) (Instance, bool) {

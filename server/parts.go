@@ -149,6 +149,9 @@ func newExtprocServer(l net.Listener, creds []grpc.ServerOption, proc *extproc.S
 	extprocv3.RegisterExternalProcessorServer(s.gs, proc)
 	accesslogv3.RegisterAccessLogServiceServer(s.gs, proc.AccessLog())
 	healthpb.RegisterHealthServer(s.gs, s.health)
+	for _, name := range healthServices {
+		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
 	// No request this replica routed is still running when every engine,
 	// read a second or more after its last decision, serves and queues
 	// nothing: the ends still pending then will not come (a request its
@@ -157,6 +160,21 @@ func newExtprocServer(l net.Listener, creds []grpc.ServerOption, proc *extproc.S
 		return c.load.EnginesIdle(c.fleet.All(), proc.LastDecision().Add(time.Second))
 	}
 	return s
+}
+
+// healthServices are the gRPC health services tether answers for besides
+// the server as a whole (""): those a gateway's endpoint picker answers
+// for (the Inference Extension's endpoint picker protocol).
+var healthServices = []string{"liveness", "readiness", extprocv3.ExternalProcessor_ServiceDesc.ServiceName}
+
+// drain reports the replica down to gRPC health checks: every service but
+// liveness. The process is alive while it drains.
+func (s *extprocServer) drain() {
+	for _, name := range append([]string{""}, healthServices...) {
+		if name != "liveness" {
+			s.health.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
+		}
+	}
 }
 
 func (s *extprocServer) Name() string { return "ext_proc server" }

@@ -77,7 +77,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	case runErr = <-t.errc:
 	}
 	t.admin.ready.Drain()
-	t.extproc.health.Shutdown()
+	t.extproc.drain()
 	if d := t.drain.Delay; d > 0 && runErr == nil {
 		runErr = lameDuck(d, t.errc, t.log)
 	}

@@ -201,9 +201,17 @@ func TestLameDuck(t *testing.T) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
-		t.Fatalf("health during the drain delay: %v, %v; want NOT_SERVING", h, err)
+	// The endpoint picker protocol's services too: all down but liveness.
+	for service, want := range map[string]healthpb.HealthCheckResponse_ServingStatus{
+		"":          healthpb.HealthCheckResponse_NOT_SERVING,
+		"readiness": healthpb.HealthCheckResponse_NOT_SERVING,
+		"envoy.service.ext_proc.v3.ExternalProcessor": healthpb.HealthCheckResponse_NOT_SERVING,
+		"liveness": healthpb.HealthCheckResponse_SERVING,
+	} {
+		h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		if err != nil || h.GetStatus() != want {
+			t.Fatalf("health of %q during the drain delay: %v, %v; want %v", service, h, err, want)
+		}
 	}
 	s, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
 	if err != nil {

@@ -156,12 +156,15 @@ func exercise(t *testing.T, extproc, xds string, creds credentials.TransportCred
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	conn := dial(t, extproc, creds)
-	h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-	if err != nil {
-		return err
-	}
-	if h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("health: %v", h.GetStatus())
+	// The server, and the services an endpoint picker answers for.
+	for _, service := range []string{"", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"} {
+		h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		if err != nil {
+			return err
+		}
+		if h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health of %q: %v", service, h.GetStatus())
+		}
 	}
 	s, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
 	if err != nil {

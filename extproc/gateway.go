@@ -35,7 +35,9 @@ const (
 )
 
 // DefaultFallbacks is how many instances a routing reply names after its
-// own, for a gateway's retries.
+// own when fallbacks are asked for (Options.Fallbacks). They are off by
+// default: Envoy's ORIGINAL_DST cluster reads one address from the header
+// and fails a request whose header lists more.
 const DefaultFallbacks = 2
 
 // maxSubset bounds the endpoints of a subset hint tether reads. A longer

@@ -145,7 +145,6 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 			GPUHeader:     r.GPUUtilizationHeader,
 			DebugHeaders:  srv.DebugHeaders,
 			MaxBody:       cfg.Content.MaxBodyBytes,
-			Fallbacks:     extproc.DefaultFallbacks,
 		},
 		Envoy: envoy(cfg, o.ExtProc),
 		Scrape: Scrape{

@@ -1,0 +1,238 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"text/template"
+
+	"github.com/tetherproxy/tether/internal/launch"
+	"github.com/tetherproxy/tether/internal/syncbuf"
+	"github.com/tetherproxy/tether/internal/testenv"
+	"github.com/tetherproxy/tether/store"
+)
+
+// TestGatewayStyles puts tether behind an Envoy configured as a gateway
+// configures it for an InferencePool's endpoint picker, in the two styles
+// the gateways use, and drives sessions through it:
+//
+//   - override_host: the pool's cluster holds every endpoint and picks the
+//     one the picker names in the envoy.lb dynamic metadata, with round
+//     robin as the fallback (Istio);
+//   - original_dst: the pool is an ORIGINAL_DST cluster that sends the
+//     request to the address in x-gateway-destination-endpoint (Envoy AI
+//     Gateway, kgateway).
+//
+// In both, tether runs as it runs behind its own Envoy: same
+// configuration, no switch. Every turn of a session lands on one instance,
+// the sessions spread, the instance is the one tether chose, and a client
+// that names its own destination is overridden.
+func TestGatewayStyles(t *testing.T) {
+	for _, style := range []string{"override_host", "original_dst"} {
+		t.Run(style, func(t *testing.T) { gatewayStyle(t, style) })
+	}
+}
+
+type gatewayConfig struct {
+	Style     string
+	ExtProc   string
+	Endpoints []gatewayEndpoint
+}
+
+type gatewayEndpoint struct {
+	Host string
+	Port int
+}
+
+// gatewayEnvoy is what a gateway generates for one InferencePool, reduced
+// to what routes a request: the picker's ext_proc filter and the pool's
+// cluster.
+var gatewayEnvoy = template.Must(template.New("gateway").Funcs(template.FuncMap{
+	"hostOf": func(hp string) string { h, _, _ := net.SplitHostPort(hp); return h },
+	"portOf": func(hp string) string { _, p, _ := net.SplitHostPort(hp); return p },
+}).Parse(`
+admin:
+  address:
+    socket_address: {address: 127.0.0.1, port_value: 0}
+node: {id: gateway, cluster: gateway}
+static_resources:
+  listeners:
+  - name: gateway
+    address:
+      socket_address: {address: 127.0.0.1, port_value: 0}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: gateway
+          http_filters:
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service:
+                envoy_grpc: {cluster_name: picker}
+              failure_mode_allow: true
+              message_timeout: 1s
+              processing_mode:
+                request_header_mode: SEND
+                response_header_mode: SEND
+                request_body_mode: NONE
+                response_body_mode: NONE
+                request_trailer_mode: SKIP
+                response_trailer_mode: SKIP
+              # What a gateway lets the picker read and write: the subset
+              # hint and the served endpoint in, the destination out.
+              metadata_options:
+                forwarding_namespaces: {untyped: [envoy.lb.subset_hint, envoy.lb]}
+                receiving_namespaces: {untyped: [envoy.lb]}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+          route_config:
+            name: pool
+            virtual_hosts:
+            - name: pool
+              domains: ["*"]
+              routes:
+              - match: {prefix: /}
+                route: {cluster: pool, timeout: 300s}
+  clusters:
+  - name: picker
+    type: STATIC
+    connect_timeout: 0.25s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}
+    load_assignment:
+      cluster_name: picker
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {address: {{hostOf .ExtProc}}, port_value: {{portOf .ExtProc}}}
+{{- if eq .Style "original_dst"}}
+  - name: pool
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 1s
+    original_dst_lb_config:
+      use_http_header: true
+      http_header_name: x-gateway-destination-endpoint
+{{- else}}
+  - name: pool
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: pool
+      endpoints:
+      - lb_endpoints:
+{{- range .Endpoints}}
+        - endpoint:
+            address:
+              socket_address: {address: {{.Host}}, port_value: {{.Port}}}
+{{- end}}
+    load_balancing_policy:
+      policies:
+      - typed_extension_config:
+          name: envoy.load_balancing_policies.override_host
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
+            override_host_sources:
+            - metadata:
+                key: envoy.lb
+                path:
+                - key: x-gateway-destination-endpoint
+            fallback_policy:
+              policies:
+              - typed_extension_config:
+                  name: envoy.load_balancing_policies.round_robin
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
+{{- end}}
+`))
+
+func gatewayStyle(t *testing.T, style string) {
+	const sessions, turns = 60, 3
+	inst := startFleet(t, 4)
+	cfg := baseConfig(store.Embedded, inst)
+	cfg.XDS.Addr = "" // the gateway has its own clusters
+	tt := startTether(t, cfg)
+
+	gc := gatewayConfig{Style: style, ExtProc: tt.extproc}
+	for _, in := range inst {
+		host, port, err := net.SplitHostPort(in.Address)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := strconv.Atoi(port)
+		gc.Endpoints = append(gc.Endpoints, gatewayEndpoint{Host: host, Port: p})
+	}
+	px := startGateway(t, gc)
+
+	bound := make([]string, sessions)
+	var mu sync.Mutex
+	spread := map[string]int{}
+	parallel(sessions, 4, func(i int) {
+		h := map[string]string{"x-session-id": fmt.Sprintf("gateway-%s-%d", style, i)}
+		for turn := range turns {
+			a := chat(t, px, h)
+			if a.status != 200 || a.instance == "" || a.instance != a.tethered {
+				t.Errorf("session %d turn %d: %+v, want 200 from the instance tether chose", i, turn, a)
+				return
+			}
+			if turn == 0 {
+				bound[i] = a.instance
+				mu.Lock()
+				spread[a.instance]++
+				mu.Unlock()
+			} else if a.instance != bound[i] {
+				t.Errorf("session %d turn %d went to %s, turn 0 to %s", i, turn, a.instance, bound[i])
+			}
+		}
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Logf("%s: %d sessions × %d turns, every turn on its session's instance; sessions per instance %v", style, sessions, turns, spread)
+	if len(spread) < 2 {
+		t.Fatalf("every session went to one instance: %v", spread)
+	}
+
+	// A client that names its own destination is overridden: an
+	// ORIGINAL_DST cluster would otherwise send it anywhere.
+	var elsewhere string
+	for _, in := range inst {
+		if in.Name != bound[0] {
+			elsewhere = in.Address
+		}
+	}
+	h := map[string]string{"x-session-id": fmt.Sprintf("gateway-%s-0", style), "x-gateway-destination-endpoint": elsewhere}
+	if a := chat(t, px, h); a.instance != bound[0] {
+		t.Errorf("a client's own destination %s took the session from %s to %s", elsewhere, bound[0], a.instance)
+	}
+}
+
+// startGateway runs Envoy on gatewayEnvoy filled with gc.
+func startGateway(t *testing.T, gc gatewayConfig) *proxy {
+	t.Helper()
+	var b bytes.Buffer
+	if err := gatewayEnvoy.Execute(&b, gc); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncbuf.Buffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("envoy configuration:\n%s\nenvoy logs:\n%s", b.String(), logs)
+		}
+	})
+	e := testenv.Envoy(t, launch.EnvoyOptions{Bootstrap: b.Bytes(), Concurrency: 2, LogLevel: "warn", Log: logs})
+	testenv.WaitServing(t, e)
+	return &proxy{url: e.URL(), admin: e.Admin}
+}

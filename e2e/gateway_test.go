@@ -33,13 +33,19 @@ import (
 // the sessions spread, the instance is the one tether chose, and a client
 // that names its own destination is overridden.
 func TestGatewayStyles(t *testing.T) {
-	for _, style := range []string{"override_host", "original_dst"} {
-		t.Run(style, func(t *testing.T) { gatewayStyle(t, style) })
+	for _, gc := range []gatewayConfig{
+		{Style: "override_host", Bodies: "NONE"},
+		{Style: "override_host", Bodies: "FULL_DUPLEX_STREAMED"}, // Istio
+		{Style: "original_dst", Bodies: "NONE"},
+		{Style: "original_dst", Bodies: "BUFFERED"}, // kgateway
+	} {
+		t.Run(gc.Style+", bodies "+gc.Bodies, func(t *testing.T) { gatewayStyle(t, gc) })
 	}
 }
 
 type gatewayConfig struct {
 	Style     string
+	Bodies    string // the request body mode; FULL_DUPLEX_STREAMED streams the response's too
 	ExtProc   string
 	Endpoints []gatewayEndpoint
 }
@@ -82,10 +88,16 @@ static_resources:
               processing_mode:
                 request_header_mode: SEND
                 response_header_mode: SEND
-                request_body_mode: NONE
+                request_body_mode: {{.Bodies}}
+{{- if eq .Bodies "FULL_DUPLEX_STREAMED"}}
+                response_body_mode: FULL_DUPLEX_STREAMED
+                request_trailer_mode: SEND
+                response_trailer_mode: SEND
+{{- else}}
                 response_body_mode: NONE
                 request_trailer_mode: SKIP
                 response_trailer_mode: SKIP
+{{- end}}
               # What a gateway lets the picker read and write: the subset
               # hint and the served endpoint in, the destination out.
               metadata_options:
@@ -158,14 +170,15 @@ static_resources:
 {{- end}}
 `))
 
-func gatewayStyle(t *testing.T, style string) {
+func gatewayStyle(t *testing.T, gc gatewayConfig) {
 	const sessions, turns = 60, 3
+	style := gc.Style + "-" + gc.Bodies
 	inst := startFleet(t, 4)
 	cfg := baseConfig(store.Embedded, inst)
 	cfg.XDS.Addr = "" // the gateway has its own clusters
 	tt := startTether(t, cfg)
 
-	gc := gatewayConfig{Style: style, ExtProc: tt.extproc}
+	gc.ExtProc = tt.extproc
 	for _, in := range inst {
 		host, port, err := net.SplitHostPort(in.Address)
 		if err != nil {
@@ -203,6 +216,14 @@ func gatewayStyle(t *testing.T, style string) {
 	t.Logf("%s: %d sessions × %d turns, every turn on its session's instance; sessions per instance %v", style, sessions, turns, spread)
 	if len(spread) < 2 {
 		t.Fatalf("every session went to one instance: %v", spread)
+	}
+	// With the bodies sent, every new session was placed by its prompt: the
+	// body came whole to tether before the request was routed.
+	if gc.Bodies != "NONE" {
+		read := tt.metric(t, "tether_content_decisions_total")
+		if incomplete := tt.metric(t, "tether_content_decisions_total", `result="incomplete"`); read < sessions || incomplete != 0 {
+			t.Errorf("%.0f content decisions (%.0f incomplete) for %d new sessions", read, incomplete, sessions)
+		}
 	}
 
 	// A client that names its own destination is overridden: an

@@ -215,11 +215,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		if ex.kind == unopened {
 			ex = s.open(ctx, req)
 		}
-		resp, err := s.reply(ctx, &ex, req)
+		resps, err := s.reply(ctx, &ex, req)
 		if err != nil {
 			return err
 		}
-		if resp != nil {
+		for _, resp := range resps {
 			if err := stream.Send(resp); err != nil {
 				s.unsent(&ex, req)
 				return err
@@ -234,9 +234,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 // errNoPhase ends a stream whose message has no phase.
 var errNoPhase = status.Error(codes.InvalidArgument, "processing request carries no known phase")
 
-// reply handles one message and returns its reply. A message in
-// observability mode gets none: Envoy does not read it.
-func (s *Server) reply(ctx context.Context, ex *exchange, req *extprocv3.ProcessingRequest) (*extprocv3.ProcessingResponse, error) {
+// reply handles one message and returns its replies. A message in
+// observability mode gets none: Envoy does not read it. Under
+// FULL_DUPLEX_STREAMED a request whose body places it gets none until the
+// body has come, then two: the headers reply and the body.
+func (s *Server) reply(ctx context.Context, ex *exchange, req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
 	var resp *extprocv3.ProcessingResponse
 	switch {
 	case req.GetObservabilityMode():
@@ -246,13 +248,23 @@ func (s *Server) reply(ctx context.Context, ex *exchange, req *extprocv3.Process
 		return nil, nil
 	case ex.kind == observing: // it sends in observability mode only: let anything else through
 		resp = continueOther(req)
+	case req.GetRequestBody() != nil && ex.bodies.duplex():
+		return s.onStreamedBody(ctx, req.GetRequestBody(), ex), nil
+	case req.GetRequestTrailers() != nil && ex.holding:
+		// Trailers end the body: it places the request, and they follow.
+		resps := s.release(ctx, ex, true, false)
+		return append(resps, continueOther(req)), nil
 	default:
 		resp = s.route(ctx, ex, req)
 	}
-	if resp == nil {
+	switch {
+	case resp == nil && ex.holding:
+		return nil, nil // the headers reply waits for the body
+	case resp == nil:
 		return nil, errNoPhase
 	}
-	return resp, nil
+	ex.out[0] = resp
+	return ex.out[:1], nil
 }
 
 // route answers a routing stream's message by its phase. A phase it does
@@ -265,6 +277,10 @@ func (s *Server) route(ctx context.Context, ex *exchange, req *extprocv3.Process
 		return s.onRequestBody(ctx, r.RequestBody, ex)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		return s.onResponseHeaders(r.ResponseHeaders, upstreamOf(req), ex)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		if ex.bodies.duplexResponse() {
+			return echoResponse(r.ResponseBody.GetBody(), r.ResponseBody.GetEndOfStream())
+		}
 	}
 	return continueOther(req)
 }
@@ -284,7 +300,7 @@ func (s *Server) unsent(ex *exchange, req *extprocv3.ProcessingRequest) {
 func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeaders, md *corev3.Metadata, ex *exchange) *extprocv3.ProcessingResponse {
 	s.advance(ex, restarted, observation{}) // Envoy sends one; a second ends the first request unanswered
 	start := time.Now()
-	*ex = exchange{kind: ex.kind, state: ex.state, start: start} // a new request: forget the last
+	*ex = exchange{kind: ex.kind, state: ex.state, bodies: ex.bodies, start: start} // a new request: forget the last
 	h := s.headers(msg)
 	var hi identity.Headers = h // boxed once for both
 	id := s.ids.Extract(hi)
@@ -302,7 +318,7 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 	s.rec.Decision(id, d, time.Since(start))
 	ex.decision = d
 	ev := decided
-	if d.Open && s.opts.Prompts != nil && s.wantBody(h, msg.GetEndOfStream()) {
+	if d.Open && s.opts.Prompts != nil && s.wantBody(h, msg.GetEndOfStream(), ex.bodies) {
 		ev = askedBody // audited once the body places it
 	}
 	if s.opts.Auditor != nil {
@@ -316,7 +332,11 @@ func (s *Server) onRequestHeaders(ctx context.Context, msg *extprocv3.HttpHeader
 		e.Str("request_id", requestID(h)).Str("session", id.Key).Str("source", string(id.Source)).
 			Str("instance", d.Instance.Name).Str("decision", string(d.Kind)).Msg("routed")
 	}
-	if ev == askedBody {
+	switch {
+	case ev == askedBody && ex.bodies.duplex():
+		ex.holding = true // the body comes next, and places the request
+		return nil
+	case ev == askedBody && !ex.bodies.sent():
 		return readBody(s.mutation(&d), s.metadata(ex, &d), ex.kind == apart)
 	}
 	return routeTo(s.mutation(&d), s.metadata(ex, &d))
@@ -363,9 +383,10 @@ func (s *Server) undecided(ex *exchange, h headers, id identity.Identity, err er
 
 // wantBody says whether a request whose placement is open may have its
 // body read. Not when it has none: its headers end the stream. Not when
-// it is compressed: that is counted.
-func (s *Server) wantBody(h headers, end bool) bool {
-	if end || h.Get(HeaderContentLength) == "0" {
+// the data plane streams it in chunks a reply cannot answer with a route.
+// Not when it is compressed: that is counted.
+func (s *Server) wantBody(h headers, end bool, b bodies) bool {
+	if end || h.Get(HeaderContentLength) == "0" || b.sent() && !b.whole() && !b.duplex() {
 		return false
 	}
 	if enc := h.Get(HeaderContentEncoding); enc != "" && !strings.EqualFold(enc, "identity") {
@@ -383,7 +404,10 @@ func (s *Server) onRequestBody(ctx context.Context, msg *extprocv3.HttpBody, ex 
 		return rerouteTo(nil, nil)
 	}
 	d := ex.decision
-	next, result := s.place(ctx, d, msg)
+	next, result := d, ContentOverLimit // BUFFERED_PARTIAL sends what fit in Envoy's buffer
+	if msg.GetEndOfStream() {
+		next, result = s.place(ctx, d, msg.GetBody())
+	}
 	ex.decision = next
 	s.rec.Content(result)
 	s.advance(ex, gotBody, observation{})
@@ -397,14 +421,50 @@ func (s *Server) onRequestBody(ctx context.Context, msg *extprocv3.HttpBody, ex 
 	return rerouteTo(s.mutation(&next), s.metadata(ex, &next))
 }
 
-// place has the decider place d by the body's prompt. It returns the
-// decision the request goes with, and what became of it (Recorder.Content).
-func (s *Server) place(ctx context.Context, d affinity.Decision, msg *extprocv3.HttpBody) (affinity.Decision, string) {
-	if !msg.GetEndOfStream() || s.opts.MaxBody > 0 && len(msg.GetBody()) > s.opts.MaxBody {
-		return d, ContentOverLimit // BUFFERED_PARTIAL sends what fit in Envoy's buffer
+// onStreamedBody answers a request body chunk under FULL_DUPLEX_STREAMED.
+// A request already routed gets the chunk back at once. One whose headers
+// reply waits collects its body; at its end, or past MaxBody, the body
+// places it, and the headers reply goes with the body collected.
+func (s *Server) onStreamedBody(ctx context.Context, msg *extprocv3.HttpBody, ex *exchange) []*extprocv3.ProcessingResponse {
+	if !ex.holding {
+		ex.out[0] = echoRequest(msg.GetBody(), msg.GetEndOfStream())
+		return ex.out[:1]
+	}
+	ex.held = append(ex.held, msg.GetBody()...)
+	over := s.opts.MaxBody > 0 && len(ex.held) > s.opts.MaxBody
+	if !msg.GetEndOfStream() && !over {
+		return nil
+	}
+	return s.release(ctx, ex, !over, msg.GetEndOfStream())
+}
+
+// release sends the headers reply a streamed body held, once the body
+// places the request (whole) or cannot (past MaxBody, or trailers came
+// first), and the body collected after it. end: the body ends there.
+func (s *Server) release(ctx context.Context, ex *exchange, whole, end bool) []*extprocv3.ProcessingResponse {
+	d := ex.decision
+	next, result := d, ContentOverLimit
+	if whole {
+		next, result = s.place(ctx, d, ex.held)
+	}
+	ex.decision, ex.holding = next, false
+	s.rec.Content(result)
+	s.advance(ex, gotBody, observation{})
+	ex.out[0] = routeTo(s.mutation(&next), s.metadata(ex, &next))
+	ex.out[1] = echoRequest(ex.held, end)
+	ex.held = nil
+	return ex.out[:2]
+}
+
+// place has the decider place d by the prompt of body, a whole body. It
+// returns the decision the request goes with, and what became of it
+// (Recorder.Content).
+func (s *Server) place(ctx context.Context, d affinity.Decision, body []byte) (affinity.Decision, string) {
+	if s.opts.MaxBody > 0 && len(body) > s.opts.MaxBody {
+		return d, ContentOverLimit
 	}
 	var buf [256]uint64
-	chain, reason := s.opts.Prompts.Chain(buf[:0], msg.GetBody())
+	chain, reason := s.opts.Prompts.Chain(buf[:0], body)
 	if reason != "" {
 		return d, string(reason)
 	}

@@ -68,20 +68,31 @@ type exchange struct {
 	// What the audit records of the request, once its decision is final.
 	requestID, user string
 	id              identity.Identity
+	// bodies is how the data plane sends bodies, from the first message's
+	// protocol_config: a gateway's filter configures them, tether's own
+	// Envoy sends none unless a reply asks.
+	bodies bodies
+	// held is, under FULL_DUPLEX_STREAMED, the request body read so far
+	// while the headers reply waits for it to place the request.
+	held    []byte
+	holding bool
+	// out backs the replies to one message.
+	out [2]*extprocv3.ProcessingResponse
 }
 
 // open fixes a stream's kind from its first message. An observing filter
 // sends in observability mode. A routing filter whose outcomes are
 // reported apart marks its streams (ApartMarker).
 func (s *Server) open(ctx context.Context, req *extprocv3.ProcessingRequest) exchange {
+	b := bodiesOf(req.GetProtocolConfig())
 	switch {
 	case req.GetObservabilityMode():
 		md := req.GetMetadataContext().GetFilterMetadata()[MetadataNamespace]
-		return exchange{kind: observing, state: routed, ticket: ticketOf(md)}
+		return exchange{kind: observing, state: routed, ticket: ticketOf(md), bodies: b}
 	case s.opts.Tickets != nil && marked(ctx):
-		return exchange{kind: apart}
+		return exchange{kind: apart, bodies: b}
 	}
-	return exchange{kind: inline}
+	return exchange{kind: inline, bodies: b}
 }
 
 // next is the state after st on ev, one step. A pair not listed keeps the

@@ -100,6 +100,18 @@ func NewDNS(groups []config.DNSGroup, o Options, reg prometheus.Registerer) *DNS
 	return d
 }
 
+// Prime resolves every group once and hands the sink what each finds.
+// serve calls it before its start: reload.Runtime applies at its start
+// what it was handed before. So a fleet found in DNS serves from the
+// start.
+func (d *DNS) Prime(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, g := range d.groups {
+		wg.Go(func() { d.poll(ctx, g) })
+	}
+	wg.Wait()
+}
+
 // Run resolves every group at once, then every group's interval, until
 // ctx ends.
 func (d *DNS) Run(ctx context.Context) {

@@ -132,12 +132,17 @@ func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) 
 // labelled "dns". Discovered instances come after the file's, and every
 // later change (the file, the admin API) keeps them
 // (config.WithDiscovered says which are left out). A refused change
-// leaves the group's previous instances in force.
+// leaves the group's previous instances in force. Before the first Apply,
+// Discover only records found, and the start applies it. So serve can
+// start with the instances DNS finds.
 func (r *Runtime) Discover(ctx context.Context, group string, found []config.Instance) (version string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	prev, had := r.found[group]
 	r.found[group] = slices.Clone(found)
+	if r.version == "" {
+		return "", nil // the start applies it
+	}
 	if version, err = r.apply(ctx, r.cfg, "dns"); err != nil {
 		if had {
 			r.found[group] = prev
@@ -154,8 +159,12 @@ func (r *Runtime) withFound(next config.Config, source string) (config.Config, e
 	if len(r.found) == 0 {
 		return next, nil
 	}
+	groups := r.start.Discovery.DNS
+	if r.version == "" {
+		groups = next.Discovery.DNS // the start's
+	}
 	var found []config.Instance
-	for _, g := range r.start.Discovery.DNS {
+	for _, g := range groups {
 		found = append(found, r.found[g.Name]...)
 	}
 	merged, left, err := next.WithDiscovered(found)
@@ -192,6 +201,9 @@ func (r *Runtime) apply(ctx context.Context, next config.Config, source string) 
 			r.log.Warn().Str("key", "tls.envoy").Str("reason", held).
 				Msg("[tls.envoy] changed but does not fit the [tls] tether runs with; Envoy keeps its previous side until a restart")
 		}
+	}
+	if len(run.Instances) == 0 && len(run.Discovery.DNS) > 0 {
+		return "", r.refuse(source, errors.New("no instances: the file names none and [[discovery.dns]] found none yet"))
 	}
 	p, err := plan.FromConfig(run, plan.Options{ExtProc: []string{r.self}})
 	if err != nil {

@@ -32,6 +32,8 @@ type Config struct {
 	Routing   Routing    `toml:"routing"`
 	Identity  Identity   `toml:"identity" reload:"restart"`
 	Instances []Instance `toml:"instances"`
+	// Discovery finds more instances behind DNS names ([discovery]).
+	Discovery Discovery `toml:"discovery" reload:"restart"`
 	// Engines says how tether reads the instances' engines ([engines]).
 	Engines Engines `toml:"engines" reload:"restart"`
 	// Versions split new sessions between model versions ([[versions]]).
@@ -78,8 +80,8 @@ func Default() Config {
 // reporter records that key holds the bad value val, and why.
 type reporter func(key string, val any, why string)
 
-// Validate fills in the defaults of each [[instances]] and
-// [[routing.rules]] entry. Such an entry starts from zero, not from a
+// Validate fills in the defaults of each [[instances]],
+// [[discovery.dns]] and [[routing.rules]] entry. Such an entry starts from zero, not from a
 // default, so its zero values count as left out. Validate then checks
 // every value. Last, complete resolves what the keys leave to be derived,
 // so that what runs reads fields only.
@@ -93,12 +95,17 @@ func (c *Config) Validate() error {
 	for i := range c.Instances {
 		c.Instances[i].setDefaults()
 	}
+	c.Discovery.DNS = slices.Clone(c.Discovery.DNS)
+	for i := range c.Discovery.DNS {
+		c.Discovery.DNS[i].setDefaults()
+	}
 	c.Routing.Rules = slices.Clone(c.Routing.Rules)
 	for i := range c.Routing.Rules {
 		c.Routing.Rules[i].setDefaults()
 	}
 	err := c.validate((*Config).validateServer, (*Config).validateRedis, (*Config).validateRouting,
 		(*Config).validateIdentity, (*Config).validateEngines, (*Config).validateInstances,
+		(*Config).validateDiscovery,
 		(*Config).validateEnvoy, (*Config).validateAudit, (*Config).validateTLS, (*Config).validateContent)
 	if err != nil {
 		return err

@@ -234,6 +234,9 @@ func (c *Config) validateEnvoy(bad reporter) {
 		for _, in := range c.Instances {
 			found = found || in.Version == v
 		}
+		for _, g := range c.Discovery.DNS {
+			found = found || g.Version == v
+		}
 		if !found {
 			bad("envoy.default_version", v, "no instance has this version")
 		}

@@ -78,41 +78,48 @@ func (c *Config) validateInstances(bad reporter) {
 		} else {
 			seen[in.Name] = i
 		}
-		if err := ipPort(in.Address); err != nil {
-			bad(key+".address", in.Address, err.Error())
+		c.validateInstance(key, in, bad)
+	}
+}
+
+// validateInstance checks the instance in at key, but its name: its
+// address and attributes. [[discovery.dns]] checks a group's attributes
+// with it too.
+func (c *Config) validateInstance(key string, in Instance, bad reporter) {
+	if err := ipPort(in.Address); err != nil {
+		bad(key+".address", in.Address, err.Error())
+	}
+	if !versionName.MatchString(in.Version) {
+		bad(key+".version", in.Version, "want 1-63 letters, digits, '.', '_' or '-'")
+	}
+	if !(in.Weight > 0) || in.Weight > 1e6 {
+		bad(key+".weight", in.Weight, "want a number above 0 and at most 1e6")
+	}
+	// 0 is the default: kv_sessions left out. Parse and setDefaults
+	// fill it in.
+	if in.KVSessions < 0 || in.KVSessions > MaxKVSessions {
+		bad(key+".kv_sessions", in.KVSessions, fmt.Sprintf("want 1 to %d", MaxKVSessions))
+	}
+	if in.Engine != "" && !validEngine(in.Engine) {
+		bad(key+".engine", in.Engine, engineKinds)
+	}
+	if in.MetricsURL != "" {
+		if why := checkMetricsURL(in.MetricsURL); why != "" {
+			bad(key+".metrics_url", in.MetricsURL, why)
+		} else if c.engineOf(in) == EngineGeneric {
+			bad(key+".metrics_url", in.MetricsURL, `a generic engine is not scraped; set the instance's engine to "vllm" or "sglang"`)
 		}
-		if !versionName.MatchString(in.Version) {
-			bad(key+".version", in.Version, "want 1-63 letters, digits, '.', '_' or '-'")
-		}
-		if !(in.Weight > 0) || in.Weight > 1e6 {
-			bad(key+".weight", in.Weight, "want a number above 0 and at most 1e6")
-		}
-		// 0 is the default: kv_sessions left out. Parse and setDefaults
-		// fill it in.
-		if in.KVSessions < 0 || in.KVSessions > MaxKVSessions {
-			bad(key+".kv_sessions", in.KVSessions, fmt.Sprintf("want 1 to %d", MaxKVSessions))
-		}
-		if in.Engine != "" && !validEngine(in.Engine) {
-			bad(key+".engine", in.Engine, engineKinds)
-		}
-		if in.MetricsURL != "" {
-			if why := checkMetricsURL(in.MetricsURL); why != "" {
-				bad(key+".metrics_url", in.MetricsURL, why)
-			} else if c.engineOf(in) == EngineGeneric {
-				bad(key+".metrics_url", in.MetricsURL, `a generic engine is not scraped; set the instance's engine to "vllm" or "sglang"`)
-			}
-		}
-		// "" is unset, as kv_sessions 0 is. setDefaults fills it in.
-		capacity, capKey := in.Capacity, key+".capacity"
-		if in.Pool != "" && (capacity == "" || capacity == in.Pool) {
-			capacity, capKey = in.Pool, key+".pool" // the file said pool
-		}
-		switch {
-		case capacity != "" && capacity != CapacityOnDemand && capacity != CapacitySpot:
-			bad(capKey, capacity, `want "on-demand" or "spot"`)
-		case in.Pool != "" && in.Capacity != "" && in.Pool != in.Capacity:
-			bad(key+".pool", in.Pool, fmt.Sprintf("the older name of capacity, which says %q: set capacity alone", in.Capacity))
-		}
+	}
+	// "" is unset, as kv_sessions 0 is. setDefaults fills it in.
+	capacity, capKey := in.Capacity, key+".capacity"
+	if in.Pool != "" && (capacity == "" || capacity == in.Pool) {
+		capacity, capKey = in.Pool, key+".pool" // the file said pool
+	}
+	switch {
+	case capacity != "" && capacity != CapacityOnDemand && capacity != CapacitySpot:
+		bad(capKey, capacity, `want "on-demand" or "spot"`)
+	case in.Pool != "" && in.Capacity != "" && in.Pool != in.Capacity:
+		bad(key+".pool", in.Pool, fmt.Sprintf("the older name of capacity, which says %q: set capacity alone", in.Capacity))
 	}
 }
 

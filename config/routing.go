@@ -282,11 +282,15 @@ func (c *Config) validateHeaders(bad reporter) {
 }
 
 // instanceVersions is the set of the instances' versions, and the error
-// for a version none has.
+// for a version none has. A [[discovery.dns]] group's version counts: its
+// instances may not be found yet.
 func (c *Config) instanceVersions() (map[string]bool, string) {
 	versions := map[string]bool{}
 	for _, in := range c.Instances {
 		versions[in.Version] = true
+	}
+	for _, g := range c.Discovery.DNS {
+		versions[g.Version] = true
 	}
 	if len(versions) == 0 {
 		return versions, "unknown version: no instance has it (there are no instances)"

@@ -57,6 +57,9 @@ type Plan struct {
 	// Audit is [audit] as it stands: its sink is opened, and its keys read
 	// from the environment, at the start (audit/sinks).
 	Audit config.Audit
+	// Discovery is [[discovery.dns]] as it stands: its groups are resolved
+	// from the start (package discovery).
+	Discovery []config.DNSGroup
 }
 
 // Content is how prompts are cut into blocks and how much of them the
@@ -158,8 +161,9 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 			URL: cfg.Redis.URL, Timeout: cfg.Redis.Timeout.D, Cache: cfg.Redis.Cache, CacheSize: cfg.Redis.CacheSize,
 			CacheTTL: cfg.Redis.CacheTTL.D, CacheFlushInterval: cfg.Redis.CacheFlushInterval.D, CacheWriteBack: cfg.Redis.CacheWriteBack.D,
 		},
-		TLS:   cfg.TLS,
-		Audit: cfg.Audit,
+		TLS:       cfg.TLS,
+		Audit:     cfg.Audit,
+		Discovery: cfg.Discovery.DNS,
 	}
 	p.Envoy.RequestHeaders, p.Envoy.ResponseHeaders = forwarded(p)
 	return p, nil

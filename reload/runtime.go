@@ -38,16 +38,22 @@ const ackWait = 5 * time.Second
 type Runtime struct {
 	mu sync.Mutex // one change at a time
 	// cfg is the configuration last accepted. start is the one tether
-	// started with. run is what runs: cfg with every restart-only key as
-	// start has it (config.Running). plan is run's translation.
+	// started with. run is what runs: cfg with the instances discovery
+	// found, and every restart-only key as start has it (config.Running).
+	// plan is run's translation.
 	cfg, start, run config.Config
-	plan            plan.Plan
-	fleet           *fleet.Fleet
-	ads             *xds.Server // nil when the ADS server is off
-	self            string      // this replica's ext_proc address (see New)
-	version         string      // of the Envoy resources in force
-	log             zerolog.Logger
-	reloads         *prometheus.CounterVec
+	// found is what each [[discovery.dns]] group found (Discover), by
+	// group. left names the instances found that the last change left
+	// out, so each is logged once.
+	found   map[string][]config.Instance
+	left    map[string]bool
+	plan    plan.Plan
+	fleet   *fleet.Fleet
+	ads     *xds.Server // nil when the ADS server is off
+	self    string      // this replica's ext_proc address (see New)
+	version string      // of the Envoy resources in force
+	log     zerolog.Logger
+	reloads *prometheus.CounterVec
 	// applied hears the plan of every configuration applied after
 	// OnApply. The decider takes its policy from it. So rules, versions
 	// and weights change without a restart.
@@ -60,10 +66,10 @@ type Runtime struct {
 // is off.
 func New(self string, ads *xds.Server, log zerolog.Logger, reg prometheus.Registerer) *Runtime {
 	r := &Runtime{
-		fleet: fleet.New(nil), ads: ads, self: self, log: log,
+		fleet: fleet.New(nil), ads: ads, self: self, log: log, found: map[string][]config.Instance{},
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_config_reloads_total",
-			Help: "Configuration changes by source (file, admin) and result (applied, unchanged, invalid).",
+			Help: "Configuration changes by source (start, file, admin, dns) and result (applied, unchanged, invalid).",
 		}, []string{"source", "result"}),
 	}
 	reg.MustRegister(r.reloads)
@@ -88,7 +94,8 @@ func (r *Runtime) OnApply(f func(plan.Plan)) {
 // Fleet is the fleet the decider reads. Apply changes it.
 func (r *Runtime) Fleet() *fleet.Fleet { return r.fleet }
 
-// Current returns the configuration in force.
+// Current returns the configuration in force, as the file and the admin
+// API made it: without the instances discovery found.
 func (r *Runtime) Current() config.Config {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -100,7 +107,8 @@ func (r *Runtime) Current() config.Config {
 var ErrInvalid = errors.New("invalid configuration")
 
 // Apply makes next the configuration in force. source labels the reload
-// counter and the logs: "start", "file" or "admin". next has passed
+// counter and the logs: "start", "file", "admin" or "dns" (Discover).
+// The instances discovery found are added to next (Discover). next has passed
 // config.Validate, through config.Load or the admin API's
 // config.Config.WithInstance. A next that does not fit what tether keeps
 // until a restart is refused. The refusal is logged and counted, and
@@ -116,10 +124,74 @@ var ErrInvalid = errors.New("invalid configuration")
 func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) (version string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.apply(ctx, next, source)
+}
+
+// Discover makes found what the [[discovery.dns]] group named group finds
+// now, and applies the configuration in force with it, as Apply does,
+// labelled "dns". Discovered instances come after the file's, and every
+// later change (the file, the admin API) keeps them
+// (config.WithDiscovered says which are left out). A refused change
+// leaves the group's previous instances in force. Before the first Apply,
+// Discover only records found, and the start applies it. So serve can
+// start with the instances DNS finds.
+func (r *Runtime) Discover(ctx context.Context, group string, found []config.Instance) (version string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	prev, had := r.found[group]
+	r.found[group] = slices.Clone(found)
+	if r.version == "" {
+		return "", nil // the start applies it
+	}
+	if version, err = r.apply(ctx, r.cfg, "dns"); err != nil {
+		if had {
+			r.found[group] = prev
+		} else {
+			delete(r.found, group)
+		}
+	}
+	return version, err
+}
+
+// withFound is next with the instances discovery found, the groups in the
+// order the file that started tether lists them.
+func (r *Runtime) withFound(next config.Config, source string) (config.Config, error) {
+	if len(r.found) == 0 {
+		return next, nil
+	}
+	groups := r.start.Discovery.DNS
+	if r.version == "" {
+		groups = next.Discovery.DNS // the start's
+	}
+	var found []config.Instance
+	for _, g := range groups {
+		found = append(found, r.found[g.Name]...)
+	}
+	merged, left, err := next.WithDiscovered(found)
+	if err != nil {
+		return config.Config{}, fmt.Errorf("with the instances discovery found: %w", err)
+	}
+	now := map[string]bool{}
+	for _, in := range left {
+		now[in.Name] = true
+		if !r.left[in.Name] {
+			r.log.Warn().Str("source", source).Str("instance", in.Name).Str("address", in.Address).
+				Msg("discovered instance left out: an [[instances]] entry or an earlier group has its name or address")
+		}
+	}
+	r.left = now
+	return merged, nil
+}
+
+func (r *Runtime) apply(ctx context.Context, next config.Config, source string) (version string, err error) {
 	starting := r.version == ""
+	base := next
+	if next, err = r.withFound(next, source); err != nil {
+		return "", r.refuse(source, err)
+	}
 	run := next
 	if starting {
-		r.start = next
+		r.start = base
 	} else {
 		var held string
 		if run, held, err = config.Running(r.start, r.run, next); err != nil {
@@ -129,6 +201,9 @@ func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) 
 			r.log.Warn().Str("key", "tls.envoy").Str("reason", held).
 				Msg("[tls.envoy] changed but does not fit the [tls] tether runs with; Envoy keeps its previous side until a restart")
 		}
+	}
+	if len(run.Instances) == 0 && len(run.Discovery.DNS) > 0 {
+		return "", r.refuse(source, errors.New("no instances: the file names none and [[discovery.dns]] found none yet"))
 	}
 	p, err := plan.FromConfig(run, plan.Options{ExtProc: []string{r.self}})
 	if err != nil {
@@ -154,7 +229,7 @@ func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) 
 	if version == r.version && reflect.DeepEqual(run, r.run) {
 		// Nothing in force changes. next is remembered, so a restart-only
 		// change is warned about once.
-		r.cfg = next
+		r.cfg = base
 		r.reloads.WithLabelValues(source, "unchanged").Inc()
 		return version, nil
 	}
@@ -182,7 +257,7 @@ func (r *Runtime) Apply(ctx context.Context, next config.Config, source string) 
 	if r.applied != nil {
 		r.applied(p)
 	}
-	r.cfg, r.run, r.version, r.plan = next, run, version, p
+	r.cfg, r.run, r.version, r.plan = base, run, version, p
 	r.reloads.WithLabelValues(source, "applied").Inc()
 	r.log.Info().Str("source", source).Str("version", version).Int("instances", len(p.Instances)).Msg("configuration applied")
 	return version, nil

@@ -27,13 +27,15 @@ import (
 
 // tether is a running tether's components, as assemble builds them.
 type tether struct {
-	store   *storePart
-	audit   *auditPart
-	reload  *reloadPart
-	loops   *loops
-	xds     *xdsServer
-	extproc *extprocServer
-	admin   *adminServer
+	store  *storePart
+	audit  *auditPart
+	reload *reloadPart
+	// discovery follows [[discovery.dns]]; it runs nothing without.
+	discovery *loops
+	loops     *loops
+	xds       *xdsServer
+	extproc   *extprocServer
+	admin     *adminServer
 
 	drain plan.Drain
 	errc  chan error // the servers' failures
@@ -98,7 +100,7 @@ func assemble(ctx context.Context, cfg config.Config, opts Options) (_ *tether, 
 	undo = append(undo, ls.close)
 	t.xds = newXDS(ls.xds, s.creds, t.errc, s.reg, s.log)
 	undo = append(undo, func() { stop(t.xds, time.Second, s.log) })
-	if t.reload, err = newReload(ctx, cfg, ls.extproc.Addr().String(), t.xds.ads, opts, s.reg); err != nil {
+	if t.reload, t.discovery, err = newReload(ctx, cfg, p.Discovery, ls.extproc.Addr().String(), t.xds.ads, opts, s.reg); err != nil {
 		return nil, err
 	}
 	if err = t.build(s, ls); err != nil {

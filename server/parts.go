@@ -18,6 +18,7 @@ import (
 
 	"github.com/tetherproxy/tether/admin"
 	"github.com/tetherproxy/tether/config"
+	"github.com/tetherproxy/tether/discovery"
 	"github.com/tetherproxy/tether/extproc"
 	"github.com/tetherproxy/tether/metrics"
 	"github.com/tetherproxy/tether/plan"
@@ -112,11 +113,19 @@ type reloadPart struct {
 }
 
 // newReload applies cfg and publishes it to Envoy. self is this replica's
-// ext_proc address; ads is nil when the ADS server is off.
-func newReload(ctx context.Context, cfg config.Config, self string, ads *xds.Server, opts Options, reg prometheus.Registerer) (*reloadPart, error) {
+// ext_proc address; ads is nil when the ADS server is off. With
+// [[discovery.dns]] groups (the plan's), it resolves them first, so the start has what
+// they find, and returns the discovery that follows them (nil without).
+func newReload(ctx context.Context, cfg config.Config, groups []config.DNSGroup, self string, ads *xds.Server, opts Options, reg prometheus.Registerer) (*reloadPart, *loops, error) {
 	rt := reload.New(self, ads, opts.Logger, reg)
+	found := &loops{name: "dns discovery"}
+	if len(groups) > 0 {
+		d := discovery.NewDNS(groups, discovery.Options{Sink: rt, Log: opts.Logger}, reg)
+		d.Prime(ctx)
+		found.add(d.Run)
+	}
 	if _, err := rt.Apply(ctx, cfg, "start"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	r := &reloadPart{rt: rt, loops: loops{name: "reload"}}
 	if path := opts.ConfigPath; path != "" {
@@ -126,7 +135,7 @@ func newReload(ctx context.Context, cfg config.Config, self string, ads *xds.Ser
 			}
 		})
 	}
-	return r, nil
+	return r, found, nil
 }
 
 // extprocServer serves ext_proc, Envoy's access log and gRPC health.

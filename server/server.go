@@ -53,9 +53,10 @@ type component interface {
 //     server's failure skips or ends this step.
 //  2. Settle: the ext_proc server serves on until every request it routed
 //     has ended, at most server.drain_timeout. Then it stops.
-//  3. The rest stop in order: the background loops, the file watch, the
-//     xDS server (its streams cut after 1 s), the admin server (2 s), the
-//     routing audit (its records flushed, 5 s), the binding store.
+//  3. The rest stop in order: the background loops, the DNS discovery,
+//     the file watch, the xDS server (its streams cut after 1 s), the
+//     admin server (2 s), the routing audit (its records flushed, 5 s),
+//     the binding store.
 //  4. Run logs "tether stopped" and returns.
 //
 // Run returns an error only when tether cannot start or a server fails.
@@ -66,7 +67,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 		return err
 	}
 	// Servers start last: what they call runs by then.
-	for _, c := range []component{t.store, t.audit, t.reload, t.loops, t.xds, t.admin, t.extproc} {
+	for _, c := range []component{t.store, t.audit, t.reload, t.discovery, t.loops, t.xds, t.admin, t.extproc} {
 		c.Start(ctx)
 	}
 	t.logReady()
@@ -91,6 +92,7 @@ func Run(ctx context.Context, cfg config.Config, opts Options) error {
 	}{
 		{t.extproc, t.drain.Timeout},
 		{t.loops, 0},
+		{t.discovery, 0},
 		{t.reload, 0},
 		{t.xds, time.Second},
 		{t.admin, 2 * time.Second},

@@ -28,7 +28,9 @@ func (b bodies) whole() bool {
 
 // duplex says the request body streams both ways: each chunk must come
 // back, and the headers reply may wait for the body.
-func (b bodies) duplex() bool { return b.request == extprocv3filter.ProcessingMode_FULL_DUPLEX_STREAMED }
+func (b bodies) duplex() bool {
+	return b.request == extprocv3filter.ProcessingMode_FULL_DUPLEX_STREAMED
+}
 
 // duplexResponse says the same of the response body.
 func (b bodies) duplexResponse() bool {

@@ -5,12 +5,18 @@ package e2e
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"text/template"
+	"time"
 
+	"github.com/tetherproxy/tether/config"
 	"github.com/tetherproxy/tether/internal/launch"
 	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/internal/testenv"
@@ -256,4 +262,103 @@ func startGateway(t *testing.T, gc gatewayConfig) *proxy {
 	e := testenv.Envoy(t, launch.EnvoyOptions{Bootstrap: b.Bytes(), Concurrency: 2, LogLevel: "warn", Log: logs})
 	testenv.WaitServing(t, e)
 	return &proxy{url: e.URL(), admin: e.Admin}
+}
+
+// TestGatewayHitDoesNotWaitForBody: behind a gateway that streams bodies
+// both ways (Istio's FULL_DUPLEX_STREAMED), a request whose session is
+// bound leaves for its instance on its headers. The instance has the
+// request's headers while the client still holds the body's last chunk.
+// A new session's 250 KB body, which tether reads to place it, reaches
+// the instance whole.
+func TestGatewayHitDoesNotWaitForBody(t *testing.T) {
+	const big = 250 << 10
+	arrived := make(chan struct{}, 4)
+	var mu sync.Mutex
+	var bodies []int
+	stub := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{} // the headers are here; the body may not be
+		n, err := io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		bodies = append(bodies, int(n))
+		mu.Unlock()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("x-instance", "stub")
+		fmt.Fprint(w, `{"choices":[]}`)
+	}))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub.Listener = ln
+	stub.Start()
+	t.Cleanup(stub.Close)
+
+	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	p, _ := strconv.Atoi(port)
+	cfg := baseConfig(store.Embedded, []config.Instance{{Name: "stub", Address: ln.Addr().String(), Engine: "generic"}})
+	cfg.XDS.Addr = ""
+	tt := startTether(t, cfg)
+	px := startGateway(t, gatewayConfig{Style: "override_host", Bodies: "FULL_DUPLEX_STREAMED", ExtProc: tt.extproc,
+		Endpoints: []gatewayEndpoint{{Host: host, Port: p}}})
+
+	send := func(body io.Reader) (*http.Response, error) {
+		req, err := http.NewRequest(http.MethodPost, px.url+"/v1/chat/completions", body)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("x-session-id", "streamed")
+		req.Header.Set("content-type", "application/json")
+		return client.Do(req)
+	}
+	// The session's first request: tether reads its body to place it.
+	doc := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", big) + `"}]}`
+	resp, err := send(strings.NewReader(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	<-arrived
+	mu.Lock()
+	if resp.StatusCode != 200 || len(bodies) != 1 || bodies[0] != len(doc) {
+		t.Fatalf("first request: status %d, the instance read %v bytes of %d", resp.StatusCode, bodies, len(doc))
+	}
+	mu.Unlock()
+
+	// A hit: the client sends the first chunk and holds the last until the
+	// instance has the request.
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		resp, err := send(pr)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+		}
+		done <- err
+	}()
+	if _, err := pw.Write([]byte(`{"model":"m","messages":[{"role":"user",`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the instance did not get the hit's headers before its last body chunk was sent")
+	}
+	if _, err := pw.Write([]byte(`"content":"and the rest"}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := tt.metric(t, "tether_requests_total", `decision="hit"`); got != 1 {
+		t.Errorf("%.0f hits, want 1", got)
+	}
 }

@@ -37,16 +37,58 @@ import (
 // In both, tether runs as it runs behind its own Envoy: same
 // configuration, no switch. Every turn of a session lands on one instance,
 // the sessions spread, the instance is the one tether chose, and a client
-// that names its own destination is overridden.
+// that names its own destination is overridden. The same sessions, sent
+// in the same order, are bound to the same instances as through tether's
+// own Envoy.
 func TestGatewayStyles(t *testing.T) {
+	own := ownEnvoyBindings(t)
 	for _, gc := range []gatewayConfig{
 		{Style: "override_host", Bodies: "NONE"},
 		{Style: "override_host", Bodies: "FULL_DUPLEX_STREAMED"}, // Istio
 		{Style: "original_dst", Bodies: "NONE"},
 		{Style: "original_dst", Bodies: "BUFFERED"}, // kgateway
 	} {
-		t.Run(gc.Style+", bodies "+gc.Bodies, func(t *testing.T) { gatewayStyle(t, gc) })
+		t.Run(gc.Style+", bodies "+gc.Bodies, func(t *testing.T) {
+			bound := gatewayStyle(t, gc)
+			agree := 0
+			for i := range bound {
+				if bound[i] == own[i] {
+					agree++
+				}
+			}
+			t.Logf("bindings agree with tether's own Envoy for %d of %d sessions", agree, len(bound))
+			if agree != len(bound) {
+				t.Errorf("bindings agree with tether's own Envoy for %d of %d sessions", agree, len(bound))
+			}
+		})
 	}
+}
+
+// gatewaySessions and gatewayTurns are the workload of TestGatewayStyles:
+// sent one request at a time, so that every run sees the same load.
+const gatewaySessions, gatewayTurns = 60, 3
+
+func gatewaySession(i int) string { return fmt.Sprintf("gateway-%d", i) }
+
+// ownEnvoyBindings sends TestGatewayStyles' workload through tether's own
+// Envoy and returns the instance each session was bound to.
+func ownEnvoyBindings(t *testing.T) []string {
+	t.Helper()
+	inst := startFleet(t, 4)
+	cfg := baseConfig(store.Embedded, inst)
+	tt := startTether(t, cfg)
+	px := startEnvoy(t, cfg, tt.extproc)
+	bound := make([]string, gatewaySessions)
+	for i := range gatewaySessions {
+		for range gatewayTurns {
+			a := chat(t, px, map[string]string{"x-session-id": gatewaySession(i)})
+			if a.status != 200 || bound[i] != "" && a.instance != bound[i] {
+				t.Fatalf("own Envoy, session %d: %+v, bound to %q", i, a, bound[i])
+			}
+			bound[i] = a.instance
+		}
+	}
+	return bound
 }
 
 type gatewayConfig struct {
@@ -176,8 +218,8 @@ static_resources:
 {{- end}}
 `))
 
-func gatewayStyle(t *testing.T, gc gatewayConfig) {
-	const sessions, turns = 60, 3
+func gatewayStyle(t *testing.T, gc gatewayConfig) []string {
+	const sessions, turns = gatewaySessions, gatewayTurns
 	style := gc.Style + "-" + gc.Bodies
 	inst := startFleet(t, 4)
 	cfg := baseConfig(store.Embedded, inst)
@@ -198,8 +240,8 @@ func gatewayStyle(t *testing.T, gc gatewayConfig) {
 	bound := make([]string, sessions)
 	var mu sync.Mutex
 	spread := map[string]int{}
-	parallel(sessions, 4, func(i int) {
-		h := map[string]string{"x-session-id": fmt.Sprintf("gateway-%s-%d", style, i)}
+	parallel(sessions, 1, func(i int) {
+		h := map[string]string{"x-session-id": gatewaySession(i)}
 		for turn := range turns {
 			a := chat(t, px, h)
 			if a.status != 200 || a.instance == "" || a.instance != a.tethered {
@@ -240,10 +282,11 @@ func gatewayStyle(t *testing.T, gc gatewayConfig) {
 			elsewhere = in.Address
 		}
 	}
-	h := map[string]string{"x-session-id": fmt.Sprintf("gateway-%s-0", style), "x-gateway-destination-endpoint": elsewhere}
+	h := map[string]string{"x-session-id": gatewaySession(0), "x-gateway-destination-endpoint": elsewhere}
 	if a := chat(t, px, h); a.instance != bound[0] {
 		t.Errorf("a client's own destination %s took the session from %s to %s", elsewhere, bound[0], a.instance)
 	}
+	return bound
 }
 
 // startGateway runs Envoy on gatewayEnvoy filled with gc.

@@ -44,37 +44,49 @@ const DefaultFallbacks = 2
 // hint is refused.
 const maxSubset = 4096
 
-// errBadSubset is a subset hint tether cannot read: not a list of
-// strings, or too long.
+// errBadSubset is a subset hint tether cannot read: neither a string nor
+// a list of strings, or too long.
 var errBadSubset = errors.New("subset hint is not a list of ip:port strings")
 
 // subsetOf reads the request's subset hint. present says the gateway sent
-// one. names are the instances at its endpoints; an endpoint tether does
-// not know names none. An empty list, or one of unknown endpoints, leaves
+// one. It is a list of ip:port strings, or one string; each string may
+// hold several, comma-separated, as a header copied into the metadata
+// does. names are the instances at its endpoints; an endpoint tether does
+// not know names none. An empty hint, or one of unknown endpoints, leaves
 // names empty with present true: nothing is eligible.
 func (s *Server) subsetOf(md map[string]*structpb.Struct) (names []string, present bool, err error) {
 	v, ok := md[MetadataSubsetHint].GetFields()[SubsetKey]
 	if !ok {
 		return nil, false, nil
 	}
-	list := v.GetListValue()
-	if list == nil || len(list.GetValues()) > maxSubset {
-		return nil, true, errBadSubset
+	values := []*structpb.Value{v}
+	if list := v.GetListValue(); list != nil {
+		values = list.GetValues()
 	}
-	names = make([]string, 0, len(list.GetValues()))
-	for _, e := range list.GetValues() {
-		addr, ok := e.GetKind().(*structpb.Value_StringValue)
+	for _, e := range values {
+		str, ok := e.GetKind().(*structpb.Value_StringValue)
 		if !ok {
 			return nil, true, errBadSubset
 		}
-		if s.opts.Instances == nil {
-			continue
-		}
-		if in, ok := s.opts.Instances.AtAddress(strings.TrimSpace(addr.StringValue)); ok {
-			names = append(names, in.Name)
+		for addr := range strings.SplitSeq(str.StringValue, ",") {
+			if len(names) == maxSubset {
+				return nil, true, errBadSubset
+			}
+			if in, ok := s.instanceAt(strings.TrimSpace(addr)); ok {
+				names = append(names, in)
+			}
 		}
 	}
 	return names, true, nil
+}
+
+// instanceAt is the name of the instance at addr, if tether knows one.
+func (s *Server) instanceAt(addr string) (string, bool) {
+	if s.opts.Instances == nil || addr == "" {
+		return "", false
+	}
+	in, ok := s.opts.Instances.AtAddress(addr)
+	return in.Name, ok
 }
 
 // destination is the value of HeaderDestination for d: its instance's

@@ -95,6 +95,7 @@ type gatewayConfig struct {
 	Style     string
 	Bodies    string // the request body mode; FULL_DUPLEX_STREAMED streams the response's too
 	ExtProc   string
+	Replica   string // a second tether behind the same gateway; "" for none
 	Endpoints []gatewayEndpoint
 }
 
@@ -177,6 +178,11 @@ static_resources:
         - endpoint:
             address:
               socket_address: {address: {{hostOf .ExtProc}}, port_value: {{portOf .ExtProc}}}
+{{- if .Replica}}
+        - endpoint:
+            address:
+              socket_address: {address: {{hostOf .Replica}}, port_value: {{portOf .Replica}}}
+{{- end}}
 {{- if eq .Style "original_dst"}}
   - name: pool
     type: ORIGINAL_DST
@@ -404,4 +410,68 @@ func TestGatewayHitDoesNotWaitForBody(t *testing.T) {
 	if got := tt.metric(t, "tether_requests_total", `decision="hit"`); got != 1 {
 		t.Errorf("%.0f hits, want 1", got)
 	}
+}
+
+// TestGatewayTwoReplicas: two tethers on one Redis behind one gateway
+// (override_host, Istio's style). Envoy spreads the picker's streams over
+// both, and every turn of a session lands on its instance, whichever
+// replica decides. Then both stop: the gateway's fail-open (round robin)
+// answers every request, and the test reports how many turns still reach
+// their session's instance.
+func TestGatewayTwoReplicas(t *testing.T) {
+	const sessions, turns = 40, 4
+	rds := testenv.RedisServer(t)
+	inst := startFleet(t, 4)
+	cfg := baseConfig(rds.URL(), inst)
+	cfg.XDS.Addr = ""
+	a, b := startTether(t, cfg), startTether(t, cfg)
+	gc := gatewayConfig{Style: "override_host", Bodies: "NONE", ExtProc: a.extproc, Replica: b.extproc}
+	for _, in := range inst {
+		host, port, err := net.SplitHostPort(in.Address)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := strconv.Atoi(port)
+		gc.Endpoints = append(gc.Endpoints, gatewayEndpoint{Host: host, Port: p})
+	}
+	px := startGateway(t, gc)
+
+	bound := make([]string, sessions)
+	parallel(sessions, 4, func(i int) {
+		h := map[string]string{"x-session-id": fmt.Sprintf("replicas-%d", i)}
+		for turn := range turns {
+			r := chat(t, px, h)
+			switch {
+			case r.status != 200 || r.instance != r.tethered:
+				t.Errorf("session %d turn %d: %+v", i, turn, r)
+			case turn == 0:
+				bound[i] = r.instance
+			case r.instance != bound[i]:
+				t.Errorf("session %d turn %d went to %s, turn 0 to %s", i, turn, r.instance, bound[i])
+			}
+		}
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	na, nb := a.metric(t, "tether_requests_total"), b.metric(t, "tether_requests_total")
+	t.Logf("two replicas: %d sessions × %d turns on their instances; decided %.0f and %.0f", sessions, turns, na, nb)
+	if na == 0 || nb == 0 || na+nb != sessions*turns {
+		t.Errorf("replicas decided %.0f and %.0f of %d requests; want both, and all", na, nb, sessions*turns)
+	}
+
+	// Both replicas gone: the gateway routes on round robin.
+	a.Stop()
+	b.Stop()
+	kept := 0
+	for i := range sessions {
+		r := chat(t, px, map[string]string{"x-session-id": fmt.Sprintf("replicas-%d", i)})
+		if r.status != 200 {
+			t.Fatalf("with tether down, session %d: %+v", i, r)
+		}
+		if r.instance == bound[i] {
+			kept++
+		}
+	}
+	t.Logf("tether down: every request answered by round robin; %d of %d sessions reached their instance", kept, sessions)
 }

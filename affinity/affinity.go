@@ -230,19 +230,33 @@ func (d *Decider) Decide(ctx context.Context, req Request) (Decision, error) {
 	return dec, nil
 }
 
-// fallbacks is where a retry of a request placed on chosen goes: the next
-// req.Fallbacks instances of the ranking that would place its session
-// anew, or of a random ranking for a request without one. They are of
-// chosen's version, within bounded load, and in req's subset.
+// fallbacks is where a retry of a request placed on chosen goes: where
+// the failover ladder's first rung would move its session, then the next
+// rung. That is the ranking of the session's key over chosen's zone, then
+// over the other zones; a request without a session ranks a random key.
+// They are of chosen's version, within bounded load, and in req's subset.
 func (d *Decider) fallbacks(req Request, chosen fleet.Instance) []fleet.Instance {
 	key := fnv64(req.ID.Key)
 	if req.ID.Anonymous() {
 		key = d.rand()
 	}
-	pl := placement{key: key, from: d.available(req.Subset), version: chosen.Version, leave: chosen.Name, sessions: true}
-	var r Ranking
-	d.rank(&pl, &r)
-	return r.Top(req.Fallbacks)
+	avail := d.available(req.Subset)
+	passes := []bool{false, true} // chosen's zone, then the others
+	if chosen.Zone == "" {
+		passes = passes[:1] // no zones: one ranking of all
+	}
+	var out []fleet.Instance
+	for _, other := range passes {
+		pl := placement{key: key, from: avail, version: chosen.Version, leave: chosen.Name, sessions: true,
+			zone: chosen.Zone, otherZones: other}
+		var r Ranking
+		d.rank(&pl, &r)
+		out = append(out, r.Top(req.Fallbacks-len(out))...)
+		if len(out) == req.Fallbacks {
+			break
+		}
+	}
+	return out
 }
 
 // decide is Decide before the request is counted on its instance.

@@ -420,3 +420,31 @@ func TestFallbacks(t *testing.T) {
 		t.Errorf("a request that asked for none got fallbacks %v", names(plain.Fallbacks))
 	}
 }
+
+// TestFallbacksFollowTheLadder: the fallbacks are the failover ladder's
+// order, the chosen instance's zone first, then the others.
+func TestFallbacksFollowTheLadder(t *testing.T) {
+	fl := []fleet.Instance{
+		{Name: "a0", Zone: "a", Weight: 1}, {Name: "a1", Zone: "a", Weight: 1},
+		{Name: "b0", Zone: "b", Weight: 1}, {Name: "b1", Zone: "b", Weight: 1}, {Name: "b2", Zone: "b", Weight: 1},
+	}
+	d := affinity.New(memory.New(), fleet.New(fl), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime, Epsilon: 0.25})
+	for i := range 30 {
+		req := session(fmt.Sprint("ladder-", i))
+		req.Fallbacks = 3
+		got, err := d.Decide(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		zone := got.Instance.Zone
+		same := map[string]int{"a": 1, "b": 2}[zone] // the others in its zone
+		if len(got.Fallbacks) != 3 {
+			t.Fatalf("on %s: %d fallbacks", got.Instance.Name, len(got.Fallbacks))
+		}
+		for j, fb := range got.Fallbacks {
+			if (j < same) != (fb.Zone == zone) || fb.Name == got.Instance.Name {
+				t.Fatalf("on %s: fallbacks %v, want its zone's %d first", got.Instance.Name, got.Fallbacks, same)
+			}
+		}
+	}
+}

@@ -28,6 +28,10 @@ type Server struct {
 	// That is loopback by default.
 	AdminTokenEnv  string `toml:"admin_token_env"`
 	AdminTokenFile string `toml:"admin_token_file"`
+	// DestinationFallbacks is how many instances a routing reply names
+	// after its own in x-gateway-destination-endpoint, for a gateway's
+	// retries. 0 names none: an ORIGINAL_DST cluster reads one address.
+	DestinationFallbacks int `toml:"destination_fallbacks"`
 }
 
 // Defaults of [server].
@@ -40,6 +44,8 @@ const (
 	MaxDrainDelay        = 5 * time.Minute
 	DefaultAdminTokenEnv = "TETHER_ADMIN_TOKEN"
 	MinAdminToken        = 16 // bytes
+	// MaxDestinationFallbacks bounds server.destination_fallbacks.
+	MaxDestinationFallbacks = 8
 )
 
 func defaultServer() Server {
@@ -72,6 +78,9 @@ func (c *Config) validateServer(bad reporter) {
 	}
 	if d := s.DrainDelay.D; d < 0 || d > MaxDrainDelay {
 		bad("server.drain_delay", s.DrainDelay, fmt.Sprintf("want 0 (off) to %v", MaxDrainDelay))
+	}
+	if n := s.DestinationFallbacks; n < 0 || n > MaxDestinationFallbacks {
+		bad("server.destination_fallbacks", n, fmt.Sprintf("want 0 (none) to %d", MaxDestinationFallbacks))
 	}
 	if !envName.MatchString(s.AdminTokenEnv) {
 		// Not shown: a token put where its variable's name goes.

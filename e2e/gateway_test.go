@@ -96,6 +96,7 @@ type gatewayConfig struct {
 	Bodies    string // the request body mode; FULL_DUPLEX_STREAMED streams the response's too
 	ExtProc   string
 	Replica   string // a second tether behind the same gateway; "" for none
+	Retries   bool   // the route retries a 5xx on the next endpoint named
 	Endpoints []gatewayEndpoint
 }
 
@@ -162,7 +163,12 @@ static_resources:
               domains: ["*"]
               routes:
               - match: {prefix: /}
-                route: {cluster: pool, timeout: 300s}
+                route:
+                  cluster: pool
+                  timeout: 300s
+{{- if .Retries}}
+                  retry_policy: {retry_on: "5xx,reset,connect-failure", num_retries: 2}
+{{- end}}
   clusters:
   - name: picker
     type: STATIC
@@ -215,6 +221,10 @@ static_resources:
                 key: envoy.lb
                 path:
                 - key: x-gateway-destination-endpoint
+            selected_host_key:
+              key: envoy.lb
+              path:
+              - key: x-gateway-destination-endpoint-served
             fallback_policy:
               policies:
               - typed_extension_config:
@@ -474,4 +484,82 @@ func TestGatewayTwoReplicas(t *testing.T) {
 		}
 	}
 	t.Logf("tether down: every request answered by round robin; %d of %d sessions reached their instance", kept, sessions)
+}
+
+// TestGatewayRetryGoesToTheFallback: with server.destination_fallbacks
+// set, behind Istio's override_host, an instance that starts failing has
+// its sessions' requests retried on their fallback. The gateway reports
+// the endpoint that served (x-gateway-destination-endpoint-served); tether
+// counts the failure against the instance it chose, opens its breaker, and
+// moves each session to the instance its retry reached.
+func TestGatewayRetryGoesToTheFallback(t *testing.T) {
+	const sessions = 40
+	inst, broken := startFaultyFleet(t, 4)
+	cfg := baseConfig(store.Embedded, inst)
+	cfg.XDS.Addr = ""
+	cfg.Server.DestinationFallbacks = 2
+	tt := startTether(t, cfg)
+	gc := gatewayConfig{Style: "override_host", Bodies: "NONE", ExtProc: tt.extproc, Retries: true}
+	for _, in := range inst {
+		host, port, err := net.SplitHostPort(in.Address)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := strconv.Atoi(port)
+		gc.Endpoints = append(gc.Endpoints, gatewayEndpoint{Host: host, Port: p})
+	}
+	px := startGateway(t, gc)
+
+	session := func(i int) map[string]string { return map[string]string{"x-session-id": fmt.Sprintf("retry-%d", i)} }
+	bound := make([]string, sessions)
+	for i := range sessions {
+		a := chat(t, px, session(i))
+		if a.status != 200 || a.instance != a.tethered {
+			t.Fatalf("session %d: %+v", i, a)
+		}
+		bound[i] = a.instance
+	}
+	failing := bound[0]
+	broken[failing].Store(true)
+
+	// Each of its sessions is answered by its fallback, where tether still
+	// chose the failing instance.
+	retried := map[int]string{}
+	for i := range sessions {
+		if bound[i] != failing {
+			continue
+		}
+		a := chat(t, px, session(i))
+		if a.status != 200 || a.instance == failing {
+			t.Fatalf("session %d on failing %s: %+v, want 200 from a fallback", i, failing, a)
+		}
+		if a.tethered == failing {
+			retried[i] = a.instance
+		}
+	}
+	if len(retried) == 0 {
+		t.Fatalf("no request was retried on a fallback: the breaker opened first")
+	}
+	// The breaker opens on what the gateway reported served; the sessions
+	// move, each to the instance its retry reached.
+	waitFor(t, 10*time.Second, "the failing instance's breaker to open", func() bool {
+		return tt.metric(t, "tether_instance_breaker_state", `upstream="`+failing+`"`) == 1
+	})
+	for i, fallback := range retried {
+		a := chat(t, px, session(i))
+		if a.status != 200 || a.tethered != fallback || a.instance != fallback {
+			t.Errorf("session %d: retried on %s, then %+v", i, fallback, a)
+		}
+	}
+	t.Logf("%d sessions on %s: %d retried on their fallback, and moved there", countOf(bound, failing), failing, len(retried))
+}
+
+func countOf(list []string, v string) int {
+	n := 0
+	for _, x := range list {
+		if x == v {
+			n++
+		}
+	}
+	return n
 }

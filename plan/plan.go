@@ -148,6 +148,7 @@ func FromConfig(cfg config.Config, o Options) (Plan, error) {
 			GPUHeader:     r.GPUUtilizationHeader,
 			DebugHeaders:  srv.DebugHeaders,
 			MaxBody:       cfg.Content.MaxBodyBytes,
+			Fallbacks:     srv.DestinationFallbacks,
 		},
 		Envoy: envoy(cfg, o.ExtProc),
 		Scrape: Scrape{

@@ -283,6 +283,16 @@ func gatewayStyle(t *testing.T, gc gatewayConfig) []string {
 	}
 	// With the bodies sent, every new session was placed by its prompt: the
 	// body came whole to tether before the request was routed.
+	if gc.Bodies == "FULL_DUPLEX_STREAMED" {
+		// The answers streamed back through tether: their usage counted.
+		// The prompts are two tokens, under one KV block: none is cached.
+		prompt, cached := tt.metric(t, "tether_prompt_tokens_total"), tt.metric(t, "tether_prompt_tokens_total", `cached="true"`)
+		missing := tt.metric(t, "tether_answers_without_usage_total")
+		t.Logf("%s: usage of the answers: %.0f prompt tokens, %.0f cached; %.0f answers without", style, prompt, cached, missing)
+		if prompt < sessions*turns || missing != 0 {
+			t.Errorf("usage read from %d answers: %.0f prompt tokens, %.0f cached, %.0f answers without", sessions*turns, prompt, cached, missing)
+		}
+	}
 	if gc.Bodies != "NONE" {
 		read := tt.metric(t, "tether_content_decisions_total")
 		if incomplete := tt.metric(t, "tether_content_decisions_total", `result="incomplete"`); read < sessions || incomplete != 0 {

@@ -57,6 +57,11 @@ type Recorder interface {
 	// Content counts a decision whose placement was open, by what its
 	// body did (ContentPlaced, ContentIdentity, a prefix.Reason, ...).
 	Content(result string)
+	// Usage records what the engine reported of a decided request's
+	// prompt at the end of a streamed answer (Usage): its tokens, and
+	// those its KV cache held. ok is false when the answer ended without a
+	// usage object tether could read.
+	Usage(d affinity.Decision, prompt, cached int, ok bool)
 }
 
 // Prompts turns a request's body into its prompt's chained block hashes
@@ -279,10 +284,25 @@ func (s *Server) route(ctx context.Context, ex *exchange, req *extprocv3.Process
 		return s.onResponseHeaders(r.ResponseHeaders, upstreamOf(req), ex)
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		if ex.bodies.duplexResponse() {
+			s.readUsage(ex, r.ResponseBody)
 			return echoResponse(r.ResponseBody.GetBody(), r.ResponseBody.GetEndOfStream())
 		}
 	}
 	return continueOther(req)
+}
+
+// readUsage keeps the end of a decided request's streamed answer. At the
+// answer's end it records the usage the engine reported there.
+func (s *Server) readUsage(ex *exchange, msg *extprocv3.HttpBody) {
+	if ex.decision.Instance.Name == "" {
+		return
+	}
+	ex.answer.add(msg.GetBody())
+	if msg.GetEndOfStream() {
+		u, ok := usageOf(ex.answer.b)
+		s.rec.Usage(ex.decision, u.Prompt, u.Cached, ok)
+		ex.answer.b = nil
+	}
 }
 
 // unsent handles a reply that never reached Envoy. On an apart stream, a

@@ -40,6 +40,7 @@ type recorded struct {
 	replies   []fleet.Outcome
 	outcomes  map[string]int
 	content   map[string]int
+	usage     []extproc.Usage // Prompt -1: an answer without usage
 }
 
 func (r *recorded) Content(result string) {
@@ -49,6 +50,16 @@ func (r *recorded) Content(result string) {
 		r.content = map[string]int{}
 	}
 	r.content[result]++
+}
+
+func (r *recorded) Usage(_ affinity.Decision, prompt, cached int, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	u := extproc.Usage{Prompt: prompt, Cached: cached}
+	if !ok {
+		u = extproc.Usage{Prompt: -1}
+	}
+	r.usage = append(r.usage, u)
 }
 
 func (r *recorded) Reported(result string) {

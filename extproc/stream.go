@@ -76,6 +76,8 @@ type exchange struct {
 	// while the headers reply waits for it to place the request.
 	held    []byte
 	holding bool
+	// answer is the end of a streamed answer, where its usage is.
+	answer tail
 	// out backs the replies to one message.
 	out [2]*extprocv3.ProcessingResponse
 }

@@ -35,6 +35,8 @@ type Metrics struct {
 	gpu               *prometheus.GaugeVec
 	reportErrors      *prometheus.CounterVec
 	outcomes          *prometheus.CounterVec
+	promptTokens      *prometheus.CounterVec
+	usageMissing      prometheus.Counter
 	content           *prometheus.CounterVec
 	sessions          *SessionLengths // nil: not tracked (TrackSessions)
 
@@ -141,7 +143,17 @@ func (m *Metrics) answerCollectors() []prometheus.Collector {
 			"applied; undecided (no ticket: tether did not route the request); malformed; forged (not signed by this deployment); " +
 			"late (decided more than 15 min before); duplicate (applied already). Only applied ones reach the breaker and the load view.",
 	}, []string{"result"})
-	return []prometheus.Collector{m.upstreamResponses, m.inference, m.followups, m.oom, m.gpu, m.reportErrors, m.outcomes}
+	m.promptTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_prompt_tokens_total",
+		Help: "Prompt tokens of the answers whose usage tether read (a gateway streaming response bodies), per instance, by cached: " +
+			"true for those the engine's KV cache held (usage.prompt_tokens_details.cached_tokens), false for the rest. " +
+			"KV hit rate = cached / all.",
+	}, []string{"upstream", "cached"})
+	m.usageMissing = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tether_answers_without_usage_total",
+		Help: "Streamed answers that ended without a usage object tether could read (the engine reports none, or the client did not ask for it).",
+	})
+	return []prometheus.Collector{m.upstreamResponses, m.inference, m.followups, m.oom, m.gpu, m.reportErrors, m.outcomes, m.promptTokens, m.usageMissing}
 }
 
 // storeCollectors are the binding store's failures and its guard, and
@@ -205,6 +217,17 @@ func (m *Metrics) DecisionFailed(id identity.Identity, reason string) {
 		m.identityRejected.WithLabelValues(id.Header, string(id.Rejected)).Inc()
 	}
 	m.decisionErrors.WithLabelValues(reason).Inc()
+}
+
+// Usage counts the prompt tokens of an answer, cached and not, or an
+// answer without usage.
+func (m *Metrics) Usage(d affinity.Decision, prompt, cached int, ok bool) {
+	if !ok || prompt < 0 || cached < 0 || cached > prompt {
+		m.usageMissing.Inc()
+		return
+	}
+	m.promptTokens.WithLabelValues(d.Instance.Name, "true").Add(float64(cached))
+	m.promptTokens.WithLabelValues(d.Instance.Name, "false").Add(float64(prompt - cached))
 }
 
 // Reported counts one outcome report by its result.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3filter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
@@ -536,7 +537,24 @@ func fuzzSeeds(tb testing.TB) [][]byte {
 	rich.ObservabilityMode = true
 	rich.GetRequestHeaders().EndOfStream = true
 
+	// A gateway's stream: bodies both ways, full duplex, and a subset hint.
+	duplex := proto.Clone(chat).(*extprocv3.ProcessingRequest)
+	duplex.ProtocolConfig = &extprocv3.ProtocolConfiguration{
+		RequestBodyMode:  extprocv3filter.ProcessingMode_FULL_DUPLEX_STREAMED,
+		ResponseBodyMode: extprocv3filter.ProcessingMode_FULL_DUPLEX_STREAMED,
+	}
+	hint, _ := structpb.NewStruct(map[string]any{"x-gateway-destination-endpoint-subset": []any{"127.0.0.1:1", "[::1]:2"}})
+	duplex.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb.subset_hint": hint}}
+	buffered := proto.Clone(chat).(*extprocv3.ProcessingRequest)
+	buffered.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocv3filter.ProcessingMode_BUFFERED}
+	usage := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
+		Body: []byte(`data: {"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":4}}}` + "\n\n"), EndOfStream: true}}}
+
 	streams := [][]record{
+		// Gateways' streams: full duplex with a hint, and buffered.
+		{m(duplex), m(body(false)), m(body(true)), m(reqTrailers), m(ok), m(respBody), m(usage), m(respTrailers), eof},
+		{m(duplex), m(reqTrailers), eof},
+		{m(buffered), m(body(true)), m(ok), eof},
 		// A request and its response, then the same session again.
 		{m(chat), m(ok), eof, m(chat), m(respHeaders(":status", "503")), eof},
 		// No answer came; then two request phases on one stream.

@@ -423,7 +423,9 @@ func TestGatewayHitDoesNotWaitForBody(t *testing.T) {
 	if _, err := pw.Write([]byte(`"content":"and the rest"}]}`)); err != nil {
 		t.Fatal(err)
 	}
-	pw.Close()
+	if err := pw.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

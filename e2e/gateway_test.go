@@ -413,7 +413,7 @@ func TestGatewayHitDoesNotWaitForBody(t *testing.T) {
 	if _, err := pw.Write([]byte(`"content":"and the rest"}]}`)); err != nil {
 		t.Fatal(err)
 	}
-	pw.Close()
+	_ = pw.Close()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,10 @@
 //     with tiny requests carrying the bench's headers or the OpenAI Python
 //     client's, and with chat bodies of several sizes that tether carries
 //     (content off) or reads (content on, body.go);
+//   - gateway: tether as an endpoint picker behind Envoy in Istio's style
+//     (override_host, bodies streamed full duplex) beside a stateless
+//     picker and Envoy alone, with 1 KB and 32 KB chat bodies, in
+//     alternation (gateway.go, picker.go);
 //   - quality: the field's traffic mix against eight emulated A100s in two
 //     zones, routed by Envoy round robin, Envoy ring hash, tether random,
 //     tether sticky and tether adaptive;
@@ -167,7 +171,7 @@ type Options struct {
 	Scale  Scale
 	Seed   uint64
 	Log    io.Writer // progress lines
-	// Only, when set, runs just these scenarios ("overhead", "quality",
+	// Only, when set, runs just these scenarios ("overhead", "gateway", "quality",
 	// "hotspot", "churn", "documents", "peers").
 	Only map[string]bool
 	// PeersDir holds the peer routers (scripts/tools.sh peers installs
@@ -193,7 +197,10 @@ type Report struct {
 	Bodies []BodyRow
 	// Paired is tether sticky beside the floor, in alternation
 	// (paired.go).
-	Paired  []PairedRow
+	Paired []PairedRow
+	// Gateway is the gateway scenario's rows: tether and the stateless
+	// picker behind Envoy in Istio's style (gateway.go).
+	Gateway []GatewayRow
 	Quality []QualityRow
 	Hotspot []HotspotRow
 	Churn   []ChurnRow
@@ -235,6 +242,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if want("overhead") {
 		if r.Overhead, r.Paired, r.Bodies, err = runOverhead(ctx, opts, dir); err != nil {
 			return r, fmt.Errorf("overhead: %w", err)
+		}
+	}
+	if want("gateway") {
+		if r.Gateway, err = runGateway(ctx, opts, dir); err != nil {
+			return r, fmt.Errorf("gateway: %w", err)
 		}
 	}
 	if want("quality") {

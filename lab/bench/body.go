@@ -144,35 +144,52 @@ func document(n int) string {
 	return b.String()[:n]
 }
 
-// send posts the n-th body, anonymous (no session id, token or device
-// and user), so that every request's placement is open.
-func (c chatBody) send(ctx context.Context, client *http.Client, url string, n int) error {
+// send posts the n-th body for session, in the session header; with
+// session "" anonymous (no session id, token or device and user), so that
+// every request's placement is open.
+func (c chatBody) send(ctx context.Context, client *http.Client, url string, n int, session string) error {
+	_, err := c.post(ctx, client, url, n, session)
+	return err
+}
+
+// post is send, returning the answer's headers.
+func (c chatBody) post(ctx context.Context, client *http.Client, url string, n int, session string) (http.Header, error) {
 	body := io.MultiReader(bytes.NewReader(c.head), strings.NewReader(questionOf(n)), bytes.NewReader(c.tail))
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req.ContentLength = int64(c.size)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", "OpenAI/Python 1.54.0")
+	if session != "" {
+		req.Header.Set(config.DefaultSessionHeader, session)
+	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return statusError(resp.StatusCode)
+		return nil, statusError(resp.StatusCode)
 	}
-	return nil
+	return resp.Header, nil
 }
 
 // request is c.send as a loop's request: worker w's i-th sends a question
 // no other request of the loop sends.
 func (c chatBody) request() request {
 	return func(ctx context.Context, client *http.Client, url string, w, i int) error {
-		return c.send(ctx, client, url, i*4096+w)
+		return c.send(ctx, client, url, i*4096+w, "")
+	}
+}
+
+// sessionRequest is c.send as a loop's request for session(w, i).
+func (c chatBody) sessionRequest(session func(w, i int) string) request {
+	return func(ctx context.Context, client *http.Client, url string, w, i int) error {
+		return c.send(ctx, client, url, i*4096+w, session(w, i))
 	}
 }
 
@@ -328,7 +345,7 @@ func bodyOnce(ctx context.Context, st *stack, p policy, b chatBody, sc Scale, ra
 
 	one := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1}}
 	defer one.CloseIdleConnections()
-	lat, failed := serial(ctx, one, url, sc.BodySerial, serialTimeout, req)
+	lat, failed := serial(ctx, one, url, sc.BodySerial, req)
 	sortDurations(lat)
 	row.Serial, row.SerialP50, row.SerialP99, row.Failed = len(lat), percentile(lat, 0.5), percentile(lat, 0.99), row.Failed+failed
 

@@ -135,10 +135,10 @@ func closedLoop(ctx context.Context, client *http.Client, url string, workers in
 }
 
 // serial sends n requests one after another (on client, which should hold
-// one connection), for at most d, each req(2000, i), and returns the
-// latencies of the successful ones.
-func serial(ctx context.Context, client *http.Client, url string, n int, d time.Duration, req request) (lat []time.Duration, failed int) {
-	ctx, cancel := context.WithTimeout(ctx, d)
+// one connection), for at most serialTimeout, each req(2000, i), and
+// returns the latencies of the successful ones.
+func serial(ctx context.Context, client *http.Client, url string, n int, req request) (lat []time.Duration, failed int) {
+	ctx, cancel := context.WithTimeout(ctx, serialTimeout)
 	defer cancel()
 	lat = make([]time.Duration, 0, n)
 	for i := 0; i < n && ctx.Err() == nil; i++ {

@@ -134,7 +134,7 @@ func overheadOnce(ctx context.Context, opts Options, dir string, p policy, c cli
 	one := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1}}
 	defer one.CloseIdleConnections()
 	// Sessions change every ten requests, in this loop and the next.
-	lat, failed := serial(ctx, one, url, sc.OverheadSerial, serialTimeout, tiny(c, sessionFor))
+	lat, failed := serial(ctx, one, url, sc.OverheadSerial, tiny(c, sessionFor))
 	sortDurations(lat)
 	row.Serial, row.SerialP50, row.SerialP99, row.Failed = len(lat), percentile(lat, 0.5), percentile(lat, 0.99), failed
 

@@ -118,7 +118,7 @@ func pairedOnce(ctx context.Context, floor, tether *stack, c clientHeaders, sc S
 		}
 		for _, s := range order {
 			// Sessions change every ten requests, as in the rows.
-			lat, failed := serial(ctx, s.one, s.url, serialN, serialTimeout, tiny(c, func(w, i int) string { return sessionFor(w, r*serialN+i) }))
+			lat, failed := serial(ctx, s.one, s.url, serialN, tiny(c, func(w, i int) string { return sessionFor(w, r*serialN+i) }))
 			s.serial, s.out.Failed = append(s.serial, lat...), s.out.Failed+failed
 		}
 		for _, s := range order {

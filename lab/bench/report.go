@@ -47,6 +47,9 @@ func (r *Report) Markdown(m Meta, charts []string) string {
 	if len(r.Overhead) > 0 {
 		r.overheadMarkdown(w)
 	}
+	if len(r.Gateway) > 0 {
+		r.gatewayMarkdown(w)
+	}
 	if len(r.Quality) > 0 {
 		w("### Routing quality: the field's mix on eight emulated A100s\n\n")
 		w("%s\n\n", qualityPreamble(r.Scale, r.Saturation))

@@ -30,7 +30,8 @@ func newBenchCmd() *cobra.Command {
 		Long: `Runs four scenarios on this machine, all on loopback: the overhead of Envoy + tether over
 Envoy alone and over the cheapest ext_proc router (tiny requests with the bench's headers and with
 the OpenAI Python client's, then chat bodies of 1, 32 and 400 KB with cache-aware placement off and
-on), routing quality (KV-cache hit rate, latency, continuity, load spread, GPU cost) of
+on), tether as an endpoint picker behind Envoy in Istio's gateway style (bodies streamed full duplex)
+beside a stateless picker and Envoy alone with 1 and 32 KB chat bodies, routing quality (KV-cache hit rate, latency, continuity, load spread, GPU cost) of
 Envoy round robin, Envoy ring hash, tether random, tether sticky and tether adaptive on eight
 emulated A100 instances, a hot spot (one tenant's burst behind one API key: tether sticky against
 tether adaptive), churn (an instance killed, restored, another added), shared documents (Envoy ring
@@ -56,7 +57,7 @@ charts go to --charts.`,
 			if redisBin, err = findRedisServer(redisBin); err != nil {
 				return err
 			}
-			self, err := os.Executable() // its `bench floor` serves the ext_proc floor
+			self, err := os.Executable() // its `bench floor` and `bench picker` serve the floor and the picker
 			if err != nil {
 				return err
 			}
@@ -66,10 +67,10 @@ charts go to --charts.`,
 			sel := map[string]bool{}
 			for _, s := range only {
 				switch s {
-				case "overhead", "quality", "hotspot", "churn", "documents", "peers":
+				case "overhead", "gateway", "quality", "hotspot", "churn", "documents", "peers":
 					sel[s] = true
 				default:
-					return fmt.Errorf("--only %q: want overhead, quality, hotspot, churn, documents or peers", s)
+					return fmt.Errorf("--only %q: want overhead, gateway, quality, hotspot, churn, documents or peers", s)
 				}
 			}
 			if sat.Waiting < 0 || !(sat.KVUsage >= 0 && sat.KVUsage <= 1) || sat.Waiting == 0 && sat.KVUsage == 0 {
@@ -126,14 +127,14 @@ charts go to --charts.`,
 	f.StringVar(&scale, "scale", "full", "full (about 45 minutes) or smoke (about a minute and a half, two more with the peers)")
 	f.Uint64Var(&seed, "seed", 1, "workload seed")
 	f.StringVar(&profiles, "cpuprofile", "", "directory for a CPU profile of each tether the run starts (tether serve --cpuprofile), named after its configuration")
-	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, quality, hotspot, churn, documents, peers")
+	f.StringSliceVar(&only, "only", nil, "run only these scenarios: overhead, gateway, quality, hotspot, churn, documents, peers")
 	f.StringVar(&peers, "peers", ".tools/peers", "directory of the peer routers (scripts/tools.sh peers); empty leaves the peers out unless --only names them")
 	f.StringVar(&peersPython, "peers-python", "", "Python that runs the peer routers (default: the one they were installed for, PEERS/python)")
 	f.IntVar(&sat.Waiting, "adaptive-waiting", sat.Waiting, "routing.saturation_waiting of the tether adaptive policy (0: off)")
 	f.Float64Var(&sat.KVUsage, "adaptive-kv-usage", sat.KVUsage, "routing.saturation_kv_usage of the tether adaptive policy (0: off)")
 	f.IntVar(&sat.InFlight, "adaptive-inflight", sat.InFlight, "routing.saturation_inflight of the header-signals adaptive policy (0: off)")
 	f.IntVar(&sat.QueueDepth, "adaptive-queue-depth", sat.QueueDepth, "routing.saturation_queue_depth of the header-signals adaptive policy (0: off)")
-	cmd.AddCommand(newBenchSoakCmd(), newBenchFloorCmd())
+	cmd.AddCommand(newBenchSoakCmd(), newBenchFloorCmd(), newBenchPickerCmd())
 	return cmd
 }
 
@@ -164,6 +165,34 @@ func newBenchFloorCmd() *cobra.Command {
 	f.StringVar(&r.SessionHeader, "session-header", config.DefaultSessionHeader, "header whose value the floor hashes")
 	f.StringVar(&r.ClusterHeader, "cluster-header", config.DefaultClusterHeader, "header the floor's reply sets to the cluster")
 	f.StringArrayVar(&r.Clusters, "cluster", nil, "cluster to route to (repeatable, at least one)")
+	return cmd
+}
+
+// newBenchPickerCmd is `tether-lab bench picker`, the stateless endpoint
+// picker the gateway scenario starts as a process of its own; hidden, as
+// only the bench runs it.
+func newBenchPickerCmd() *cobra.Command {
+	var (
+		r              bench.PickerRoutes
+		extproc, admin string
+	)
+	cmd := &cobra.Command{
+		Use:    "picker",
+		Short:  "Serve the bench's stateless endpoint picker: a hash of the session header picks the endpoint, body chunks are echoed, nothing kept",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := zerolog.New(cmd.ErrOrStderr()).With().Timestamp().Logger()
+			return bench.ServePicker(cmd.Context(), r, extproc, admin, func(f bench.FloorReady) {
+				log.Info().Str("extproc", f.Extproc).Str("admin", f.Admin).Msg(bench.PickerReadyMessage)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&extproc, "listen", "127.0.0.1:0", "loopback host:port of the ext_proc gRPC server")
+	f.StringVar(&admin, "admin", "127.0.0.1:0", "loopback host:port of the admin endpoint (GET /requests)")
+	f.StringVar(&r.SessionHeader, "session-header", config.DefaultSessionHeader, "header whose value the picker hashes")
+	f.StringArrayVar(&r.Endpoints, "endpoint", nil, "endpoint ip:port to route to (repeatable, at least one)")
 	return cmd
 }
 

@@ -300,6 +300,37 @@ func gatewayStyle(t *testing.T, gc gatewayConfig) []string {
 		}
 	}
 
+	// With the bodies sent, anonymous requests opening with one long
+	// document land together, where the first left it cached.
+	if gc.Bodies != "NONE" {
+		doc := document(7, 1500) // about 12 KB
+		first := post(t, px, chatBody(doc, "what does it say?"))
+		for i := range 6 {
+			a := post(t, px, chatBody(doc, fmt.Sprintf("question %d?", i)))
+			if a.status != 200 || a.decision != "anonymous" || a.instance != first.instance {
+				t.Errorf("anonymous request %d with the document: %+v, want it on %s with the first", i, a, first.instance)
+			}
+		}
+	}
+
+	// A streamed answer passes whole, event by event.
+	stream := `{"model":"llama-3.1-8b","messages":[{"role":"user","content":"tell me more"}],"max_tokens":16,"stream":true,"stream_options":{"include_usage":true}}`
+	req, err := http.NewRequest(http.MethodPost, px.url+"/v1/chat/completions", strings.NewReader(stream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("x-session-id", gatewaySession(1))
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || !strings.HasSuffix(strings.TrimSpace(string(events)), "data: [DONE]") ||
+		!strings.Contains(string(events), `"usage"`) || resp.Header.Get("x-instance") != bound[1] {
+		t.Errorf("streamed answer: %d from %s (session on %s), %v:\n%s", resp.StatusCode, resp.Header.Get("x-instance"), bound[1], err, events)
+	}
+
 	// A client that names its own destination is overridden: an
 	// ORIGINAL_DST cluster would otherwise send it anywhere.
 	var elsewhere string

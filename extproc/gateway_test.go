@@ -2,6 +2,7 @@ package extproc_test
 
 import (
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +27,31 @@ var gatewayFleet = []fleet.Instance{
 	{Name: "d", Address: "[2001:db8::4]:8000", Weight: 1},
 }
 
+// audited keeps the decision kinds the routing audit was given.
+type audited struct {
+	mu    sync.Mutex
+	kinds []affinity.Kind
+}
+
+func (a *audited) Audit(_, _ string, _ identity.Identity, d affinity.Decision, _ time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.kinds = append(a.kinds, d.Kind)
+}
+
+func (a *audited) all() []affinity.Kind {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]affinity.Kind(nil), a.kinds...)
+}
+
 func startGateway(t *testing.T) extprocv3.ExternalProcessorClient {
+	t.Helper()
+	c, _ := startAuditedGateway(t)
+	return c
+}
+
+func startAuditedGateway(t *testing.T) (extprocv3.ExternalProcessorClient, *audited) {
 	t.Helper()
 	ids, err := identity.New(identity.Config{Secret: []byte("0123456789abcdef")})
 	if err != nil {
@@ -36,9 +61,10 @@ func startGateway(t *testing.T) extprocv3.ExternalProcessorClient {
 	dec := affinity.New(memory.New(), fl, affinity.Policy{
 		Mode: affinity.Sticky, Lifetime: bindings.Lifetime{Idle: time.Minute, Max: time.Hour},
 	})
+	a := &audited{}
 	return serve(t, extproc.New(ids, dec, &recorded{}, extproc.Options{
-		ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop(), Instances: fl, Fallbacks: extproc.DefaultFallbacks,
-	}))
+		ClusterHeader: "x-tether-cluster", Logger: zerolog.Nop(), Instances: fl, Fallbacks: extproc.DefaultFallbacks, Auditor: a,
+	})), a
 }
 
 // withSubset is req with a gateway's subset hint of value.
@@ -111,7 +137,7 @@ func TestGatewayDestination(t *testing.T) {
 // its addresses; a hint tether cannot use is a 503, counted, with nothing
 // routed.
 func TestGatewaySubsetHint(t *testing.T) {
-	c := startGateway(t)
+	c, audit := startAuditedGateway(t)
 	for _, tc := range []struct {
 		name  string
 		value *structpb.Value
@@ -135,11 +161,16 @@ func TestGatewaySubsetHint(t *testing.T) {
 		{"malformed address", list("10.0.0.1"), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			before := len(audit.all())
 			got := exchange(t, c, withSubset(reqHeaders("x-session-id", "hint-"+tc.name), tc.value))
 			if tc.want == nil {
 				ir := got[0].GetImmediateResponse()
 				if ir.GetStatus().GetCode() != 503 {
 					t.Fatalf("want a 503, got %v", got[0])
+				}
+				// The audit says why, once.
+				if kinds := audit.all()[before:]; len(kinds) != 1 || kinds[0] != "refused:no_eligible" && kinds[0] != "refused:bad_subset" {
+					t.Errorf("audited as %q", kinds)
 				}
 				return
 			}

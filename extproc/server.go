@@ -385,20 +385,30 @@ func (s *Server) undecided(ex *exchange, h headers, id identity.Identity, err er
 		hinted && errors.Is(err, affinity.ErrNoInstance):
 		// The endpoint picker protocol: the pick must come from the hint.
 		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: no eligible endpoint in the gateway's subset")
-		return refuse(503, err.Error()+"\n")
+		return s.refused(ex, h, id, err.Error()+"\n")
 	case errors.Is(err, affinity.ErrNoVersion):
 		// Strict version affinity: the default route would change the
 		// session's model.
 		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: no instance of the session's model version")
-		return refuse(503, err.Error()+" (version_affinity = \"strict\")\n")
+		return s.refused(ex, h, id, err.Error()+" (version_affinity = \"strict\")\n")
 	case errors.Is(err, affinity.ErrInstanceUnavailable):
 		// fallback_policy = "none": the operator wants a clear failure
 		// rather than the session on another instance.
 		s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("refused: the session's instance is unavailable")
-		return refuse(503, err.Error()+"; retry when it recovers\n")
+		return s.refused(ex, h, id, err.Error()+"; retry when it recovers\n")
 	}
 	s.warn.Warn().Err(err).Str("request_id", requestID(h)).Msg("no decision; Envoy uses its default route")
 	return unrouted(s.metadata(ex, nil))
+}
+
+// refused answers request headers with a 503. The routing audit records
+// the request, its decision "refused:" and the failure's reason.
+func (s *Server) refused(ex *exchange, h headers, id identity.Identity, body string) *extprocv3.ProcessingResponse {
+	if s.opts.Auditor != nil {
+		d := affinity.Decision{Kind: affinity.Kind("refused:" + ex.failure)}
+		s.opts.Auditor.Audit(h.Get(HeaderRequestID), h.Get(s.opts.UserHeader), id, d, ex.start)
+	}
+	return refuse(503, body)
 }
 
 // wantBody says whether a request whose placement is open may have its

@@ -243,14 +243,7 @@ func gatewayStyle(t *testing.T, gc gatewayConfig) []string {
 	tt := startTether(t, cfg)
 
 	gc.ExtProc = tt.extproc
-	for _, in := range inst {
-		host, port, err := net.SplitHostPort(in.Address)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, _ := strconv.Atoi(port)
-		gc.Endpoints = append(gc.Endpoints, gatewayEndpoint{Host: host, Port: p})
-	}
+	gc.Endpoints = gatewayEndpoints(t, inst)
 	px := startGateway(t, gc)
 
 	bound := make([]string, sessions)
@@ -344,6 +337,21 @@ func gatewayStyle(t *testing.T, gc gatewayConfig) []string {
 		t.Errorf("a client's own destination %s took the session from %s to %s", elsewhere, bound[0], a.instance)
 	}
 	return bound
+}
+
+// gatewayEndpoints are the pool's endpoints: the instances' addresses.
+func gatewayEndpoints(t *testing.T, inst []config.Instance) []gatewayEndpoint {
+	t.Helper()
+	var out []gatewayEndpoint
+	for _, in := range inst {
+		host, port, err := net.SplitHostPort(in.Address)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := strconv.Atoi(port)
+		out = append(out, gatewayEndpoint{Host: host, Port: p})
+	}
+	return out
 }
 
 // startGateway runs Envoy on gatewayEnvoy filled with gc.
@@ -479,14 +487,7 @@ func TestGatewayTwoReplicas(t *testing.T) {
 	cfg.XDS.Addr = ""
 	a, b := startTether(t, cfg), startTether(t, cfg)
 	gc := gatewayConfig{Style: "override_host", Bodies: "NONE", ExtProc: a.extproc, Replica: b.extproc}
-	for _, in := range inst {
-		host, port, err := net.SplitHostPort(in.Address)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, _ := strconv.Atoi(port)
-		gc.Endpoints = append(gc.Endpoints, gatewayEndpoint{Host: host, Port: p})
-	}
+	gc.Endpoints = gatewayEndpoints(t, inst)
 	px := startGateway(t, gc)
 
 	bound := make([]string, sessions)
@@ -543,14 +544,7 @@ func TestGatewayRetryGoesToTheFallback(t *testing.T) {
 	cfg.Server.DestinationFallbacks = 2
 	tt := startTether(t, cfg)
 	gc := gatewayConfig{Style: "override_host", Bodies: "NONE", ExtProc: tt.extproc, Retries: true}
-	for _, in := range inst {
-		host, port, err := net.SplitHostPort(in.Address)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, _ := strconv.Atoi(port)
-		gc.Endpoints = append(gc.Endpoints, gatewayEndpoint{Host: host, Port: p})
-	}
+	gc.Endpoints = gatewayEndpoints(t, inst)
 	px := startGateway(t, gc)
 
 	session := func(i int) map[string]string { return map[string]string{"x-session-id": fmt.Sprintf("retry-%d", i)} }

@@ -133,10 +133,11 @@ func (r *routes) mutation(in fleet.Instance) *extprocv3.HeaderMutation {
 	if m, ok := (*r.byName.Load())[in.Name]; ok {
 		return m
 	}
-	m := setHeaders(header{r.header, in.Cluster()})
-	if in.Address != "" {
-		m = setHeaders(header{r.header, in.Cluster()}, header{HeaderDestination, in.Address})
+	hs := []header{{r.header, in.Cluster()}, {HeaderDestination, in.Address}}
+	if in.Address == "" {
+		hs = hs[:1] // nothing to name a gateway
 	}
+	m := setHeaders(hs...)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	cur := *r.byName.Load()

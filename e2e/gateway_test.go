@@ -97,6 +97,7 @@ type gatewayConfig struct {
 	ExtProc   string
 	Replica   string // a second tether behind the same gateway; "" for none
 	Retries   bool   // the route retries a 5xx on the next endpoint named
+	PickerTLS bool   // the gateway calls the picker over TLS, checking nothing
 	Endpoints []gatewayEndpoint
 }
 
@@ -177,6 +178,16 @@ static_resources:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config: {http2_protocol_options: {}}
+{{- if .PickerTLS}}
+    # As kgateway generates it: no CA to check tether's certificate
+    # against, no client certificate, no ALPN named (Envoy offers h2 for an
+    # HTTP/2 cluster, and gRPC refuses a client that offers none).
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        common_tls_context: {validation_context: {}}
+{{- end}}
     load_assignment:
       cluster_name: picker
       endpoints:
@@ -240,6 +251,10 @@ func gatewayStyle(t *testing.T, gc gatewayConfig) []string {
 	inst := startFleet(t, 4)
 	cfg := baseConfig(store.Embedded, inst)
 	cfg.XDS.Addr = "" // the gateway has its own clusters
+	if gc.PickerTLS {
+		style += "-tls"
+		cfg.TLS = pickerTLS(t, cfg.TLS)
+	}
 	tt := startTether(t, cfg)
 
 	gc.ExtProc = tt.extproc
@@ -273,6 +288,13 @@ func gatewayStyle(t *testing.T, gc gatewayConfig) []string {
 	t.Logf("%s: %d sessions × %d turns, every turn on its session's instance; sessions per instance %v", style, sessions, turns, spread)
 	if len(spread) < 2 {
 		t.Fatalf("every session went to one instance: %v", spread)
+	}
+	if gc.PickerTLS {
+		stats := pickerStats(t, px)
+		t.Logf("%s: %v", style, stats)
+		if stats["cluster.picker.ssl.handshake"] == 0 || stats["cluster.picker.ssl.connection_error"] != 0 {
+			t.Errorf("the gateway's picker cluster: %v, want TLS handshakes and no TLS connection error", stats)
+		}
 	}
 	// With the bodies sent, every new session was placed by its prompt: the
 	// body came whole to tether before the request was routed.
@@ -337,6 +359,73 @@ func gatewayStyle(t *testing.T, gc gatewayConfig) []string {
 		t.Errorf("a client's own destination %s took the session from %s to %s", elsewhere, bound[0], a.instance)
 	}
 	return bound
+}
+
+// TestGatewayOverTLS: kgateway's style (ORIGINAL_DST on
+// x-gateway-destination-endpoint, request bodies BUFFERED) with the picker
+// on TLS, as Envoy AI Gateway and kgateway call it. The gateway checks no
+// certificate and presents none; tether serves its certificate and asks
+// for none (pickerTLS), as it does for those two and for GKE. Sessions
+// stick as in plaintext, over TLS connections. A gateway that calls the
+// same tether in plaintext gets no decision: its ext_proc streams fail and
+// its requests fall open, with no destination named, which the
+// ORIGINAL_DST pool answers with 503.
+func TestGatewayOverTLS(t *testing.T) {
+	gc := gatewayConfig{Style: "original_dst", Bodies: "BUFFERED", PickerTLS: true}
+	t.Run("TLS", func(t *testing.T) { gatewayStyle(t, gc) })
+	t.Run("plaintext gateway", func(t *testing.T) {
+		inst := startFleet(t, 2)
+		cfg := baseConfig(store.Embedded, inst)
+		cfg.XDS.Addr = ""
+		cfg.TLS = pickerTLS(t, cfg.TLS)
+		tt := startTether(t, cfg)
+		gc.ExtProc, gc.PickerTLS = tt.extproc, false
+		px := startGateway(t, gc)
+		const requests = 5
+		for i := range requests {
+			a := chat(t, px, map[string]string{"x-session-id": gatewaySession(i)})
+			if a.status != 503 || a.instance != "" || a.decision != "" || a.tethered != "" {
+				t.Errorf("request %d through a plaintext gateway: %+v, want 503 from the gateway, no decision from tether", i, a)
+			}
+		}
+		stats := pickerStats(t, px)
+		t.Logf("plaintext gateway, tether on TLS: %v", stats)
+		if stats["http.gateway.ext_proc.streams_failed"] == 0 || stats["http.gateway.ext_proc.failure_mode_allowed"] != requests {
+			t.Errorf("the gateway's ext_proc filter: %v, want failed streams and %d requests let through", stats, requests)
+		}
+		if got := tt.metric(t, "tether_requests_total"); got != 0 {
+			t.Errorf("tether decided %.0f requests from a plaintext gateway", got)
+		}
+	})
+}
+
+// pickerTLS is tls with tether serving TLS as deploy/gateway-api's
+// tether.yaml has it for Envoy AI Gateway, kgateway and GKE: a certificate
+// and key, from a CA the gateway does not know, and no client certificate
+// asked for (require_client_cert = false, as leaving it out gives without
+// client_ca_file).
+func pickerTLS(t *testing.T, tls config.TLS) config.TLS {
+	t.Helper()
+	tls.CertFile, tls.KeyFile = tetherCert(t, testenv.NewCA(t, "picker-ca"), t.TempDir())
+	no := false
+	tls.RequireClientCert = &no
+	return tls
+}
+
+// pickerStats are the gateway's counters of its calls to the picker: the
+// picker cluster's connections and TLS, and the ext_proc filter's streams.
+func pickerStats(t *testing.T, px *proxy) map[string]int {
+	t.Helper()
+	stats := map[string]int{}
+	for _, s := range []string{
+		"cluster.picker.upstream_cx_total", "cluster.picker.upstream_cx_destroy_remote",
+		"cluster.picker.ssl.handshake", "cluster.picker.ssl.connection_error",
+		"http.gateway.ext_proc.streams_started", "http.gateway.ext_proc.streams_failed",
+		"http.gateway.ext_proc.failure_mode_allowed",
+	} {
+		stats[s] = px.stat(t, s)
+	}
+	return stats
 }
 
 // gatewayEndpoints are the pool's endpoints: the instances' addresses.

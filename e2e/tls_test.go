@@ -28,13 +28,12 @@ func mtlsConfig(t *testing.T, inst []config.Instance, strangerEnvoy bool) config
 	now := time.Now()
 	ca := testenv.NewCA(t, "tether-ca")
 	caFile := testenv.WriteFile(t, filepath.Join(dir, "tether-ca.crt"), ca.PEM)
-	c, k := ca.Issue(t, tlsSNI, true, now.Add(-time.Hour), now.Add(24*time.Hour))
-	cert, key := testenv.WritePair(t, dir, "tether", c, k)
+	cert, key := tetherCert(t, ca, dir)
 	signer := ca
 	if strangerEnvoy {
 		signer = testenv.NewCA(t, "other-ca")
 	}
-	c, k = signer.Issue(t, "envoy", false, now.Add(-time.Hour), now.Add(24*time.Hour))
+	c, k := signer.Issue(t, "envoy", false, now.Add(-time.Hour), now.Add(24*time.Hour))
 	ecert, ekey := testenv.WritePair(t, dir, "envoy", c, k)
 	cfg := baseConfig("embedded", inst)
 	cfg.TLS = config.TLS{
@@ -42,6 +41,15 @@ func mtlsConfig(t *testing.T, inst []config.Instance, strangerEnvoy bool) config
 		Envoy: config.EnvoyTLS{CertFile: ecert, KeyFile: ekey, CAFile: caFile, SNI: tlsSNI},
 	}
 	return cfg
+}
+
+// tetherCert issues tether's server certificate (tlsSNI, 127.0.0.1) from
+// ca, writes it and its key to dir, and returns the two paths.
+func tetherCert(t *testing.T, ca *testenv.CA, dir string) (cert, key string) {
+	t.Helper()
+	now := time.Now()
+	c, k := ca.Issue(t, tlsSNI, true, now.Add(-time.Hour), now.Add(24*time.Hour))
+	return testenv.WritePair(t, dir, "tether", c, k)
 }
 
 // sticks sends n requests of one session and checks tether decided each

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/tetherproxy/tether/config"
@@ -46,9 +47,13 @@ const (
 
 // extprocServerOptions are the ext_proc gRPC server's options, apart from
 // its credentials. Write buffers are shared and read buffers pooled by
-// default in gRPC since 1.66, so there is nothing to ask for there.
+// default in gRPC since 1.66; the pool is tether's (codec.go), for the
+// frames read and the messages decoded and encoded.
 func extprocServerOptions() []grpc.ServerOption {
+	pool := bufferPool()
 	return []grpc.ServerOption{
+		experimental.BufferPool(pool),
+		grpc.ForceServerCodecV2(codec{pool}),
 		grpc.StaticStreamWindowSize(streamWindow),
 		grpc.StaticConnWindowSize(connWindow),
 		grpc.MaxRecvMsgSize(maxMessage),

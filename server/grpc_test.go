@@ -1,18 +1,23 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"runtime"
 	"testing"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3filter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tetherproxy/tether/affinity"
@@ -43,7 +48,7 @@ func BenchmarkExtProcServerOptions(b *testing.B) {
 			c := benchClient(b, v.opts)
 			b.ReportAllocs()
 			for b.Loop() {
-				benchStream(b, c)
+				benchStream(b, c, benchMsgs)
 			}
 		})
 		b.Run(v.name+"/parallel", func(b *testing.B) {
@@ -52,10 +57,60 @@ func BenchmarkExtProcServerOptions(b *testing.B) {
 			b.SetParallelism(8)
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					benchStream(b, c)
+					benchStream(b, c, benchMsgs)
 				}
 			})
 		})
+	}
+}
+
+// BenchmarkGatewayExchange is one request as a gateway in Istio's style
+// sends it (both bodies FULL_DUPLEX_STREAMED): the request headers, the
+// request body in one chunk of 1 KB or 32 KB, the response headers and a
+// short response body, each echoed. gRPC's defaults beside tether's
+// options, side by side in one run, 8 goroutines on one connection.
+func BenchmarkGatewayExchange(b *testing.B) {
+	for _, size := range []int{1 << 10, 32 << 10} {
+		msgs := gatewayMsgs(size)
+		for _, v := range []struct {
+			name string
+			opts []grpc.ServerOption
+		}{
+			{"defaults", nil},
+			{"defaults+pool", []grpc.ServerOption{experimental.BufferPool(bufferPool()), grpc.ForceServerCodecV2(codec{bufferPool()})}},
+			{"tuned", extprocServerOptions()},
+		} {
+			b.Run(fmt.Sprintf("body=%dKB/%s", size>>10, v.name), func(b *testing.B) {
+				c := benchClient(b, v.opts)
+				b.ReportAllocs()
+				b.SetBytes(int64(size))
+				b.SetParallelism(4)
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						benchStream(b, c, msgs)
+					}
+				})
+			})
+		}
+	}
+}
+
+// gatewayMsgs is benchMsgs as a gateway sends them, bodies streamed both
+// ways, with a request body of size bytes.
+func gatewayMsgs(size int) []*extprocv3.ProcessingRequest {
+	duplex := &extprocv3.ProtocolConfiguration{
+		RequestBodyMode:  extprocv3filter.ProcessingMode_FULL_DUPLEX_STREAMED,
+		ResponseBodyMode: extprocv3filter.ProcessingMode_FULL_DUPLEX_STREAMED,
+	}
+	headers := proto.Clone(benchMsgs[0]).(*extprocv3.ProcessingRequest)
+	headers.ProtocolConfig = duplex
+	body := bytes.Repeat([]byte("a"), size)
+	answer := []byte(`{"choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":8}}}`)
+	return []*extprocv3.ProcessingRequest{
+		headers,
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}},
+		benchMsgs[1],
+		{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: answer, EndOfStream: true}}},
 	}
 }
 
@@ -102,7 +157,11 @@ func benchClient(b *testing.B, opts []grpc.ServerOption) extprocv3.ExternalProce
 	gs := grpc.NewServer(opts...)
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	go func() { _ = gs.Serve(ln) }() // returns when Stop closes ln
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The client, Envoy's stand-in, on tether's pool in every variant: what
+	// differs between them is the server.
+	pool := bufferPool()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		experimental.WithBufferPool(pool), grpc.WithDefaultCallOptions(grpc.ForceCodecV2(codec{pool})))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -110,12 +169,12 @@ func benchClient(b *testing.B, opts []grpc.ServerOption) extprocv3.ExternalProce
 	return extprocv3.NewExternalProcessorClient(conn)
 }
 
-func benchStream(b *testing.B, c extprocv3.ExternalProcessorClient) {
+func benchStream(b *testing.B, c extprocv3.ExternalProcessorClient, msgs []*extprocv3.ProcessingRequest) {
 	s, err := c.Process(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, m := range benchMsgs {
+	for _, m := range msgs {
 		if err := s.Send(m); err != nil {
 			b.Fatal(err)
 		}

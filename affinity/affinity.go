@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -124,6 +125,7 @@ type Decider struct {
 	failOpen          FailOpen
 	failOpenOverrides atomic.Uint64
 	index             PrefixIndex // nil: no cache-aware placement
+	rankings          sync.Pool   // of *Ranking (ranking, done)
 }
 
 // Option configures a Decider.
@@ -249,9 +251,10 @@ func (d *Decider) fallbacks(req Request, chosen fleet.Instance) []fleet.Instance
 	for _, other := range passes {
 		pl := placement{key: key, from: avail, version: chosen.Version, leave: chosen.Name, sessions: true,
 			zone: chosen.Zone, otherZones: other}
-		var r Ranking
-		d.rank(&pl, &r)
+		r := d.ranking()
+		d.rank(&pl, r)
 		out = append(out, r.Top(req.Fallbacks-len(out))...)
+		d.done(r)
 		if len(out) == req.Fallbacks {
 			break
 		}
@@ -321,9 +324,9 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c terms, h
 	key := req.ID.Key
 	mode := c.mode // Sticky or Adaptive
 	lt := bindings.Lifetime{Idle: c.idle, Max: p.Lifetime.Max}
-	var r Ranking
-	defer r.release()
-	pl, res, err := d.lookup(ctx, p, req, c, healthy, now, lt, &r)
+	r := d.ranking()
+	defer d.done(r)
+	pl, res, err := d.lookup(ctx, p, req, c, healthy, now, lt, r)
 	if err != nil {
 		return d.storeFailed(ctx, &pl, mode, err)
 	}
@@ -361,9 +364,9 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c terms, h
 	default:
 		return Decision{Instance: in, Mode: mode, Kind: kind}, nil
 	}
-	var next Ranking
-	kind, err = d.relocate(p, c, key, b, res.Move, kind, healthy, &next)
-	defer next.release()
+	next := d.ranking()
+	defer d.done(next)
+	kind, err = d.relocate(p, c, key, b, res.Move, kind, healthy, next)
 	if errors.Is(err, errStay) {
 		// Still the store's outcome: a binding just made is a bind, not a hit.
 		return Decision{Instance: in, Mode: mode, Kind: outcome}, nil
@@ -374,7 +377,7 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c terms, h
 		}
 		return Decision{}, err
 	}
-	dec, err = d.rebind(ctx, res.Key, b.Instance, 0, now, lt, &next, healthy)
+	dec, err = d.rebind(ctx, res.Key, b.Instance, 0, now, lt, next, healthy)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -529,8 +532,9 @@ func (d *Decider) storeFailed(ctx context.Context, pl *placement, mode Mode, err
 	}
 	without := *pl
 	without.sessions, without.reserve = false, false
-	var r Ranking
-	d.rank(&without, &r)
+	r := d.ranking()
+	defer d.done(r)
+	d.rank(&without, r)
 	in, _ := r.First()
 	return Decision{Instance: in, Mode: mode, Kind: KindDegraded, Err: err}, nil
 }
@@ -550,8 +554,9 @@ func (d *Decider) failOpenChoice(req Request) string {
 // request's version, spot ones first.
 func (d *Decider) random(p *Policy, c terms, healthy []fleet.Instance, kind Kind) Decision {
 	pl := placement{key: d.rand(), from: healthy, version: p.versionOf(c, d.rand), spotFirst: true}
-	var r Ranking
-	d.rank(&pl, &r)
+	r := d.ranking()
+	defer d.done(r)
+	d.rank(&pl, r)
 	in, _ := r.First()
 	return Decision{Instance: in, Mode: Random, Kind: kind}
 }

@@ -93,20 +93,20 @@ func (d *Decider) Refine(ctx context.Context, dec Decision, chain []uint64) (out
 		unsaturated: dec.Mode == Adaptive,
 		prompt:      &ps,
 	}
-	var r Ranking
-	defer r.release()
-	if d.rank(&pl, &r); !ps.worth() {
+	r := d.ranking()
+	defer d.done(r)
+	if d.rank(&pl, r); !ps.worth() {
 		dec.Matched = 0
 		if dec.Kind == KindExpired {
 			// Nothing holds it: its cache is gone wherever it goes, so the
 			// identity ranking places it, off an instance that is full.
 			pl.prompt, pl.sessions, pl.key, pl.reserve = nil, true, fnv64(dec.Key), true
-			d.rank(&pl, &r)
-			return d.moveTo(ctx, dec, &r, now)
+			d.rank(&pl, r)
+			return d.moveTo(ctx, dec, r, now)
 		}
 		return dec
 	}
-	dec = d.moveTo(ctx, dec, &r, now)
+	dec = d.moveTo(ctx, dec, r, now)
 	dec.ByContent = true
 	dec.Matched = ps.depthOf(dec.Instance.Name, pl.from)
 	return dec

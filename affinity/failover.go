@@ -145,16 +145,16 @@ func (d *Decider) failover(ctx context.Context, p *Policy, c terms, key string, 
 	if err != nil {
 		return Decision{}, err
 	}
-	var r Ranking
-	defer r.release()
+	r := d.ranking()
+	defer d.done(r)
 	if stage == StageRandom {
 		pl.key, pl.sessions, pl.reserve = d.rand(), false, false
-		d.rank(&pl, &r)
+		d.rank(&pl, r)
 		in, _ := r.First()
 		return Decision{Instance: in, Mode: Random, Kind: KindFallback, Stage: StageRandom}, nil
 	}
-	d.rank(&pl, &r)
-	dec, err := d.rebind(ctx, key, b.Instance, n+1, now, lt, &r, avail)
+	d.rank(&pl, r)
+	dec, err := d.rebind(ctx, key, b.Instance, n+1, now, lt, r, avail)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -235,9 +235,9 @@ func (d *Decider) evacuate(ctx context.Context, p *Policy, c terms, instance str
 	if err != nil || stage == StageRandom {
 		return false, nil // nowhere to rebind: its next request decides
 	}
-	var r Ranking
-	d.rank(&pl, &r)
-	defer r.release()
+	r := d.ranking()
+	defer d.done(r)
+	d.rank(&pl, r)
 	next, _ := r.First()
 	// The session keeps the idle lifetime it has left.
 	lt := bindings.Lifetime{Idle: max(s.TTL, time.Millisecond), Max: p.Lifetime.Max}

@@ -74,12 +74,33 @@ type Ranking struct {
 	held       hold
 
 	// The candidates' indexes in from, and their keys: in the arrays up
-	// to their size, so a ranking on the caller's stack allocates
-	// nothing; in the slices beyond.
+	// to their size, so a ranking allocates nothing; in the slices
+	// beyond. engArr holds the engine readings of up to as many.
 	idxArr [64]int
 	keyArr [64]rankKey
+	engArr [64]engineLoad
 	idxBig []int
 	keyBig []rankKey
+}
+
+// ranking lends a Ranking from the decider's pool; done returns it. A
+// Ranking is 4 KB of arrays. On the stack of the goroutine gRPC starts for
+// each request, two of them made that stack grow, and be copied, on every
+// decision: 7% of tether's CPU behind a gateway (BENCHMARKS.md, "Behind a
+// gateway").
+func (d *Decider) ranking() *Ranking {
+	if r, ok := d.rankings.Get().(*Ranking); ok {
+		return r
+	}
+	return new(Ranking)
+}
+
+// done ends r's reservation, if it still holds one, and returns r to the
+// pool without the fleet or big slices it pointed to.
+func (d *Decider) done(r *Ranking) {
+	r.release()
+	r.from, r.idxBig, r.keyBig = nil, nil, nil
+	d.rankings.Put(r)
 }
 
 // idx is the candidates' indexes in from.
@@ -198,8 +219,8 @@ func (h *hold) end(bound bool, from string) {
 	h.l = nil
 }
 
-// rank runs the pipeline for pl into r, which the caller keeps (on its
-// stack, a ranking of up to 64 candidates allocates nothing).
+// rank runs the pipeline for pl into r, which the caller keeps (a
+// ranking of up to 64 candidates allocates nothing).
 func (d *Decider) rank(pl *placement, r *Ranking) {
 	// Every field but the arrays, which are written before they are read.
 	r.from, r.n, r.best, r.overridden, r.held, r.idxBig, r.keyBig = pl.from, 0, -1, false, hold{}, nil, nil
@@ -220,10 +241,12 @@ func (d *Decider) rank(pl *placement, r *Ranking) {
 	p := d.policy.Load()
 	// Each candidate's engine reading, read once for every stage, by its
 	// index in from.
-	var engBuf [64]engineLoad
-	engs := engBuf[:]
+	var engs []engineLoad
 	if big {
 		engs = make([]engineLoad, len(pl.from))
+	} else {
+		engs = r.engArr[:len(pl.from)]
+		clear(engs) // a lent ranking holds the last one's
 	}
 	if pl.unsaturated || pl.sessions || pl.prompt != nil {
 		cutoff := l.cutoff(p.Saturation.Stale)
@@ -236,8 +259,7 @@ func (d *Decider) rank(pl *placement, r *Ranking) {
 	}
 	r.n = len(idx)
 	if big {
-		// Copies, never r's own arrays: r keeps no pointer into itself,
-		// and stays on its caller's stack.
+		// Copies, never r's own arrays: r keeps no pointer into itself.
 		r.idxBig, r.keyBig = slices.Clone(idx), make([]rankKey, r.n)
 	}
 	if r.n == 0 {

@@ -126,6 +126,7 @@ type Decider struct {
 	failOpenOverrides atomic.Uint64
 	index             PrefixIndex // nil: no cache-aware placement
 	rankings          sync.Pool   // of *Ranking (ranking, done)
+	peeker            Peeker      // the store, when it is one; else nil
 }
 
 // Option configures a Decider.
@@ -163,6 +164,7 @@ func (d *Decider) FailOpenOverrides() uint64 { return d.failOpenOverrides.Load()
 // New returns a Decider.
 func New(store Store, f Fleet, p Policy, opts ...Option) *Decider {
 	d := &Decider{store: store, fleet: f, now: time.Now, rand: rand.Uint64}
+	d.peeker, _ = store.(Peeker)
 	for _, o := range opts {
 		o(d)
 	}
@@ -391,15 +393,23 @@ func (d *Decider) sticky(ctx context.Context, p *Policy, req Request, c terms, h
 // lookup finds the session's binding, or binds it where the pipeline
 // ranks first. A new session placed on a saturated instance would spill at
 // once, so adaptive ranks only unsaturated ones. r holds the reservation
-// until the caller releases it.
+// until the caller releases it. A session the store can peek at, bound to
+// an available instance, is not ranked: its instance is the candidate.
 func (d *Decider) lookup(ctx context.Context, p *Policy, req Request, c terms, healthy []fleet.Instance, now time.Time, lt bindings.Lifetime, r *Ranking) (placement, bindings.Result, error) {
 	pl := placement{key: fnv64(req.ID.Key), from: healthy, version: p.versionOf(c, d.rand),
-		unsaturated: c.mode == Adaptive, sessions: true, failOpen: d.failOpenChoice(req), reserve: true}
-	d.rank(&pl, r)
-	place, _ := r.First()
+		unsaturated: c.mode == Adaptive, sessions: true, reserve: true}
+	place, peeked := d.peek(req.ID.Key, healthy, now, lt)
+	if !peeked {
+		pl.failOpen = d.failOpenChoice(req)
+		d.rank(&pl, r)
+		place, _ = r.First()
+	}
 	res, err := d.store.GetOrBind(ctx, bindings.Lookup{
 		Key: req.ID.Key, Aliases: req.ID.Aliases, Candidate: bindings.Binding{Instance: place.Name, Version: place.Version, Since: now}, Lifetime: lt,
 	})
+	if err != nil && peeked {
+		pl.failOpen = d.failOpenChoice(req) // the degraded choice goes where Envoy's fail-open would
+	}
 	if err != nil || res.Origin == bindings.Found || res.Binding.Instance != place.Name {
 		return pl, res, err
 	}
@@ -407,11 +417,32 @@ func (d *Decider) lookup(ctx context.Context, p *Policy, req Request, c terms, h
 	if res.Origin == bindings.Renewed && res.Previous.Instance != place.Name {
 		from = res.Previous.Instance // the renewal took the session off it
 	}
+	if peeked {
+		// The binding went between the peek and the store: the session is
+		// bound again where it was, which the load view counts.
+		h := d.load.holdOn(place.Name)
+		h.end(true, from)
+		return pl, res, nil
+	}
 	r.commit(from)
 	if r.overridden {
 		d.failOpenOverrides.Add(1)
 	}
 	return pl, res, nil
+}
+
+// peek is the available instance the store says, without a round trip,
+// key is bound to. ok false: it cannot say, or the instance is not
+// available; the session is ranked.
+func (d *Decider) peek(key string, healthy []fleet.Instance, now time.Time, lt bindings.Lifetime) (fleet.Instance, bool) {
+	if d.peeker == nil {
+		return fleet.Instance{}, false
+	}
+	b, ok := d.peeker.Peek(key, now, lt)
+	if !ok {
+		return fleet.Instance{}, false
+	}
+	return find(healthy, b.Instance)
 }
 
 // storeKind is what the store's answer makes of a request, and the

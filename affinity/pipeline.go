@@ -1,7 +1,8 @@
 package affinity
 
 // The placement pipeline. Every choice of an instance goes through rank,
-// in four stages:
+// in four stages (a session the store peeks bound to an available
+// instance is no choice: Decider.lookup):
 //
 //  1. candidates: the instances of the request's model version, or all of
 //     them when it has none.

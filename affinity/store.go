@@ -2,6 +2,7 @@ package affinity
 
 import (
 	"context"
+	"time"
 
 	"github.com/tetherproxy/tether/bindings"
 )
@@ -34,4 +35,15 @@ type Store interface {
 	// otherwise. The session's request count is kept (it starts again from
 	// 0 when there was no binding). key is a Result.Key, never an alias.
 	Replace(ctx context.Context, key, old string, next bindings.Binding, lt bindings.Lifetime) (bindings.Binding, error)
+}
+
+// Peeker is a Store that can say, from what it holds in memory, where a
+// session is bound: the binding GetOrBind would find for key at now under
+// lt, with the same rules, or ok false when it cannot say without a round
+// trip. Peek counts no request and changes nothing. The decider ranks the
+// fleet for a session only when Peek finds no binding, so a hit skips the
+// placement pipeline; GetOrBind still decides, and binds the peeked
+// instance when the binding went in between.
+type Peeker interface {
+	Peek(key string, now time.Time, lt bindings.Lifetime) (b bindings.Binding, ok bool)
 }

@@ -46,6 +46,15 @@ func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Resu
 	return r, err
 }
 
+// Peek implements affinity.Peeker when the store it wraps does. It is not
+// timed: it makes no call.
+func (s *Store) Peek(key string, now time.Time, lt bindings.Lifetime) (bindings.Binding, bool) {
+	if p, ok := s.next.(affinity.Peeker); ok {
+		return p.Peek(key, now, lt)
+	}
+	return bindings.Binding{}, false
+}
+
 // Replace implements affinity.Store.
 func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Binding, lt bindings.Lifetime) (bindings.Binding, error) {
 	start := time.Now()

@@ -191,6 +191,21 @@ func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Resu
 	return res, nil
 }
 
+// Peek implements affinity.Peeker: the binding GetOrBind would find, by
+// the same rules, without counting a request.
+func (s *Store) Peek(key string, now time.Time, lt bindings.Lifetime) (bindings.Binding, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ln, ok := s.links[key]; ok && now.Before(ln.expires) {
+		key = ln.to
+	}
+	e, ok := s.live(key, now)
+	if !ok || (lt.Max > 0 && now.Sub(e.b.Since) >= lt.Max) {
+		return bindings.Binding{}, false
+	}
+	return e.b, true
+}
+
 // Replace implements affinity.Store.
 func (s *Store) Replace(ctx context.Context, key, old string, next bindings.Binding, lt bindings.Lifetime) (bindings.Binding, error) {
 	if err := bindings.CheckBinding(next, lt); err != nil {

@@ -285,6 +285,21 @@ func (c *hitCache) lookup(l bindings.Lookup, aliases []string) (res bindings.Res
 	return res, true, epoch
 }
 
+// peek is the binding lookup would serve for key from the cache, without
+// counting a hit or queueing its write back; ok false where lookup would
+// go to Redis for a reason it can tell without the request.
+func (c *hitCache) peek(key string, now time.Time, lt bindings.Lifetime) (bindings.Binding, bool) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.entries[key]
+	if !c.ready.Load() || e == nil || time.Since(e.fetched) >= c.opts.TTL || now.Sub(e.lastHit) >= lt.Idle-c.margin(lt.Idle) ||
+		(lt.Max > 0 && now.Sub(e.b.Since) >= lt.Max) || now.Before(e.b.Since) {
+		return bindings.Binding{}, false
+	}
+	return e.b, true
+}
+
 // refreshDue applies getOrBindSrc's refresh rule to a cached entry: a
 // hit that would write the index entry or the alias links is left to
 // the script.

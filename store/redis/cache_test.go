@@ -113,10 +113,13 @@ func TestCacheOff(t *testing.T) {
 	if mode, why := s.Hits(); mode != HitsOneRoundTrip || !strings.Contains(why, "cache = false") || s.cache != nil {
 		t.Errorf("cache off: hits %q (%q), cache %v; want %q", mode, why, s.cache != nil, HitsOneRoundTrip)
 	}
+	if b, ok := s.Peek("k", since, bindings.Lifetime{Idle: time.Hour}); ok {
+		t.Errorf("Peek without the cache = %+v; want nothing: it would take a round trip", b)
+	}
 }
 
-// TestCachedHitSendsNothing: a cached hit issues no command; its write
-// back is one pipeline later.
+// TestCachedHitSendsNothing: a cached hit issues no command, nor does a
+// peek at it; its write back is one pipeline later.
 func TestCachedHitSendsNothing(t *testing.T) {
 	r := testenv.RedisServer(t)
 	opts := cachedOptions()
@@ -143,6 +146,9 @@ func TestCachedHitSendsNothing(t *testing.T) {
 		if err != nil || res.Origin != bindings.Found || res.Requests != base[0]+i+1 {
 			t.Fatalf("hit %d: %+v, %v", i, res, err)
 		}
+	}
+	if b, ok := s.Peek("k", l.Candidate.Since, lt); !ok || b.Instance != "a" {
+		t.Errorf("Peek of the cached session = %+v, %v; want it on a", b, ok)
 	}
 	if cmds, pipes := hook.take(); cmds+pipes != 0 {
 		t.Errorf("%d cached hits: %d commands, %d pipelines; want none", n, cmds, pipes)

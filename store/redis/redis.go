@@ -457,6 +457,16 @@ func (s *Store) GetOrBind(ctx context.Context, l bindings.Lookup) (bindings.Resu
 	return res, nil
 }
 
+// Peek implements affinity.Peeker from the hit cache: no round trip, so
+// a store without the cache, or a session it does not hold, is not
+// peeked.
+func (s *Store) Peek(key string, now time.Time, lt bindings.Lifetime) (bindings.Binding, bool) {
+	if s.cache == nil {
+		return bindings.Binding{}, false
+	}
+	return s.cache.peek(key, now, lt)
+}
+
 // aliasesOf returns the aliases to link to key. It leaves out empty ones,
 // key itself and repeats.
 func aliasesOf(aliases []string, key string) []string {

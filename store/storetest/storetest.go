@@ -255,6 +255,31 @@ type testCase struct {
 }
 
 var cases = []testCase{
+	{"a peek finds what get-or-bind finds, and counts nothing", func(e *env) {
+		p, ok := e.s.(affinity.Peeker)
+		if !ok {
+			e.t.Skip("the store does not peek")
+		}
+		k := e.key("k")
+		peek := func(what string, now time.Time, lt bindings.Lifetime, want bindings.Binding, mayFind bool) {
+			e.t.Helper()
+			if got, ok := p.Peek(k, now, lt); ok && (!mayFind || got != want) {
+				e.t.Errorf("Peek %s = %+v, want %+v or nothing", what, got, want)
+			}
+		}
+		peek("of an unbound key", e.now, e.lt(), bindings.Binding{}, false)
+		a := e.bind("a")
+		e.getOrBind(k, a, e.lt(), a, bindings.Created)
+		e.skew(e.idle / 10)
+		e.count(e.look(k, e.bind("b")), k, bindings.Found, 2)
+		for range 3 {
+			peek("of a bound key", e.now, e.lt(), a, true)
+		}
+		e.count(e.look(k, e.bind("b")), k, bindings.Found, 3) // the peeks counted nothing
+		peek("past the maximum lifetime", e.now, bindings.Lifetime{Idle: e.idle, Max: e.idle / 20}, bindings.Binding{}, false)
+		e.advance(e.idle + e.idle/3)
+		peek("of an expired session", e.now, e.lt(), bindings.Binding{}, false)
+	}},
 	{"new key is created", func(e *env) {
 		a := e.bind("a")
 		e.getOrBind(e.key("k"), a, e.lt(), a, bindings.Created)

@@ -86,6 +86,25 @@ func BenchmarkDecide(b *testing.B) {
 			})
 		})
 	}
+	b.Run("memory-64-instances/hit", func(b *testing.B) {
+		// A larger fleet: a hit is not ranked (affinity.Peeker), so its
+		// cost grows only with the scans of the fleet's list.
+		fl := instances(64)
+		for i := range fl {
+			fl[i].KVSessions = 20
+		}
+		d := affinity.New(memory.New(), fleet.New(fl), affinity.Policy{Mode: affinity.Sticky, Lifetime: lifetime})
+		ctx, id := context.Background(), session("bench-hit")
+		if _, err := d.Decide(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if got, _ := d.Decide(ctx, id); got.Kind != affinity.KindHit {
+				b.Fatalf("decision %s", got.Kind)
+			}
+		}
+	})
 	b.Run("random", func(b *testing.B) {
 		d := affinity.New(memory.New(), fleet.New(instances(8)), affinity.Policy{Mode: affinity.Random})
 		b.ReportAllocs()

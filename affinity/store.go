@@ -40,10 +40,13 @@ type Store interface {
 // Peeker is a Store that can say, from what it holds in memory, where a
 // session is bound: the binding GetOrBind would find for key at now under
 // lt, with the same rules, or ok false when it cannot say without a round
-// trip. Peek counts no request and changes nothing. The decider ranks the
-// fleet for a session only when Peek finds no binding, so a hit skips the
-// placement pipeline; GetOrBind still decides, and binds the peeked
-// instance when the binding went in between.
+// trip. Peek counts no request and changes nothing. The decider does not
+// rank the fleet for a session Peek finds on an available instance, so a
+// hit skips the placement pipeline. GetOrBind still decides. When the
+// binding went between the two (its idle timeout ran out in the
+// microseconds between them, or another replica removed it), the session
+// is bound again on the peeked instance as it is: the pipeline's version
+// draw and bounded load are not applied to it.
 type Peeker interface {
 	Peek(key string, now time.Time, lt bindings.Lifetime) (b bindings.Binding, ok bool)
 }

@@ -401,14 +401,12 @@ func TestGatewayOverTLS(t *testing.T) {
 
 // pickerTLS is tls with tether serving TLS as deploy/gateway-api's
 // tether.yaml has it for Envoy AI Gateway, kgateway and GKE: a certificate
-// and key, from a CA the gateway does not know, and no client certificate
-// asked for (require_client_cert = false, as leaving it out gives without
-// client_ca_file).
+// and key, from a CA the gateway does not know, and nothing else, so no
+// client certificate is asked for (no client_ca_file).
 func pickerTLS(t *testing.T, tls config.TLS) config.TLS {
 	t.Helper()
 	tls.CertFile, tls.KeyFile = tetherCert(t, testenv.NewCA(t, "picker-ca"), t.TempDir())
-	no := false
-	tls.RequireClientCert = &no
+	tls.ClientCAFile, tls.RequireClientCert = "", nil
 	return tls
 }
 

@@ -5,6 +5,7 @@ import (
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 )
 
 // bufferTiers are the capacities, as powers of two, of the buffers the
@@ -14,9 +15,11 @@ import (
 // tens of kilobytes through tether, each read once and echoed once: with
 // the default tiers a 33 KB chunk cleared 2 MB per request, the largest
 // single item in tether's profile behind a gateway (BENCHMARKS.md, "Behind
-// a gateway"). A tier at every power of two from 4 KB to 1 MB bounds what
-// is cleared at twice the message. Buffers are still cleared before reuse,
-// so no prompt shows through another request's.
+// a gateway"). With a tier at every power of two from 4 KB to 1 MB, a
+// message of 4 KB to 1 MB takes a buffer at most twice its size; one of
+// 1 to 4 KB takes 4 KB (gRPC pools nothing smaller), one over 1 MB gRPC's
+// fallback pool. Buffers are still cleared before reuse, so no prompt
+// shows through another request's.
 var bufferTiers = []uint8{8, 12, 13, 14, 15, 16, 17, 18, 19, 20}
 
 func bufferPool() mem.BufferPool {
@@ -37,8 +40,8 @@ func (codec) Name() string { return "proto" }
 // Marshal writes v into a pooled buffer, or a new one below gRPC's pooling
 // threshold.
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
-	m, ok := v.(proto.Message)
-	if !ok {
+	m := messageOf(v)
+	if m == nil {
 		return nil, fmt.Errorf("codec: %T is not a protobuf message", v)
 	}
 	size := proto.Size(m)
@@ -58,8 +61,8 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 // Unmarshal decodes data into v. A message that came in one buffer is
 // decoded where it lies: protobuf copies the bytes it keeps.
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(proto.Message)
-	if !ok {
+	m := messageOf(v)
+	if m == nil {
 		return fmt.Errorf("codec: %T is not a protobuf message", v)
 	}
 	if len(data) == 1 {
@@ -68,4 +71,16 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	buf := data.MaterializeToBuffer(c.pool)
 	defer buf.Free()
 	return proto.Unmarshal(buf.ReadOnlyData(), m)
+}
+
+// messageOf is v as a protobuf message of today's API, as gRPC's own codec
+// takes it: an older API's message is wrapped. nil: v is neither.
+func messageOf(v any) proto.Message {
+	switch v := v.(type) {
+	case protoadapt.MessageV2:
+		return v
+	case protoadapt.MessageV1:
+		return protoadapt.MessageV2Of(v)
+	}
+	return nil
 }

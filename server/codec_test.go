@@ -9,9 +9,10 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// TestCodecRoundTrip: a message below the pooling threshold and ones in
-// every tier come back whole, decoded from one buffer or from the frames
-// they arrive in; the decoded body does not share the pooled buffers.
+// TestCodecRoundTrip: a message below the pooling threshold, ones of 1 KB,
+// 33 KB and 300 KB, and one over the largest tier come back whole, decoded
+// from one buffer or from the frames they arrive in; the decoded body does
+// not share the buffers it was decoded from.
 func TestCodecRoundTrip(t *testing.T) {
 	c := codec{bufferPool()}
 	for _, size := range []int{10, 1 << 10, 33 << 10, 300 << 10, 2 << 20} {

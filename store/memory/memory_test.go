@@ -16,6 +16,7 @@ func TestConformance(t *testing.T) {
 		New: func(*testing.T) storetest.Store { return New() },
 		// The store's clock is candidate.Since, which the suite moves itself.
 		Advance: func(*testing.T, time.Duration) {},
+		Peeks:   true,
 	})
 }
 

@@ -286,8 +286,10 @@ func (c *hitCache) lookup(l bindings.Lookup, aliases []string) (res bindings.Res
 }
 
 // peek is the binding lookup would serve for key from the cache, without
-// counting a hit or queueing its write back; ok false where lookup would
-// go to Redis for a reason it can tell without the request.
+// counting a hit or queueing its write back. ok false where the entry is
+// missing, stale, past the session's idle margin or maximum lifetime. An
+// entry whose refresh is due is peeked: lookup leaves that hit to Redis,
+// which finds the same binding.
 func (c *hitCache) peek(key string, now time.Time, lt bindings.Lifetime) (bindings.Binding, bool) {
 	sh := c.shard(key)
 	sh.mu.Lock()

@@ -78,6 +78,7 @@ func TestConformanceRedisServerCached(t *testing.T) {
 		opts.Prefix = fmt.Sprintf("cached%d:", n.Add(1))
 		return openCached(t, r.URL(), opts)
 	}
+	h.Peeks = true
 	storetest.Run(t, h)
 }
 

@@ -383,8 +383,15 @@ func other(inst []config.Instance, name string) string {
 // startUserEnvoy runs Envoy on userEnvoy filled with ac.
 func startUserEnvoy(t *testing.T, ac attachConfig) *proxy {
 	t.Helper()
+	return startEnvoyFrom(t, userEnvoy, ac)
+}
+
+// startEnvoyFrom runs Envoy on the bootstrap tmpl makes of data, and
+// logs both when the test fails.
+func startEnvoyFrom(t *testing.T, tmpl *template.Template, data any) *proxy {
+	t.Helper()
 	var b bytes.Buffer
-	if err := userEnvoy.Execute(&b, ac); err != nil {
+	if err := tmpl.Execute(&b, data); err != nil {
 		t.Fatal(err)
 	}
 	logs := &syncbuf.Buffer{}

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -17,8 +16,6 @@ import (
 	"time"
 
 	"github.com/tetherproxy/tether/config"
-	"github.com/tetherproxy/tether/internal/launch"
-	"github.com/tetherproxy/tether/internal/syncbuf"
 	"github.com/tetherproxy/tether/internal/testenv"
 	"github.com/tetherproxy/tether/store"
 )
@@ -444,19 +441,7 @@ func gatewayEndpoints(t *testing.T, inst []config.Instance) []gatewayEndpoint {
 // startGateway runs Envoy on gatewayEnvoy filled with gc.
 func startGateway(t *testing.T, gc gatewayConfig) *proxy {
 	t.Helper()
-	var b bytes.Buffer
-	if err := gatewayEnvoy.Execute(&b, gc); err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncbuf.Buffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("envoy configuration:\n%s\nenvoy logs:\n%s", b.String(), logs)
-		}
-	})
-	e := testenv.Envoy(t, launch.EnvoyOptions{Bootstrap: b.Bytes(), Concurrency: 2, LogLevel: "warn", Log: logs})
-	testenv.WaitServing(t, e)
-	return &proxy{url: e.URL(), admin: e.Admin}
+	return startEnvoyFrom(t, gatewayEnvoy, gc)
 }
 
 // TestGatewayHitDoesNotWaitForBody: behind a gateway that streams bodies
